@@ -1,0 +1,53 @@
+"""The step-time model interface and its registry.
+
+A step-time model answers "how long does one engine iteration take for this batch?" plus the
+three per-request overheads BLIS attaches to a latency model (SPEC §3): the queueing delay
+between arrival and enqueue, the per-output-token processing time, and a post-decode overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepBatch:
+    """Composition of one engine step, as the step-time models see it (SPEC §3).
+
+    prefill_chunks: one (context_tokens, new_tokens) pair per request in prefill this step,
+        context = progress index at step start.
+    decode_count: requests decoding one token this step.
+    decode_context_sum: sum of the progress indices (at step start) of those decode requests.
+    """
+
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+    decode_count: int = 0
+    decode_context_sum: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prefill_chunks) + self.decode_count
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefill_chunks)
+
+
+class StepTimeModel:
+    """Base class. Subclasses set `name` and implement `step_time_us`."""
+
+    name: str = ""
+
+    def step_time_us(self, batch: StepBatch) -> int:
+        raise NotImplementedError
+
+    def queueing_time_us(self, input_tokens: int) -> int:
+        """Delay between a request's arrival at the instance and its enqueue (alpha0 + alpha1*in)."""
+        return 0
+
+    def output_token_processing_us(self) -> int:
+        """Per-token output overhead (alpha2): see SPEC A3 for how it is charged."""
+        return 0
+
+    def post_decode_overhead_us(self) -> int:
+        return 0
