@@ -1,0 +1,351 @@
+"""vLLM continuous batching for one instance (SPEC §1.3–1.5, §1.8; Part A2–A3).
+
+`VLLMEngine` owns the wait queue, the running batch and the KV cache. It has no notion of
+SimPy: the instance process calls `enqueue`, `plan_step` (at a step's start), and
+`finish_step` (at its end), and the engine answers with plain values. That split keeps the
+scheduling rules testable with nothing but integers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+from ..latency.base import StepBatch
+from ..metrics.recorder import StepLog
+from .kv_cache import KVCache
+from .policies import make_priority_policy, make_scheduler
+from .request import Request, RequestState
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Knobs of one vLLM instance, named as BLIS's flags (SPEC §12.1)."""
+
+    total_kv_blocks: int = 1_000_000
+    block_size: int = 16
+    max_num_running_reqs: int = 256
+    max_num_scheduled_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+    max_model_len: int = 0
+    scheduler: str = "fcfs"
+    priority_policy: str = "constant"
+    enable_prefix_caching: bool = True
+
+
+class EnqueueOutcome(str, Enum):
+    QUEUED = "queued"
+    DROPPED = "dropped_unservable"
+    TIMED_OUT = "timed_out"
+    IGNORED = "ignored"
+
+
+class VLLMEngine:
+    """Wait queue + running batch + KV cache of one instance."""
+
+    def __init__(self, config: EngineConfig, output_token_processing_us: int = 0) -> None:
+        self.config = config
+        self.kv = KVCache(config.total_kv_blocks, config.block_size)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.scheduler = make_scheduler(config.scheduler)
+        self.priority_policy = make_priority_policy(config.priority_policy)
+        self.otp_us = output_token_processing_us
+        self.steps = StepLog()
+        self.irregular_itl_us: list[int] = []
+        self.completed: list[Request] = []
+        self.step_count = 0
+        self.total_input_tokens = 0
+        self.total_output_tokens = 0
+        self.preemption_count = 0
+        self.dropped_unservable = 0
+        self.timed_out = 0
+        self.length_capped = 0
+        self.kv_allocation_failures = 0
+        self.clock_us = 0
+        self._planned: list[Request] = []
+        self._step_start_us = 0
+        self._prev_step_end_us = -1
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.running)
+
+    # ------------------------------------------------------------------ admission
+    def enqueue(self, req: Request, now_us: int) -> EnqueueOutcome:
+        """Admit `req` into the wait queue, applying BLIS's guards in order (SPEC §1.3)."""
+        if req.state is RequestState.TIMED_OUT:
+            return EnqueueOutcome.IGNORED
+        self.clock_us = now_us
+        cfg = self.config
+        mml = cfg.max_model_len
+        if req.max_output_tokens == 0 and mml > 0 and req.input_tokens < mml:
+            req.max_output_tokens = mml - req.input_tokens
+        unservable = req.max_output_tokens < 0 or (
+            -(-req.input_tokens // cfg.block_size) > cfg.total_kv_blocks
+        )
+        if mml > 0 and (
+            req.input_tokens >= mml
+            or (req.max_output_tokens > 0 and req.input_tokens + req.max_output_tokens > mml)
+        ):
+            unservable = True
+        if unservable:
+            req.state = RequestState.DROPPED
+            req.completion_us = now_us
+            self.dropped_unservable += 1
+            return EnqueueOutcome.DROPPED
+        self.total_input_tokens += req.input_tokens
+        req.enqueue_us = now_us
+        if 0 < req.deadline_us <= now_us:
+            req.state = RequestState.TIMED_OUT
+            req.completion_us = now_us
+            self.timed_out += 1
+            return EnqueueOutcome.TIMED_OUT
+        req.state = RequestState.QUEUED
+        self.waiting.append(req)
+        return EnqueueOutcome.QUEUED
+
+    def cancel(self, req: Request, now_us: int) -> bool:
+        """Client timeout at the deadline (SPEC §1.8). Returns True if the request was live."""
+        if req.state is RequestState.QUEUED:
+            self.waiting.remove(req)
+        elif req.state is RequestState.RUNNING:
+            self.running.remove(req)
+            self.kv.release(req)
+        else:
+            return False
+        self.clock_us = now_us
+        req.state = RequestState.TIMED_OUT
+        req.completion_us = now_us
+        req.num_new_tokens = 0
+        self.timed_out += 1
+        return True
+
+    # ------------------------------------------------------------------ one step
+    def plan_step(self, now_us: int) -> StepBatch | None:
+        """Form the batch for a step starting at `now_us` (SPEC §1.4 phase A, §1.5)."""
+        if not self.running and not self.waiting:
+            return None
+        self.clock_us = now_us
+        self.step_count += 1
+        cfg = self.config
+        if not self.priority_policy.is_constant or not self.scheduler.keeps_order:
+            self._reorder_waiting(now_us)
+
+        budget = cfg.max_num_scheduled_tokens
+        threshold = cfg.long_prefill_token_threshold
+        mml = cfg.max_model_len
+        kv = self.kv
+        running = self.running
+        for req in running:
+            req.num_new_tokens = 0
+        preempted = False
+
+        # Phase 1: running requests, in admission order.
+        i = 0
+        while i < len(running):
+            if budget <= 0:
+                break
+            req = running[i]
+            computed = req.computed_tokens
+            if req.in_prefill:
+                chunk = req.prefill_target - computed
+                if 0 < threshold < chunk:
+                    chunk = threshold
+                if chunk > budget:
+                    chunk = budget
+                if mml > 0:
+                    chunk = min(chunk, max(mml - 1 - computed, 0))
+                while not kv.try_allocate(req, computed, computed + chunk, []):
+                    preempted = True
+                    if self._preempt_last(req):
+                        break
+                if req.state is not RequestState.RUNNING:
+                    break
+            else:
+                if mml > 0 and computed + 1 > mml - 1:
+                    i += 1
+                    continue
+                chunk = 1
+                ok = kv.append_token(req, computed)
+                while not ok:
+                    preempted = True
+                    if self._preempt_last(req):
+                        break
+                    ok = kv.append_token(req, computed)
+                if not ok:
+                    break
+            req.num_new_tokens = chunk
+            budget -= chunk
+            i += 1
+
+        # Phase 2: admit from the head of the wait queue (no skipping: head-of-line blocking).
+        if not preempted:
+            waiting = self.waiting
+            max_running = cfg.max_num_running_reqs
+            bs = cfg.block_size
+            caching = cfg.enable_prefix_caching
+            while waiting and budget > 0 and len(running) < max_running:
+                req = waiting[0]
+                target = req.prefill_target
+                if -(-(target + 1) // bs) > kv.total_blocks:
+                    # Even the whole cache cannot hold it plus one more token: never servable.
+                    waiting.popleft()
+                    req.state = RequestState.DROPPED
+                    req.completion_us = now_us
+                    self.dropped_unservable += 1
+                    continue
+                cached = kv.cached_prefix_blocks(req, target - 1) if caching else []
+                start = len(cached) * bs
+                chunk = target - start
+                if 0 < threshold < chunk:
+                    chunk = threshold
+                if chunk > budget:
+                    chunk = budget
+                if mml > 0:
+                    chunk = min(chunk, max(mml - 1 - start, 0))
+                if not kv.try_allocate(req, start, start + chunk, cached):
+                    break
+                waiting.popleft()
+                running.append(req)
+                req.state = RequestState.RUNNING
+                req.computed_tokens = start
+                if start > req.cached_tokens:
+                    req.cached_tokens = start
+                req.num_new_tokens = chunk
+                req.schedule_us = now_us
+                if req.first_schedule_us < 0:
+                    req.first_schedule_us = now_us
+                budget -= chunk
+
+        # The batch the step-time model prices: only requests that got tokens this step.
+        prefill_chunks: list[tuple[int, int]] = []
+        decode_count = 0
+        decode_context = 0
+        for req in running:
+            n = req.num_new_tokens
+            if n:
+                if req.in_prefill:
+                    prefill_chunks.append((req.computed_tokens, n))
+                else:
+                    decode_count += 1
+                    decode_context += req.computed_tokens
+        self._step_start_us = now_us
+        return StepBatch(prefill_chunks, decode_count, decode_context)
+
+    def _preempt_last(self, serving: Request) -> bool:
+        """Evict the most recently admitted running request (vLLM recompute, SPEC A2).
+
+        Returns True when the request being served was itself evicted (or nothing is left).
+        """
+        running = self.running
+        if not running:
+            return True
+        victim = running.pop()
+        self.kv.release(victim)
+        victim.state = RequestState.QUEUED
+        victim.computed_tokens = 0
+        victim.num_new_tokens = 0
+        victim.in_prefill = True
+        # Re-prefill the prompt and every token already delivered; nothing is generated twice.
+        victim.prefill_target = victim.input_tokens + victim.generated_tokens
+        victim.preemptions += 1
+        self.preemption_count += 1
+        self.waiting.appendleft(victim)
+        return victim is serving
+
+    def _reorder_waiting(self, now_us: int) -> None:
+        policy = self.priority_policy
+        for req in self.waiting:
+            req.priority = policy.priority(req, now_us)
+        if not self.scheduler.keeps_order:
+            self.waiting = deque(self.scheduler.order(list(self.waiting)))
+
+    def finish_step(self, step_us: int) -> list[Request]:
+        """Apply a step that ran for `step_us`: progress, tokens, completions (SPEC §1.4 B–C).
+
+        Returns the requests that completed at the end of this step.
+        """
+        start = self._step_start_us
+        end = start + step_us
+        self.clock_us = end
+        otp = self.otp_us
+        prev_end = self._prev_step_end_us
+        regular_gap = end - prev_end + otp
+        regular = 0
+        irregular = self.irregular_itl_us
+        mml = self.config.max_model_len
+        done: list[Request] = []
+        prefill_tokens = 0
+        decode_tokens = 0
+        produced = 0
+        for req in self.running:
+            n = req.num_new_tokens
+            if not n:
+                continue
+            if req.in_prefill:
+                prefill_tokens += n
+                req.computed_tokens += n
+                if req.computed_tokens < req.prefill_target:
+                    continue
+                req.in_prefill = False
+                if req.output_tokens == 0:
+                    req.first_token_us = end
+                    req.last_token_us = end
+                    done.append(req)
+                    continue
+            else:
+                decode_tokens += 1
+                req.computed_tokens += 1
+            # One output token reaches the client: token k at end + k*otp (SPEC A3).
+            g = req.generated_tokens + 1
+            req.generated_tokens = g
+            produced += 1
+            t = end + g * otp
+            if g == 1:
+                req.first_token_us = t
+            else:
+                gap = t - req.last_token_us
+                if gap == regular_gap:
+                    regular += 1
+                else:
+                    irregular.append(gap)
+            req.last_token_us = t
+            if g >= req.output_tokens:
+                done.append(req)
+            elif mml > 0 and req.computed_tokens >= mml - 1:
+                req.length_capped = True
+                self.length_capped += 1
+                done.append(req)
+        self.total_output_tokens += produced
+        if done:
+            kv = self.kv
+            for req in done:
+                req.state = RequestState.COMPLETED
+                req.completion_us = req.last_token_us
+                kv.release(req)
+            self.running = [r for r in self.running if r.state is RequestState.RUNNING]
+            self.completed.extend(done)
+        steps = self.steps
+        steps.start_us.append(start)
+        steps.step_us.append(step_us)
+        steps.batch_size.append(len(self.running) + len(done))
+        steps.prefill_tokens.append(prefill_tokens)
+        steps.decode_tokens.append(decode_tokens)
+        steps.kv_used_blocks.append(self.kv.used_blocks)
+        steps.queue_length.append(len(self.waiting))
+        steps.preemptions.append(self.preemption_count)
+        steps.itl_regular_gap_us.append(regular_gap)
+        steps.itl_regular_count.append(regular)
+        self._prev_step_end_us = end
+        return done

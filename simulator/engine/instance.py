@@ -1,0 +1,97 @@
+"""One serving instance as SimPy processes: an intake that enqueues and a step loop.
+
+The processes are thin: every rule lives in `VLLMEngine` (batching) and the step-time model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from ..latency.base import StepTimeModel
+from .batching import EnqueueOutcome, VLLMEngine
+from .events import ARRIVAL, STEP, TIMEOUT, event_after, trigger_with_priority
+from .request import Request
+
+
+class Instance:
+    """A vLLM replica: `inbox` receives routed requests; finished ones go to `on_finished`."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instance_id: str,
+        engine: VLLMEngine,
+        step_model: StepTimeModel,
+        on_finished: Callable[[Request], None],
+        horizon_us: int | None = None,
+    ) -> None:
+        self.env = env
+        self.instance_id = instance_id
+        self.engine = engine
+        self.step_model = step_model
+        self.on_finished = on_finished
+        self.horizon_us = horizon_us
+        self.inbox: simpy.Store = simpy.Store(env)
+        self.pending_enqueue: set[Request] = set()
+        self._idle: simpy.Event | None = None
+        env.process(self._intake())
+        env.process(self._step_loop())
+
+    def _intake(self):
+        env = self.env
+        queueing = self.step_model.queueing_time_us
+        while True:
+            req = yield self.inbox.get()
+            req.instance_id = self.instance_id
+            delay = queueing(req.input_tokens)
+            if delay > 0:
+                # The alpha overhead: the request is at the instance but not yet schedulable.
+                self.pending_enqueue.add(req)
+                event_after(env, delay, ARRIVAL).callbacks.append(
+                    lambda _ev, r=req: self._enqueue(r)
+                )
+            else:
+                self._enqueue(req)
+
+    def _enqueue(self, req: Request) -> None:
+        self.pending_enqueue.discard(req)
+        outcome = self.engine.enqueue(req, self.env.now)
+        if outcome is EnqueueOutcome.QUEUED:
+            deadline = req.deadline_us
+            if deadline > 0 and (self.horizon_us is None or deadline <= self.horizon_us):
+                event_after(self.env, deadline - self.env.now, TIMEOUT).callbacks.append(
+                    lambda _ev, r=req: self._timeout(r)
+                )
+            self._wake()
+        elif outcome is not EnqueueOutcome.IGNORED:
+            self.on_finished(req)
+
+    def _timeout(self, req: Request) -> None:
+        if self.engine.cancel(req, self.env.now):
+            self.on_finished(req)
+
+    def _wake(self) -> None:
+        idle = self._idle
+        if idle is not None and not idle.triggered:
+            # Wake at STEP priority so every request arriving this microsecond joins the step.
+            trigger_with_priority(self.env, idle, STEP)
+
+    def _step_loop(self):
+        env = self.env
+        engine = self.engine
+        step_time = self.step_model.step_time_us
+        on_finished = self.on_finished
+        while True:
+            if not engine.has_work:
+                self._idle = env.event()
+                yield self._idle
+                self._idle = None
+            batch = engine.plan_step(env.now)
+            if batch is None:
+                continue
+            step_us = step_time(batch)
+            yield event_after(env, step_us, STEP)
+            for req in engine.finish_step(step_us):
+                on_finished(req)

@@ -1,0 +1,209 @@
+"""Paged KV cache: block allocation, prefix caching with chained hashes, LRU free list.
+
+Plain Python, no SimPy (SPEC §2.1–2.2):
+
+* Blocks hold `block_size` tokens. A block is *used* while some request references it
+  (ref count > 0) and *free* otherwise; free blocks keep their content hash, so a later request
+  with the same prefix can revive them (a prefix-cache hit).
+* New blocks are taken from the head of the free list (least recently freed first); a request's
+  blocks are released last-to-first onto the tail, so its first block is freed most recently.
+* Allocation is all-or-nothing: the block count is checked before anything changes.
+
+Never-used blocks are not materialised: they sit, conceptually, at the head of the free list in
+ID order (as they do in BLIS, where the free list starts as 0..N-1), and get an ID when first
+taken. That keeps a 1,000,000-block cache cheap.
+"""
+
+from __future__ import annotations
+
+from .request import Request
+
+
+class KVCache:
+    """Block manager for one instance."""
+
+    def __init__(self, total_blocks: int, block_size: int) -> None:
+        if total_blocks <= 0:
+            raise ValueError(f"total_kv_blocks must be > 0, got {total_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self._fresh_next = 0  # IDs below this have been materialised
+        self._ref_count: list[int] = []
+        self._block_hash: list[int | None] = []
+        # Released blocks in LRU order (dict preserves insertion order; pops are O(1)).
+        self._free_lru: dict[int, None] = {}
+        self._hash_to_block: dict[int, int] = {}
+        self.used_blocks = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.peak_used_blocks = 0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks
+
+    @property
+    def utilization(self) -> float:
+        return self.used_blocks / self.total_blocks
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.cache_hits + self.cache_misses
+        return self.cache_hits / total if total else 0.0
+
+    def blocks_needed(self, req: Request, end_token: int) -> int:
+        """New blocks `req` needs so its KV covers tokens [0, end_token)."""
+        needed = -(-end_token // self.block_size) - len(req.block_ids)
+        return needed if needed > 0 else 0
+
+    def cached_prefix_blocks(self, req: Request, max_tokens: int) -> list[int]:
+        """Longest run of leading full blocks of `req`'s content already in the cache.
+
+        At most `max_tokens // block_size` blocks are matched: the caller keeps the last token
+        uncached so the step that computes it produces the next output (as vLLM does).
+        """
+        max_blocks = max_tokens // self.block_size
+        if max_blocks <= 0 or not self._hash_to_block:
+            return []
+        hashes = req.block_hashes(max_blocks, self.block_size)
+        found: list[int] = []
+        lookup = self._hash_to_block
+        for i in range(max_blocks):
+            block = lookup.get(hashes[i])
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    # ------------------------------------------------------------------ mutation
+    def try_allocate(self, req: Request, start_token: int, end_token: int, cached: list[int]) -> bool:
+        """Give `req` KV for tokens [start_token, end_token), first committing `cached` blocks.
+
+        `cached` (from cached_prefix_blocks) is only passed when the request holds no blocks.
+        Returns False, changing nothing, when the free blocks do not suffice.
+        """
+        bs = self.block_size
+        if cached:
+            revived = 0
+            ref = self._ref_count
+            for b in cached:
+                if ref[b] == 0:
+                    revived += 1
+            new_needed = -(-end_token // bs) - len(cached)
+            if new_needed < 0:
+                new_needed = 0
+            if new_needed + revived > self.total_blocks - self.used_blocks:
+                return False
+            for b in cached:
+                if ref[b] == 0:
+                    del self._free_lru[b]
+                    self.used_blocks += 1
+                ref[b] += 1
+            req.block_ids.extend(cached)
+            self.cache_hits += len(cached)
+        else:
+            new_needed = -(-end_token // bs) - len(req.block_ids)
+            if new_needed > self.total_blocks - self.used_blocks:
+                return False
+        if new_needed > 0:
+            self._take_new_blocks(req, new_needed)
+        self._hash_full_blocks(req, start_token, end_token)
+        return True
+
+    def _take_new_blocks(self, req: Request, count: int) -> None:
+        ids = req.block_ids
+        ref = self._ref_count
+        block_hash = self._block_hash
+        for _ in range(count):
+            if self._fresh_next < self.total_blocks:
+                b = self._fresh_next
+                self._fresh_next += 1
+                ref.append(1)
+                block_hash.append(None)
+            else:
+                b = next(iter(self._free_lru))
+                del self._free_lru[b]
+                old = block_hash[b]
+                if old is not None:
+                    # Reusing a block erases the cached content it held.
+                    if self._hash_to_block.get(old) == b:
+                        del self._hash_to_block[old]
+                    block_hash[b] = None
+                ref[b] = 1
+            ids.append(b)
+        self.used_blocks += count
+        self.cache_misses += count
+        if self.used_blocks > self.peak_used_blocks:
+            self.peak_used_blocks = self.used_blocks
+
+    def _hash_full_blocks(self, req: Request, start_token: int, end_token: int) -> None:
+        """Hash blocks that became full in [start_token, end_token) and hold prompt tokens.
+
+        Only blocks that contain part of what is being prefilled are hashed; a block made of
+        decode output alone is not (SPEC §2.2).
+        """
+        bs = self.block_size
+        first = start_token // bs
+        last_full = min(end_token, _hashable_limit(req, bs)) // bs
+        if last_full <= first:
+            return
+        hashes = req.block_hashes(last_full, bs)
+        ids = req.block_ids
+        block_hash = self._block_hash
+        index = self._hash_to_block
+        for i in range(first, last_full):
+            b = ids[i]
+            if block_hash[b] is None:
+                h = hashes[i]
+                block_hash[b] = h
+                index.setdefault(h, b)
+
+    def append_token(self, req: Request, position: int) -> bool:
+        """KV for one decode token at `position`; a new block only at a block boundary."""
+        bs = self.block_size
+        if position % bs == 0 or not req.block_ids:
+            if self.used_blocks >= self.total_blocks:
+                return False
+            self._take_new_blocks(req, 1)
+        end = position + 1
+        if end % bs == 0 and end <= _hashable_limit(req, bs):
+            self._hash_full_blocks(req, position, end)
+        return True
+
+    def check_invariants(self, holders: list[Request]) -> None:
+        """Assert KV conservation against the requests that hold blocks (tests and debug)."""
+        expected: dict[int, int] = {}
+        for req in holders:
+            for b in req.block_ids:
+                expected[b] = expected.get(b, 0) + 1
+        in_use = [b for b, r in enumerate(self._ref_count) if r > 0]
+        assert len(in_use) == self.used_blocks, (len(in_use), self.used_blocks)
+        for b in in_use:
+            assert self._ref_count[b] == expected.get(b, 0), (b, self._ref_count[b])
+        assert set(expected) == set(in_use)
+        never_used = self.total_blocks - self._fresh_next
+        assert self.used_blocks + len(self._free_lru) + never_used == self.total_blocks
+        assert all(self._ref_count[b] == 0 for b in self._free_lru)
+
+    def release(self, req: Request) -> None:
+        """Drop `req`'s references, last block first; blocks reaching zero go to the LRU tail."""
+        ref = self._ref_count
+        free = self._free_lru
+        freed = 0
+        for b in reversed(req.block_ids):
+            ref[b] -= 1
+            if ref[b] == 0:
+                free[b] = None
+                freed += 1
+        self.used_blocks -= freed
+        req.block_ids = []
+
+
+def _hashable_limit(req: Request, block_size: int) -> int:
+    """Tokens up to the end of the block holding the last prefill token: those get hashed."""
+    target = req.prefill_target
+    return -(-target // block_size) * block_size
+

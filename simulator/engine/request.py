@@ -1,0 +1,179 @@
+"""The Request record: what a client asked for and what happened to it.
+
+A request is a passive record; the engine mutates it. Tokens are counters, never lists: the
+prompt's *content* is described by segments so prefix-cache hashes can be derived without
+materialising token IDs (two requests share a block iff they share every token up to it).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+# A prompt is a sequence of (content_key, length) segments. Two segments with the same key hold
+# the same tokens, so a shared system prompt is one key reused by many requests.
+Segment = tuple[object, int]
+
+
+class RequestState(str, Enum):
+    CREATED = "created"  # not yet at an instance (in flight through the pipeline)
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    TIMED_OUT = "timed_out"
+    DROPPED = "dropped_unservable"
+    REJECTED = "rejected"
+
+
+class Request:
+    """One inference request and its lifecycle timestamps (integer µs, absolute)."""
+
+    __slots__ = (
+        "request_id",
+        "index",
+        "arrival_us",
+        "input_tokens",
+        "output_tokens",
+        "max_output_tokens",
+        "deadline_us",
+        "segments",
+        "slo_class",
+        "tenant_id",
+        "model",
+        "client_id",
+        "priority",
+        "state",
+        "instance_id",
+        # progress
+        "computed_tokens",
+        "prefill_target",
+        "generated_tokens",
+        "num_new_tokens",
+        "in_prefill",
+        "block_ids",
+        "_block_hashes",
+        # timestamps (absolute µs; -1 = not reached)
+        "enqueue_us",
+        "schedule_us",
+        "first_schedule_us",
+        "first_token_us",
+        "last_token_us",
+        "completion_us",
+        "preemptions",
+        "cached_tokens",
+        "length_capped",
+        "step_tokens_us",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        arrival_us: int,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        index: int = 0,
+        deadline_us: int = 0,
+        segments: list[Segment] | None = None,
+        slo_class: str = "",
+        tenant_id: str = "",
+        model: str = "",
+        client_id: str = "",
+        max_output_tokens: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.index = index
+        self.arrival_us = arrival_us
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.max_output_tokens = output_tokens if max_output_tokens is None else max_output_tokens
+        self.deadline_us = deadline_us
+        # Default content: tokens unique to this request.
+        self.segments = segments if segments is not None else [(("req", request_id), input_tokens)]
+        self.slo_class = slo_class
+        self.tenant_id = tenant_id
+        self.model = model
+        self.client_id = client_id
+        self.priority = 0.0
+        self.state = RequestState.CREATED
+        self.instance_id = ""
+        self.computed_tokens = 0
+        self.prefill_target = input_tokens
+        self.generated_tokens = 0
+        self.num_new_tokens = 0
+        self.in_prefill = True
+        self.block_ids: list[int] = []
+        self._block_hashes: list[int] | None = None
+        self.enqueue_us = -1
+        self.schedule_us = -1
+        self.first_schedule_us = -1
+        self.first_token_us = -1
+        self.last_token_us = -1
+        self.completion_us = -1
+        self.preemptions = 0
+        self.cached_tokens = 0
+        self.length_capped = False
+        self.step_tokens_us = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, arrival_us={self.arrival_us}, "
+            f"in={self.input_tokens}, out={self.output_tokens}, state={self.state.value})"
+        )
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in _FINAL_STATES
+
+    def content_segments(self, total_tokens: int) -> list[Segment]:
+        """Segments covering the first `total_tokens` of prompt followed by generated output."""
+        segs: list[Segment] = []
+        remaining = total_tokens
+        for key, length in self.segments:
+            if remaining <= 0:
+                break
+            take = min(length, remaining)
+            segs.append((key, take))
+            remaining -= take
+        if remaining > 0:
+            segs.append((("out", self.request_id), remaining))
+        return segs
+
+    def block_hashes(self, full_blocks: int, block_size: int) -> list[int]:
+        """Chained hashes of the first `full_blocks` full blocks of this request's content.
+
+        Hash i depends on every token of blocks 0..i, as in vLLM and BLIS (SPEC §2.2); the
+        content of a block is named by (segment key, offset range) pieces instead of token IDs.
+        """
+        cached = self._block_hashes
+        if cached is not None and len(cached) >= full_blocks:
+            return cached
+        hashes = list(cached) if cached else []
+        segs = self.content_segments(full_blocks * block_size)
+        # Walk segments to describe blocks len(hashes)..full_blocks-1.
+        seg_starts = []
+        pos = 0
+        for key, length in segs:
+            seg_starts.append((pos, key, length))
+            pos += length
+        prev = hashes[-1] if hashes else 0
+        seg_i = 0
+        for b in range(len(hashes), full_blocks):
+            lo = b * block_size
+            hi = lo + block_size
+            while seg_starts[seg_i][0] + seg_starts[seg_i][2] <= lo:
+                seg_i += 1
+            pieces = []
+            j = seg_i
+            while j < len(seg_starts) and seg_starts[j][0] < hi:
+                start, key, length = seg_starts[j]
+                pieces.append((key, max(lo, start) - start, min(hi, start + length) - start))
+                j += 1
+            prev = hash((prev, tuple(pieces)))
+            hashes.append(prev)
+        self._block_hashes = hashes
+        return hashes
+
+
+_FINAL_STATES = frozenset(
+    {RequestState.COMPLETED, RequestState.TIMED_OUT, RequestState.DROPPED, RequestState.REJECTED}
+)

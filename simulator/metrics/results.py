@@ -1,0 +1,253 @@
+"""What a run returns: per-request and per-step DataFrames and a BLIS-compatible summary.
+
+Summary fields follow BLIS's MetricsOutput (SPEC §10.2): same names, same units (ms), plus the
+p50 latencies BLIS lacks. Semantics follow servesim's Part A: E2E is completion − arrival and
+output-token totals include each request's first token (A3).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..engine.batching import VLLMEngine
+from ..engine.request import Request, RequestState
+
+SUMMARY_HEADER = "=== Simulation Metrics ==="
+
+
+def _pct(values: np.ndarray, p: float) -> float:
+    return float(np.percentile(values, p)) if len(values) else 0.0
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.sum() / len(values)) if len(values) else 0.0
+
+
+def pooled_itl_us(engines: list[VLLMEngine]) -> np.ndarray:
+    """Every individual inter-token gap (µs) of the run, expanded from the per-step log."""
+    parts = []
+    for eng in engines:
+        steps = eng.steps
+        gaps = np.asarray(steps.itl_regular_gap_us, dtype=np.int64)
+        counts = np.asarray(steps.itl_regular_count, dtype=np.int64)
+        parts.append(np.repeat(gaps, counts))
+        parts.append(np.asarray(eng.irregular_itl_us, dtype=np.int64))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def compute_summary(
+    instance_id: str,
+    requests: list[Request],
+    engines: list[VLLMEngine],
+    sim_end_us: int,
+    pending_at_horizon: int = 0,
+) -> dict[str, Any]:
+    """The BLIS MetricsOutput dict for `requests` served by `engines`."""
+    completed = [r for r in requests if r.state is RequestState.COMPLETED]
+    e2e_us = np.array([r.completion_us - r.arrival_us for r in completed], dtype=np.int64)
+    ttft_us = np.array(
+        [r.first_token_us - r.arrival_us for r in requests if r.first_token_us >= 0],
+        dtype=np.int64,
+    )
+    sched_us = np.array(
+        [r.schedule_us - r.arrival_us for r in requests if r.schedule_us >= 0], dtype=np.int64
+    )
+    itl_us = pooled_itl_us(engines)
+    still_queued = sum(len(e.waiting) for e in engines) + pending_at_horizon
+    still_running = sum(len(e.running) for e in engines)
+    dropped = sum(e.dropped_unservable for e in engines)
+    timed_out = sum(e.timed_out for e in engines)
+    duration_s = sim_end_us / 1e6
+    output_tokens = sum(e.total_output_tokens for e in engines)
+    summary: dict[str, Any] = {
+        "instance_id": instance_id,
+        "completed_requests": len(completed),
+        "still_queued": still_queued,
+        "still_running": still_running,
+        "injected_requests": len(completed) + still_queued + still_running + dropped + timed_out,
+        "total_input_tokens": sum(e.total_input_tokens for e in engines),
+        "total_output_tokens": output_tokens,
+        "vllm_estimated_duration_s": duration_s,
+        "responses_per_sec": len(completed) / duration_s if duration_s > 0 else 0.0,
+        "tokens_per_sec": output_tokens / duration_s if duration_s > 0 else 0.0,
+    }
+    for name, values in (("e2e", e2e_us), ("ttft", ttft_us), ("itl", itl_us)):
+        summary[f"{name}_mean_ms"] = _mean(values) / 1000
+        summary[f"{name}_p50_ms"] = _pct(values, 50) / 1000
+        for p in (90, 95, 99):
+            summary[f"{name}_p{p}_ms"] = _pct(values, p) / 1000
+    summary["scheduling_delay_p99_ms"] = _pct(sched_us, 99) / 1000
+    failures = sum(e.kv_allocation_failures for e in engines)
+    if failures:
+        summary["kv_allocation_failures"] = failures
+    summary["preemption_count"] = sum(e.preemption_count for e in engines)
+    summary["dropped_unservable"] = dropped
+    summary["length_capped_requests"] = sum(e.length_capped for e in engines)
+    summary["timed_out_requests"] = timed_out
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """BLIS's stdout block: the header line, then the JSON."""
+    return f"{SUMMARY_HEADER}\n{json.dumps(summary, indent=2)}"
+
+
+def requests_frame(requests: list[Request]) -> pd.DataFrame:
+    """One row per request; timestamps in µs (exact), latencies in ms."""
+
+    def opt(value: int) -> float:
+        return float(value) if value >= 0 else float("nan")
+
+    rows = []
+    for r in requests:
+        gen = r.generated_tokens
+        done = r.state is RequestState.COMPLETED
+        tpot = (
+            (r.last_token_us - r.first_token_us) / (gen - 1) / 1000
+            if gen > 1 and r.first_token_us >= 0
+            else 0.0
+        )
+        rows.append(
+            (
+                r.request_id,
+                r.instance_id,
+                r.state.value,
+                r.arrival_us,
+                opt(r.enqueue_us),
+                opt(r.first_schedule_us),
+                opt(r.schedule_us),
+                opt(r.first_token_us),
+                opt(r.completion_us) if done else float("nan"),
+                r.input_tokens,
+                r.output_tokens,
+                gen,
+                r.cached_tokens,
+                r.preemptions,
+                r.length_capped,
+                (r.first_token_us - r.arrival_us) / 1000 if r.first_token_us >= 0 else np.nan,
+                (r.completion_us - r.arrival_us) / 1000 if done else np.nan,
+                tpot,
+                (r.schedule_us - r.arrival_us) / 1000 if r.schedule_us >= 0 else np.nan,
+                r.slo_class,
+                r.tenant_id,
+                r.model,
+            )
+        )
+    return pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
+
+
+REQUEST_COLUMNS = [
+    "request_id",
+    "instance_id",
+    "state",
+    "arrival_us",
+    "enqueue_us",
+    "first_schedule_us",
+    "schedule_us",
+    "first_token_us",
+    "completion_us",
+    "input_tokens",
+    "output_tokens",
+    "generated_tokens",
+    "cached_tokens",
+    "preemptions",
+    "length_capped",
+    "ttft_ms",
+    "e2e_ms",
+    "itl_ms",
+    "scheduling_delay_ms",
+    "slo_class",
+    "tenant_id",
+    "model",
+]
+
+
+def steps_frame(engines: list[VLLMEngine], instance_ids: list[str]) -> pd.DataFrame:
+    frames = []
+    for eng, iid in zip(engines, instance_ids, strict=True):
+        s = eng.steps
+        frames.append(
+            pd.DataFrame(
+                {
+                    "instance_id": iid,
+                    "start_us": np.asarray(s.start_us, dtype=np.int64),
+                    "step_us": np.asarray(s.step_us, dtype=np.int64),
+                    "batch_size": np.asarray(s.batch_size, dtype=np.int64),
+                    "prefill_tokens": np.asarray(s.prefill_tokens, dtype=np.int64),
+                    "decode_tokens": np.asarray(s.decode_tokens, dtype=np.int64),
+                    "kv_used_blocks": np.asarray(s.kv_used_blocks, dtype=np.int64),
+                    "queue_length": np.asarray(s.queue_length, dtype=np.int64),
+                    "preemptions_total": np.asarray(s.preemptions, dtype=np.int64),
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+@dataclass
+class Result:
+    """Outcome of one run. `summary` is the BLIS-compatible dict; DataFrames are built lazily."""
+
+    summary: dict[str, Any]
+    request_records: list[Request] = field(repr=False)
+    engines: list[VLLMEngine] = field(repr=False)
+    instance_ids: list[str] = field(repr=False)
+    scenario: dict[str, Any] = field(default_factory=dict, repr=False)
+    not_arrived: int = 0
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        return requests_frame(self.request_records)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        return steps_frame(self.engines, self.instance_ids)
+
+    def summary_text(self) -> str:
+        return format_summary(self.summary)
+
+    def blis_request_records(self) -> list[dict[str, Any]]:
+        """Per-request entries of BLIS's `--results-path` file (SPEC §10.3), by arrival."""
+        out = []
+        for r in sorted(self.request_records, key=lambda x: (x.arrival_us, x.index)):
+            done = r.state is RequestState.COMPLETED
+            gen = r.generated_tokens
+            tpot_ms = (
+                (r.last_token_us - r.first_token_us) / (gen - 1) / 1000
+                if done and gen > 1
+                else 0.0
+            )
+            out.append(
+                {
+                    "requestID": r.request_id,
+                    "arrived_at": r.arrival_us / 1e6,
+                    "num_prefill_tokens": r.input_tokens,
+                    "num_decode_tokens": r.output_tokens,
+                    "ttft_ms": (r.first_token_us - r.arrival_us) / 1000
+                    if r.first_token_us >= 0
+                    else 0.0,
+                    "itl_ms": tpot_ms,
+                    "e2e_ms": (r.completion_us - r.arrival_us) / 1000 if done else 0.0,
+                    "scheduling_delay_ms": (r.schedule_us - r.arrival_us) / 1000
+                    if r.schedule_us >= 0
+                    else 0.0,
+                    "slo_class": r.slo_class,
+                    "tenant_id": r.tenant_id,
+                    "handled_by": r.instance_id,
+                    "model": r.model,
+                    "length_capped": r.length_capped,
+                    "state": r.state.value,
+                }
+            )
+        return out
+
+    def results_document(self) -> dict[str, Any]:
+        doc = dict(self.summary)
+        doc["requests"] = self.blis_request_records()
+        return doc
