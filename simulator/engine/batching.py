@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from ..latency.base import StepBatch
 from ..metrics.recorder import StepLog
@@ -34,7 +34,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
 
 
-class EnqueueOutcome(str, Enum):
+class EnqueueOutcome(StrEnum):
     QUEUED = "queued"
     DROPPED = "dropped_unservable"
     TIMED_OUT = "timed_out"

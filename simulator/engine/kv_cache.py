@@ -79,7 +79,9 @@ class KVCache:
         return found
 
     # ------------------------------------------------------------------ mutation
-    def try_allocate(self, req: Request, start_token: int, end_token: int, cached: list[int]) -> bool:
+    def try_allocate(
+        self, req: Request, start_token: int, end_token: int, cached: list[int]
+    ) -> bool:
         """Give `req` KV for tokens [start_token, end_token), first committing `cached` blocks.
 
         `cached` (from cached_prefix_blocks) is only passed when the request holds no blocks.
@@ -206,4 +208,3 @@ def _hashable_limit(req: Request, block_size: int) -> int:
     """Tokens up to the end of the block holding the last prefill token: those get hashed."""
     target = req.prefill_target
     return -(-target // block_size) * block_size
-

@@ -7,14 +7,14 @@ materialising token IDs (two requests share a block iff they share every token u
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 # A prompt is a sequence of (content_key, length) segments. Two segments with the same key hold
 # the same tokens, so a shared system prompt is one key reused by many requests.
 Segment = tuple[object, int]
 
 
-class RequestState(str, Enum):
+class RequestState(StrEnum):
     CREATED = "created"  # not yet at an instance (in flight through the pipeline)
     QUEUED = "queued"
     RUNNING = "running"

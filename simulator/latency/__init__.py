@@ -1,0 +1,83 @@
+"""Step-time models by name.
+
+Every backend is a `StepTimeModel` subclass with a unique `name` and a classmethod
+
+    from_deployment(model, gpu, tp, alpha=None, beta=None, vllm_version=None) -> instance
+
+that turns one deployment (model, GPU type, tensor parallelism, optional fitted coefficients)
+into a ready model, raising ConfigError for anything it cannot price. Registering such a
+class with `register_latency_model` makes it selectable by name everywhere (scenario files,
+CLI), and unknown names are rejected with the list of registered ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+from simulator.catalog.types import GPUSpec, ModelConfig
+from simulator.errors import unknown
+from simulator.latency.base import StepBatch, StepTimeModel
+from simulator.latency.blackbox import BlackboxModel
+from simulator.latency.roofline import RooflineModel
+
+_ModelClass = TypeVar("_ModelClass", bound=type[StepTimeModel])
+
+LATENCY_MODELS: dict[str, type[StepTimeModel]] = {}
+
+DEFAULT_LATENCY_MODEL = "roofline"
+
+
+def register_latency_model(cls: _ModelClass) -> _ModelClass:
+    """Add a backend to LATENCY_MODELS under `cls.name`; usable as a class decorator."""
+    if not (isinstance(cls, type) and issubclass(cls, StepTimeModel)):
+        raise TypeError(f"{cls!r} is not a StepTimeModel subclass")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no `name`; set a class attribute name = '...'")
+    if not callable(getattr(cls, "from_deployment", None)):
+        raise TypeError(f"{cls.__name__} must define classmethod from_deployment(...)")
+    existing = LATENCY_MODELS.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"latency model name {cls.name!r} is already taken by {existing.__name__}")
+    LATENCY_MODELS[cls.name] = cls
+    return cls
+
+
+register_latency_model(RooflineModel)
+register_latency_model(BlackboxModel)
+
+
+def build_step_time_model(
+    name: str,
+    model: ModelConfig,
+    gpu: GPUSpec,
+    tp: int,
+    alpha: Sequence[float] | None = None,
+    beta: Sequence[float] | None = None,
+    vllm_version: str | None = None,
+) -> StepTimeModel:
+    """Build the backend called `name` for one deployment.
+
+    roofline: alpha/beta must be None (BLIS rejects coefficients with explicit roofline).
+    blackbox: explicit alpha+beta win; else the defaults.yaml row for
+        (model.name, gpu.name, tp, vllm_version); none found -> ConfigError listing the
+        GPU/TP combinations that do have coefficients for the model.
+    """
+    cls = LATENCY_MODELS.get(name)
+    if cls is None:
+        raise unknown("latency model", name, LATENCY_MODELS)
+    return cls.from_deployment(  # type: ignore[attr-defined]
+        model, gpu, tp, alpha=alpha, beta=beta, vllm_version=vllm_version
+    )
+
+
+__all__ = [
+    "DEFAULT_LATENCY_MODEL",
+    "LATENCY_MODELS",
+    "BlackboxModel",
+    "RooflineModel",
+    "StepBatch",
+    "StepTimeModel",
+    "build_step_time_model",
+    "register_latency_model",
+]

@@ -42,7 +42,7 @@ class StepTimeModel:
         raise NotImplementedError
 
     def queueing_time_us(self, input_tokens: int) -> int:
-        """Delay between a request's arrival at the instance and its enqueue (alpha0 + alpha1*in)."""
+        """Arrival-to-enqueue delay at the instance (alpha0 + alpha1 * input tokens)."""
         return 0
 
     def output_token_processing_us(self) -> int:

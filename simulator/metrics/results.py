@@ -219,9 +219,7 @@ class Result:
             done = r.state is RequestState.COMPLETED
             gen = r.generated_tokens
             tpot_ms = (
-                (r.last_token_us - r.first_token_us) / (gen - 1) / 1000
-                if done and gen > 1
-                else 0.0
+                (r.last_token_us - r.first_token_us) / (gen - 1) / 1000 if done and gen > 1 else 0.0
             )
             out.append(
                 {

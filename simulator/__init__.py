@@ -1,0 +1,23 @@
+"""servesim: a discrete-event simulator of LLM inference serving.
+
+import simulator
+result = simulator.simulate("scenarios/quickstart.yaml")
+result.summary["ttft_p99_ms"], result.requests.head()
+"""
+
+from .api import Deployment, replay, resolve_deployment, simulate
+from .errors import ConfigError, ServesimError
+from .metrics.results import Result
+from .scenario import Scenario, load_scenario
+
+__all__ = [
+    "ConfigError",
+    "Deployment",
+    "Result",
+    "Scenario",
+    "ServesimError",
+    "load_scenario",
+    "replay",
+    "resolve_deployment",
+    "simulate",
+]

@@ -1,0 +1,246 @@
+"""The bundled defaults.yaml (SPEC §3.6): per-model default deployment, workload presets, fitted
+blackbox coefficients and the global cross-model / trained-roofline coefficients.
+
+The file is read and validated once per process; the accessors hand out copies so callers
+cannot mutate the cached tables.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.errors import ConfigError, invalid
+
+_TOP_KEYS = {
+    "defaults",
+    "workloads",
+    "models",
+    "crossmodel_defaults",
+    "trained_roofline_defaults",
+    "version",
+}
+_DEFAULT_KEYS = {"GPU", "tensor_parallelism", "vllm_version", "hf_repo"}
+_WORKLOAD_KEYS = {
+    "prefix_tokens",
+    "prompt_tokens",
+    "prompt_tokens_stdev",
+    "prompt_tokens_min",
+    "prompt_tokens_max",
+    "output_tokens",
+    "output_tokens_stdev",
+    "output_tokens_min",
+    "output_tokens_max",
+}
+_MODEL_KEYS = {
+    "id",
+    "GPU",
+    "tensor_parallelism",
+    "vllm_version",
+    "alpha_coeffs",
+    "beta_coeffs",
+    "total_kv_blocks",
+    "best_loss",
+}
+_MODEL_REQUIRED = {"id", "GPU", "tensor_parallelism", "vllm_version", "alpha_coeffs", "beta_coeffs"}
+_GLOBAL_COEFF_KEYS = {"alpha_coeffs", "beta_coeffs"}
+
+# defaults.yaml writes A100 entries as "A100-80"; hardware_config.json calls the same part
+# "A100-SXM" and keeps "A100-80" as an alias, so both spellings must find the same entries.
+_GPU_ALIASES = {"A100-80": "A100-SXM"}
+
+
+@dataclass(frozen=True)
+class CoefficientEntry:
+    """One fitted blackbox row of defaults.yaml `models:`."""
+
+    model_id: str
+    gpu: str
+    tp: int
+    vllm_version: str
+    alpha: tuple[float, ...]
+    beta: tuple[float, ...]
+    total_kv_blocks: int | None
+    best_loss: float | None = None
+
+
+@dataclass(frozen=True)
+class DefaultsFile:
+    """Parsed, validated content of a defaults.yaml."""
+
+    model_defaults: dict[str, dict[str, Any]]
+    workloads: dict[str, dict[str, Any]]
+    coefficients: tuple[CoefficientEntry, ...]
+    crossmodel: dict[str, list[float]]
+    trained_roofline: dict[str, list[float]]
+    version: str
+
+
+def canonical_gpu(name: str) -> str:
+    return _GPU_ALIASES.get(name, name)
+
+
+def normalize_vllm_version(version: str) -> str:
+    """`vllm/vllm-openai:v0.8.4`, `v0.8.4` and `0.8.4` all become `0.8.4`."""
+    tag = str(version).strip().rsplit(":", 1)[-1].strip()
+    return tag[1:] if tag[:1] in ("v", "V") else tag
+
+
+def _check_keys(where: str, mapping: object, allowed: set[str], required: set[str]) -> dict:
+    if not isinstance(mapping, dict):
+        raise invalid(where, mapping, "must be a mapping")
+    unknown_keys = sorted(set(mapping) - allowed)
+    if unknown_keys:
+        raise invalid(where, unknown_keys, f"unknown keys; allowed: {', '.join(sorted(allowed))}")
+    missing = sorted(required - set(mapping))
+    if missing:
+        raise invalid(where, mapping, f"missing required keys {missing}")
+    return mapping
+
+
+def _coeff_list(where: str, value: object, length: int | None) -> list[float]:
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        want = f"{length} numbers" if length is not None else "numbers"
+        raise invalid(where, value, f"must be a list of {want}")
+    out: list[float] = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise invalid(where, value, "every coefficient must be a finite number")
+        out.append(float(v))
+    return out
+
+
+def _parse(raw: object, source: str) -> DefaultsFile:
+    top = _check_keys(source, raw, _TOP_KEYS, {"models"})
+
+    model_defaults: dict[str, dict[str, Any]] = {}
+    for model_id, spec in (top.get("defaults") or {}).items():
+        where = f"{source}: defaults.{model_id}"
+        spec = _check_keys(where, spec, _DEFAULT_KEYS, {"GPU", "tensor_parallelism"})
+        model_defaults[str(model_id).lower()] = dict(spec)
+
+    workloads: dict[str, dict[str, Any]] = {}
+    for name, spec in (top.get("workloads") or {}).items():
+        where = f"{source}: workloads.{name}"
+        workloads[str(name)] = dict(_check_keys(where, spec, _WORKLOAD_KEYS, set()))
+
+    entries: list[CoefficientEntry] = []
+    models = top.get("models") or []
+    if not isinstance(models, list):
+        raise invalid(f"{source}: models", models, "must be a list")
+    for i, row in enumerate(models):
+        where = f"{source}: models[{i}]"
+        row = _check_keys(where, row, _MODEL_KEYS, _MODEL_REQUIRED)
+        kv_blocks = row.get("total_kv_blocks")
+        entries.append(
+            CoefficientEntry(
+                model_id=str(row["id"]),
+                gpu=str(row["GPU"]),
+                tp=int(row["tensor_parallelism"]),
+                vllm_version=str(row["vllm_version"]),
+                alpha=tuple(_coeff_list(f"{where}.alpha_coeffs", row["alpha_coeffs"], 3)),
+                beta=tuple(_coeff_list(f"{where}.beta_coeffs", row["beta_coeffs"], 3)),
+                total_kv_blocks=int(kv_blocks) if kv_blocks is not None else None,
+                best_loss=float(row["best_loss"]) if row.get("best_loss") is not None else None,
+            )
+        )
+
+    def global_coeffs(key: str) -> dict[str, list[float]]:
+        spec = top.get(key)
+        if spec is None:
+            return {}
+        spec = _check_keys(f"{source}: {key}", spec, _GLOBAL_COEFF_KEYS, _GLOBAL_COEFF_KEYS)
+        return {k: _coeff_list(f"{source}: {key}.{k}", v, None) for k, v in spec.items()}
+
+    return DefaultsFile(
+        model_defaults=model_defaults,
+        workloads=workloads,
+        coefficients=tuple(entries),
+        crossmodel=global_coeffs("crossmodel_defaults"),
+        trained_roofline=global_coeffs("trained_roofline_defaults"),
+        version=str(top.get("version", "")),
+    )
+
+
+def load_defaults_file(path: str | Path) -> DefaultsFile:
+    """Parse and validate a defaults.yaml at `path` (strict: unknown keys are errors)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise invalid("defaults file", str(path), f"cannot be read ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"defaults file: invalid YAML in {str(path)!r}: {exc}") from exc
+    return _parse(raw, str(path))
+
+
+@functools.cache
+def bundled_defaults() -> DefaultsFile:
+    """The defaults.yaml shipped in simulator/catalog/data, parsed once per process."""
+    text = resources.files("simulator.catalog").joinpath("data/defaults.yaml").read_text()
+    return _parse(yaml.safe_load(text), "defaults.yaml")
+
+
+def _id_matches(query: str, entry_id: str) -> bool:
+    """Case-insensitive id match; a query without an org (`llama-3.1-8b-instruct`, the name of
+    a bundled config folder) matches on the part after the slash."""
+    q = query.lower()
+    e = entry_id.lower()
+    return q == e or ("/" not in q and e.rsplit("/", 1)[-1] == q)
+
+
+def model_defaults(model_id: str) -> dict[str, Any] | None:
+    """{GPU, tensor_parallelism, vllm_version, hf_repo?} for a model, or None if not listed."""
+    table = bundled_defaults().model_defaults
+    spec = table.get(model_id.lower())
+    if spec is None:
+        matches = [v for k, v in table.items() if _id_matches(model_id, k)]
+        spec = matches[0] if len(matches) == 1 else None
+    return dict(spec) if spec is not None else None
+
+
+def workload_presets() -> dict[str, dict[str, Any]]:
+    """Workload presets by name (chatbot, contentgen, summarization, multidoc)."""
+    return copy.deepcopy(bundled_defaults().workloads)
+
+
+def crossmodel_defaults() -> dict[str, list[float]]:
+    """{alpha_coeffs: [3], beta_coeffs: [4]} of the cross-model backend (SPEC §3.3)."""
+    return copy.deepcopy(bundled_defaults().crossmodel)
+
+
+def trained_roofline_defaults() -> dict[str, list[float]]:
+    """{alpha_coeffs: [3], beta_coeffs: [7]} of the trained-roofline backend (SPEC §3.4)."""
+    return copy.deepcopy(bundled_defaults().trained_roofline)
+
+
+def coefficient_entries(model_id: str) -> list[CoefficientEntry]:
+    """Every fitted row for a model, in file order."""
+    return [e for e in bundled_defaults().coefficients if _id_matches(model_id, e.model_id)]
+
+
+def lookup_coefficients(
+    model_id: str, gpu: str, tp: int, vllm_version: str | None = None
+) -> CoefficientEntry | None:
+    """First row matching (model, GPU, TP[, vLLM version]); None when there is none.
+
+    Model ids compare case-insensitively; GPUs exactly, except that A100-SXM and A100-80 are
+    one part. The version is compared only when given, in either `v0.8.4` or
+    `vllm/vllm-openai:v0.8.4` form; without it the first row for (model, GPU, TP) wins.
+    """
+    want_gpu = canonical_gpu(gpu)
+    want_version = normalize_vllm_version(vllm_version) if vllm_version else None
+    for entry in coefficient_entries(model_id):
+        if canonical_gpu(entry.gpu) != want_gpu or entry.tp != tp:
+            continue
+        if want_version is not None and normalize_vllm_version(entry.vllm_version) != want_version:
+            continue
+        return entry
+    return None

@@ -1,0 +1,361 @@
+"""HuggingFace config.json -> ModelConfig (SPEC §4, §5) and the bundled model catalog.
+
+Resolution never touches the network: a model is either one of the configs bundled under
+`data/model_configs/` or a path the user gives.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.catalog.types import ModelConfig
+from simulator.errors import ConfigError, invalid, unknown
+
+_DATA_DIR = Path(__file__).parent / "data"
+_MODEL_CONFIGS_DIR = _DATA_DIR / "model_configs"
+_MODEL_INDEX_PATH = _DATA_DIR / "model_index.yaml"
+
+# torch_dtype -> bytes per element of compute / activations / KV cache (SPEC §4).
+_DTYPE_BYTES: dict[str, float] = {
+    "float32": 4.0,
+    "float16": 2.0,
+    "bfloat16": 2.0,
+    "int8": 1.0,
+    "uint8": 1.0,
+    "int4": 1.0,
+    "nf4": 1.0,
+}
+
+# Model-name quantisation convention (SPEC §4 step 2). The leading delimiter may be '/', so
+# "org/model-w4a16" and "w4a16-model" both match; the trailing one may not (as in BLIS).
+_WXAY_RE = re.compile(r"(?:^|[./_-])w(\d+)a\d+(?:$|[._-])", re.IGNORECASE)
+_FP8_NAME_RE = re.compile(r"(?:^|[./_-])fp8(?:$|[._-])", re.IGNORECASE)
+
+# Keys that may carry the total routed-expert count, after num_local_experts (SPEC §5).
+_EXPERT_COUNT_KEYS = ("num_routed_experts", "n_routed_experts", "num_experts")
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+# ---------------------------------------------------------------------------------------------
+
+
+def _int_field(cfg: dict[str, Any], key: str, name: str) -> int:
+    """Read an integer field; absent or null -> 0. Integral floats (e.g. 8.0) are accepted."""
+    value = cfg.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise invalid(f"{name}: {key}", value, "must be an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    raise invalid(f"{name}: {key}", value, "must be an integer")
+
+
+def _first_nonzero(cfg: dict[str, Any], keys: tuple[str, ...], name: str) -> int:
+    for key in keys:
+        value = _int_field(cfg, key, name)
+        if value != 0:
+            return value
+    return 0
+
+
+def dtype_bytes(dtype: object) -> float:
+    """Bytes per element for a torch dtype name; 0 when unknown (SPEC §4)."""
+    if not isinstance(dtype, str):
+        return 0.0
+    key = dtype.strip().lower().removeprefix("torch.")
+    if key.startswith("fp8") or key.startswith("float8"):
+        return 1.0
+    return _DTYPE_BYTES.get(key, 0.0)
+
+
+def _as_number(value: object) -> float | None:
+    """A positive finite number from a JSON number or numeric string, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def weight_bytes_from_quantization_config(qcfg: object) -> float:
+    """Weight width in bytes from a `quantization_config` block; 0 when it says nothing."""
+    if not isinstance(qcfg, dict):
+        return 0.0
+    bits = _as_number(qcfg.get("bits"))
+    if bits is not None:
+        return bits / 8.0
+    method = qcfg.get("quant_method")
+    method = method.lower() if isinstance(method, str) else ""
+    if method == "fp8":
+        return 1.0
+    if method == "compressed-tensors":
+        groups = qcfg.get("config_groups")
+        if isinstance(groups, dict):
+            for key in sorted(groups):
+                group = groups[key]
+                weights = group.get("weights") if isinstance(group, dict) else None
+                num_bits = (
+                    _as_number(weights.get("num_bits")) if isinstance(weights, dict) else None
+                )
+                if num_bits is not None:
+                    return num_bits / 8.0
+    return 0.0
+
+
+def weight_bytes_from_name(name: str) -> float:
+    """Weight width implied by a model name (`-w4a16` -> 0.5, `-FP8` -> 1.0); 0 when silent."""
+    match = _WXAY_RE.search(name)
+    if match and int(match.group(1)) > 0:
+        return int(match.group(1)) / 8.0
+    if _FP8_NAME_RE.search(name):
+        return 1.0
+    return 0.0
+
+
+def parse_hf_config(raw: dict, name: str) -> ModelConfig:
+    """Map a HuggingFace config.json dict to a ModelConfig (SPEC §5). Does not validate ranges:
+    `load_model` calls `validate_model`, so a caller building from a dict decides what to check.
+    """
+    if not isinstance(raw, dict):
+        raise invalid(f"{name}: config", type(raw).__name__, "must be a JSON object")
+    cfg: dict[str, Any] = dict(raw)
+    text_config = raw.get("text_config")
+    if isinstance(text_config, dict):
+        # Multimodal wrappers (Llama-4, Gemma-3, ...) keep the language model in text_config.
+        cfg.update(text_config)
+
+    num_heads = _int_field(cfg, "num_attention_heads", name)
+    num_kv_heads = _first_nonzero(
+        cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), name
+    )
+    intermediate_dim = _first_nonzero(cfg, ("intermediate_size", "ffn_hidden_size"), name)
+
+    num_experts = _int_field(cfg, "num_local_experts", name)
+    if num_experts <= 1:
+        num_experts = 0
+        for key in _EXPERT_COUNT_KEYS:
+            value = _int_field(cfg, key, name)
+            if value > 1:
+                num_experts = value
+                break
+    experts_per_tok = _int_field(cfg, "num_experts_per_tok", name)
+    moe_dim = _int_field(cfg, "moe_intermediate_size", name)
+    n_shared = _int_field(cfg, "n_shared_experts", name)
+    shared_dim = _int_field(cfg, "shared_expert_intermediate_size", name)
+    if shared_dim <= 0 and n_shared > 0:
+        shared_dim = n_shared * (moe_dim or intermediate_dim)
+    # Without an expert count the weight estimate would be the dense one, wildly too small,
+    # so the KV-capacity calculation must refuse rather than guess.
+    moe_count_missing = num_experts == 0 and (n_shared > 0 or experts_per_tok > 0)
+
+    dtype = cfg.get("torch_dtype")
+    if dtype is None:
+        dtype = cfg.get("dtype")
+    bytes_per_param = dtype_bytes(dtype)
+
+    weight_bytes = weight_bytes_from_quantization_config(cfg.get("quantization_config"))
+    if weight_bytes == 0.0:
+        weight_bytes = weight_bytes_from_name(name)
+
+    head_dim = cfg.get("head_dim")
+    config_head_dim = (
+        int(head_dim)
+        if isinstance(head_dim, int | float) and not isinstance(head_dim, bool)
+        else None
+    )
+    hidden_act = cfg.get("hidden_act")
+    rope_scaling = cfg.get("rope_scaling")
+    model_type = cfg.get("model_type")
+
+    return ModelConfig(
+        name=name,
+        num_layers=_int_field(cfg, "num_hidden_layers", name),
+        hidden_dim=_int_field(cfg, "hidden_size", name),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads or num_heads,
+        intermediate_dim=intermediate_dim,
+        vocab_size=_int_field(cfg, "vocab_size", name),
+        bytes_per_param=bytes_per_param,
+        weight_bytes_per_param=weight_bytes,
+        num_local_experts=num_experts,
+        num_experts_per_tok=experts_per_tok,
+        moe_expert_ffn_dim=moe_dim,
+        shared_expert_ffn_dim=shared_dim,
+        config_head_dim=config_head_dim,
+        hidden_act=hidden_act if isinstance(hidden_act, str) else "",
+        tie_word_embeddings=cfg.get("tie_word_embeddings") is True,
+        max_position_embeddings=_int_field(cfg, "max_position_embeddings", name),
+        rope_scaling=dict(rope_scaling) if isinstance(rope_scaling, dict) else None,
+        model_type=model_type if isinstance(model_type, str) else "",
+        moe_count_missing=moe_count_missing,
+    )
+
+
+def validate_model(model: ModelConfig) -> None:
+    """Reject configs no latency model can use (missing sizes, unknown dtype, bad MoE)."""
+    where = f"model {model.name!r}"
+    for field, value in (
+        ("num_hidden_layers", model.num_layers),
+        ("hidden_size", model.hidden_dim),
+        ("num_attention_heads", model.num_heads),
+    ):
+        if value <= 0:
+            raise invalid(f"{where}: {field}", value, "must be > 0")
+    if model.num_kv_heads < 0:
+        raise invalid(f"{where}: num_key_value_heads", model.num_kv_heads, "must be >= 0")
+    if not model.bytes_per_param > 0:
+        raise invalid(
+            f"{where}: torch_dtype",
+            model.bytes_per_param,
+            "bytes per param must be > 0; torch_dtype (or dtype) must be one of float32, "
+            "float16, bfloat16, int8, uint8, fp8*, int4, nf4",
+        )
+    if model.weight_bytes_per_param < 0:
+        raise invalid(
+            f"{where}: weight_bytes_per_param", model.weight_bytes_per_param, "must be >= 0"
+        )
+    if model.is_moe:
+        if model.num_experts_per_tok <= 0:
+            raise invalid(
+                f"{where}: num_experts_per_tok",
+                model.num_experts_per_tok,
+                f"must be > 0 for an MoE model with {model.num_local_experts} experts",
+            )
+        if model.num_experts_per_tok > model.num_local_experts:
+            raise invalid(
+                f"{where}: num_experts_per_tok",
+                model.num_experts_per_tok,
+                f"must be <= the expert count {model.num_local_experts}",
+            )
+
+
+def validate_tp(model: ModelConfig, tp: int) -> None:
+    """Tensor parallelism must shard attention heads evenly (SPEC §2.5 step 1)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise invalid("tp", tp, "must be an integer >= 1")
+    if model.num_heads % tp != 0:
+        raise invalid(
+            "tp",
+            tp,
+            f"must divide num_attention_heads={model.num_heads} of model {model.name!r}",
+        )
+    kv_heads = model.effective_kv_heads
+    # kv_heads < tp is allowed: vLLM replicates KV heads across the extra ranks.
+    if kv_heads >= tp and kv_heads % tp != 0:
+        raise invalid(
+            "tp",
+            tp,
+            f"must divide num_key_value_heads={kv_heads} of model {model.name!r} "
+            "(or exceed it, in which case KV heads are replicated)",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalog and resolution
+# ---------------------------------------------------------------------------------------------
+
+
+@cache
+def _bundled_index() -> dict[str, str]:
+    """folder -> case-correct HuggingFace id."""
+    with _MODEL_INDEX_PATH.open(encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    return dict(data["models"])
+
+
+@cache
+def _lookup_table() -> dict[str, str]:
+    """Every accepted lower-case spelling (id, folder, part after the org) -> folder."""
+    table: dict[str, str] = {}
+    for folder, hf_id in _bundled_index().items():
+        for key in (hf_id.lower(), folder.lower(), hf_id.split("/", 1)[-1].lower()):
+            table.setdefault(key, folder)
+    return table
+
+
+def list_models() -> list[str]:
+    """Lower-case HuggingFace ids of the bundled models, sorted."""
+    return sorted(hf_id.lower() for hf_id in _bundled_index().values())
+
+
+def hf_repo(name: str) -> str | None:
+    """Case-correct HuggingFace id of a bundled model, or None when not bundled."""
+    folder = _lookup_table().get(name.strip().lower())
+    return _bundled_index()[folder] if folder else None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"model config {str(path)!r}: cannot read file ({exc.strerror})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"model config {str(path)!r}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+            f"{exc.msg}"
+        ) from exc
+    if not isinstance(data, dict):
+        raise invalid(f"model config {str(path)!r}", type(data).__name__, "must be a JSON object")
+    return data
+
+
+def _config_path(path: Path) -> Path:
+    if path.is_dir():
+        candidate = path / "config.json"
+        if not candidate.is_file():
+            raise ConfigError(f"model config folder {str(path)!r}: no config.json in it")
+        return candidate
+    return path
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.endswith(".json") or spec.startswith((".", "/", "~")) or "\\" in spec
+
+
+def load_model(spec: str, name: str | None = None) -> ModelConfig:
+    """Resolve a model by HuggingFace id, bundled folder name, id without org (all
+    case-insensitive), or a path to a folder holding config.json / to a .json file.
+
+    `name` overrides the ModelConfig name (it also feeds the name quantisation convention).
+    An existing path wins over a bundled name, so a user's own copy of a config is honoured.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise invalid("model", spec, "must be a HuggingFace id, bundled model name or path")
+    spec = spec.strip()
+    path = Path(spec).expanduser()
+    if path.exists():
+        config_path = _config_path(path)
+        if name is None:
+            stem_dir = config_path.parent if config_path.name == "config.json" else None
+            name = stem_dir.name if stem_dir is not None else config_path.stem
+        model = parse_hf_config(_read_json(config_path), name)
+    else:
+        folder = _lookup_table().get(spec.lower())
+        if folder is None:
+            if _looks_like_path(spec):
+                raise ConfigError(f"model: path {spec!r} does not exist")
+            raise unknown("model", spec, list_models())
+        raw = _read_json(_MODEL_CONFIGS_DIR / folder / "config.json")
+        model = parse_hf_config(raw, name or _bundled_index()[folder].lower())
+    validate_model(model)
+    return model

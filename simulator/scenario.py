@@ -1,0 +1,176 @@
+"""The Scenario schema: one YAML file describes a whole run.
+
+Validation is strict (unknown keys are errors) and happens before anything runs, so a typo
+fails fast with the field's dotted path, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LengthSpec(_Strict):
+    """A token-length distribution: gaussian (clamped to [min, max]) or constant."""
+
+    distribution: Literal["gaussian", "constant"] = "gaussian"
+    mean: float = Field(512, ge=0)
+    stdev: float = Field(256, ge=0)
+    min: int = Field(2, ge=1)
+    max: int = Field(7000, ge=1)
+    value: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthSpec:
+        if self.distribution == "constant" and self.value is None:
+            raise ValueError("constant distribution needs `value`")
+        if self.distribution == "gaussian" and self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class WorkloadSpec(_Strict):
+    """Synthetic open-loop traffic: one arrival process, prompt and output length laws."""
+
+    arrival: Literal["poisson", "constant"] = "poisson"
+    rate: float = Field(1.0, gt=0, description="requests per second")
+    num_requests: int = Field(100, gt=0)
+    prompt_tokens: LengthSpec = Field(default_factory=LengthSpec)
+    output_tokens: LengthSpec = Field(default_factory=LengthSpec)
+    timeout_us: int = Field(0, ge=0, description="client deadline after arrival; 0 = none")
+
+
+class TraceSpec(_Strict):
+    """Replay a BLIS TraceV2 pair instead of generating traffic."""
+
+    header: Path
+    data: Path
+
+
+class LatencySpec(_Strict):
+    model: str = "roofline"
+    alpha_coeffs: list[float] | None = None
+    beta_coeffs: list[float] | None = None
+    vllm_version: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> LatencySpec:
+        if (self.alpha_coeffs is None) != (self.beta_coeffs is None):
+            raise ValueError("alpha_coeffs and beta_coeffs must be given together")
+        return self
+
+
+class EngineSpec(_Strict):
+    """One vLLM instance's knobs (BLIS flag names, with units where they have one)."""
+
+    total_kv_blocks: int | None = Field(None, gt=0, description="None = defaults.yaml or auto")
+    block_size_tokens: int = Field(16, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_num_running_reqs: int = Field(256, gt=0)
+    max_num_scheduled_tokens: int = Field(2048, gt=0)
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    max_model_len: int | None = Field(None, ge=0, description="None = auto (roofline); 0 = off")
+    scheduler: str = "fcfs"
+    priority_policy: str = "constant"
+    enable_prefix_caching: bool = True
+
+
+class Scenario(_Strict):
+    """A whole run: the deployment, the engine, the traffic, the seed and the horizon."""
+
+    name: str = ""
+    description: str = ""
+    seed: int = 42
+    horizon_us: int | None = Field(None, gt=0)
+    model: str = "meta-llama/llama-3.1-8b-instruct"
+    hardware: str | None = None
+    tp: int | None = Field(None, gt=0)
+    hardware_file: Path | None = None
+    latency: LatencySpec = Field(default_factory=LatencySpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    workload: WorkloadSpec | None = None
+    trace: TraceSpec | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model_nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a model")
+        return v
+
+    @model_validator(mode="after")
+    def _source(self) -> Scenario:
+        if self.workload is not None and self.trace is not None:
+            raise ValueError("give either `workload` or `trace`, not both")
+        return self
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"{loc}: unknown key")
+            continue
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        parts.append(f"{loc}: {err['msg']}{shown}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file. Relative paths inside resolve from its folder."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"scenario: cannot read {str(p)!r}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"scenario: {str(p)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"scenario: {str(p)!r} must be a YAML mapping")
+    scenario = scenario_from_dict(data, source=str(p))
+    base = p.parent
+    if scenario.trace is not None:
+        scenario.trace = TraceSpec(
+            header=_resolve(base, scenario.trace.header), data=_resolve(base, scenario.trace.data)
+        )
+    if scenario.hardware_file is not None:
+        scenario.hardware_file = _resolve(base, scenario.hardware_file)
+    return scenario
+
+
+def _resolve(base: Path, p: Path) -> Path:
+    return p if p.is_absolute() else base / p
+
+
+def apply_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
+    """Return a copy with dotted-path overrides applied (e.g. {"engine.scheduler": "sjf"})."""
+    data = scenario.model_dump(mode="python")
+    for dotted, value in overrides.items():
+        node = data
+        keys = dotted.split(".")
+        for key in keys[:-1]:
+            if node.get(key) is None:
+                node[key] = {}
+            node = node[key]
+        node[keys[-1]] = value
+    return scenario_from_dict(data, source="overrides")

@@ -1,0 +1,172 @@
+"""The bundled defaults.yaml accessors (SPEC §3.6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.catalog import defaults
+from simulator.catalog.defaults import (
+    crossmodel_defaults,
+    load_defaults_file,
+    lookup_coefficients,
+    model_defaults,
+    normalize_vllm_version,
+    trained_roofline_defaults,
+    workload_presets,
+)
+from simulator.errors import ConfigError
+
+BUNDLED = Path(defaults.__file__).parent / "data" / "defaults.yaml"
+
+
+def test_bundled_file_is_parsed_once() -> None:
+    assert defaults.bundled_defaults() is defaults.bundled_defaults()
+    assert len(defaults.bundled_defaults().coefficients) == 111
+    assert defaults.bundled_defaults().version == "0.0.1"
+
+
+def test_model_defaults() -> None:
+    spec = model_defaults("meta-llama/llama-3.1-8b-instruct")
+    assert spec == {
+        "GPU": "H100",
+        "tensor_parallelism": 1,
+        "vllm_version": "vllm/vllm-openai:v0.11.0",
+        "hf_repo": "meta-llama/Llama-3.1-8B-Instruct",
+    }
+    assert model_defaults("Meta-Llama/Llama-3.1-8B-Instruct") == spec
+    assert model_defaults("llama-3.1-8b-instruct") == spec  # bundled folder name
+    assert model_defaults("acme/nothing") is None
+    # gpt-oss has no hf_repo in the file.
+    assert model_defaults("openai/gpt-oss-20b") == {
+        "GPU": "H100",
+        "tensor_parallelism": 1,
+        "vllm_version": "vllm/vllm-openai:v0.10.1.1",
+    }
+
+
+def test_accessors_return_copies() -> None:
+    model_defaults("meta-llama/llama-3.1-8b-instruct")["GPU"] = "L40S"  # type: ignore[index]
+    assert model_defaults("meta-llama/llama-3.1-8b-instruct")["GPU"] == "H100"  # type: ignore[index]
+    workload_presets()["chatbot"]["prompt_tokens"] = 1
+    assert workload_presets()["chatbot"]["prompt_tokens"] == 256
+    crossmodel_defaults()["beta_coeffs"].append(1.0)
+    assert len(crossmodel_defaults()["beta_coeffs"]) == 4
+
+
+def test_workload_presets() -> None:
+    presets = workload_presets()
+    assert set(presets) == {"chatbot", "contentgen", "summarization", "multidoc"}
+    assert presets["chatbot"] == {
+        "prefix_tokens": 0,
+        "prompt_tokens": 256,
+        "prompt_tokens_stdev": 100,
+        "prompt_tokens_min": 2,
+        "prompt_tokens_max": 800,
+        "output_tokens": 256,
+        "output_tokens_stdev": 100,
+        "output_tokens_min": 1,
+        "output_tokens_max": 1024,
+    }
+    assert "prefix_tokens" not in presets["multidoc"]
+    assert presets["multidoc"]["prompt_tokens"] == 10240
+
+
+def test_global_coefficients() -> None:
+    assert crossmodel_defaults() == {
+        "beta_coeffs": [116.110, 1226.868, 19.943, 9445.157],
+        "alpha_coeffs": [13732.0, 0.0, 860.6],
+    }
+    trained = trained_roofline_defaults()
+    assert len(trained["beta_coeffs"]) == 7 and len(trained["alpha_coeffs"]) == 3
+    assert trained["beta_coeffs"][0] == pytest.approx(0.77265, abs=1e-5)
+    assert trained["alpha_coeffs"] == pytest.approx([9315.34, 1849.59, 1.70794], abs=1e-2)
+
+
+def test_lookup_spec_example_llama_h100_tp2() -> None:
+    entry = lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "H100", 2)
+    assert entry is not None
+    assert entry.alpha == (1601.350510688092, 3.512476196805965, 1805.5430360826988)
+    assert entry.beta == (6910.420479880494, 17.67057489844186, 2.8377471109943855)
+    assert entry.total_kv_blocks == 132139
+    assert entry.vllm_version == "vllm/vllm-openai:v0.8.4"
+    assert entry.gpu == "H100" and entry.tp == 2
+
+
+@pytest.mark.parametrize("version", ["v0.8.4", "vllm/vllm-openai:v0.8.4", "0.8.4"])
+def test_lookup_version_forms(version: str) -> None:
+    entry = lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "H100", 2, version)
+    assert entry is not None and entry.beta[0] == 6910.420479880494
+
+
+def test_lookup_version_is_exact_when_given() -> None:
+    # H100 TP1 for llama-3.1-8b exists only for v0.11.0.
+    assert lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "H100", 1, "v0.8.4") is None
+    v11 = lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "H100", 1, "v0.11.0")
+    assert v11 is not None and v11.alpha == (10326.268121600151, 0.0, 0.0)
+    assert lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "H100", 1) == v11
+
+
+def test_lookup_model_case_and_gpu_tp_exact() -> None:
+    upper = lookup_coefficients("META-LLAMA/Llama-3.1-8B-Instruct", "H100", 2)
+    assert upper == lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "H100", 2)
+    assert lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "h100", 2) is None
+    assert lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "H100", 3) is None
+    assert lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "L40S", 1) is None
+    assert lookup_coefficients("acme/nothing", "H100", 1) is None
+
+
+def test_lookup_a100_aliases() -> None:
+    via_80 = lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "A100-80", 1)
+    via_sxm = lookup_coefficients("meta-llama/llama-3.1-8b-instruct", "A100-SXM", 1)
+    assert via_80 is not None and via_80 == via_sxm
+    assert via_80.gpu == "A100-80"
+
+
+def test_lookup_first_match_wins_on_duplicates() -> None:
+    raw = yaml.safe_load(BUNDLED.read_text())
+    rows = [
+        r
+        for r in raw["models"]
+        if r["id"] == "redhatai/phi-4-fp8-dynamic"
+        and r["GPU"] == "H100"
+        and r["tensor_parallelism"] == 1
+    ]
+    assert len(rows) >= 2 and rows[0]["beta_coeffs"] != rows[1]["beta_coeffs"]
+    entry = lookup_coefficients("redhatai/phi-4-fp8-dynamic", "H100", 1)
+    assert entry is not None
+    assert list(entry.beta) == rows[0]["beta_coeffs"]
+
+
+def test_normalize_vllm_version() -> None:
+    assert normalize_vllm_version("vllm/vllm-openai:v0.10.1.1") == "0.10.1.1"
+    assert normalize_vllm_version("v0.8.4") == "0.8.4"
+    assert normalize_vllm_version(" 0.8.4 ") == "0.8.4"
+
+
+def test_strict_parsing_rejects_unknown_keys(tmp_path: Path) -> None:
+    raw = yaml.safe_load(BUNDLED.read_text())
+    assert load_defaults_file(BUNDLED).coefficients == defaults.bundled_defaults().coefficients
+
+    raw["models"][0]["gamma_coeffs"] = [1, 2, 3]
+    bad = tmp_path / "defaults.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"models\[0\].*gamma_coeffs"):
+        load_defaults_file(bad)
+
+    raw = yaml.safe_load(BUNDLED.read_text())
+    raw["extra_section"] = {}
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="extra_section"):
+        load_defaults_file(bad)
+
+    raw = yaml.safe_load(BUNDLED.read_text())
+    raw["models"][3]["alpha_coeffs"] = [1.0, 2.0]
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"models\[3\]\.alpha_coeffs"):
+        load_defaults_file(bad)
+
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_defaults_file(tmp_path / "missing.yaml")
