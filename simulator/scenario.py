@@ -162,7 +162,9 @@ def _resolve(base: Path, p: Path) -> Path:
     return p if p.is_absolute() else base / p
 
 
-def apply_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
+def apply_overrides(
+    scenario: Scenario, overrides: dict[str, Any], source: str = "overrides"
+) -> Scenario:
     """Return a copy with dotted-path overrides applied (e.g. {"engine.scheduler": "sjf"})."""
     data = scenario.model_dump(mode="python")
     for dotted, value in overrides.items():
@@ -173,4 +175,4 @@ def apply_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
                 node[key] = {}
             node = node[key]
         node[keys[-1]] = value
-    return scenario_from_dict(data, source="overrides")
+    return scenario_from_dict(data, source=source)

@@ -1,0 +1,41 @@
+# The README's two commands. Both create .venv on first use.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+SCENARIO ?= scenarios/quickstart.yaml
+
+.PHONY: run test lint format bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(BIN)/servesim run $(SCENARIO)
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check simulator tests benchmarks
+	$(BIN)/ruff format --check simulator tests benchmarks
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check simulator tests benchmarks
+	$(BIN)/ruff format --check simulator tests benchmarks
+
+format: $(VENV)/.installed-dev
+	$(BIN)/ruff format simulator tests benchmarks
+	$(BIN)/ruff check --fix simulator tests benchmarks
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
