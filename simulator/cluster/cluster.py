@@ -32,13 +32,16 @@ def run_simulation(
     step_model: StepTimeModel,
     horizon_us: int | None = None,
     scenario: dict | None = None,
+    check_invariants: bool = False,
 ) -> Result:
     """Simulate `requests` on one instance until all finish or the horizon passes."""
     ordered = sorted(requests, key=lambda r: (r.arrival_us, r.index))
     env = simpy.Environment()
     engine = VLLMEngine(engine_config, step_model.output_token_processing_us())
     instance_id = "instance_0"
-    instance = Instance(env, instance_id, engine, step_model, lambda _r: None, horizon_us)
+    instance = Instance(
+        env, instance_id, engine, step_model, lambda _r: None, horizon_us, check_invariants
+    )
     inbox_put = instance.inbox.put
     env.process(_source(env, ordered, inbox_put))
     if horizon_us is None:

@@ -264,6 +264,18 @@ class VLLMEngine:
         self.waiting.appendleft(victim)
         return victim is serving
 
+    def check_invariants(self) -> None:
+        """Assert the engine's laws (tests and debug runs): states, progress bounds, KV."""
+        for req in self.waiting:
+            assert req.state is RequestState.QUEUED, req
+            assert not req.block_ids, req
+        for req in self.running:
+            assert req.state is RequestState.RUNNING, req
+        for req in (*self.waiting, *self.running):
+            assert 0 <= req.generated_tokens <= max(req.output_tokens, 0), req
+            assert req.computed_tokens <= req.input_tokens + req.generated_tokens, req
+        self.kv.check_invariants(self.running)
+
     def _reorder_waiting(self, now_us: int) -> None:
         policy = self.priority_policy
         for req in self.waiting:
@@ -289,10 +301,12 @@ class VLLMEngine:
         prefill_tokens = 0
         decode_tokens = 0
         produced = 0
+        served = 0
         for req in self.running:
             n = req.num_new_tokens
             if not n:
                 continue
+            served += 1
             if req.in_prefill:
                 prefill_tokens += n
                 req.computed_tokens += n
@@ -339,11 +353,12 @@ class VLLMEngine:
         steps = self.steps
         steps.start_us.append(start)
         steps.step_us.append(step_us)
-        steps.batch_size.append(len(self.running) + len(done))
+        steps.batch_size.append(served)
         steps.prefill_tokens.append(prefill_tokens)
         steps.decode_tokens.append(decode_tokens)
         steps.kv_used_blocks.append(self.kv.used_blocks)
         steps.queue_length.append(len(self.waiting))
+        steps.running_requests.append(len(self.running))
         steps.preemptions.append(self.preemption_count)
         steps.itl_regular_gap_us.append(regular_gap)
         steps.itl_regular_count.append(regular)

@@ -26,6 +26,7 @@ class Instance:
         step_model: StepTimeModel,
         on_finished: Callable[[Request], None],
         horizon_us: int | None = None,
+        check_invariants: bool = False,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -33,6 +34,7 @@ class Instance:
         self.step_model = step_model
         self.on_finished = on_finished
         self.horizon_us = horizon_us
+        self.check_invariants = check_invariants
         self.inbox: simpy.Store = simpy.Store(env)
         self.pending_enqueue: set[Request] = set()
         self._idle: simpy.Event | None = None
@@ -95,3 +97,5 @@ class Instance:
             yield event_after(env, step_us, STEP)
             for req in engine.finish_step(step_us):
                 on_finished(req)
+            if self.check_invariants:
+                engine.check_invariants()

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 
 class StepLog:
-    """One row per engine step, stored column-wise in plain lists (cheap in the hot path)."""
+    """One row per engine step, stored column-wise in plain lists (cheap in the hot path).
+
+    batch_size counts the requests that got tokens in the step; kv_used_blocks, queue_length
+    and running_requests are read at the step's end, after completions.
+    """
 
     __slots__ = (
         "start_us",
@@ -14,6 +18,7 @@ class StepLog:
         "decode_tokens",
         "kv_used_blocks",
         "queue_length",
+        "running_requests",
         "preemptions",
         "itl_regular_gap_us",
         "itl_regular_count",
@@ -27,6 +32,7 @@ class StepLog:
         self.decode_tokens: list[int] = []
         self.kv_used_blocks: list[int] = []
         self.queue_length: list[int] = []
+        self.running_requests: list[int] = []
         self.preemptions: list[int] = []
         # Inter-token gaps: in a step every request that also got a token in the previous step
         # sees the same gap, so those are stored as (gap, count) per step, not per token.

@@ -183,6 +183,7 @@ def steps_frame(engines: list[VLLMEngine], instance_ids: list[str]) -> pd.DataFr
                     "decode_tokens": np.asarray(s.decode_tokens, dtype=np.int64),
                     "kv_used_blocks": np.asarray(s.kv_used_blocks, dtype=np.int64),
                     "queue_length": np.asarray(s.queue_length, dtype=np.int64),
+                    "running_requests": np.asarray(s.running_requests, dtype=np.int64),
                     "preemptions_total": np.asarray(s.preemptions, dtype=np.int64),
                 }
             )
