@@ -20,7 +20,14 @@ from .latency import build_step_time_model
 from .latency.base import StepTimeModel
 from .latency.kv_capacity import compute_kv_blocks, derive_max_model_len
 from .metrics.results import Result
-from .scenario import Scenario, TraceSpec, apply_overrides, load_scenario, scenario_from_dict
+from .scenario import (
+    Scenario,
+    TraceSpec,
+    WorkloadSpec,
+    apply_overrides,
+    load_scenario,
+    scenario_from_dict,
+)
 from .workload.synthetic import generate_requests
 from .workload.trace import load_trace
 
@@ -128,10 +135,7 @@ def build_requests(scenario: Scenario) -> list[Request]:
     if scenario.trace is not None:
         _, requests = load_trace(scenario.trace.header, scenario.trace.data)
         return requests
-    workload = scenario.workload
-    if workload is None:
-        workload = scenario.model_fields["workload"].annotation.__args__[0]()  # type: ignore[attr-defined]
-    return generate_requests(workload, scenario.seed)
+    return generate_requests(scenario.workload or WorkloadSpec(), scenario.seed)
 
 
 def _horizon(scenario: Scenario, requests: list[Request]) -> int | None:

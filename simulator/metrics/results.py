@@ -101,8 +101,8 @@ def format_summary(summary: dict[str, Any]) -> str:
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
     """One row per request; timestamps in µs (exact), latencies in ms."""
 
-    def opt(value: int) -> float:
-        return float(value) if value >= 0 else float("nan")
+    def opt(value: int) -> int | None:
+        return value if value >= 0 else None
 
     rows = []
     for r in requests:
@@ -123,7 +123,7 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
                 opt(r.first_schedule_us),
                 opt(r.schedule_us),
                 opt(r.first_token_us),
-                opt(r.completion_us) if done else float("nan"),
+                opt(r.completion_us) if done else None,
                 r.input_tokens,
                 r.output_tokens,
                 gen,
@@ -139,7 +139,9 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
                 r.model,
             )
         )
-    return pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
+    frame = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
+    # Timestamps stay exact integers; a stage never reached is <NA>.
+    return frame.astype({c: "Int64" for c in TIMESTAMP_COLUMNS})
 
 
 REQUEST_COLUMNS = [
@@ -165,6 +167,16 @@ REQUEST_COLUMNS = [
     "slo_class",
     "tenant_id",
     "model",
+]
+
+
+TIMESTAMP_COLUMNS = [
+    "arrival_us",
+    "enqueue_us",
+    "first_schedule_us",
+    "schedule_us",
+    "first_token_us",
+    "completion_us",
 ]
 
 

@@ -1,0 +1,104 @@
+"""The Python API: simulate / replay, Result DataFrames, scenario overrides, determinism."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import simulator
+from simulator.errors import ConfigError
+
+SCENARIOS = sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml"))
+SMALL = dict(workload__num_requests=200, workload__rate=20)
+
+
+@pytest.fixture(scope="module")
+def quick():
+    return simulator.simulate("scenarios/quickstart.yaml", **SMALL)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.name)
+def test_every_shipped_scenario_validates_and_resolves(path):
+    scenario = simulator.load_scenario(path)
+    simulator.resolve_deployment(scenario)
+
+
+def test_requests_frame_agrees_with_summary(quick):
+    df = quick.requests
+    s = quick.summary
+    assert len(df) == 200
+    done = df[df.state == "completed"]
+    assert len(done) == s["completed_requests"]
+    assert done.e2e_ms.mean() == pytest.approx(s["e2e_mean_ms"], rel=1e-12)
+    assert df.ttft_ms.dropna().mean() == pytest.approx(s["ttft_mean_ms"], rel=1e-12)
+    assert np.percentile(done.e2e_ms, 99) == pytest.approx(s["e2e_p99_ms"], rel=1e-12)
+    assert df.generated_tokens.sum() == s["total_output_tokens"]
+
+
+def test_steps_frame_accounts_for_every_token(quick):
+    """Without preemption each token comes from a decode step or from a prefill completing."""
+    assert quick.summary["preemption_count"] == 0
+    steps = quick.steps
+    first_tokens = quick.requests.first_token_us.notna().sum()
+    assert steps.decode_tokens.sum() + first_tokens == quick.summary["total_output_tokens"]
+    assert steps.prefill_tokens.sum() == quick.requests.input_tokens.sum()
+    assert (steps.step_us >= 1).all()
+    assert steps.start_us.is_monotonic_increasing
+
+
+def test_same_seed_same_summary_different_seed_different_traffic():
+    a = simulator.simulate("scenarios/quickstart.yaml", **SMALL)
+    b = simulator.simulate("scenarios/quickstart.yaml", **SMALL)
+    c = simulator.simulate("scenarios/quickstart.yaml", seed=7, **SMALL)
+    assert json.dumps(a.summary) == json.dumps(b.summary)
+    assert json.dumps(a.summary) != json.dumps(c.summary)
+
+
+def test_overrides_reach_the_engine():
+    result = simulator.simulate(
+        "scenarios/quickstart.yaml", engine__max_num_running_reqs=4, **SMALL
+    )
+    assert result.scenario["engine"]["max_num_running_reqs"] == 4
+    assert result.steps.running_requests.max() <= 4
+
+
+def test_replay_api_matches_trace_lengths():
+    data = Path(__file__).parent / "data" / "blis"
+    result = simulator.replay(
+        data / "r3_summ.trace.yaml", data / "r3_summ.trace.csv", engine__total_kv_blocks=1_000_000
+    )
+    assert result.summary["completed_requests"] == 300
+    assert result.summary["total_input_tokens"] == 1_228_971  # sum of the trace's input_tokens
+
+
+def test_kv_blocks_precedence_is_reported():
+    explicit = simulator.resolve_deployment(simulator.Scenario(engine={"total_kv_blocks": 1234}))
+    measured = simulator.resolve_deployment(simulator.Scenario())
+    formula = simulator.resolve_deployment(simulator.Scenario(hardware="A100-SXM", tp=1))
+    assert (explicit.engine.total_kv_blocks, explicit.kv_blocks_source) == (1234, "explicit")
+    # BLIS's measured entry for llama-3.1-8b on H100 TP1 (defaults.yaml) wins over the formula.
+    assert (measured.engine.total_kv_blocks, measured.kv_blocks_source) == (29205, "defaults.yaml")
+    assert formula.kv_blocks_source in ("defaults.yaml", "auto")
+
+
+def test_bad_scenario_dict_names_the_field():
+    with pytest.raises(ConfigError, match=r"engine\.max_num_running_reqs"):
+        simulator.simulate({"engine": {"max_num_running_reqs": 0}})
+    with pytest.raises(ConfigError, match=r"engine\.schedular: unknown key"):
+        simulator.simulate({"engine": {"schedular": "fcfs"}})
+    with pytest.raises(ConfigError, match="unknown scheduler 'lifo'"):
+        simulator.simulate({"engine": {"scheduler": "lifo"}})
+
+
+def test_horizon_cuts_the_run_and_conserves_requests():
+    result = simulator.simulate(
+        "scenarios/quickstart.yaml", horizon_us=2_000_000, workload__num_requests=200,
+        workload__rate=50,
+    )  # fmt: skip
+    s = result.summary
+    assert s["vllm_estimated_duration_s"] <= 2.0
+    assert s["still_running"] + s["still_queued"] > 0
+    assert s["injected_requests"] + result.not_arrived == 200
