@@ -114,6 +114,14 @@ class Scenario(_Strict):
         return self
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error as one line: the problem and where (its own text spans several lines)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
 def _format_validation_error(exc: ValidationError, source: str) -> str:
     parts = []
     for err in exc.errors():
@@ -142,7 +150,7 @@ def load_scenario(path: str | Path) -> Scenario:
     except OSError as exc:
         raise ConfigError(f"scenario: cannot read {str(p)!r}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"scenario: {str(p)!r} is not valid YAML: {exc}") from None
+        raise ConfigError(f"scenario: {str(p)!r} is not valid YAML: {yaml_problem(exc)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -146,6 +146,7 @@ class VLLMEngine:
         threshold = cfg.long_prefill_token_threshold
         mml = cfg.max_model_len
         kv = self.kv
+        block_size = cfg.block_size
         running = self.running
         for req in running:
             req.num_new_tokens = 0
@@ -177,6 +178,14 @@ class VLLMEngine:
                     i += 1
                     continue
                 chunk = 1
+                # Most decode tokens land inside a block that is neither new nor completed:
+                # no KV work at all, so skip the call (this loop runs once per token).
+                pos_in_block = computed % block_size
+                if 0 < pos_in_block < block_size - 1:
+                    req.num_new_tokens = 1
+                    budget -= 1
+                    i += 1
+                    continue
                 ok = kv.append_token(req, computed)
                 while not ok:
                     preempted = True
@@ -198,8 +207,10 @@ class VLLMEngine:
             while waiting and budget > 0 and len(running) < max_running:
                 req = waiting[0]
                 target = req.prefill_target
-                if -(-(target + 1) // bs) > kv.total_blocks:
-                    # Even the whole cache cannot hold it plus one more token: never servable.
+                # After this prefill, a request with 2+ tokens still to produce needs KV for one
+                # more token; if even the whole cache cannot hold that, it can never progress.
+                decode_needs = 1 if req.output_tokens - req.generated_tokens >= 2 else 0
+                if -(-(target + decode_needs) // bs) > kv.total_blocks:
                     waiting.popleft()
                     req.state = RequestState.DROPPED
                     req.completion_us = now_us

@@ -10,6 +10,7 @@ import yaml
 
 from ..engine.request import Request
 from ..errors import ConfigError
+from ..scenario import yaml_problem
 
 TRACE_COLUMNS = [
     "request_id",
@@ -86,7 +87,9 @@ def read_header(path: str | Path) -> dict:
     except OSError as exc:
         raise ConfigError(f"trace header: cannot read {str(p)!r}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"trace header: {str(p)!r} is not valid YAML: {exc}") from None
+        raise ConfigError(
+            f"trace header: {str(p)!r} is not valid YAML: {yaml_problem(exc)}"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"trace header: {str(p)!r} must be a YAML mapping")
     extra = set(data) - HEADER_KEYS
