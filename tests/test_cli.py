@@ -20,41 +20,14 @@ import pytest
 from typer.testing import CliRunner
 
 from simulator.cli import app
+from simulator.metrics.results import BLIS_SUMMARY_FIELDS
 
 DATA = Path(__file__).parent / "data" / "blis"
 TRACE_HEADER = DATA / "r1_fixed512.trace.yaml"
 TRACE_DATA = DATA / "r1_fixed512.trace.csv"
 
 # SPEC §10.2: the summary JSON fields BLIS prints (kv_allocation_failures is omitted when 0).
-BLIS_FIELDS = {
-    "instance_id",
-    "completed_requests",
-    "still_queued",
-    "still_running",
-    "injected_requests",
-    "total_input_tokens",
-    "total_output_tokens",
-    "vllm_estimated_duration_s",
-    "responses_per_sec",
-    "tokens_per_sec",
-    "e2e_mean_ms",
-    "e2e_p90_ms",
-    "e2e_p95_ms",
-    "e2e_p99_ms",
-    "ttft_mean_ms",
-    "ttft_p90_ms",
-    "ttft_p95_ms",
-    "ttft_p99_ms",
-    "itl_mean_ms",
-    "itl_p90_ms",
-    "itl_p95_ms",
-    "itl_p99_ms",
-    "scheduling_delay_p99_ms",
-    "preemption_count",
-    "dropped_unservable",
-    "length_capped_requests",
-    "timed_out_requests",
-}
+BLIS_FIELDS = set(BLIS_SUMMARY_FIELDS)
 REQUEST_FIELDS = {
     "requestID",
     "arrived_at",

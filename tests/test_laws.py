@@ -12,23 +12,12 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.cluster.cluster import run_simulation
 from simulator.engine.batching import EngineConfig
 from simulator.engine.request import Request, RequestState
 from simulator.latency.blackbox import BlackboxModel
 from simulator.latency.roofline import RooflineModel
-
-LLAMA_8B = ModelConfig(
-    name="meta-llama/llama-3.1-8b-instruct",
-    num_layers=32,
-    hidden_dim=4096,
-    num_heads=32,
-    num_kv_heads=8,
-    intermediate_dim=14336,
-    vocab_size=128256,
-)
-H100 = GPUSpec("H100", 989.5, 1979.0, 3.35, 0.45, 0.30, 80.0)
+from tests.specs import H100, LLAMA31_8B
 
 
 @st.composite
@@ -57,7 +46,7 @@ def scenarios(draw):
         alpha = [draw(st.integers(0, 3000)), draw(st.floats(0, 5)), draw(st.integers(0, 2000))]
         model = BlackboxModel(alpha, [draw(st.integers(1, 8000)), 10.0, 5.0])
     else:
-        model = RooflineModel(LLAMA_8B, H100, 1)
+        model = RooflineModel(LLAMA31_8B, H100, 1)
     horizon = draw(st.sampled_from([None, None, None, 150_000, 600_000]))
     return requests, config, model, horizon
 
@@ -141,7 +130,7 @@ def test_hostile_scenarios_do_preempt_and_chunk():
     """Guard against a vacuous law test: the generator really reaches preemption and chunking."""
     requests = [Request(f"request_{i}", i * 1000, 200, 60, index=i) for i in range(12)]
     config = EngineConfig(total_kv_blocks=40, block_size=16, max_num_scheduled_tokens=128)
-    result = run_simulation(requests, config, RooflineModel(LLAMA_8B, H100, 1), None, None, True)
+    result = run_simulation(requests, config, RooflineModel(LLAMA31_8B, H100, 1), None, None, True)
     assert result.summary["preemption_count"] > 0
     assert result.summary["completed_requests"] == 12
     assert max(result.engines[0].steps.prefill_tokens) <= 128  # prompts of 200 were chunked

@@ -143,7 +143,6 @@ class VLLMEngine:
             self._reorder_waiting(now_us)
 
         budget = cfg.max_num_scheduled_tokens
-        threshold = cfg.long_prefill_token_threshold
         mml = cfg.max_model_len
         kv = self.kv
         block_size = cfg.block_size
@@ -160,13 +159,7 @@ class VLLMEngine:
             req = running[i]
             computed = req.computed_tokens
             if req.in_prefill:
-                chunk = req.prefill_target - computed
-                if 0 < threshold < chunk:
-                    chunk = threshold
-                if chunk > budget:
-                    chunk = budget
-                if mml > 0:
-                    chunk = min(chunk, max(mml - 1 - computed, 0))
+                chunk = self._prefill_chunk(req.prefill_target, computed, budget)
                 while not kv.try_allocate(req, computed, computed + chunk, []):
                     preempted = True
                     if self._preempt_last(req):
@@ -218,13 +211,7 @@ class VLLMEngine:
                     continue
                 cached = kv.cached_prefix_blocks(req, target - 1) if caching else []
                 start = len(cached) * bs
-                chunk = target - start
-                if 0 < threshold < chunk:
-                    chunk = threshold
-                if chunk > budget:
-                    chunk = budget
-                if mml > 0:
-                    chunk = min(chunk, max(mml - 1 - start, 0))
+                chunk = self._prefill_chunk(target, start, budget)
                 if not kv.try_allocate(req, start, start + chunk, cached):
                     break
                 waiting.popleft()
@@ -253,6 +240,20 @@ class VLLMEngine:
                     decode_context += req.computed_tokens
         self._step_start_us = now_us
         return StepBatch(prefill_chunks, decode_count, decode_context)
+
+    def _prefill_chunk(self, target: int, start: int, budget: int) -> int:
+        """Prefill tokens from `start` this step: the rest of the target, capped by the
+        long-prefill threshold, the remaining budget and the context limit (SPEC §1.5)."""
+        chunk = target - start
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < chunk:
+            chunk = threshold
+        if chunk > budget:
+            chunk = budget
+        mml = self.config.max_model_len
+        if mml > 0:
+            chunk = min(chunk, max(mml - 1 - start, 0))
+        return chunk
 
     def _preempt_last(self, serving: Request) -> bool:
         """Evict the most recently admitted running request (vLLM recompute, SPEC A2).

@@ -19,6 +19,37 @@ from ..engine.batching import VLLMEngine
 from ..engine.request import Request, RequestState
 
 SUMMARY_HEADER = "=== Simulation Metrics ==="
+# BLIS's MetricsOutput fields (SPEC §10.2), in BLIS's order; kv_allocation_failures is omitted
+# when zero. servesim adds the *_p50_ms fields.
+BLIS_SUMMARY_FIELDS = (
+    "instance_id",
+    "completed_requests",
+    "still_queued",
+    "still_running",
+    "injected_requests",
+    "total_input_tokens",
+    "total_output_tokens",
+    "vllm_estimated_duration_s",
+    "responses_per_sec",
+    "tokens_per_sec",
+    "e2e_mean_ms",
+    "e2e_p90_ms",
+    "e2e_p95_ms",
+    "e2e_p99_ms",
+    "ttft_mean_ms",
+    "ttft_p90_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "itl_mean_ms",
+    "itl_p90_ms",
+    "itl_p95_ms",
+    "itl_p99_ms",
+    "scheduling_delay_p99_ms",
+    "preemption_count",
+    "dropped_unservable",
+    "length_capped_requests",
+    "timed_out_requests",
+)
 
 
 def _pct(values: np.ndarray, p: float) -> float:
@@ -98,6 +129,14 @@ def format_summary(summary: dict[str, Any]) -> str:
     return f"{SUMMARY_HEADER}\n{json.dumps(summary, indent=2)}"
 
 
+def mean_itl_ms(r: Request) -> float:
+    """A request's mean inter-token time (TPOT), ms; 0 with fewer than two tokens."""
+    gen = r.generated_tokens
+    if gen > 1 and r.first_token_us >= 0:
+        return (r.last_token_us - r.first_token_us) / (gen - 1) / 1000
+    return 0.0
+
+
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
     """One row per request; timestamps in µs (exact), latencies in ms."""
 
@@ -106,13 +145,7 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
 
     rows = []
     for r in requests:
-        gen = r.generated_tokens
         done = r.state is RequestState.COMPLETED
-        tpot = (
-            (r.last_token_us - r.first_token_us) / (gen - 1) / 1000
-            if gen > 1 and r.first_token_us >= 0
-            else 0.0
-        )
         rows.append(
             (
                 r.request_id,
@@ -126,13 +159,13 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
                 opt(r.completion_us) if done else None,
                 r.input_tokens,
                 r.output_tokens,
-                gen,
+                r.generated_tokens,
                 r.cached_tokens,
                 r.preemptions,
                 r.length_capped,
                 (r.first_token_us - r.arrival_us) / 1000 if r.first_token_us >= 0 else np.nan,
                 (r.completion_us - r.arrival_us) / 1000 if done else np.nan,
-                tpot,
+                mean_itl_ms(r),
                 (r.schedule_us - r.arrival_us) / 1000 if r.schedule_us >= 0 else np.nan,
                 r.slo_class,
                 r.tenant_id,
@@ -230,10 +263,6 @@ class Result:
         out = []
         for r in sorted(self.request_records, key=lambda x: (x.arrival_us, x.index)):
             done = r.state is RequestState.COMPLETED
-            gen = r.generated_tokens
-            tpot_ms = (
-                (r.last_token_us - r.first_token_us) / (gen - 1) / 1000 if done and gen > 1 else 0.0
-            )
             out.append(
                 {
                     "requestID": r.request_id,
@@ -243,7 +272,7 @@ class Result:
                     "ttft_ms": (r.first_token_us - r.arrival_us) / 1000
                     if r.first_token_us >= 0
                     else 0.0,
-                    "itl_ms": tpot_ms,
+                    "itl_ms": mean_itl_ms(r) if done else 0.0,
                     "e2e_ms": (r.completion_us - r.arrival_us) / 1000 if done else 0.0,
                     "scheduling_delay_ms": (r.schedule_us - r.arrival_us) / 1000
                     if r.schedule_us >= 0

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.catalog.types import GPUSpec, ModelConfig
+from simulator.catalog.types import ModelConfig
 from simulator.errors import ConfigError
 from simulator.latency import (
     LATENCY_MODELS,
@@ -22,20 +22,10 @@ from simulator.latency import (
 )
 from simulator.latency.base import StepBatch, StepTimeModel
 from simulator.latency.blackbox import BlackboxModel
+from tests.specs import A100_SXM, H100, LLAMA31_8B
 
 ALPHA = (1601.350510688092, 3.512476196805965, 1805.5430360826988)
 BETA = (6910.420479880494, 17.67057489844186, 2.8377471109943855)
-
-H100 = GPUSpec("H100", 989.5, 1979.0, 3.35, 0.45, 0.30, 80.0)
-A100_SXM = GPUSpec("A100-SXM", 312.0, 0.0, 2.039, 0.38, 0.18, 80.0)
-LLAMA31_8B = ModelConfig(
-    name="meta-llama/llama-3.1-8b-instruct",
-    num_layers=32,
-    hidden_dim=4096,
-    num_heads=32,
-    num_kv_heads=8,
-    intermediate_dim=14336,
-)
 
 
 @pytest.fixture

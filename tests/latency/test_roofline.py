@@ -22,28 +22,10 @@ from simulator.errors import ConfigError
 from simulator.latency import build_step_time_model
 from simulator.latency.base import StepBatch
 from simulator.latency.roofline import RooflineModel
+from tests.specs import A100_SXM, H100, LLAMA31_8B
 
-H100 = GPUSpec(
-    name="H100",
-    tflops_peak=989.5,
-    tflops_fp8=1979.0,
-    bw_peak_tbs=3.35,
-    mfu_prefill=0.45,
-    mfu_decode=0.30,
-    memory_gib=80.0,
-)
-A100 = GPUSpec("A100-SXM", 312.0, 0.0, 2.039, 0.38, 0.18, 80.0)
+A100 = A100_SXM
 
-LLAMA31_8B = ModelConfig(
-    name="meta-llama/llama-3.1-8b-instruct",
-    num_layers=32,
-    hidden_dim=4096,
-    num_heads=32,
-    num_kv_heads=8,
-    intermediate_dim=14336,
-    vocab_size=128256,
-    bytes_per_param=2.0,
-)
 LLAMA2_7B = ModelConfig(  # multi-head attention: kv heads == heads
     name="meta-llama/llama-2-7b-hf",
     num_layers=32,
