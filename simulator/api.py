@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,17 @@ from .latency.kv_capacity import compute_kv_blocks, derive_max_model_len
 from .metrics.results import Result
 from .scenario import (
     Scenario,
+    SyntheticWorkload,
     TraceSpec,
-    WorkloadSpec,
     apply_overrides,
     load_scenario,
     scenario_from_dict,
 )
-from .workload.synthetic import generate_requests
-from .workload.trace import load_trace
+from .workload.generator import WorkloadStream
+from .workload.spec import WorkloadSpec as V2WorkloadSpec
+from .workload.spec import load_workload_spec
+from .workload.synthetic import synthetic_to_spec
+from .workload.trace import load_requests_file
 
 log = logging.getLogger("servesim")
 
@@ -131,21 +135,51 @@ def _total_kv_blocks(
         return FALLBACK_KV_BLOCKS, "fallback"
 
 
-def build_requests(scenario: Scenario) -> list[Request]:
+def workload_spec_of(scenario: Scenario) -> V2WorkloadSpec:
+    """The scenario's traffic as a v2 workload spec (synthetic, inline or from a file)."""
+    if scenario.workload_spec is not None:
+        return load_workload_spec(scenario.workload_spec)
+    workload = scenario.workload
+    if isinstance(workload, V2WorkloadSpec):
+        return workload
+    return synthetic_to_spec(workload or SyntheticWorkload())
+
+
+def _workload_base_dir(scenario: Scenario) -> Path | None:
+    if scenario.workload_spec is not None:
+        return Path(scenario.workload_spec).parent
+    return scenario._base_dir  # noqa: SLF001
+
+
+def build_traffic(scenario: Scenario) -> tuple[Iterable[Request], WorkloadStream | None]:
+    """The requests of a run: a trace's rows, or a lazy stream from the workload spec."""
     if scenario.trace is not None:
-        _, requests = load_trace(scenario.trace.header, scenario.trace.data)
-        return requests
-    return generate_requests(scenario.workload or WorkloadSpec(), scenario.seed)
+        return load_requests_file(scenario.trace.data, scenario.trace.header), None
+    stream = WorkloadStream(
+        workload_spec_of(scenario),
+        scenario.seed,
+        scenario.horizon_us,
+        _workload_base_dir(scenario),
+    )
+    return stream, stream
 
 
-def _horizon(scenario: Scenario, requests: list[Request]) -> int | None:
+def build_requests(scenario: Scenario) -> list[Request]:
+    """Every request of the scenario, materialised (closed-loop follow-ups excluded)."""
+    requests, _ = build_traffic(scenario)
+    return list(requests)
+
+
+def _horizon(
+    scenario: Scenario, requests: Iterable[Request], stream: WorkloadStream | None
+) -> int | None:
     if scenario.horizon_us is not None:
         return scenario.horizon_us
-    if scenario.trace is not None:
-        # BLIS replay: twice the latest arrival (600 s if every request arrives at 0).
-        latest = max((r.arrival_us for r in requests), default=0)
-        return 2 * latest if latest > 0 else DEFAULT_REPLAY_HORIZON_US
-    return None
+    if stream is not None:
+        return stream.horizon_us
+    # BLIS replay: twice the latest arrival (600 s if every request arrives at 0).
+    latest = max((r.arrival_us for r in requests), default=0)
+    return 2 * latest if latest > 0 else DEFAULT_REPLAY_HORIZON_US
 
 
 def simulate(scenario: Scenario | dict | str | Path, **overrides: Any) -> Result:
@@ -155,22 +189,72 @@ def simulate(scenario: Scenario | dict | str | Path, **overrides: Any) -> Result
     if overrides:
         sc = apply_overrides(sc, {k.replace("__", "."): v for k, v in overrides.items()})
     deployment = resolve_deployment(sc)
-    requests = build_requests(sc)
+    requests, stream = build_traffic(sc)
     info = sc.model_dump(mode="json")
     info["resolved"] = deployment.describe()
+    sessions = stream.sessions if stream is not None and stream.spec.has_sessions else None
     return run_simulation(
-        requests, deployment.engine, deployment.step_model, _horizon(sc, requests), info
+        requests,
+        deployment.engine,
+        deployment.step_model,
+        _horizon(sc, requests, stream),
+        info,
+        sessions=sessions,
     )
 
 
 def replay(
-    trace_header: str | Path,
+    trace_header: str | Path | None,
     trace_data: str | Path,
     scenario: Scenario | dict | str | Path | None = None,
     **overrides: Any,
 ) -> Result:
     """Simulate exactly the requests of a TraceV2 pair (arrival times and token counts)."""
     sc = as_scenario(scenario) if scenario is not None else Scenario()
-    sc = sc.model_copy(update={"workload": None})
-    sc.trace = TraceSpec(header=Path(trace_header), data=Path(trace_data))
+    sc = sc.model_copy(update={"workload": None, "workload_spec": None})
+    header = Path(trace_header) if trace_header is not None else None
+    sc.trace = TraceSpec(header=header, data=Path(trace_data))
     return simulate(sc, **overrides)
+
+
+# Flags of BLIS's distribution mode that also mean something for a v2 workload spec.
+_V2_EQUIVALENTS = {"workload.rate": "aggregate_rate", "workload.num_requests": "num_requests"}
+
+
+def with_overrides(
+    scenario: Scenario,
+    overrides: dict[str, Any],
+    workload_overrides: dict[str, Any] | None = None,
+    source: str = "command-line flags",
+) -> Scenario:
+    """Apply flag overrides (dotted scenario paths) the way BLIS's CLI does.
+
+    `workload_overrides` are synthetic-workload fields (`workload.rate`, ...). On a v2 workload
+    (inline or `workload_spec` file) only rate and num_requests apply (as aggregate_rate and
+    num_requests); the others are an error. An explicit seed also replaces a v2 spec's own seed.
+    """
+    sc = apply_overrides(scenario, overrides, source=source) if overrides else scenario
+    workload_overrides = workload_overrides or {}
+    v2 = sc.workload_spec is not None or isinstance(sc.workload, V2WorkloadSpec)
+    if sc.trace is not None and workload_overrides:
+        flags = ", ".join(sorted(workload_overrides))
+        raise ConfigError(f"{flags}: workload flags do not apply to a trace replay")
+    seed_given = "seed" in overrides
+    if not v2:
+        return apply_overrides(sc, workload_overrides, source=source) if workload_overrides else sc
+    if not workload_overrides and not seed_given:
+        return sc
+    spec = workload_spec_of(sc).model_dump(exclude_none=True)
+    for key, value in workload_overrides.items():
+        if key not in _V2_EQUIVALENTS:
+            raise ConfigError(
+                f"{key}: does not apply to a v2 workload spec; only --rate (aggregate_rate) "
+                "and --num-requests do"
+            )
+        spec[_V2_EQUIVALENTS[key]] = value
+    if seed_given and spec.get("seed") is not None:
+        spec["seed"] = overrides["seed"]
+    base_dir = _workload_base_dir(sc)
+    updated = apply_overrides(sc, {"workload_spec": None, "workload": spec}, source=source)
+    updated._base_dir = base_dir  # noqa: SLF001
+    return updated

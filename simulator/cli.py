@@ -155,19 +155,29 @@ def _check_writable(path: Path | None) -> None:
         raise ConfigError(f"--results-path: invalid value {str(path)!r}; folder not writable")
 
 
-def _execute(scenario, overrides: dict[str, Any], results_path: Path | None) -> None:
-    from .api import as_scenario, simulate
-    from .scenario import Scenario, apply_overrides
+def _execute(
+    scenario,
+    overrides: dict[str, Any],
+    results_path: Path | None,
+    workload_overrides: dict[str, Any] | None = None,
+    trace_output: str | None = None,
+) -> None:
+    from .api import as_scenario, simulate, with_overrides
+    from .scenario import Scenario
 
     _check_writable(results_path)
+    if trace_output is not None:
+        _check_writable(Path(f"{trace_output}.csv"))
     sc = as_scenario(scenario) if scenario is not None else Scenario()
-    if overrides:
-        sc = apply_overrides(sc, overrides, source="command-line flags")
+    sc = with_overrides(sc, overrides, workload_overrides)
     result = simulate(sc)
-    typer.echo(result.summary_text())
+    typer.echo(result.report_text())
     if results_path is not None:
         _write_json_atomically(results_path, result.results_document())
         logging.getLogger("servesim").info("wrote %s", results_path)
+    if trace_output is not None:
+        yaml_path, csv_path = result.write_trace(trace_output)
+        logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
 
 
 def _guarded(fn, *args) -> None:
@@ -231,6 +241,25 @@ def run(
     output_tokens_max: Annotated[
         int | None, typer.Option("--output-tokens-max", rich_help_panel=_WL)
     ] = None,
+    workload_name: Annotated[
+        str | None,
+        typer.Option(
+            "--workload",
+            help="preset (chatbot, contentgen, summarization, multidoc) or distribution",
+            rich_help_panel=_WL,
+        ),
+    ] = None,
+    workload_spec: Annotated[
+        Path | None,
+        typer.Option("--workload-spec", help="BLIS v2 workload YAML", rich_help_panel=_WL),
+    ] = None,
+    prefix_tokens: Annotated[
+        int | None, typer.Option("--prefix-tokens", help="shared prefix", rich_help_panel=_WL)
+    ] = None,
+    trace_output: Annotated[
+        str | None,
+        typer.Option("--trace-output", help="write TraceV2 PREFIX.yaml + PREFIX.csv"),
+    ] = None,
     timeout_us: Annotated[
         int | None,
         typer.Option("--timeout-us", help="client deadline after arrival", rich_help_panel=_WL),
@@ -261,17 +290,26 @@ def run(
             "workload.output_tokens.min": output_tokens_min,
             "workload.output_tokens.max": output_tokens_max,
             "workload.timeout_us": timeout_us,
+            "workload.preset": workload_name,
+            "workload.prefix_tokens": prefix_tokens,
         }
-        overrides.update({k: v for k, v in workload.items() if v is not None})
-        _execute(scenario, overrides, results_path)
+        if workload_spec is not None:
+            overrides["workload_spec"] = workload_spec
+        workload_flags = {k: v for k, v in workload.items() if v is not None}
+        _execute(scenario, overrides, results_path, workload_flags, trace_output)
 
     _guarded(go)
 
 
 @app.command()
 def replay(
-    trace_header: Annotated[Path, typer.Option("--trace-header", help="TraceV2 header YAML")],
-    trace_data: Annotated[Path, typer.Option("--trace-data", help="TraceV2 CSV")],
+    trace_data: Annotated[
+        Path, typer.Option("--trace-data", help="TraceV2 CSV, or a plain request CSV")
+    ],
+    trace_header: Annotated[
+        Path | None,
+        typer.Option("--trace-header", help="TraceV2 header YAML (omit for a plain CSV)"),
+    ] = None,
     scenario: Annotated[
         Path | None, typer.Option("--scenario", help="scenario YAML for the deployment")
     ] = None,
@@ -308,8 +346,49 @@ def replay(
             max_model_len, scheduler, priority_policy, seed, horizon,
         )  # fmt: skip
         overrides["workload"] = None
+        overrides["workload_spec"] = None
         overrides["trace"] = {"header": trace_header, "data": trace_data}
         _execute(scenario, overrides, results_path)
+
+    _guarded(go)
+
+
+convert_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Turn other workload forms into a v2 spec."
+)
+app.add_typer(convert_app, name="convert")
+
+
+@convert_app.command("preset")
+def convert_preset(
+    name: Annotated[str, typer.Option("--name", help="chatbot, contentgen, summarization, ...")],
+    rate: Annotated[float, typer.Option("--rate", help="req/s")] = 1.0,
+    num_requests: Annotated[int, typer.Option("--num-requests")] = 100,
+    arrival: Annotated[str, typer.Option("--arrival", help="poisson | constant")] = "poisson",
+) -> None:
+    """Print a BLIS preset as a v2 workload spec (YAML) on stdout."""
+
+    def go() -> None:
+        from .workload.presets import preset_spec, spec_to_yaml
+
+        typer.echo(spec_to_yaml(preset_spec(name, rate, num_requests, arrival)), nl=False)
+
+    _guarded(go)
+
+
+@app.command("compose")
+def compose(
+    sources: Annotated[
+        list[Path], typer.Option("--from", help="v2 workload spec; repeat to merge several")
+    ],
+) -> None:
+    """Merge v2 workload specs into one (aggregate rate = sum) and print it on stdout."""
+
+    def go() -> None:
+        from .workload.presets import compose_specs, spec_to_yaml
+        from .workload.spec import load_workload_spec
+
+        typer.echo(spec_to_yaml(compose_specs([load_workload_spec(p) for p in sources])), nl=False)
 
     _guarded(go)
 

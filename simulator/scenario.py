@@ -7,12 +7,24 @@ fails fast with the field's dotted path, the value and what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
+from .workload.spec import WorkloadSpec as V2WorkloadSpec
+from .workload.spec import format_spec_error
 
 
 class _Strict(BaseModel):
@@ -38,21 +50,45 @@ class LengthSpec(_Strict):
         return self
 
 
-class WorkloadSpec(_Strict):
-    """Synthetic open-loop traffic: one arrival process, prompt and output length laws."""
+class SyntheticWorkload(_Strict):
+    """BLIS's preset / distribution mode: one client, one arrival process, two length laws.
 
+    With `preset`, the preset's lengths apply unless prompt_tokens / output_tokens are given.
+    """
+
+    preset: str | None = None
     arrival: Literal["poisson", "constant"] = "poisson"
     rate: float = Field(1.0, gt=0, description="requests per second")
     num_requests: int = Field(100, gt=0)
-    prompt_tokens: LengthSpec = Field(default_factory=LengthSpec)
-    output_tokens: LengthSpec = Field(default_factory=LengthSpec)
+    prefix_tokens: int = Field(0, ge=0, description="shared prefix length (one group)")
+    prompt_tokens: LengthSpec | None = None
+    output_tokens: LengthSpec | None = None
     timeout_us: int = Field(0, ge=0, description="client deadline after arrival; 0 = none")
 
 
-class TraceSpec(_Strict):
-    """Replay a BLIS TraceV2 pair instead of generating traffic."""
+# Keys that only a v2 workload spec has: their presence selects the v2 schema.
+V2_ONLY_KEYS = frozenset(
+    {"version", "clients", "cohorts", "aggregate_rate", "inference_perf", "servegen_data",
+     "category", "horizon", "seed"}
+)  # fmt: skip
 
-    header: Path
+
+def _workload_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "v2" if V2_ONLY_KEYS & set(value) else "synthetic"
+    return "v2" if isinstance(value, V2WorkloadSpec) else "synthetic"
+
+
+WorkloadField = Annotated[
+    Annotated[SyntheticWorkload, Tag("synthetic")] | Annotated[V2WorkloadSpec, Tag("v2")],
+    Discriminator(_workload_kind),
+]
+
+
+class TraceSpec(_Strict):
+    """Replay recorded requests: a BLIS TraceV2 pair, or a plain request CSV without header."""
+
+    header: Path | None = None
     data: Path
 
 
@@ -87,6 +123,9 @@ class EngineSpec(_Strict):
 class Scenario(_Strict):
     """A whole run: the deployment, the engine, the traffic, the seed and the horizon."""
 
+    # Folder that relative paths inside the scenario (and its workload) resolve from.
+    _base_dir: Path | None = PrivateAttr(default=None)
+
     name: str = ""
     description: str = ""
     seed: int = 42
@@ -97,7 +136,8 @@ class Scenario(_Strict):
     hardware_file: Path | None = None
     latency: LatencySpec = Field(default_factory=LatencySpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
-    workload: WorkloadSpec | None = None
+    workload: WorkloadField | None = None
+    workload_spec: Path | None = None
     trace: TraceSpec | None = None
 
     @field_validator("model")
@@ -109,8 +149,13 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _source(self) -> Scenario:
-        if self.workload is not None and self.trace is not None:
-            raise ValueError("give either `workload` or `trace`, not both")
+        given = [
+            name
+            for name in ("workload", "workload_spec", "trace")
+            if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give one traffic source, not {' and '.join(given)}")
         return self
 
 
@@ -122,24 +167,11 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem}{where}"
 
 
-def _format_validation_error(exc: ValidationError, source: str) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            parts.append(f"{loc}: unknown key")
-            continue
-        value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        parts.append(f"{loc}: {err['msg']}{shown}")
-    return f"{source}: " + "; ".join(parts)
-
-
 def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from None
+        raise ConfigError(format_spec_error(exc, source)) from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -158,11 +190,16 @@ def load_scenario(path: str | Path) -> Scenario:
     scenario = scenario_from_dict(data, source=str(p))
     base = p.parent
     if scenario.trace is not None:
+        header = scenario.trace.header
         scenario.trace = TraceSpec(
-            header=_resolve(base, scenario.trace.header), data=_resolve(base, scenario.trace.data)
+            header=_resolve(base, header) if header is not None else None,
+            data=_resolve(base, scenario.trace.data),
         )
     if scenario.hardware_file is not None:
         scenario.hardware_file = _resolve(base, scenario.hardware_file)
+    if scenario.workload_spec is not None:
+        scenario.workload_spec = _resolve(base, scenario.workload_spec)
+    scenario._base_dir = base
     return scenario
 
 
@@ -183,4 +220,6 @@ def apply_overrides(
                 node[key] = {}
             node = node[key]
         node[keys[-1]] = value
-    return scenario_from_dict(data, source=source)
+    updated = scenario_from_dict(data, source=source)
+    updated._base_dir = scenario._base_dir  # noqa: SLF001
+    return updated

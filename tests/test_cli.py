@@ -134,7 +134,7 @@ def test_bad_flag_is_a_one_line_usage_error(case, tmp_path):
 def test_scenario_with_unknown_key_names_its_dotted_path(files, tmp_path):
     out = tmp_path / "out.json"
     res = invoke(["run", files["unknown_key"], "--results-path", out])
-    assert_rejected(res, out, "workload.num_request", "unknown key")
+    assert_rejected(res, out, "workload: unknown key", "num_request")
 
 
 def test_scenario_that_is_not_a_mapping_is_rejected(files, tmp_path):

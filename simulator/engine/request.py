@@ -36,10 +36,20 @@ class Request:
         "max_output_tokens",
         "deadline_us",
         "segments",
+        "output_key",
         "slo_class",
         "tenant_id",
         "model",
         "client_id",
+        "session_id",
+        "round_index",
+        "prefix_group",
+        "streaming",
+        "text_tokens",
+        "image_tokens",
+        "audio_tokens",
+        "video_tokens",
+        "reason_ratio",
         "priority",
         "state",
         "instance_id",
@@ -79,6 +89,15 @@ class Request:
         model: str = "",
         client_id: str = "",
         max_output_tokens: int | None = None,
+        session_id: str = "",
+        round_index: int = 0,
+        prefix_group: str = "",
+        streaming: bool = False,
+        text_tokens: int = 0,
+        image_tokens: int = 0,
+        audio_tokens: int = 0,
+        video_tokens: int = 0,
+        reason_ratio: float = 0.0,
     ) -> None:
         self.request_id = request_id
         self.index = index
@@ -89,10 +108,23 @@ class Request:
         self.deadline_us = deadline_us
         # Default content: tokens unique to this request.
         self.segments = segments if segments is not None else [(("req", request_id), input_tokens)]
+        # Names the content of this request's output tokens, so a later round of a session whose
+        # prompt contains them can share their KV blocks.
+        self.output_key: object = ("out", request_id)
         self.slo_class = slo_class
         self.tenant_id = tenant_id
         self.model = model
         self.client_id = client_id
+        self.session_id = session_id
+        self.round_index = round_index
+        self.prefix_group = prefix_group
+        self.streaming = streaming
+        # Multimodal breakdown of input_tokens (0 for text-only workloads) and reasoning share.
+        self.text_tokens = text_tokens
+        self.image_tokens = image_tokens
+        self.audio_tokens = audio_tokens
+        self.video_tokens = video_tokens
+        self.reason_ratio = reason_ratio
         self.priority = 0.0
         self.state = RequestState.CREATED
         self.instance_id = ""
@@ -135,7 +167,7 @@ class Request:
             segs.append((key, take))
             remaining -= take
         if remaining > 0:
-            segs.append((("out", self.request_id), remaining))
+            segs.append((self.output_key, remaining))
         return segs
 
     def block_hashes(self, full_blocks: int, block_size: int) -> list[int]:

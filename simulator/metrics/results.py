@@ -8,8 +8,10 @@ output-token totals include each request's first token (A3).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,8 @@ from ..engine.batching import VLLMEngine
 from ..engine.request import Request, RequestState
 
 SUMMARY_HEADER = "=== Simulation Metrics ==="
+PER_SLO_HEADER = "=== Per-SLO Metrics ==="
+SESSION_HEADER = "=== Session Metrics ==="
 # BLIS's MetricsOutput fields (SPEC §10.2), in BLIS's order; kv_allocation_failures is omitted
 # when zero. servesim adds the *_p50_ms fields.
 BLIS_SUMMARY_FIELDS = (
@@ -124,6 +128,33 @@ def compute_summary(
     return summary
 
 
+def per_class_metrics(
+    requests: list[Request], key: Callable[[Request], str]
+) -> dict[str, dict[str, Any]]:
+    """Request counts and TTFT / E2E mean and percentiles (ms) per class, classes sorted."""
+    groups: dict[str, list[Request]] = {}
+    for r in requests:
+        groups.setdefault(key(r), []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(groups):
+        members = groups[name]
+        ttft = np.array(
+            [r.first_token_us - r.arrival_us for r in members if r.first_token_us >= 0],
+            dtype=np.int64,
+        )
+        e2e = np.array(
+            [r.completion_us - r.arrival_us for r in members if r.state is RequestState.COMPLETED],
+            dtype=np.int64,
+        )
+        row: dict[str, Any] = {"requests": len(members), "completed_requests": len(e2e)}
+        for metric, values in (("ttft", ttft), ("e2e", e2e)):
+            row[f"{metric}_mean_ms"] = _mean(values) / 1000
+            for p in (50, 90, 99):
+                row[f"{metric}_p{p}_ms"] = _pct(values, p) / 1000
+        out[name] = row
+    return out
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """BLIS's stdout block: the header line, then the JSON."""
     return f"{SUMMARY_HEADER}\n{json.dumps(summary, indent=2)}"
@@ -170,6 +201,10 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
                 r.slo_class,
                 r.tenant_id,
                 r.model,
+                r.client_id,
+                r.session_id,
+                r.round_index,
+                r.prefix_group,
             )
         )
     frame = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
@@ -200,6 +235,10 @@ REQUEST_COLUMNS = [
     "slo_class",
     "tenant_id",
     "model",
+    "client_id",
+    "session_id",
+    "round_index",
+    "prefix_group",
 ]
 
 
@@ -246,6 +285,7 @@ class Result:
     instance_ids: list[str] = field(repr=False)
     scenario: dict[str, Any] = field(default_factory=dict, repr=False)
     not_arrived: int = 0
+    session_counts: dict[str, int] = field(default_factory=dict)
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -257,6 +297,37 @@ class Result:
 
     def summary_text(self) -> str:
         return format_summary(self.summary)
+
+    @cached_property
+    def per_slo(self) -> dict[str, dict[str, Any]]:
+        """TTFT / E2E per SLO class ("default" when untagged), SPEC §10.4, in ms."""
+        return per_class_metrics(self.request_records, lambda r: r.slo_class or "default")
+
+    def report_text(self) -> str:
+        """Everything the CLI prints: the summary, then per-SLO and session blocks if any."""
+        blocks = [self.summary_text()]
+        if len(self.per_slo) > 1:
+            blocks.append(f"{PER_SLO_HEADER}\n{json.dumps(self.per_slo, indent=2)}")
+        if self.session_counts:
+            blocks.append(f"{SESSION_HEADER}\n{json.dumps(self.session_counts, indent=2)}")
+        return "\n".join(blocks)
+
+    def write_trace(self, prefix: str | Path) -> tuple[Path, Path]:
+        """Export the run as a TraceV2 pair (SPEC §9.5): `prefix`.yaml and `prefix`.csv."""
+        from ..workload.trace import write_trace
+
+        resolved = self.scenario.get("resolved", {})
+        engine = self.scenario.get("engine", {})
+        server = {
+            "type": "servesim",
+            "model": resolved.get("model", ""),
+            "tensor_parallel": resolved.get("tp", 0),
+            "max_num_seqs": engine.get("max_num_running_reqs", 0),
+            "block_size": engine.get("block_size_tokens", 0),
+            "gpu_memory_utilization": engine.get("gpu_memory_utilization", 0.0),
+            "max_model_len": resolved.get("max_model_len", 0),
+        }
+        return write_trace(prefix, self.request_records, server=server, keep_prefix_groups=True)
 
     def blis_request_records(self) -> list[dict[str, Any]]:
         """Per-request entries of BLIS's `--results-path` file (SPEC §10.3), by arrival."""
@@ -281,6 +352,10 @@ class Result:
                     "tenant_id": r.tenant_id,
                     "handled_by": r.instance_id,
                     "model": r.model,
+                    "client_id": r.client_id,
+                    "session_id": r.session_id,
+                    "round_index": r.round_index,
+                    "prefix_group": r.prefix_group,
                     "length_capped": r.length_capped,
                     "state": r.state.value,
                 }
@@ -289,5 +364,9 @@ class Result:
 
     def results_document(self) -> dict[str, Any]:
         doc = dict(self.summary)
+        if len(self.per_slo) > 1:
+            doc["per_slo_class"] = self.per_slo
+        if self.session_counts:
+            doc["sessions"] = self.session_counts
         doc["requests"] = self.blis_request_records()
         return doc

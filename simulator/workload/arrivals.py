@@ -1,19 +1,51 @@
-"""Arrival processes, registered by name: inter-arrival gaps in whole µs (at least 1)."""
+"""Arrival processes, registered by name: inter-arrival gaps in whole µs (at least 1).
+
+Every process keeps BLIS's parameterisation (SPEC §9.2) so a v2 workload file means the same
+traffic here: `rate_per_s` fixes the mean gap (1e6 / rate µs) and `cv`, where a process takes
+one, fixes the gaps' coefficient of variation. Gaps are truncated to whole µs and floored at 1,
+as BLIS does, so a process never emits two arrivals at the same instant.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+
 import numpy as np
 
-from ..errors import ConfigError, unknown
+from ..errors import ConfigError, invalid, unknown
+
+log = logging.getLogger("servesim")
+
+# BLIS falls back to Poisson below this gamma shape (cv > 10): the gamma's mass piles up at
+# zero and the 1 µs floor would distort the rate anyway.
+MIN_GAMMA_SHAPE = 0.01
+WEIBULL_CV_RANGE = (0.01, 10.4)
+# Bisection bracket for the Weibull shape; CV(k) is monotone decreasing on it. BLIS searches
+# [0.1, 100], whose smallest CV is 0.0127, so cv 0.01 (allowed by its own validation) cannot be
+# met there; the upper end is raised to 200 (CV 0.0064) so the whole allowed range is reachable.
+_WEIBULL_K_RANGE = (0.1, 200.0)
+
+
+def _floor_gaps(gaps_us: np.ndarray) -> np.ndarray:
+    # Truncate (not round) like BLIS's int64 conversion; 1 µs floor keeps time strictly moving.
+    return np.maximum(gaps_us.astype(np.int64), 1)
 
 
 class ArrivalProcess:
     name = ""
 
-    def __init__(self, rate_per_s: float) -> None:
+    def __init__(self, rate_per_s: float, cv: float | None = None) -> None:
         if not (rate_per_s > 0 and np.isfinite(rate_per_s)):
             raise ConfigError(f"rate: invalid value {rate_per_s!r}; must be a finite number > 0")
+        if cv is not None and not (cv > 0 and math.isfinite(cv)):
+            raise invalid("arrival.cv", cv, "must be a finite number > 0")
         self.rate_per_s = float(rate_per_s)
+        self.cv = cv
+
+    @property
+    def mean_gap_us(self) -> float:
+        return 1e6 / self.rate_per_s
 
     def gaps_us(self, rng: np.random.Generator, count: int) -> np.ndarray:
         raise NotImplementedError
@@ -24,11 +56,12 @@ class ArrivalProcess:
 
 
 class PoissonArrivals(ArrivalProcess):
+    """Exponential gaps (CV 1); `cv` is ignored."""
+
     name = "poisson"
 
     def gaps_us(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        gaps = rng.exponential(1e6 / self.rate_per_s, count).astype(np.int64)
-        return np.maximum(gaps, 1)
+        return _floor_gaps(rng.exponential(self.mean_gap_us, count))
 
 
 class ConstantArrivals(ArrivalProcess):
@@ -37,15 +70,89 @@ class ConstantArrivals(ArrivalProcess):
     name = "constant"
 
     def gaps_us(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        return np.full(count, max(1, int(1e6 / self.rate_per_s)), dtype=np.int64)
+        return np.full(count, max(1, int(self.mean_gap_us)), dtype=np.int64)
+
+
+class GammaArrivals(ArrivalProcess):
+    """Gamma gaps with shape 1/cv² and scale cv²·mean (cv default 1 = Poisson-like).
+
+    cv > 1 gives bursty traffic (ServeGen's fit for large models). BLIS samples with
+    Marsaglia–Tsang; numpy's gamma sampler draws from the same law.
+    """
+
+    name = "gamma"
+
+    def __init__(self, rate_per_s: float, cv: float | None = None) -> None:
+        super().__init__(rate_per_s, cv)
+        cv_eff = 1.0 if cv is None else cv
+        self.shape = 1.0 / (cv_eff * cv_eff)
+        self.scale_us = self.mean_gap_us * cv_eff * cv_eff
+        self.falls_back_to_poisson = self.shape < MIN_GAMMA_SHAPE
+        if self.falls_back_to_poisson:
+            log.warning(
+                "gamma arrival shape %.4f (cv=%.2f) is below %.2f; using Poisson as BLIS does",
+                self.shape,
+                cv_eff,
+                MIN_GAMMA_SHAPE,
+            )
+
+    def gaps_us(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        if self.falls_back_to_poisson:
+            return _floor_gaps(rng.exponential(self.mean_gap_us, count))
+        return _floor_gaps(rng.gamma(self.shape, self.scale_us, count))
+
+
+def weibull_cv(shape_k: float) -> float:
+    """Coefficient of variation of a Weibull law with shape k."""
+    g1 = math.gamma(1.0 + 1.0 / shape_k)
+    g2 = math.gamma(1.0 + 2.0 / shape_k)
+    return math.sqrt(g2 / (g1 * g1) - 1.0)
+
+
+def weibull_shape_for_cv(target_cv: float) -> float:
+    """Shape k whose CV is `target_cv`, by bisection on [0.1, 200] (stops at |ΔCV| < 0.001).
+
+    BLIS stops at a CV tolerance of 0.001 after at most 100 halvings; the same tolerance is
+    kept so both simulators pick practically the same k.
+    """
+    lo, hi = _WEIBULL_K_RANGE
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        cv = weibull_cv(mid)
+        if abs(cv - target_cv) < 0.001:
+            return mid
+        if cv > target_cv:  # CV falls as k grows
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+class WeibullArrivals(ArrivalProcess):
+    """Weibull gaps: shape k solved so the CV matches, scale = mean / Γ(1 + 1/k)."""
+
+    name = "weibull"
+
+    def __init__(self, rate_per_s: float, cv: float | None = None) -> None:
+        super().__init__(rate_per_s, cv)
+        cv_eff = 1.0 if cv is None else cv
+        lo, hi = WEIBULL_CV_RANGE
+        if not lo <= cv_eff <= hi:
+            raise invalid("arrival.cv", cv_eff, f"weibull cv must be in [{lo}, {hi}]")
+        self.shape_k = weibull_shape_for_cv(cv_eff)
+        self.scale_us = self.mean_gap_us / math.gamma(1.0 + 1.0 / self.shape_k)
+
+    def gaps_us(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        return _floor_gaps(self.scale_us * rng.weibull(self.shape_k, count))
 
 
 ARRIVAL_PROCESSES: dict[str, type[ArrivalProcess]] = {
-    cls.name: cls for cls in (PoissonArrivals, ConstantArrivals)
+    cls.name: cls for cls in (PoissonArrivals, ConstantArrivals, GammaArrivals, WeibullArrivals)
 }
 
 
-def make_arrivals(name: str, rate_per_s: float) -> ArrivalProcess:
+def make_arrivals(name: str, rate_per_s: float, cv: float | None = None) -> ArrivalProcess:
+    """The arrival process `name` at `rate_per_s` requests/s; `cv` for gamma and weibull."""
     if name not in ARRIVAL_PROCESSES:
         raise unknown("arrival process", name, ARRIVAL_PROCESSES)
-    return ARRIVAL_PROCESSES[name](rate_per_s)
+    return ARRIVAL_PROCESSES[name](rate_per_s, cv)

@@ -1,48 +1,51 @@
-"""Synthetic open-loop traffic from a WorkloadSpec: arrivals plus prompt/output lengths."""
+"""A scenario's synthetic workload (BLIS preset / distribution mode) as a v2 spec (SPEC §9.1).
+
+servesim generates every workload through the v2 generator; a synthetic workload is the
+smallest v2 spec, built by `presets.distribution_spec`: one client, one arrival process,
+Gaussian (or constant) lengths and an optional shared prefix.
+"""
 
 from __future__ import annotations
 
-from ..engine.request import Request
-from ..rng import subsystem_rng
-from ..scenario import LengthSpec, WorkloadSpec
-from .arrivals import make_arrivals
-from .lengths import LengthDistribution, make_length
+from typing import Any
+
+from ..errors import unknown
+from ..scenario import LengthSpec, SyntheticWorkload
+from .presets import DISTRIBUTION_DEFAULTS, PRESETS, distribution_spec
+from .spec import WorkloadSpec, workload_spec_from_dict
 
 
-def length_distribution(spec: LengthSpec) -> LengthDistribution:
-    if spec.distribution == "constant":
-        return make_length("constant", value=spec.value)
-    return make_length("gaussian", mean=spec.mean, stdev=spec.stdev, min=spec.min, max=spec.max)
+def _gaussian_flags(spec: LengthSpec | None, base: dict[str, Any], which: str) -> dict[str, Any]:
+    """distribution_spec keyword arguments for one length law (a preset's or the defaults)."""
+    keys = {f"{which}_tokens": "mean", f"{which}_tokens_stdev": "stdev"}
+    keys |= {f"{which}_tokens_min": "min", f"{which}_tokens_max": "max"}
+    if spec is None or spec.distribution == "constant":
+        return {k: base[k] for k in keys}
+    return {k: getattr(spec, field) for k, field in keys.items()}
 
 
-def generate_requests(spec: WorkloadSpec, seed: int) -> list[Request]:
-    """`num_requests` requests, IDs `request_<i>` in arrival order.
-
-    Arrivals, prompt lengths and output lengths come from separate seeded streams, so changing
-    one law leaves the draws of the others untouched.
-    """
-    n = spec.num_requests
-    arrivals = make_arrivals(spec.arrival, spec.rate).arrival_times_us(
-        subsystem_rng(seed, "workload.arrivals"), n
+def synthetic_to_spec(workload: SyntheticWorkload) -> WorkloadSpec:
+    name = workload.preset
+    if name is not None and name != "distribution" and name not in PRESETS:
+        raise unknown("workload preset", name, [*PRESETS, "distribution"])
+    base = PRESETS.get(name or "", DISTRIBUTION_DEFAULTS)
+    spec = distribution_spec(
+        workload.rate,
+        workload.num_requests,
+        **_gaussian_flags(workload.prompt_tokens, base, "prompt"),
+        **_gaussian_flags(workload.output_tokens, base, "output"),
+        prefix_tokens=workload.prefix_tokens or int(base.get("prefix_tokens") or 0),
+        arrival=workload.arrival,
+        client_id=f"preset-{name}" if name in PRESETS else "distribution",
     )
-    prompts = length_distribution(spec.prompt_tokens).sample(
-        subsystem_rng(seed, "workload.prompt_tokens"), n
-    )
-    outputs = length_distribution(spec.output_tokens).sample(
-        subsystem_rng(seed, "workload.output_tokens"), n
-    )
-    timeout = spec.timeout_us
-    requests = []
-    for i in range(n):
-        arrival = int(arrivals[i])
-        requests.append(
-            Request(
-                f"request_{i}",
-                arrival,
-                int(prompts[i]),
-                int(outputs[i]),
-                index=i,
-                deadline_us=arrival + timeout if timeout else 0,
-            )
-        )
-    return requests
+    data = spec.model_dump(exclude_none=True)
+    client = data["clients"][0]
+    for which, length in (("input", workload.prompt_tokens), ("output", workload.output_tokens)):
+        if length is not None and length.distribution == "constant":
+            client[f"{which}_distribution"] = {
+                "type": "constant",
+                "params": {"value": length.value},
+            }
+    if workload.timeout_us:
+        client["timeout"] = workload.timeout_us
+    return workload_spec_from_dict(data, source="workload")

@@ -1,14 +1,27 @@
-"""BLIS TraceV2 files (SPEC §9.5): a YAML header plus a CSV with one row per request."""
+"""Request files: BLIS TraceV2/v3 (SPEC §9.5) and the ground-truth vLLM request CSVs.
+
+A TraceV2 is a YAML header plus a CSV with one row per request. servesim reads traces written
+by BLIS (`blis run --trace-output`, `blis observe`) and by itself (`write_trace`), and replays
+them (SPEC §12.2). Version 3 — BLIS after March 2026 — adds a `prefix_length` column after
+`prefix_group`, in which case `input_tokens` counts only the tokens after the shared prefix.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import yaml
 
-from ..engine.request import Request
+from ..engine.request import Request, RequestState
 from ..errors import ConfigError
 from ..scenario import yaml_problem
 
@@ -40,6 +53,19 @@ TRACE_COLUMNS = [
     "error_message",
     "finish_reason",
 ]
+# v3 inserts prefix_length right after prefix_group (BLIS tracev2.go, traceV2Columns).
+TRACE_V3_COLUMNS = [
+    *TRACE_COLUMNS[: TRACE_COLUMNS.index("prefix_group") + 1],
+    "prefix_length",
+    *TRACE_COLUMNS[TRACE_COLUMNS.index("prefix_group") + 1 :],
+]
+# Newer BLIS writes these only when they carry information; servesim reads past them.
+OPTIONAL_COLUMNS = frozenset({"vllm_priority", "slo_target_us", "x_request_id", "adapter"})
+# finish_reason arrived late in v2: 25-column files are still valid.
+_REQUIRED_COLUMNS = frozenset(TRACE_COLUMNS[:-1])
+_KNOWN_COLUMNS = frozenset(TRACE_V3_COLUMNS) | OPTIONAL_COLUMNS
+
+TRACE_VERSIONS = (2, 3)
 HEADER_KEYS = {
     "trace_version",
     "time_unit",
@@ -50,6 +76,9 @@ HEADER_KEYS = {
     "server",
     "network",
 }
+# BLIS decodes every version into one struct with unknown keys rejected, so the keys that
+# came with v3 (and the seed record added next to them) are valid in any version.
+HEADER_KEYS_V3 = {"goodput_slo_targets", "workload_seed"}
 SERVER_KEYS = {
     "type",
     "model",
@@ -59,8 +88,28 @@ SERVER_KEYS = {
     "gpu_memory_utilization",
     "max_model_len",
 }
-# BLIS replay gives every request of a prefix group the same fixed-length prefix.
+NETWORK_KEYS = {"measured_rtt_ms"}
+MODES = ("real", "generated", "replayed")
+STATUSES = ("ok", "error", "timeout", "incomplete")
+# BLIS replay of a v2 trace gives every request of a prefix group the same fixed-length prefix.
 REPLAY_PREFIX_TOKENS = 50
+
+GROUNDTRUTH_COLUMNS = [
+    "index",
+    "arrival_time_us",
+    "input_tokens",
+    "output_tokens",
+    "prefix_group",
+    "has_error",
+    "ttft_s",
+    "e2e_s",
+]
+_GROUNDTRUTH_REQUIRED = ("index", "arrival_time_us", "input_tokens", "output_tokens")
+
+
+def prefix_key(group: str) -> tuple[str, str]:
+    """Segment key of a prefix group's shared tokens; `write_trace` recognises it."""
+    return ("prefix", group)
 
 
 @dataclass
@@ -78,6 +127,37 @@ class TraceRow:
     first_chunk_time_us: int = 0
     last_chunk_time_us: int = 0
     status: str = "ok"
+    session_id: str = ""
+    round_index: int = 0
+    # None when the file has no prefix_length column (v2): replay then uses 50 tokens.
+    prefix_length: int | None = None
+    streaming: bool = False
+    text_tokens: int = 0
+    image_tokens: int = 0
+    audio_tokens: int = 0
+    video_tokens: int = 0
+    reason_ratio: float = 0.0
+    server_input_tokens: int = 0
+    send_time_us: int = 0
+    num_chunks: int = 0
+    error_message: str = ""
+    finish_reason: str = ""
+
+
+@dataclass(frozen=True)
+class GroundTruthRow:
+    """One measured request of a ground-truth run (times as the client saw them)."""
+
+    index: int
+    arrival_time_us: int
+    input_tokens: int
+    output_tokens: int
+    has_error: bool = False
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+
+
+# ---------------------------------------------------------------------------------- reading
 
 
 def read_header(path: str | Path) -> dict:
@@ -92,102 +172,239 @@ def read_header(path: str | Path) -> dict:
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"trace header: {str(p)!r} must be a YAML mapping")
-    extra = set(data) - HEADER_KEYS
+    where = f"trace header {str(p)!r}"
+    extra = set(data) - HEADER_KEYS - HEADER_KEYS_V3
     if extra:
         raise ConfigError(
-            f"trace header: unknown key(s) {sorted(extra)} in {str(p)!r}; "
-            f"valid: {', '.join(sorted(HEADER_KEYS))}"
+            f"{where}: unknown key(s) {sorted(extra)}; "
+            f"valid: {', '.join(sorted(HEADER_KEYS | HEADER_KEYS_V3))}"
         )
     version = data.get("trace_version")
-    if version != 2:
-        raise ConfigError(f"trace header: trace_version: invalid value {version!r}; must be 2")
+    if version not in TRACE_VERSIONS or isinstance(version, bool):
+        raise ConfigError(f"{where}: trace_version: invalid value {version!r}; must be 2 or 3")
     unit = data.get("time_unit", "microseconds")
     if unit != "microseconds":
-        raise ConfigError(f"trace header: time_unit: invalid value {unit!r}; must be microseconds")
-    server = data.get("server") or {}
-    if not isinstance(server, dict) or set(server) - SERVER_KEYS:
+        raise ConfigError(f"{where}: time_unit: invalid value {unit!r}; must be microseconds")
+    mode = data.get("mode", "generated")
+    if mode not in MODES:
+        raise ConfigError(f"{where}: mode: invalid value {mode!r}; must be one of {MODES}")
+    warm = data.get("warm_up_requests", 0)
+    if not isinstance(warm, int) or isinstance(warm, bool) or warm < 0:
         raise ConfigError(
-            f"trace header: server: unknown keys {sorted(set(server) - SERVER_KEYS)}; "
-            f"valid: {', '.join(sorted(SERVER_KEYS))}"
+            f"{where}: warm_up_requests: invalid value {warm!r}; must be an integer >= 0"
         )
+    for key, valid in (("server", SERVER_KEYS), ("network", NETWORK_KEYS)):
+        section = data.get(key) or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{where}: {key}: must be a mapping with keys {sorted(valid)}")
+        if set(section) - valid:
+            raise ConfigError(
+                f"{where}: {key}: unknown key(s) {sorted(set(section) - valid)}; "
+                f"valid: {', '.join(sorted(valid))}"
+            )
     return data
 
 
-def _int(value: str, column: str, line: int, path: Path) -> int:
+def _csv_header(path: Path, kind: str) -> list[str]:
     try:
-        return int(float(value)) if value else 0
-    except ValueError:
+        with path.open(newline="") as handle:
+            header = next(csv.reader(handle), None)
+    except OSError as exc:
+        raise ConfigError(f"{kind}: cannot read {str(path)!r}: {exc.strerror}") from None
+    if header is None:
+        raise ConfigError(f"{kind}: {str(path)!r} is empty")
+    return [name.strip() for name in header]
+
+
+def _records(path: Path, kind: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of each non-empty data line, after the header line."""
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise ConfigError(f"{kind}: cannot read {str(path)!r}: {exc.strerror}") from None
+    with handle:
+        reader = csv.reader(handle)
+        next(reader, None)
+        try:
+            for rec in reader:
+                if rec:
+                    yield reader.line_num, rec
+        except csv.Error as exc:
+            raise ConfigError(
+                f"{kind}: {str(path)!r} line {reader.line_num}: malformed CSV: {exc}"
+            ) from None
+
+
+class _Fields:
+    """Typed access to one CSV record, with errors that name file, line and column."""
+
+    def __init__(self, kind: str, path: Path, line: int, col: dict[str, int], rec: list[str]):
+        self.kind, self.path, self.line, self.col, self.rec = kind, path, line, col, rec
+
+    def fail(self, column: str, value: object, allowed: str) -> ConfigError:
+        return ConfigError(
+            f"{self.kind}: {str(self.path)!r} line {self.line}: column {column}: "
+            f"invalid value {value!r}; {allowed}"
+        )
+
+    def text(self, column: str) -> str:
+        i = self.col.get(column)
+        return self.rec[i].strip() if i is not None else ""
+
+    def as_int(self, column: str, *, required: bool = False, minimum: int | None = 0) -> int:
+        raw = self.text(column)
+        if not raw:
+            if required:
+                raise self.fail(column, raw, "must be an integer")
+            return 0
+        try:
+            value = int(raw)
+        except ValueError:
+            # Accept "512.0" (pandas writes integers that way); reject "1.5".
+            try:
+                as_float = float(raw)
+            except ValueError:
+                as_float = float("nan")
+            if not as_float.is_integer():
+                raise self.fail(column, raw, "must be an integer") from None
+            value = int(as_float)
+        if minimum is not None and value < minimum:
+            raise self.fail(column, raw, f"must be >= {minimum}")
+        return value
+
+    def as_float(self, column: str, lo: float, hi: float) -> float:
+        raw = self.text(column)
+        if not raw:
+            return 0.0
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self.fail(column, raw, "must be a number") from None
+        if not lo <= value <= hi:
+            raise self.fail(column, raw, f"must be in [{lo}, {hi}]")
+        return value
+
+    def optional_float(self, column: str) -> float | None:
+        raw = self.text(column)
+        if not raw:
+            return None
+        try:
+            return float(raw)
+        except ValueError:
+            raise self.fail(column, raw, "must be a number") from None
+
+    def as_bool(self, column: str) -> bool:
+        raw = self.text(column)
+        # Go's strconv.ParseBool spellings (BLIS writes true/false).
+        if raw in ("", "0", "f", "F", "false", "False", "FALSE"):
+            return False
+        if raw in ("1", "t", "T", "true", "True", "TRUE"):
+            return True
+        raise self.fail(column, raw, "must be true or false")
+
+
+def _trace_columns(path: Path, header: list[str]) -> dict[str, int]:
+    missing = sorted(_REQUIRED_COLUMNS - set(header), key=TRACE_V3_COLUMNS.index)
+    unknown = [name for name in header if name not in _KNOWN_COLUMNS]
+    duplicated = sorted({name for name in header if header.count(name) > 1})
+    if missing or unknown or duplicated:
+        problems = []
+        if missing:
+            problems.append(f"missing column(s) {', '.join(missing)}")
+        if unknown:
+            problems.append(f"unknown column(s) {', '.join(unknown)}")
+        if duplicated:
+            problems.append(f"repeated column(s) {', '.join(duplicated)}")
         raise ConfigError(
-            f"trace data: {str(path)!r} line {line}: column {column}: invalid value {value!r}; "
-            "must be an integer"
-        ) from None
+            f"trace data: {str(path)!r}: CSV header does not match TraceV2: "
+            f"{'; '.join(problems)}; expected columns "
+            f"{','.join(TRACE_COLUMNS)} (v3 adds prefix_length after prefix_group)"
+        )
+    return {name: i for i, name in enumerate(header)}
 
 
 def read_rows(path: str | Path) -> list[TraceRow]:
+    """Rows of a TraceV2 or v3 CSV (columns found by name), validated as BLIS validates them."""
     p = Path(path)
-    try:
-        handle = p.open(newline="")
-    except OSError as exc:
-        raise ConfigError(f"trace data: cannot read {str(p)!r}: {exc.strerror}") from None
-    with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise ConfigError(f"trace data: {str(p)!r} is empty")
-        if header not in (TRACE_COLUMNS, TRACE_COLUMNS[:-1]):
+    kind = "trace data"
+    header = _csv_header(p, kind)
+    col = _trace_columns(p, header)
+    has_prefix_length = "prefix_length" in col
+    rows = []
+    for line, rec in _records(p, kind):
+        if len(rec) != len(header):
             raise ConfigError(
-                f"trace data: {str(p)!r} header does not match TraceV2; expected columns "
-                f"{','.join(TRACE_COLUMNS)}"
+                f"{kind}: {str(p)!r} line {line}: {len(rec)} columns, expected {len(header)}"
             )
-        col = {name: i for i, name in enumerate(header)}
-        rows = []
-        for line, rec in enumerate(reader, start=2):
-            if not rec:
-                continue
-            if len(rec) != len(header):
-                raise ConfigError(
-                    f"trace data: {str(p)!r} line {line}: {len(rec)} columns, expected "
-                    f"{len(header)}"
-                )
-            row = TraceRow(
-                request_id=rec[col["request_id"]],
-                arrival_time_us=_int(rec[col["arrival_time_us"]], "arrival_time_us", line, p),
-                input_tokens=_int(rec[col["input_tokens"]], "input_tokens", line, p),
-                output_tokens=_int(rec[col["output_tokens"]], "output_tokens", line, p),
-                client_id=rec[col["client_id"]],
-                tenant_id=rec[col["tenant_id"]],
-                slo_class=rec[col["slo_class"]],
-                prefix_group=rec[col["prefix_group"]],
-                model=rec[col["model"]],
-                deadline_us=_int(rec[col["deadline_us"]], "deadline_us", line, p),
-                first_chunk_time_us=_int(rec[col["first_chunk_time_us"]], "first_chunk", line, p),
-                last_chunk_time_us=_int(rec[col["last_chunk_time_us"]], "last_chunk", line, p),
-                status=rec[col["status"]],
+        f = _Fields(kind, p, line, col, rec)
+        row = TraceRow(
+            request_id=f.text("request_id"),
+            arrival_time_us=f.as_int("arrival_time_us", required=True),
+            input_tokens=f.as_int("input_tokens", required=True),
+            output_tokens=f.as_int("output_tokens", required=True),
+            client_id=f.text("client_id"),
+            tenant_id=f.text("tenant_id"),
+            slo_class=f.text("slo_class"),
+            prefix_group=f.text("prefix_group"),
+            model=f.text("model"),
+            deadline_us=f.as_int("deadline_us"),
+            first_chunk_time_us=f.as_int("first_chunk_time_us", minimum=None),
+            last_chunk_time_us=f.as_int("last_chunk_time_us", minimum=None),
+            status=f.text("status"),
+            session_id=f.text("session_id"),
+            round_index=f.as_int("round_index"),
+            prefix_length=f.as_int("prefix_length") if has_prefix_length else None,
+            streaming=f.as_bool("streaming"),
+            text_tokens=f.as_int("text_tokens"),
+            image_tokens=f.as_int("image_tokens"),
+            audio_tokens=f.as_int("audio_tokens"),
+            video_tokens=f.as_int("video_tokens"),
+            reason_ratio=f.as_float("reason_ratio", 0.0, 1.0),
+            server_input_tokens=f.as_int("server_input_tokens"),
+            send_time_us=f.as_int("send_time_us", minimum=None),
+            num_chunks=f.as_int("num_chunks"),
+            error_message=f.text("error_message"),
+            finish_reason=f.text("finish_reason"),
+        )
+        if not row.request_id:
+            raise f.fail("request_id", "", "must not be empty")
+        # A deadline before arrival would time the request out on arrival: a corrupt trace.
+        if 0 < row.deadline_us < row.arrival_time_us:
+            raise f.fail(
+                "deadline_us", row.deadline_us, f"precedes arrival_time_us {row.arrival_time_us}"
             )
-            if row.arrival_time_us < 0 or row.input_tokens < 0 or row.output_tokens < 0:
-                raise ConfigError(
-                    f"trace data: {str(p)!r} line {line}: arrival and token counts must be >= 0"
-                )
-            rows.append(row)
+        rows.append(row)
     return rows
 
 
 def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
-    """Rebuild requests from trace rows: lengths, arrival, deadline and tags are kept."""
+    """Rebuild requests from trace rows as BLIS replay does: lengths, arrival, deadline, tags.
+
+    A row with a prefix_group gets its group's shared prefix *in front of* its input_tokens
+    (BLIS replay.go prepends it). The group's length is the first positive prefix_length of
+    the group (v3) or 50 tokens when the file has no prefix_length column (v2); a v3 group
+    whose rows all say 0 shares nothing, as in BLIS.
+    """
+    group_tokens: dict[str, int] = {}
+    for row in rows:
+        if row.prefix_group and row.prefix_group not in group_tokens:
+            length = REPLAY_PREFIX_TOKENS if row.prefix_length is None else row.prefix_length
+            if length > 0:
+                group_tokens[row.prefix_group] = length
     requests = []
     for i, row in enumerate(rows):
         rid = f"request_{row.request_id}"
+        shared = group_tokens.get(row.prefix_group, 0) if row.prefix_group else 0
         segments = None
-        if row.prefix_group:
-            shared = min(REPLAY_PREFIX_TOKENS, row.input_tokens)
-            segments = [(("prefix", row.prefix_group), shared)]
-            if row.input_tokens > shared:
-                segments.append((("req", rid), row.input_tokens - shared))
+        if shared:
+            segments = [(prefix_key(row.prefix_group), shared)]
+            if row.input_tokens:
+                segments.append((("req", rid), row.input_tokens))
         requests.append(
             Request(
                 rid,
                 row.arrival_time_us,
-                row.input_tokens,
+                shared + row.input_tokens,
                 row.output_tokens,
                 index=i,
                 deadline_us=row.deadline_us,
@@ -196,6 +413,15 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
                 tenant_id=row.tenant_id,
                 model=row.model,
                 client_id=row.client_id,
+                session_id=row.session_id,
+                round_index=row.round_index,
+                prefix_group=row.prefix_group,
+                streaming=row.streaming,
+                text_tokens=row.text_tokens,
+                image_tokens=row.image_tokens,
+                audio_tokens=row.audio_tokens,
+                video_tokens=row.video_tokens,
+                reason_ratio=row.reason_ratio,
             )
         )
     return requests
@@ -204,3 +430,239 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
 def load_trace(header_path: str | Path, data_path: str | Path) -> tuple[dict, list[Request]]:
     header = read_header(header_path)
     return header, requests_from_rows(read_rows(data_path))
+
+
+def read_groundtruth_rows(path: str | Path) -> list[GroundTruthRow]:
+    """Rows of a ground-truth request CSV (shared/groundtruth/*/requests/*.requests.csv)."""
+    p = Path(path)
+    kind = "ground-truth data"
+    header = _csv_header(p, kind)
+    missing = [name for name in _GROUNDTRUTH_REQUIRED if name not in header]
+    if missing:
+        raise ConfigError(
+            f"{kind}: {str(p)!r}: missing column(s) {', '.join(missing)}; expected columns "
+            f"{','.join(GROUNDTRUTH_COLUMNS)}"
+        )
+    col = {name: i for i, name in enumerate(header)}
+    rows = []
+    for line, rec in _records(p, kind):
+        if len(rec) != len(header):
+            raise ConfigError(
+                f"{kind}: {str(p)!r} line {line}: {len(rec)} columns, expected {len(header)}"
+            )
+        f = _Fields(kind, p, line, col, rec)
+        rows.append(
+            GroundTruthRow(
+                index=f.as_int("index", required=True),
+                arrival_time_us=f.as_int("arrival_time_us", required=True),
+                input_tokens=f.as_int("input_tokens", required=True),
+                output_tokens=f.as_int("output_tokens", required=True),
+                has_error=f.as_bool("has_error"),
+                ttft_s=f.optional_float("ttft_s"),
+                e2e_s=f.optional_float("e2e_s"),
+            )
+        )
+    return rows
+
+
+def read_groundtruth_csv(path: str | Path, *, fill_missing_input: bool = True) -> list[Request]:
+    """Requests to replay a ground-truth run (its README, step 2).
+
+    Output length is max(1, output_tokens): vLLM was forced to the requested length, so a
+    recorded 0 means the client received nothing, not that nothing was asked. Failed requests
+    the server never counted have input_tokens 0; with `fill_missing_input` they get the mean
+    prompt length of the rows that have one (they still loaded the queue), else 1 token.
+    prefix_group is ignored: group membership was not recorded.
+    """
+    rows = read_groundtruth_rows(path)
+    known = [r.input_tokens for r in rows if r.input_tokens > 0]
+    fill = round(sum(known) / len(known)) if fill_missing_input and known else 1
+    return [
+        Request(
+            f"request_{row.index}",
+            row.arrival_time_us,
+            row.input_tokens if row.input_tokens > 0 else fill,
+            max(1, row.output_tokens),
+            index=i,
+        )
+        for i, row in enumerate(rows)
+    ]
+
+
+def load_requests_file(
+    data_path: str | Path, header_path: str | Path | None = None
+) -> list[Request]:
+    """Requests from a TraceV2/v3 pair, a header-less TraceV2 CSV or a ground-truth CSV."""
+    if header_path is not None:
+        return load_trace(header_path, data_path)[1]
+    p = Path(data_path)
+    columns = set(_csv_header(p, "requests file"))
+    if "request_id" not in columns and set(_GROUNDTRUTH_REQUIRED) <= columns:
+        return read_groundtruth_csv(p)
+    if "request_id" in columns:
+        # A TraceV2 CSV without its header file: assume v2 defaults (nothing in the header
+        # changes how requests are rebuilt).
+        return requests_from_rows(read_rows(p))
+    raise ConfigError(
+        f"requests file: {str(p)!r} is neither a ground-truth CSV (columns "
+        f"{','.join(GROUNDTRUTH_COLUMNS)}) nor a TraceV2 CSV (columns {','.join(TRACE_COLUMNS)})"
+    )
+
+
+# ---------------------------------------------------------------------------------- writing
+
+
+def trace_status(req: Request) -> tuple[str, str, str]:
+    """(status, error_message, finish_reason) of a simulated request at the end of a run."""
+    state = req.state
+    if state is RequestState.COMPLETED:
+        return "ok", "", "length" if req.length_capped else "stop"
+    if state is RequestState.TIMED_OUT:
+        return "timeout", "", ""
+    if state in (RequestState.DROPPED, RequestState.REJECTED):
+        return "error", state.value, ""
+    # Still queued, running or in flight when the run stopped.
+    return "incomplete", "", ""
+
+
+def _prefix_tokens(req: Request) -> int:
+    """Length of the request's shared group prefix, 0 if its segments do not start with it."""
+    if not req.prefix_group or not req.segments:
+        return 0
+    key, length = req.segments[0]
+    if key != prefix_key(req.prefix_group) or length > req.input_tokens:
+        return 0
+    return length
+
+
+def _fmt_float(value: float) -> str:
+    # Like Go's FormatFloat(v, 'f', -1): shortest round-trip digits, never an exponent.
+    return np.format_float_positional(float(value), trim="-")
+
+
+def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[str]:
+    status, error_message, finish_reason = trace_status(req)
+    first_chunk_us = last_chunk_us = 0
+    if req.first_token_us >= 0:
+        first_chunk_us = req.first_token_us
+        # Completed: the last token reached the client at completion. Otherwise the last
+        # token received so far (timed out or still running at the horizon).
+        last_chunk_us = (
+            req.completion_us if status == "ok" and req.completion_us >= 0 else req.last_token_us
+        )
+    # A streamed response arrives token by token; a non-streamed one in one piece when done.
+    num_chunks = req.generated_tokens if req.streaming else int(status == "ok")
+    input_tokens = req.input_tokens
+    group = req.prefix_group if keep_prefix_groups else ""
+    row = [
+        str(row_index),
+        req.client_id,
+        req.tenant_id,
+        req.slo_class,
+        req.session_id,
+        str(req.round_index),
+        group,
+    ]
+    if keep_prefix_groups:
+        # v3: input_tokens counts what follows the prefix, so replay rebuilds the same prompt.
+        prefix_tokens = _prefix_tokens(req) if group else 0
+        input_tokens -= prefix_tokens
+        row.append(str(prefix_tokens))
+    row += [
+        "true" if req.streaming else "false",
+        str(input_tokens),
+        str(req.output_tokens),
+        str(req.text_tokens),
+        str(req.image_tokens),
+        str(req.audio_tokens),
+        str(req.video_tokens),
+        _fmt_float(req.reason_ratio),
+        req.model,
+        str(req.deadline_us),
+        str(req.input_tokens),
+        str(req.arrival_us),
+        str(req.arrival_us),
+        str(first_chunk_us),
+        str(last_chunk_us),
+        str(num_chunks),
+        status,
+        error_message,
+        finish_reason,
+    ]
+    return row
+
+
+@contextlib.contextmanager
+def _atomic_target(target: Path) -> Iterator[Any]:
+    """A temporary file next to `target`; yields its handle; the caller replaces it later."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            yield handle, Path(tmp)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_trace(
+    prefix: str | Path,
+    requests: Iterable[Request],
+    *,
+    server: dict | None = None,
+    workload_spec: str = "",
+    warm_up_requests: int = 0,
+    created_at: str | None = None,
+    keep_prefix_groups: bool = False,
+) -> tuple[Path, Path]:
+    """Write `<prefix>.yaml` and `<prefix>.csv`, a TraceV2 of simulated requests (SPEC §9.5).
+
+    Rows are in arrival order (ties by request index) with request_id = row number. By
+    default the file is what BLIS writes: prefix_group empty and input_tokens the whole
+    prompt. `keep_prefix_groups=True` writes a v3 trace instead (prefix_group, prefix_length
+    and the suffix-only input_tokens) so that replaying it shares the same prefixes again.
+    Both files are written to temporary files first and renamed into place, so a failure
+    leaves any previous trace untouched and never half a new one.
+    """
+    header_path = Path(f"{prefix}.yaml")
+    data_path = Path(f"{prefix}.csv")
+    if server:
+        unknown_keys = set(server) - SERVER_KEYS
+        if unknown_keys:
+            raise ConfigError(
+                f"trace header: server: unknown key(s) {sorted(unknown_keys)}; "
+                f"valid: {', '.join(sorted(SERVER_KEYS))}"
+            )
+    if created_at is None:
+        created_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    header: dict[str, Any] = {
+        "trace_version": 3 if keep_prefix_groups else 2,
+        "time_unit": "microseconds",
+        "created_at": created_at,
+        "mode": "generated",
+        "warm_up_requests": int(warm_up_requests),
+        "workload_spec": workload_spec,
+    }
+    if server:
+        header["server"] = dict(server)
+    header["network"] = {"measured_rtt_ms": 0}
+    header_text = yaml.safe_dump(header, sort_keys=False, allow_unicode=True)
+
+    ordered = sorted(requests, key=lambda r: (r.arrival_us, r.index))
+    temps: list[Path] = []
+    try:
+        with _atomic_target(data_path) as (handle, data_tmp):
+            temps.append(data_tmp)
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow(TRACE_V3_COLUMNS if keep_prefix_groups else TRACE_COLUMNS)
+            for i, req in enumerate(ordered):
+                writer.writerow(_trace_row(i, req, keep_prefix_groups))
+        with _atomic_target(header_path) as (handle, header_tmp):
+            temps.append(header_tmp)
+            handle.write(header_text)
+        os.replace(data_tmp, data_path)
+        os.replace(header_tmp, header_path)
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    return header_path, data_path

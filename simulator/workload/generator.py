@@ -1,0 +1,389 @@
+"""Requests from a v2 workload spec, generated lazily in arrival order (SPEC §9.3).
+
+Each client is an independent stream with its own seeded generators (SPEC A9): adding,
+removing or changing one client never changes another client's draws. Streams are merged by
+arrival time and truncated at `num_requests`, so a million-request workload is produced on
+demand instead of materialised up front.
+
+Multi-turn clients start a session per arrival. Open-loop sessions pre-generate every round;
+closed-loop sessions (the default for multi-turn) generate round N+1 only when round N
+completes, through the `SessionManager` the simulation calls on every finished request.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..engine.request import Request, RequestState
+from ..errors import ConfigError
+from .arrivals import ArrivalProcess, make_arrivals
+from .cohorts import expand_cohorts, expand_inference_perf
+from .lengths import LengthDistribution, from_dist_spec, ratio_from_dist_spec
+from .spec import DEFAULT_PREFIX_LENGTH, ClientSpec, WorkloadSpec
+
+CHUNK = 1024  # draws per numpy call: amortises call overhead without holding much memory
+
+
+def _stream_seed(seed: int, *names: str) -> np.random.Generator:
+    key = tuple(zlib.crc32(n.encode("utf-8")) for n in names)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
+
+
+class _Draws:
+    """Chunked draws from one distribution on one stream."""
+
+    __slots__ = ("dist", "rng", "buf", "pos")
+
+    def __init__(self, dist: LengthDistribution, rng: np.random.Generator) -> None:
+        self.dist, self.rng, self.buf, self.pos = dist, rng, np.empty(0), 0
+
+    def next(self) -> int:
+        if self.pos >= len(self.buf):
+            self.buf = self.dist.sample(self.rng, CHUNK).tolist()
+            self.pos = 0
+        value = self.buf[self.pos]
+        self.pos += 1
+        return value
+
+
+@dataclass
+class _Modal:
+    text: _Draws
+    parts: list[tuple[str, _Draws, _Draws]]  # (modality, count draws, size draws)
+
+
+@dataclass
+class ClientPlan:
+    """Everything needed to generate one client's requests."""
+
+    index: int
+    key: str
+    spec: ClientSpec
+    rate_per_s: float
+    prefix_length: int
+    windows: list[tuple[int, int]]
+    seed: int
+    base_dir: Path | None
+
+    def __post_init__(self) -> None:
+        c = self.spec
+        where = f"clients[{self.index}]"
+        rng = lambda name: _stream_seed(self.seed, "client", self.key, name)  # noqa: E731
+        cv = c.arrival.cv
+        self.arrivals: ArrivalProcess = make_arrivals(c.arrival.process, self.rate_per_s, cv)
+        self.arrival_rng = rng("arrival")
+        self.inputs = _Draws(
+            from_dist_spec(
+                c.input_distribution, self.base_dir, where=f"{where}.input_distribution"
+            ),
+            rng("input"),
+        )
+        self.outputs = _Draws(
+            from_dist_spec(
+                c.output_distribution, self.base_dir, where=f"{where}.output_distribution"
+            ),
+            rng("output"),
+        )
+        self.modal: _Modal | None = None
+        mm = c.multimodal
+        if mm is not None:
+            parts = []
+            for modality in ("image", "audio", "video"):
+                count = getattr(mm, f"{modality}_count_distribution")
+                size = getattr(mm, f"{modality}_distribution")
+                if count is None or size is None:
+                    continue
+                parts.append(
+                    (
+                        modality,
+                        _Draws(
+                            from_dist_spec(count, self.base_dir, minimum=0, where=f"{where}.mm"),
+                            rng(f"{modality}.count"),
+                        ),
+                        _Draws(
+                            from_dist_spec(size, self.base_dir, where=f"{where}.mm"),
+                            rng(f"{modality}.size"),
+                        ),
+                    )
+                )
+            text = mm.text_distribution or c.input_distribution
+            self.modal = _Modal(
+                _Draws(from_dist_spec(text, self.base_dir, where=f"{where}.mm"), rng("text")),
+                parts,
+            )
+        self.ratio: _Draws | None = None
+        if c.reasoning is not None and c.reasoning.reason_ratio_distribution is not None:
+            self.ratio = _Draws(
+                ratio_from_dist_spec(c.reasoning.reason_ratio_distribution, self.base_dir),
+                rng("reason_ratio"),
+            )
+        self.timeout_us = c.timeout_us()
+        self.multi_turn = c.multi_turn
+        self.closed_loop = c.is_closed_loop
+        self._seq = itertools.count()
+
+    def active(self, t_us: int) -> bool:
+        if not self.windows:
+            return True
+        i = bisect.bisect_right(self.windows, (t_us, float("inf"))) - 1
+        return i >= 0 and self.windows[i][0] <= t_us < self.windows[i][1]
+
+    @property
+    def last_active_us(self) -> int | None:
+        return max(end for _, end in self.windows) if self.windows else None
+
+    def new_request(self, arrival_us: int, context: list | None = None) -> Request:
+        """Sample one request's lengths and content; IDs are assigned at the merge."""
+        c = self.spec
+        seq = next(self._seq)
+        text = image = audio = video = 0
+        if self.modal is not None:
+            text = self.modal.text.next()
+            extra = {"image": 0, "audio": 0, "video": 0}
+            for modality, count, size in self.modal.parts:
+                extra[modality] = sum(size.next() for _ in range(count.next()))
+            image, audio, video = extra["image"], extra["audio"], extra["video"]
+            fresh = text + image + audio + video
+        else:
+            fresh = self.inputs.next()
+        output = self.outputs.next()
+        segments: list = []
+        if context is not None:
+            segments.extend(context)
+        elif c.prefix_group and self.prefix_length > 0:
+            segments.append((("prefix", c.prefix_group), self.prefix_length))
+        segments.append((("in", self.key, seq), fresh))
+        input_tokens = sum(n for _, n in segments)
+        req = Request(
+            "",
+            arrival_us,
+            input_tokens,
+            output,
+            deadline_us=arrival_us + self.timeout_us if self.timeout_us else 0,
+            segments=segments,
+            slo_class=c.slo_class,
+            tenant_id=c.tenant_id,
+            model=c.model,
+            client_id=c.id or f"client_{self.index}",
+            prefix_group=c.prefix_group,
+            streaming=c.streaming,
+            text_tokens=text,
+            image_tokens=image,
+            audio_tokens=audio,
+            video_tokens=video,
+            reason_ratio=self.ratio.next() if self.ratio is not None else 0.0,
+        )
+        req.output_key = ("out", self.key, seq)
+        return req
+
+    def next_round_context(self, prev: Request, produced_tokens: int) -> list | None:
+        """Prompt prefix of the next round: everything said so far when context accumulates."""
+        if self.multi_turn is None or self.multi_turn.context_growth != "accumulate":
+            return None
+        return [*prev.segments, (prev.output_key, produced_tokens)]
+
+    def arrival_times(self, horizon_us: int | None) -> Iterator[int]:
+        t = 0
+        stop = self.last_active_us
+        if horizon_us is not None:
+            stop = horizon_us if stop is None else min(stop, horizon_us)
+        while True:
+            for gap in self.arrivals.gaps_us(self.arrival_rng, CHUNK).tolist():
+                t += gap
+                if stop is not None and t >= stop:
+                    return
+                if self.active(t):
+                    yield t
+
+
+@dataclass
+class Session:
+    session_id: str
+    plan: ClientPlan
+    rounds_total: int
+    rounds_done: int = 0
+    outcome: str = ""  # completed | cancelled | horizon_interrupted
+    # Open-loop sessions: every round, generated up front (the run only decides their fate).
+    rounds: list[Request] = field(default_factory=list)
+
+    def open_loop_outcome(self) -> str:
+        states = [r.state for r in self.rounds]
+        if any(s in (RequestState.TIMED_OUT, RequestState.DROPPED, RequestState.REJECTED)
+               for s in states):  # fmt: skip
+            return "cancelled"
+        if len(self.rounds) == self.rounds_total and all(
+            s is RequestState.COMPLETED for s in states
+        ):
+            return "completed"
+        return "horizon_interrupted"
+
+
+@dataclass
+class SessionManager:
+    """Closed-loop multi-turn sessions: the next round is created when a round finishes."""
+
+    horizon_us: int | None
+    sessions: dict[str, Session] = field(default_factory=dict)
+    _follow_up_index: itertools.count = field(default_factory=lambda: itertools.count(1 << 40))
+
+    def register(self, req: Request, session: Session) -> None:
+        self.sessions[session.session_id] = session
+        req.session_id = session.session_id
+        req.round_index = 0
+
+    def on_finished(self, req: Request, now_us: int) -> Request | None:
+        """Called once per finished request; returns the next round to inject, if any."""
+        session = self.sessions.get(req.session_id)
+        if session is None or session.outcome or not session.plan.closed_loop:
+            return None
+        if req.state is not RequestState.COMPLETED:
+            session.outcome = "cancelled"  # a timed-out, dropped or rejected round ends it
+            return None
+        session.rounds_done += 1
+        if session.rounds_done >= session.rounds_total:
+            session.outcome = "completed"
+            return None
+        plan = session.plan
+        arrival = now_us + plan.multi_turn.think_time_us
+        if self.horizon_us is not None and arrival > self.horizon_us:
+            session.outcome = "horizon_interrupted"
+            return None
+        nxt = plan.new_request(arrival, plan.next_round_context(req, req.generated_tokens))
+        nxt.session_id = session.session_id
+        nxt.round_index = session.rounds_done
+        nxt.request_id = f"{session.session_id}_round_{session.rounds_done}"
+        nxt.index = next(self._follow_up_index)
+        return nxt
+
+    def finalize(self) -> dict[str, int]:
+        """Every session's single outcome; closed-loop sessions still open when the run ended
+        were cut by the horizon (INV-11)."""
+        counts = {"completed": 0, "cancelled": 0, "horizon_interrupted": 0}
+        for session in self.sessions.values():
+            if session.rounds:
+                session.outcome = session.open_loop_outcome()
+            elif not session.outcome:
+                session.outcome = "horizon_interrupted"
+            counts[session.outcome] += 1
+        counts["total"] = len(self.sessions)
+        return counts
+
+
+def _prefix_lengths(clients: list[ClientSpec]) -> dict[str, int]:
+    """The first client of a prefix group fixes the group's prefix length (SPEC §9.2)."""
+    lengths: dict[str, int] = {}
+    for c in clients:
+        if c.prefix_group and c.prefix_group not in lengths:
+            lengths[c.prefix_group] = (
+                c.prefix_length if c.prefix_length is not None else DEFAULT_PREFIX_LENGTH
+            )
+    return lengths
+
+
+def resolve_clients(spec: WorkloadSpec, base_dir: Path | None = None) -> tuple[WorkloadSpec, list]:
+    """Expand inference_perf / servegen / cohorts into a flat client list."""
+    if spec.inference_perf is not None:
+        spec = expand_inference_perf(spec)
+    if spec.servegen_data is not None:
+        from .servegen import expand_servegen
+
+        spec = expand_servegen(spec, base_dir)
+    return spec, expand_cohorts(spec)
+
+
+class WorkloadStream:
+    """The requests of one workload, lazily, in arrival order, with IDs `request_<i>`."""
+
+    def __init__(
+        self,
+        spec: WorkloadSpec,
+        seed: int,
+        horizon_us: int | None = None,
+        base_dir: Path | None = None,
+    ) -> None:
+        spec, clients = resolve_clients(spec, base_dir)
+        self.spec = spec
+        self.seed = spec.seed if spec.seed is not None else seed
+        self.horizon_us = horizon_us if horizon_us is not None else spec.horizon
+        self.num_requests = spec.num_requests or None
+        if self.num_requests is None and self.horizon_us is None:
+            raise ConfigError(
+                "workload: neither num_requests nor a horizon is set, so the traffic never "
+                "ends; set workload num_requests or horizon (µs)"
+            )
+        total_fraction = sum(c.rate_fraction for c in clients)
+        prefix = _prefix_lengths(clients)
+        self.plans = [
+            ClientPlan(
+                index=i,
+                key=c.id or f"#{i}",
+                spec=c,
+                rate_per_s=(spec.aggregate_rate or 0.0) * c.rate_fraction / total_fraction,
+                prefix_length=prefix.get(c.prefix_group, 0),
+                windows=sorted((w.start_us, w.end_us) for w in c.lifecycle.windows)
+                if c.lifecycle
+                else [],
+                seed=self.seed,
+                base_dir=base_dir,
+            )
+            for i, c in enumerate(clients)
+        ]
+        self.sessions = SessionManager(self.horizon_us)
+
+    def _client_requests(self, plan: ClientPlan) -> Iterator[tuple[int, int, int, Request]]:
+        """One client's requests in arrival order, keyed for the merge."""
+        mt = plan.multi_turn
+        order = itertools.count()
+        if mt is None:
+            for t in plan.arrival_times(self.horizon_us):
+                yield (t, plan.index, next(order), plan.new_request(t))
+            return
+        pending: list[tuple[int, int, int, Request]] = []  # open-loop rounds not yet due
+        started = 0
+        for t in plan.arrival_times(self.horizon_us):
+            while pending and pending[0][0] <= t:
+                yield heapq.heappop(pending)
+            if mt.single_session and started:
+                continue
+            session_id = f"sess_{plan.key}_{started}"
+            started += 1
+            first = plan.new_request(t)
+            session = Session(session_id, plan, mt.max_rounds)
+            self.sessions.register(first, session)
+            yield (t, plan.index, next(order), first)
+            if plan.closed_loop:
+                continue
+            # Open loop: every round is known now; round r+1 follows round r by the think
+            # time plus one µs per output token (BLIS-Mar's spacing rule, SPEC §9.3).
+            rounds = [first]
+            prev, arrival = first, t
+            for r in range(1, mt.max_rounds):
+                arrival = arrival + mt.think_time_us + prev.output_tokens
+                if self.horizon_us is not None and arrival >= self.horizon_us:
+                    break
+                nxt = plan.new_request(arrival, plan.next_round_context(prev, prev.output_tokens))
+                nxt.session_id, nxt.round_index = session_id, r
+                heapq.heappush(pending, (arrival, plan.index, next(order), nxt))
+                rounds.append(nxt)
+                prev = nxt
+            session.rounds = rounds
+        while pending:
+            yield heapq.heappop(pending)
+
+    def __iter__(self) -> Iterator[Request]:
+        merged = heapq.merge(*(self._client_requests(p) for p in self.plans))
+        limit = self.num_requests
+        for i, (_, _, _, req) in enumerate(merged):
+            if limit is not None and i >= limit:
+                return
+            req.request_id = f"request_{i}"
+            req.index = i
+            yield req

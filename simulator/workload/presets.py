@@ -1,0 +1,226 @@
+"""Named workload presets, the CLI "distribution" mode, composing specs and writing them back
+as YAML (SPEC §9.1, §12.2 convert / compose).
+
+A preset or the distribution mode becomes a one-client v2 WorkloadSpec: Gaussian prompt and
+output lengths with BLIS's parameter names, and a shared prefix group "shared" when
+prefix_tokens > 0. Arrivals are Poisson unless asked otherwise (SPEC A8); BLIS-Mar used
+constant spacing in this mode, which `arrival="constant"` reproduces.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import yaml
+
+from ..catalog.defaults import workload_presets
+from ..errors import ConfigError, invalid, unknown
+from .arrivals import ARRIVAL_PROCESSES
+from .cohorts import expand_cohorts, expand_inference_perf
+from .spec import WorkloadSpec, workload_spec_from_dict
+
+# defaults.yaml `workloads:` (chatbot, contentgen, summarization, multidoc); multidoc leaves
+# prefix_tokens unset, which means 0.
+PRESETS: dict[str, dict[str, Any]] = {
+    name: {"prefix_tokens": 0, **values} for name, values in workload_presets().items()
+}
+
+# The CLI distribution mode's defaults (BLIS `blis run` flags).
+DISTRIBUTION_DEFAULTS: dict[str, int] = {
+    "prefix_tokens": 0,
+    "prompt_tokens": 512,
+    "prompt_tokens_stdev": 256,
+    "prompt_tokens_min": 2,
+    "prompt_tokens_max": 7000,
+    "output_tokens": 512,
+    "output_tokens_stdev": 256,
+    "output_tokens_min": 2,
+    "output_tokens_max": 7000,
+}
+
+
+def _gaussian(mean: float, std_dev: float, lo: int, hi: int) -> dict[str, Any]:
+    return {
+        "type": "gaussian",
+        "params": {
+            "mean": float(mean),
+            "std_dev": float(std_dev),
+            "min": float(lo),
+            "max": float(hi),
+        },
+    }
+
+
+def _check_lengths(prefix: str, mean: float, stdev: float, lo: int, hi: int) -> None:
+    if not (math.isfinite(mean) and mean >= 0):
+        raise invalid(f"{prefix}_tokens", mean, "must be a finite number >= 0")
+    if not (math.isfinite(stdev) and stdev >= 0):
+        raise invalid(f"{prefix}_tokens_stdev", stdev, "must be a finite number >= 0")
+    if lo < 1:
+        raise invalid(f"{prefix}_tokens_min", lo, "must be >= 1")
+    if hi < lo:
+        raise invalid(f"{prefix}_tokens_max", hi, f"must be >= {prefix}_tokens_min ({lo})")
+
+
+def distribution_spec(
+    rate: float,
+    num_requests: int,
+    prompt_tokens: float = 512,
+    prompt_tokens_stdev: float = 256,
+    prompt_tokens_min: int = 2,
+    prompt_tokens_max: int = 7000,
+    output_tokens: float = 512,
+    output_tokens_stdev: float = 256,
+    output_tokens_min: int = 2,
+    output_tokens_max: int = 7000,
+    prefix_tokens: int = 0,
+    arrival: str = "poisson",
+    *,
+    client_id: str = "c0",
+) -> WorkloadSpec:
+    """The CLI distribution mode as a one-client v2 spec (rate in req/s)."""
+    if not (math.isfinite(rate) and rate > 0):
+        raise invalid("rate", rate, "must be a finite number > 0")
+    if num_requests < 0:
+        raise invalid("num_requests", num_requests, "must be >= 0")
+    if prefix_tokens < 0:
+        raise invalid("prefix_tokens", prefix_tokens, "must be >= 0")
+    if arrival not in ARRIVAL_PROCESSES:
+        raise unknown("arrival process", arrival, ARRIVAL_PROCESSES)
+    _check_lengths(
+        "prompt", prompt_tokens, prompt_tokens_stdev, prompt_tokens_min, prompt_tokens_max
+    )
+    _check_lengths(
+        "output", output_tokens, output_tokens_stdev, output_tokens_min, output_tokens_max
+    )
+    client: dict[str, Any] = {
+        "id": client_id,
+        "rate_fraction": 1.0,
+        "arrival": {"process": arrival},
+        "input_distribution": _gaussian(
+            prompt_tokens, prompt_tokens_stdev, prompt_tokens_min, prompt_tokens_max
+        ),
+        "output_distribution": _gaussian(
+            output_tokens, output_tokens_stdev, output_tokens_min, output_tokens_max
+        ),
+    }
+    if prefix_tokens > 0:
+        client["prefix_group"] = "shared"
+        client["prefix_length"] = prefix_tokens
+    return workload_spec_from_dict(
+        {
+            "version": "2",
+            "category": "language",
+            "aggregate_rate": float(rate),
+            "num_requests": num_requests,
+            "clients": [client],
+        },
+        source="distribution workload",
+    )
+
+
+def preset_spec(
+    name: str, rate: float, num_requests: int, arrival: str = "poisson"
+) -> WorkloadSpec:
+    """A named defaults.yaml preset as a one-client v2 spec (client id "preset-<name>")."""
+    if name not in PRESETS:
+        raise unknown("workload preset", name, PRESETS)
+    return distribution_spec(
+        rate, num_requests, **PRESETS[name], arrival=arrival, client_id=f"preset-{name}"
+    )
+
+
+# --- compose ----------------------------------------------------------------------------------
+
+
+def _as_clients(spec: WorkloadSpec) -> WorkloadSpec:
+    if spec.inference_perf is not None:
+        return expand_inference_perf(spec)
+    if spec.servegen_data is not None:
+        raise ConfigError(
+            "compose: servegen_data specs must be converted to clients first "
+            "(servesim convert servegen)"
+        )
+    return spec.model_copy(update={"clients": expand_cohorts(spec), "cohorts": []})
+
+
+def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
+    """Merge specs into one whose traffic is the sum of theirs (SPEC §12.2).
+
+    aggregate_rate = Σ rates; each client keeps its absolute rate: its fraction, normalised
+    within its own spec, times that spec's share of the total. (BLIS multiplies the raw
+    fraction; the two agree when each spec's fractions sum to 1.) Cohorts and inference_perf
+    sections are expanded to clients first. Client ids are kept; a colliding id gets a
+    suffix "-<spec index>" (then "-<spec index>-<k>"). Seed and category come from the first
+    spec; horizon is the longest given; num_requests is the sum when every spec sets one.
+    """
+    if not specs:
+        raise ConfigError("compose: no specs given; need at least one")
+    flat = [_as_clients(s) for s in specs]
+    total_rate = sum(s.aggregate_rate or 0.0 for s in flat)
+    if not (math.isfinite(total_rate) and total_rate > 0):
+        raise invalid("aggregate_rate", total_rate, "the composed rate must be finite and > 0")
+    seen: set[str] = set()
+    clients = []
+    for index, spec in enumerate(flat):
+        fraction_sum = sum(c.rate_fraction for c in spec.clients)
+        weight = (spec.aggregate_rate or 0.0) / total_rate
+        for client in spec.clients:
+            cid = client.id
+            if cid in seen:
+                cid = f"{client.id}-{index}"
+                k = 1
+                while cid in seen:
+                    cid, k = f"{client.id}-{index}-{k}", k + 1
+            seen.add(cid)
+            clients.append(
+                client.model_copy(
+                    update={
+                        "id": cid,
+                        "rate_fraction": client.rate_fraction / fraction_sum * weight,
+                    }
+                )
+            )
+    horizons = [s.horizon for s in flat if s.horizon]
+    counts = [s.num_requests for s in flat]
+    return WorkloadSpec(
+        version="2",
+        seed=flat[0].seed,
+        category=flat[0].category,
+        aggregate_rate=total_rate,
+        horizon=max(horizons) if horizons else None,
+        num_requests=sum(counts) if all(c for c in counts) else None,
+        clients=clients,
+    )
+
+
+# --- YAML -------------------------------------------------------------------------------------
+
+
+def _clean(value: Any, key: str = "") -> Any:
+    """Drop None and empty containers, put ids first, write whole-number params as ints."""
+    if isinstance(value, dict):
+        out = {"id": value["id"]} if "id" in value else {}
+        for k, v in value.items():
+            v = _clean(v, k)
+            if v is None or v == {} or v == []:
+                continue
+            out[k] = v
+        return out
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if key and isinstance(value, float) and value.is_integer() and key in _WHOLE_NUMBER_KEYS:
+        return int(value)
+    return value
+
+
+# Distribution parameters that are token counts, written without a trailing ".0".
+_WHOLE_NUMBER_KEYS = {"mean", "std_dev", "min", "max", "value", "xm"}
+
+
+def spec_to_yaml(spec: WorkloadSpec) -> str:
+    """Clean v2 YAML a user can save and load again (None, defaults and empty fields omitted)."""
+    data = spec.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+    data = {"version": "2", **_clean(data)}
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -1,0 +1,175 @@
+"""Presets and distribution mode (SPEC §9.1), compose (§12.2) and YAML round trips."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from simulator.errors import ConfigError
+from simulator.workload.presets import (
+    PRESETS,
+    compose_specs,
+    distribution_spec,
+    preset_spec,
+    spec_to_yaml,
+)
+from simulator.workload.spec import workload_spec_from_dict
+
+# SPEC §9.1: prefix, prompt mean/sd/min/max, output mean/sd/min/max
+TABLE = {
+    "chatbot": (0, (256, 100, 2, 800), (256, 100, 1, 1024)),
+    "contentgen": (0, (1024, 150, 10, 2048), (1024, 200, 10, 2048)),
+    "summarization": (0, (4096, 500, 100, 8192), (512, 150, 10, 2048)),
+    "multidoc": (0, (10240, 1200, 500, 20480), (1536, 300, 50, 4096)),
+}
+
+
+def _params(dist) -> tuple:
+    p = dist.params
+    return (p["mean"], p["std_dev"], p["min"], p["max"])
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_presets_match_spec_table(name: str) -> None:
+    prefix, prompt, output = TABLE[name]
+    spec = preset_spec(name, rate=4.0, num_requests=50)
+    assert spec.aggregate_rate == 4.0 and spec.num_requests == 50
+    [client] = spec.clients
+    assert client.id == f"preset-{name}"
+    assert client.arrival.process == "poisson"
+    assert client.input_distribution.type == "gaussian"
+    assert _params(client.input_distribution) == prompt
+    assert _params(client.output_distribution) == output
+    assert client.prefix_group == "" and PRESETS[name]["prefix_tokens"] == prefix
+
+
+def test_preset_constant_arrival_like_blis_mar() -> None:
+    assert preset_spec("chatbot", 1.0, 10, arrival="constant").clients[0].arrival.process == (
+        "constant"
+    )
+
+
+def test_unknown_preset_lists_names() -> None:
+    with pytest.raises(ConfigError, match="unknown workload preset 'chat'.*chatbot.*multidoc"):
+        preset_spec("chat", 1.0, 10)
+
+
+def test_distribution_defaults_and_prefix() -> None:
+    spec = distribution_spec(2.0, 100)
+    [c] = spec.clients
+    assert c.id == "c0"
+    assert _params(c.input_distribution) == (512, 256, 2, 7000)
+    assert _params(c.output_distribution) == (512, 256, 2, 7000)
+    assert c.prefix_group == ""
+    shared = distribution_spec(2.0, 100, prefix_tokens=64).clients[0]
+    assert (shared.prefix_group, shared.prefix_length) == ("shared", 64)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"rate": 0}, "rate"),
+        ({"num_requests": -1}, "num_requests"),
+        ({"prompt_tokens_min": 0}, "prompt_tokens_min"),
+        ({"output_tokens_max": 1}, "output_tokens_max"),
+        ({"prompt_tokens_stdev": -3}, "prompt_tokens_stdev"),
+        ({"prefix_tokens": -1}, "prefix_tokens"),
+        ({"arrival": "bursty"}, "arrival process"),
+    ],
+)
+def test_distribution_bad_input(kwargs: dict, field: str) -> None:
+    args = {"rate": 1.0, "num_requests": 10, **kwargs}
+    with pytest.raises(ConfigError, match=field):
+        distribution_spec(**args)
+
+
+def test_compose_rates_add_up() -> None:
+    a = preset_spec("chatbot", 10.0, 100)
+    b = distribution_spec(5.0, 50, prefix_tokens=8)
+    merged = compose_specs([a, b])
+    assert merged.aggregate_rate == 15.0
+    assert merged.num_requests == 150
+    rates = {c.id: merged.aggregate_rate * c.rate_fraction for c in merged.clients}
+    assert rates == pytest.approx({"preset-chatbot": 10.0, "c0": 5.0})
+
+
+def test_compose_normalises_fractions_within_each_spec_and_renames_collisions() -> None:
+    def two_clients(rate: float) -> dict:
+        client = preset_spec("chatbot", 1.0, 1).clients[0].model_dump()
+        return {
+            "version": "2",
+            "aggregate_rate": rate,
+            "clients": [
+                {**client, "id": "x", "rate_fraction": 3.0},
+                {**client, "id": "y", "rate_fraction": 1.0},
+            ],
+        }
+
+    a = workload_spec_from_dict(two_clients(8.0))
+    b = workload_spec_from_dict(two_clients(2.0))
+    merged = compose_specs([a, b])
+    ids = [c.id for c in merged.clients]
+    assert ids == ["x", "y", "x-1", "y-1"]
+    assert len(set(ids)) == 4
+    absolute = [merged.aggregate_rate * c.rate_fraction for c in merged.clients]
+    assert absolute == pytest.approx([6.0, 2.0, 1.5, 0.5])
+    assert sum(c.rate_fraction for c in merged.clients) == pytest.approx(1.0)
+
+
+def test_compose_expands_cohorts() -> None:
+    base = preset_spec("chatbot", 1.0, 1).clients[0].model_dump(exclude={"lifecycle"})
+    with_cohort = workload_spec_from_dict(
+        {
+            "version": "2",
+            "aggregate_rate": 4.0,
+            "cohorts": [{**base, "id": "co", "population": 4, "rate_fraction": 1.0}],
+        }
+    )
+    merged = compose_specs([with_cohort, distribution_spec(4.0, 10)])
+    assert [c.id for c in merged.clients] == ["co-0", "co-1", "co-2", "co-3", "c0"]
+    assert merged.cohorts == []
+    assert sum(c.rate_fraction for c in merged.clients[:4]) == pytest.approx(0.5)
+
+
+def test_compose_needs_specs() -> None:
+    with pytest.raises(ConfigError, match="compose"):
+        compose_specs([])
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_spec_to_yaml_round_trips(name: str) -> None:
+    spec = preset_spec(name, 3.5, 20)
+    text = spec_to_yaml(spec)
+    assert "null" not in text
+    assert workload_spec_from_dict(yaml.safe_load(text)) == spec
+
+
+def test_spec_to_yaml_round_trips_rich_spec() -> None:
+    base = preset_spec("chatbot", 1.0, 1).clients[0].model_dump(exclude={"lifecycle"})
+    data = {
+        "version": "2",
+        "seed": 9,
+        "aggregate_rate": 7.0,
+        "horizon": 10_000_000,
+        "clients": [
+            {
+                **base,
+                "id": "a",
+                "arrival": {"process": "gamma", "cv": 2.5},
+                "slo_class": "critical",
+                "timeout": 0,
+                "lifecycle": {"windows": [{"start_us": 0, "end_us": 5}]},
+                "reasoning": {"multi_turn": {"max_rounds": 3, "think_time_us": 10}},
+            },
+        ],
+        "cohorts": [
+            {**base, "id": "co", "population": 3, "spike": {"start_time_us": 1, "duration_us": 2}}
+        ],
+    }
+    spec = workload_spec_from_dict(data)
+    text = spec_to_yaml(spec)
+    assert "null" not in text
+    loaded = workload_spec_from_dict(yaml.safe_load(text))
+    assert loaded == spec
+    # Explicit zero timeout (no deadline) survives; it differs from "absent" for sessions.
+    assert loaded.clients[0].timeout == 0
