@@ -40,7 +40,6 @@ log = logging.getLogger("servesim")
 FALLBACK_KV_BLOCKS = 1_000_000
 # Backends whose step time comes from the model's shape; they get an auto-derived context limit.
 ANALYTICAL_BACKENDS = frozenset({"roofline"})
-DEFAULT_REPLAY_HORIZON_US = 600_000_000
 
 
 @dataclass
@@ -170,16 +169,12 @@ def build_requests(scenario: Scenario) -> list[Request]:
     return list(requests)
 
 
-def _horizon(
-    scenario: Scenario, requests: Iterable[Request], stream: WorkloadStream | None
-) -> int | None:
+def _horizon(scenario: Scenario, stream: WorkloadStream | None) -> int | None:
+    """Explicit horizon, else the workload's own; a replayed trace runs until every request
+    finishes (BLIS stops at twice the latest arrival, which cuts short overloaded traces)."""
     if scenario.horizon_us is not None:
         return scenario.horizon_us
-    if stream is not None:
-        return stream.horizon_us
-    # BLIS replay: twice the latest arrival (600 s if every request arrives at 0).
-    latest = max((r.arrival_us for r in requests), default=0)
-    return 2 * latest if latest > 0 else DEFAULT_REPLAY_HORIZON_US
+    return stream.horizon_us if stream is not None else None
 
 
 def simulate(scenario: Scenario | dict | str | Path, **overrides: Any) -> Result:
@@ -197,7 +192,7 @@ def simulate(scenario: Scenario | dict | str | Path, **overrides: Any) -> Result
         requests,
         deployment.engine,
         deployment.step_model,
-        _horizon(sc, requests, stream),
+        _horizon(sc, stream),
         info,
         sessions=sessions,
     )

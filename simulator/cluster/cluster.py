@@ -94,6 +94,7 @@ def run_simulation(
         scenario=scenario or {},
         not_arrived=source.not_arrived,
         session_counts=sessions.finalize() if sessions is not None and sessions.sessions else {},
+        horizon_us=horizon_us,
     )
 
 

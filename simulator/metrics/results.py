@@ -286,6 +286,7 @@ class Result:
     scenario: dict[str, Any] = field(default_factory=dict, repr=False)
     not_arrived: int = 0
     session_counts: dict[str, int] = field(default_factory=dict)
+    horizon_us: int | None = None
 
     @cached_property
     def requests(self) -> pd.DataFrame:
