@@ -1,0 +1,61 @@
+"""What the control plane may see of an instance (SPEC §6.4–6.5).
+
+A snapshot is plain data. Admission and routing read snapshots only, never an engine: that is
+the boundary that keeps the control plane from peeking at a request's true output length
+(INV-9) and that lets signal staleness be modelled (INV-7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class InstanceSnapshot:
+    instance_id: str
+    index: int
+    queue_depth: int = 0
+    batch_size: int = 0
+    kv_utilization: float = 0.0
+    free_kv_blocks: int = 0
+    cache_hit_rate: float = 0.0
+    in_flight: int = 0
+    model: str = ""
+
+    @property
+    def effective_load(self) -> int:
+        """Queue depth + batch size + routed-but-unfinished requests (BLIS's EffectiveLoad)."""
+        return self.queue_depth + self.batch_size + self.in_flight
+
+
+class SnapshotCache:
+    """Signal freshness (INV-7): in-flight counts are always live; queue depth, batch size and
+    the KV group are re-read only when `interval_us` has passed since their last read.
+
+    interval 0 reads everything live. With a positive interval the first cached snapshot is
+    all-zero with last refresh at t = 0, as in BLIS.
+    """
+
+    def __init__(
+        self,
+        interval_us: int,
+        read_live: Callable[[int], InstanceSnapshot],
+        read_in_flight: Callable[[int], int],
+        instances: list[tuple[str, str]],
+    ) -> None:
+        self.interval_us = interval_us
+        self.read_live = read_live
+        self.read_in_flight = read_in_flight
+        self._cached = [
+            InstanceSnapshot(iid, i, model=model) for i, (iid, model) in enumerate(instances)
+        ]
+        self._refreshed_us = [0] * len(instances)
+
+    def get(self, index: int, now_us: int) -> InstanceSnapshot:
+        if self.interval_us <= 0:
+            return self.read_live(index)
+        if now_us - self._refreshed_us[index] >= self.interval_us:
+            self._cached[index] = self.read_live(index)
+            self._refreshed_us[index] = now_us
+        return replace(self._cached[index], in_flight=self.read_in_flight(index))
