@@ -89,6 +89,7 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     eng = scenario.engine
     make_scheduler(eng.scheduler)
     make_priority_policy(eng.priority_policy)
+    _validate_cluster(scenario)
     total_blocks, source = _total_kv_blocks(scenario, model, gpu, tp)
     max_model_len = eng.max_model_len
     if max_model_len is None:
@@ -109,6 +110,31 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
         enable_prefix_caching=eng.enable_prefix_caching,
     )
     return Deployment(model, gpu, tp, step_model, engine, source)
+
+
+def _validate_cluster(scenario: Scenario) -> None:
+    """Reject unknown policies, scorers and fitness keys before anything runs."""
+    import numpy as np
+
+    from .cluster.admission import make_admission_policy
+    from .cluster.routing import make_routing_policy
+    from .metrics.fitness import parse_fitness_weights
+
+    c = scenario.cluster
+    make_admission_policy(
+        c.admission.policy,
+        token_bucket_capacity=c.admission.token_bucket_capacity,
+        token_bucket_refill_rate=c.admission.token_bucket_refill_rate,
+    )
+    make_routing_policy(
+        c.routing.policy,
+        scorers=c.routing.scorers,
+        rng=np.random.default_rng(0),
+        block_size=scenario.engine.block_size_tokens,
+        kv_probe=lambda _i, _r: 0,
+    )
+    if c.fitness_weights:
+        parse_fitness_weights(c.fitness_weights)
 
 
 def _total_kv_blocks(
@@ -188,14 +214,20 @@ def simulate(scenario: Scenario | dict | str | Path, **overrides: Any) -> Result
     info = sc.model_dump(mode="json")
     info["resolved"] = deployment.describe()
     sessions = stream.sessions if stream is not None and stream.spec.has_sessions else None
-    return run_simulation(
+    result = run_simulation(
         requests,
         deployment.engine,
         deployment.step_model,
         _horizon(sc, stream),
         info,
         sessions=sessions,
+        cluster=sc.cluster,
+        seed=sc.seed,
+        model_name=deployment.model.name,
     )
+    if sc.cluster.trace.path is not None and result.decisions is not None:
+        result.decisions.write(sc.cluster.trace.path)
+    return result
 
 
 def replay(

@@ -1,16 +1,21 @@
 """`servesim` command line: BLIS's flag names over servesim's scenario files.
 
-Every flag overrides the matching scenario field. Bad input prints one line on stderr and
-exits with status 2, before anything is written.
+Every flag overrides the matching scenario field (the tables below say which). Bad input
+prints one line on stderr and exits with status 2, before anything is written.
+
+`run` and `replay` share their deployment, engine and cluster flags: the flags are declared
+once, as the parameters of template functions, and grafted onto each command's signature.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,55 +30,187 @@ app = typer.Typer(
 )
 
 _SIM = "Deployment and engine"
+_CL = "Cluster"
 _WL = "Workload"
+_OUT = "Output"
 
-Model = Annotated[
-    str | None, typer.Option("--model", help="HF id, bundled name or path", rich_help_panel=_SIM)
-]
-Hardware = Annotated[
-    str | None, typer.Option("--hardware", help="GPU type, e.g. H100", rich_help_panel=_SIM)
-]
-HardwareConfig = Annotated[
-    Path | None,
-    typer.Option("--hardware-config", help="extra GPU table (YAML/JSON)", rich_help_panel=_SIM),
-]
-TP = Annotated[int | None, typer.Option("--tp", help="tensor parallelism", rich_help_panel=_SIM)]
-LatencyModel = Annotated[
-    str | None, typer.Option("--latency-model", help="roofline | blackbox", rich_help_panel=_SIM)
-]
-Alpha = Annotated[str | None, typer.Option("--alpha-coeffs", help="a0,a1,a2", rich_help_panel=_SIM)]
-Beta = Annotated[str | None, typer.Option("--beta-coeffs", help="b0,b1,b2", rich_help_panel=_SIM)]
-VllmVersion = Annotated[str | None, typer.Option("--vllm-version", rich_help_panel=_SIM)]
-KVBlocks = Annotated[int | None, typer.Option("--total-kv-blocks", rich_help_panel=_SIM)]
-BlockSize = Annotated[int | None, typer.Option("--block-size-in-tokens", rich_help_panel=_SIM)]
-GpuMemUtil = Annotated[float | None, typer.Option("--gpu-memory-utilization", rich_help_panel=_SIM)]
-MaxRunning = Annotated[int | None, typer.Option("--max-num-running-reqs", rich_help_panel=_SIM)]
-MaxTokens = Annotated[int | None, typer.Option("--max-num-scheduled-tokens", rich_help_panel=_SIM)]
-LongPrefill = Annotated[
-    int | None, typer.Option("--long-prefill-token-threshold", rich_help_panel=_SIM)
-]
-MaxModelLen = Annotated[int | None, typer.Option("--max-model-len", rich_help_panel=_SIM)]
-SchedulerOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--scheduler", help="fcfs | priority-fcfs | sjf | reverse-priority", rich_help_panel=_SIM
-    ),
-]
-PriorityOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--priority-policy", help="constant | slo-based | inverted-slo", rich_help_panel=_SIM
-    ),
-]
-Seed = Annotated[int | None, typer.Option("--seed", rich_help_panel=_SIM)]
-Horizon = Annotated[
-    int | None, typer.Option("--horizon", help="end time in µs", rich_help_panel=_SIM)
-]
-ResultsPath = Annotated[
-    Path | None,
-    typer.Option("--results-path", help="write summary + per-request records (JSON)"),
-]
-LogLevel = Annotated[str, typer.Option("--log", help="log level on stderr")]
+
+def _opt(flag: str, panel: str, help: str | None = None) -> typer.models.OptionInfo:  # noqa: A002
+    return typer.Option(flag, help=help, rich_help_panel=panel)
+
+
+# Flag parameter → scenario field (dotted path). Flags left out here are handled by hand.
+SCENARIO_FIELDS = {
+    "model": "model",
+    "hardware": "hardware",
+    "hardware_config": "hardware_file",
+    "tp": "tp",
+    "latency_model": "latency.model",
+    "vllm_version": "latency.vllm_version",
+    "total_kv_blocks": "engine.total_kv_blocks",
+    "block_size_in_tokens": "engine.block_size_tokens",
+    "gpu_memory_utilization": "engine.gpu_memory_utilization",
+    "max_num_running_reqs": "engine.max_num_running_reqs",
+    "max_num_scheduled_tokens": "engine.max_num_scheduled_tokens",
+    "long_prefill_token_threshold": "engine.long_prefill_token_threshold",
+    "max_model_len": "engine.max_model_len",
+    "scheduler": "engine.scheduler",
+    "priority_policy": "engine.priority_policy",
+    "seed": "seed",
+    "horizon": "horizon_us",
+    "num_instances": "cluster.num_instances",
+    "admission_policy": "cluster.admission.policy",
+    "admission_latency": "cluster.admission.latency_us",
+    "token_bucket_capacity": "cluster.admission.token_bucket_capacity",
+    "token_bucket_refill_rate": "cluster.admission.token_bucket_refill_rate",
+    "routing_policy": "cluster.routing.policy",
+    "routing_scorers": "cluster.routing.scorers",
+    "routing_latency": "cluster.routing.latency_us",
+    "snapshot_refresh_interval": "cluster.routing.snapshot_refresh_interval_us",
+    "trace_level": "cluster.trace.level",
+    "counterfactual_k": "cluster.trace.counterfactual_k",
+    "summarize_trace": "cluster.trace.summarize",
+    "decisions_path": "cluster.trace.path",
+    "fitness_weights": "cluster.fitness_weights",
+}
+WORKLOAD_FIELDS = {
+    "rate": "workload.rate",
+    "arrival": "workload.arrival",
+    "num_requests": "workload.num_requests",
+    "prompt_tokens": "workload.prompt_tokens.mean",
+    "prompt_tokens_stdev": "workload.prompt_tokens.stdev",
+    "prompt_tokens_min": "workload.prompt_tokens.min",
+    "prompt_tokens_max": "workload.prompt_tokens.max",
+    "output_tokens": "workload.output_tokens.mean",
+    "output_tokens_stdev": "workload.output_tokens.stdev",
+    "output_tokens_min": "workload.output_tokens.min",
+    "output_tokens_max": "workload.output_tokens.max",
+    "timeout_us": "workload.timeout_us",
+    "workload": "workload.preset",
+    "prefix_tokens": "workload.prefix_tokens",
+}
+
+
+def _common_flags(
+    model: Annotated[str | None, _opt("--model", _SIM, "HF id, bundled name or path")] = None,
+    hardware: Annotated[str | None, _opt("--hardware", _SIM, "GPU type, e.g. H100")] = None,
+    hardware_config: Annotated[
+        Path | None, _opt("--hardware-config", _SIM, "extra GPU table (YAML/JSON)")
+    ] = None,
+    tp: Annotated[int | None, _opt("--tp", _SIM, "tensor parallelism")] = None,
+    latency_model: Annotated[
+        str | None, _opt("--latency-model", _SIM, "roofline | blackbox")
+    ] = None,
+    alpha_coeffs: Annotated[str | None, _opt("--alpha-coeffs", _SIM, "a0,a1,a2")] = None,
+    beta_coeffs: Annotated[str | None, _opt("--beta-coeffs", _SIM, "b0,b1,b2")] = None,
+    vllm_version: Annotated[str | None, _opt("--vllm-version", _SIM)] = None,
+    total_kv_blocks: Annotated[int | None, _opt("--total-kv-blocks", _SIM)] = None,
+    block_size_in_tokens: Annotated[int | None, _opt("--block-size-in-tokens", _SIM)] = None,
+    gpu_memory_utilization: Annotated[float | None, _opt("--gpu-memory-utilization", _SIM)] = None,
+    max_num_running_reqs: Annotated[int | None, _opt("--max-num-running-reqs", _SIM)] = None,
+    max_num_scheduled_tokens: Annotated[
+        int | None, _opt("--max-num-scheduled-tokens", _SIM)
+    ] = None,
+    long_prefill_token_threshold: Annotated[
+        int | None, _opt("--long-prefill-token-threshold", _SIM)
+    ] = None,
+    max_model_len: Annotated[int | None, _opt("--max-model-len", _SIM)] = None,
+    scheduler: Annotated[
+        str | None, _opt("--scheduler", _SIM, "fcfs | priority-fcfs | sjf | reverse-priority")
+    ] = None,
+    priority_policy: Annotated[
+        str | None, _opt("--priority-policy", _SIM, "constant | slo-based | inverted-slo")
+    ] = None,
+    seed: Annotated[int | None, _opt("--seed", _SIM)] = None,
+    horizon: Annotated[int | None, _opt("--horizon", _SIM, "end time in µs")] = None,
+    num_instances: Annotated[int | None, _opt("--num-instances", _CL)] = None,
+    admission_policy: Annotated[
+        str | None, _opt("--admission-policy", _CL, "always-admit | token-bucket | reject-all")
+    ] = None,
+    admission_latency: Annotated[int | None, _opt("--admission-latency", _CL, "µs")] = None,
+    token_bucket_capacity: Annotated[
+        float | None, _opt("--token-bucket-capacity", _CL, "tokens")
+    ] = None,
+    token_bucket_refill_rate: Annotated[
+        float | None, _opt("--token-bucket-refill-rate", _CL, "tokens/s")
+    ] = None,
+    routing_policy: Annotated[
+        str | None,
+        _opt("--routing-policy", _CL, "round-robin | least-loaded | weighted | always-busiest"),
+    ] = None,
+    routing_scorers: Annotated[
+        str | None, _opt("--routing-scorers", _CL, '"name:weight,..." for weighted')
+    ] = None,
+    routing_latency: Annotated[int | None, _opt("--routing-latency", _CL, "µs")] = None,
+    snapshot_refresh_interval: Annotated[
+        int | None, _opt("--snapshot-refresh-interval", _CL, "µs; 0 = always fresh")
+    ] = None,
+    policy_config: Annotated[
+        Path | None, _opt("--policy-config", _CL, "BLIS policy bundle YAML")
+    ] = None,
+    trace_level: Annotated[str | None, _opt("--trace-level", _CL, "none | decisions")] = None,
+    counterfactual_k: Annotated[int | None, _opt("--counterfactual-k", _CL)] = None,
+    summarize_trace: Annotated[bool | None, _opt("--summarize-trace", _CL)] = None,
+    decisions_path: Annotated[
+        Path | None, _opt("--decisions-path", _CL, "write routing decisions (JSON Lines)")
+    ] = None,
+    fitness_weights: Annotated[
+        str | None, _opt("--fitness-weights", _OUT, '"key:weight,..."')
+    ] = None,
+    results_path: Annotated[
+        Path | None, _opt("--results-path", _OUT, "summary + per-request records (JSON)")
+    ] = None,
+    log: Annotated[str, _opt("--log", _OUT, "log level on stderr")] = "warning",
+) -> None:
+    """Template: the flags of both `run` and `replay`."""
+
+
+def _workload_flags(
+    rate: Annotated[float | None, _opt("--rate", _WL, "req/s")] = None,
+    arrival: Annotated[str | None, _opt("--arrival", _WL, "poisson | constant")] = None,
+    num_requests: Annotated[int | None, _opt("--num-requests", _WL)] = None,
+    prompt_tokens: Annotated[float | None, _opt("--prompt-tokens", _WL)] = None,
+    prompt_tokens_stdev: Annotated[float | None, _opt("--prompt-tokens-stdev", _WL)] = None,
+    prompt_tokens_min: Annotated[int | None, _opt("--prompt-tokens-min", _WL)] = None,
+    prompt_tokens_max: Annotated[int | None, _opt("--prompt-tokens-max", _WL)] = None,
+    output_tokens: Annotated[float | None, _opt("--output-tokens", _WL)] = None,
+    output_tokens_stdev: Annotated[float | None, _opt("--output-tokens-stdev", _WL)] = None,
+    output_tokens_min: Annotated[int | None, _opt("--output-tokens-min", _WL)] = None,
+    output_tokens_max: Annotated[int | None, _opt("--output-tokens-max", _WL)] = None,
+    timeout_us: Annotated[
+        int | None, _opt("--timeout-us", _WL, "client deadline after arrival")
+    ] = None,
+    workload: Annotated[
+        str | None,
+        _opt("--workload", _WL, "preset (chatbot, contentgen, summarization, multidoc)"),
+    ] = None,
+    workload_spec: Annotated[
+        Path | None, _opt("--workload-spec", _WL, "BLIS v2 workload YAML")
+    ] = None,
+    prefix_tokens: Annotated[int | None, _opt("--prefix-tokens", _WL, "shared prefix")] = None,
+    trace_output: Annotated[
+        str | None, _opt("--trace-output", _OUT, "write TraceV2 PREFIX.yaml + PREFIX.csv")
+    ] = None,
+) -> None:
+    """Template: the flags of `run` only."""
+
+
+def _with_flags(*templates: Callable) -> Callable:
+    """Give a `**flags` command the parameters of `templates`, so Typer exposes them."""
+
+    def graft(command: Callable) -> Callable:
+        own = [
+            p
+            for p in inspect.signature(command, eval_str=True).parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
+        extra = [
+            p for t in templates for p in inspect.signature(t, eval_str=True).parameters.values()
+        ]
+        command.__signature__ = inspect.Signature(own + extra)
+        return command
+
+    return graft
 
 
 def _coeffs(flag: str, text: str | None) -> list[float] | None:
@@ -87,39 +224,28 @@ def _coeffs(flag: str, text: str | None) -> list[float] | None:
         ) from None
 
 
-def _common_overrides(
-    model, hardware, hardware_config, tp, latency_model, alpha, beta, vllm_version, kv_blocks,
-    block_size, gpu_mem, max_running, max_tokens, long_prefill, max_model_len, scheduler,
-    priority, seed, horizon,
-) -> dict[str, Any]:  # fmt: skip
-    alpha_list = _coeffs("--alpha-coeffs", alpha)
-    beta_list = _coeffs("--beta-coeffs", beta)
-    if (alpha_list is None) != (beta_list is None):
+def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    """Scenario overrides from the common flags: a policy bundle first, explicit flags last."""
+    from .cluster.policy_bundle import load_policy_bundle
+
+    overrides: dict[str, Any] = {}
+    if flags.get("policy_config") is not None:
+        overrides.update(load_policy_bundle(flags["policy_config"]))
+    alpha = _coeffs("--alpha-coeffs", flags.get("alpha_coeffs"))
+    beta = _coeffs("--beta-coeffs", flags.get("beta_coeffs"))
+    if (alpha is None) != (beta is None):
         raise ConfigError("--alpha-coeffs/--beta-coeffs: must be given together")
-    if alpha_list is not None and latency_model is None:
-        latency_model = "blackbox"  # as in BLIS: coefficients without a model mean blackbox
-    pairs = {
-        "model": model,
-        "hardware": hardware,
-        "hardware_file": hardware_config,
-        "tp": tp,
-        "latency.model": latency_model,
-        "latency.alpha_coeffs": alpha_list,
-        "latency.beta_coeffs": beta_list,
-        "latency.vllm_version": vllm_version,
-        "engine.total_kv_blocks": kv_blocks,
-        "engine.block_size_tokens": block_size,
-        "engine.gpu_memory_utilization": gpu_mem,
-        "engine.max_num_running_reqs": max_running,
-        "engine.max_num_scheduled_tokens": max_tokens,
-        "engine.long_prefill_token_threshold": long_prefill,
-        "engine.max_model_len": max_model_len,
-        "engine.scheduler": scheduler,
-        "engine.priority_policy": priority,
-        "seed": seed,
-        "horizon_us": horizon,
-    }
-    return {k: v for k, v in pairs.items() if v is not None}
+    if alpha is not None:
+        overrides["latency.alpha_coeffs"] = alpha
+        overrides["latency.beta_coeffs"] = beta
+        if flags.get("latency_model") is None:
+            overrides["latency.model"] = "blackbox"  # BLIS: coefficients imply blackbox
+    for name, path in SCENARIO_FIELDS.items():
+        if flags.get(name) is not None:
+            overrides[path] = flags[name]
+    if "cluster.trace.path" in overrides and "cluster.trace.level" not in overrides:
+        overrides["cluster.trace.level"] = "decisions"
+    return overrides
 
 
 def _setup_logging(level: str) -> None:
@@ -145,18 +271,18 @@ def _write_json_atomically(path: Path, document: dict) -> None:
         raise
 
 
-def _check_writable(path: Path | None) -> None:
+def _check_writable(flag: str, path: Path | None) -> None:
     if path is None:
         return
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
-        raise ConfigError(f"--results-path: invalid value {str(path)!r}; it is a directory")
+        raise ConfigError(f"{flag}: invalid value {str(path)!r}; it is a directory")
     if parent.exists() and not os.access(parent, os.W_OK):
-        raise ConfigError(f"--results-path: invalid value {str(path)!r}; folder not writable")
+        raise ConfigError(f"{flag}: invalid value {str(path)!r}; folder not writable")
 
 
 def _execute(
-    scenario,
+    scenario: Path | None,
     overrides: dict[str, Any],
     results_path: Path | None,
     workload_overrides: dict[str, Any] | None = None,
@@ -165,9 +291,10 @@ def _execute(
     from .api import as_scenario, simulate, with_overrides
     from .scenario import Scenario
 
-    _check_writable(results_path)
+    _check_writable("--results-path", results_path)
+    _check_writable("--decisions-path", overrides.get("cluster.trace.path"))
     if trace_output is not None:
-        _check_writable(Path(f"{trace_output}.csv"))
+        _check_writable("--trace-output", Path(f"{trace_output}.csv"))
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = with_overrides(sc, overrides, workload_overrides)
     result = simulate(sc)
@@ -180,128 +307,41 @@ def _execute(
         logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
 
 
-def _guarded(fn, *args) -> None:
+def _guarded(fn: Callable[[], None]) -> None:
     try:
-        fn(*args)
+        fn()
     except ServesimError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
 
 @app.command()
+@_with_flags(_common_flags, _workload_flags)
 def run(
     scenario: Annotated[
         Path | None, typer.Argument(help="scenario YAML (flags override its fields)")
     ] = None,
-    model: Model = None,
-    hardware: Hardware = None,
-    hardware_config: HardwareConfig = None,
-    tp: TP = None,
-    latency_model: LatencyModel = None,
-    alpha_coeffs: Alpha = None,
-    beta_coeffs: Beta = None,
-    vllm_version: VllmVersion = None,
-    total_kv_blocks: KVBlocks = None,
-    block_size_in_tokens: BlockSize = None,
-    gpu_memory_utilization: GpuMemUtil = None,
-    max_num_running_reqs: MaxRunning = None,
-    max_num_scheduled_tokens: MaxTokens = None,
-    long_prefill_token_threshold: LongPrefill = None,
-    max_model_len: MaxModelLen = None,
-    scheduler: SchedulerOpt = None,
-    priority_policy: PriorityOpt = None,
-    seed: Seed = None,
-    horizon: Horizon = None,
-    rate: Annotated[float | None, typer.Option("--rate", help="req/s", rich_help_panel=_WL)] = None,
-    arrival: Annotated[
-        str | None, typer.Option("--arrival", help="poisson | constant", rich_help_panel=_WL)
-    ] = None,
-    num_requests: Annotated[int | None, typer.Option("--num-requests", rich_help_panel=_WL)] = None,
-    prompt_tokens: Annotated[
-        float | None, typer.Option("--prompt-tokens", rich_help_panel=_WL)
-    ] = None,
-    prompt_tokens_stdev: Annotated[
-        float | None, typer.Option("--prompt-tokens-stdev", rich_help_panel=_WL)
-    ] = None,
-    prompt_tokens_min: Annotated[
-        int | None, typer.Option("--prompt-tokens-min", rich_help_panel=_WL)
-    ] = None,
-    prompt_tokens_max: Annotated[
-        int | None, typer.Option("--prompt-tokens-max", rich_help_panel=_WL)
-    ] = None,
-    output_tokens: Annotated[
-        float | None, typer.Option("--output-tokens", rich_help_panel=_WL)
-    ] = None,
-    output_tokens_stdev: Annotated[
-        float | None, typer.Option("--output-tokens-stdev", rich_help_panel=_WL)
-    ] = None,
-    output_tokens_min: Annotated[
-        int | None, typer.Option("--output-tokens-min", rich_help_panel=_WL)
-    ] = None,
-    output_tokens_max: Annotated[
-        int | None, typer.Option("--output-tokens-max", rich_help_panel=_WL)
-    ] = None,
-    workload_name: Annotated[
-        str | None,
-        typer.Option(
-            "--workload",
-            help="preset (chatbot, contentgen, summarization, multidoc) or distribution",
-            rich_help_panel=_WL,
-        ),
-    ] = None,
-    workload_spec: Annotated[
-        Path | None,
-        typer.Option("--workload-spec", help="BLIS v2 workload YAML", rich_help_panel=_WL),
-    ] = None,
-    prefix_tokens: Annotated[
-        int | None, typer.Option("--prefix-tokens", help="shared prefix", rich_help_panel=_WL)
-    ] = None,
-    trace_output: Annotated[
-        str | None,
-        typer.Option("--trace-output", help="write TraceV2 PREFIX.yaml + PREFIX.csv"),
-    ] = None,
-    timeout_us: Annotated[
-        int | None,
-        typer.Option("--timeout-us", help="client deadline after arrival", rich_help_panel=_WL),
-    ] = None,
-    results_path: ResultsPath = None,
-    log: LogLevel = "warning",
+    **flags: Any,
 ) -> None:
     """Simulate a scenario file, or synthetic traffic described by flags."""
 
     def go() -> None:
-        _setup_logging(log)
-        overrides = _common_overrides(
-            model, hardware, hardware_config, tp, latency_model, alpha_coeffs, beta_coeffs,
-            vllm_version, total_kv_blocks, block_size_in_tokens, gpu_memory_utilization,
-            max_num_running_reqs, max_num_scheduled_tokens, long_prefill_token_threshold,
-            max_model_len, scheduler, priority_policy, seed, horizon,
-        )  # fmt: skip
+        _setup_logging(flags["log"])
+        overrides = _overrides(flags)
+        if flags.get("workload_spec") is not None:
+            overrides["workload_spec"] = flags["workload_spec"]
         workload = {
-            "workload.rate": rate,
-            "workload.arrival": arrival,
-            "workload.num_requests": num_requests,
-            "workload.prompt_tokens.mean": prompt_tokens,
-            "workload.prompt_tokens.stdev": prompt_tokens_stdev,
-            "workload.prompt_tokens.min": prompt_tokens_min,
-            "workload.prompt_tokens.max": prompt_tokens_max,
-            "workload.output_tokens.mean": output_tokens,
-            "workload.output_tokens.stdev": output_tokens_stdev,
-            "workload.output_tokens.min": output_tokens_min,
-            "workload.output_tokens.max": output_tokens_max,
-            "workload.timeout_us": timeout_us,
-            "workload.preset": workload_name,
-            "workload.prefix_tokens": prefix_tokens,
+            path: flags[name]
+            for name, path in WORKLOAD_FIELDS.items()
+            if flags.get(name) is not None
         }
-        if workload_spec is not None:
-            overrides["workload_spec"] = workload_spec
-        workload_flags = {k: v for k, v in workload.items() if v is not None}
-        _execute(scenario, overrides, results_path, workload_flags, trace_output)
+        _execute(scenario, overrides, flags["results_path"], workload, flags["trace_output"])
 
     _guarded(go)
 
 
 @app.command()
+@_with_flags(_common_flags)
 def replay(
     trace_data: Annotated[
         Path, typer.Option("--trace-data", help="TraceV2 CSV, or a plain request CSV")
@@ -313,42 +353,17 @@ def replay(
     scenario: Annotated[
         Path | None, typer.Option("--scenario", help="scenario YAML for the deployment")
     ] = None,
-    model: Model = None,
-    hardware: Hardware = None,
-    hardware_config: HardwareConfig = None,
-    tp: TP = None,
-    latency_model: LatencyModel = None,
-    alpha_coeffs: Alpha = None,
-    beta_coeffs: Beta = None,
-    vllm_version: VllmVersion = None,
-    total_kv_blocks: KVBlocks = None,
-    block_size_in_tokens: BlockSize = None,
-    gpu_memory_utilization: GpuMemUtil = None,
-    max_num_running_reqs: MaxRunning = None,
-    max_num_scheduled_tokens: MaxTokens = None,
-    long_prefill_token_threshold: LongPrefill = None,
-    max_model_len: MaxModelLen = None,
-    scheduler: SchedulerOpt = None,
-    priority_policy: PriorityOpt = None,
-    seed: Seed = None,
-    horizon: Horizon = None,
-    results_path: ResultsPath = None,
-    log: LogLevel = "warning",
+    **flags: Any,
 ) -> None:
     """Simulate exactly the requests of a BLIS TraceV2 file (arrival times, token counts)."""
 
     def go() -> None:
-        _setup_logging(log)
-        overrides = _common_overrides(
-            model, hardware, hardware_config, tp, latency_model, alpha_coeffs, beta_coeffs,
-            vllm_version, total_kv_blocks, block_size_in_tokens, gpu_memory_utilization,
-            max_num_running_reqs, max_num_scheduled_tokens, long_prefill_token_threshold,
-            max_model_len, scheduler, priority_policy, seed, horizon,
-        )  # fmt: skip
+        _setup_logging(flags["log"])
+        overrides = _overrides(flags)
         overrides["workload"] = None
         overrides["workload_spec"] = None
         overrides["trace"] = {"header": trace_header, "data": trace_data}
-        _execute(scenario, overrides, results_path)
+        _execute(scenario, overrides, flags["results_path"])
 
     _guarded(go)
 

@@ -120,6 +120,37 @@ class EngineSpec(_Strict):
     enable_prefix_caching: bool = True
 
 
+class AdmissionSpec(_Strict):
+    policy: str = "always-admit"
+    token_bucket_capacity: float | None = Field(None, gt=0, description="tokens")
+    token_bucket_refill_rate: float | None = Field(None, gt=0, description="tokens per second")
+    latency_us: int = Field(0, ge=0)
+
+
+class RoutingSpec(_Strict):
+    policy: str = "round-robin"
+    scorers: str | None = Field(None, description='"name:weight,..." for weighted routing')
+    latency_us: int = Field(0, ge=0)
+    snapshot_refresh_interval_us: int = Field(0, ge=0, description="0 = always fresh")
+
+
+class DecisionTraceSpec(_Strict):
+    level: Literal["none", "decisions"] = "none"
+    counterfactual_k: int = Field(0, ge=0)
+    summarize: bool = False
+    path: Path | None = Field(None, description="write decisions as JSON Lines")
+
+
+class ClusterSpec(_Strict):
+    """Many identical instances behind one router (SPEC §6)."""
+
+    num_instances: int = Field(1, gt=0)
+    admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    trace: DecisionTraceSpec = Field(default_factory=DecisionTraceSpec)
+    fitness_weights: str | None = None
+
+
 class Scenario(_Strict):
     """A whole run: the deployment, the engine, the traffic, the seed and the horizon."""
 
@@ -136,6 +167,7 @@ class Scenario(_Strict):
     hardware_file: Path | None = None
     latency: LatencySpec = Field(default_factory=LatencySpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     workload: WorkloadField | None = None
     workload_spec: Path | None = None
     trace: TraceSpec | None = None

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import simpy
 
+ROUTER = 0  # admission and routing decisions: before any instance event at the same time
 ARRIVAL = 1  # arrivals, enqueues (SimPy's NORMAL)
 STEP = 2  # step boundaries and waking an idle instance
 TIMEOUT = 5  # client cancellations at a deadline
+# Instance k's priorities are the above + k * stride, so at equal times instance 0's events
+# run before instance 1's (SPEC §6.1). Arrival-side events of every instance keep priority
+# <= 1 + k * stride, but routing always precedes them because it is what creates them.
+INSTANCE_PRIORITY_STRIDE = 10
 
 
 def event_after(env: simpy.Environment, delay_us: int, priority: int) -> simpy.Event:

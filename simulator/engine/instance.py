@@ -11,7 +11,14 @@ import simpy
 
 from ..latency.base import StepTimeModel
 from .batching import EnqueueOutcome, VLLMEngine
-from .events import ARRIVAL, STEP, TIMEOUT, event_after, trigger_with_priority
+from .events import (
+    ARRIVAL,
+    INSTANCE_PRIORITY_STRIDE,
+    STEP,
+    TIMEOUT,
+    event_after,
+    trigger_with_priority,
+)
 from .request import Request
 
 
@@ -27,6 +34,7 @@ class Instance:
         on_finished: Callable[[Request], None],
         horizon_us: int | None = None,
         check_invariants: bool = False,
+        index: int = 0,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -35,6 +43,12 @@ class Instance:
         self.on_finished = on_finished
         self.horizon_us = horizon_us
         self.check_invariants = check_invariants
+        # Simultaneous events of different instances run in instance order (SPEC §6.1).
+        self.index = index
+        offset = INSTANCE_PRIORITY_STRIDE * index
+        self._arrival_priority = ARRIVAL + offset
+        self._step_priority = STEP + offset
+        self._timeout_priority = TIMEOUT + offset
         self.inbox: simpy.Store = simpy.Store(env)
         self.pending_enqueue: set[Request] = set()
         self._idle: simpy.Event | None = None
@@ -51,7 +65,7 @@ class Instance:
             if delay > 0:
                 # The alpha overhead: the request is at the instance but not yet schedulable.
                 self.pending_enqueue.add(req)
-                event_after(env, delay, ARRIVAL).callbacks.append(
+                event_after(env, delay, self._arrival_priority).callbacks.append(
                     lambda _ev, r=req: self._enqueue(r)
                 )
             else:
@@ -63,9 +77,9 @@ class Instance:
         if outcome is EnqueueOutcome.QUEUED:
             deadline = req.deadline_us
             if deadline > 0 and (self.horizon_us is None or deadline <= self.horizon_us):
-                event_after(self.env, deadline - self.env.now, TIMEOUT).callbacks.append(
-                    lambda _ev, r=req: self._timeout(r)
-                )
+                event_after(
+                    self.env, deadline - self.env.now, self._timeout_priority
+                ).callbacks.append(lambda _ev, r=req: self._timeout(r))
             self._wake()
         elif outcome is not EnqueueOutcome.IGNORED:
             self.on_finished(req)
@@ -78,7 +92,7 @@ class Instance:
         idle = self._idle
         if idle is not None and not idle.triggered:
             # Wake at STEP priority so every request arriving this microsecond joins the step.
-            trigger_with_priority(self.env, idle, STEP)
+            trigger_with_priority(self.env, idle, self._step_priority)
 
     def _step_loop(self):
         env = self.env
@@ -94,7 +108,7 @@ class Instance:
             if batch is None:
                 continue
             step_us = step_time(batch)
-            yield event_after(env, step_us, STEP)
+            yield event_after(env, step_us, self._step_priority)
             for req in engine.finish_step(step_us):
                 on_finished(req)
             if self.check_invariants:

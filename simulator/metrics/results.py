@@ -22,6 +22,9 @@ from ..engine.request import Request, RequestState
 
 SUMMARY_HEADER = "=== Simulation Metrics ==="
 PER_SLO_HEADER = "=== Per-SLO Metrics ==="
+ANOMALY_HEADER = "=== Anomaly Counters ==="
+KV_HEADER = "=== KV Cache Metrics ==="
+TENANT_HEADER = "=== Per-Tenant Metrics ==="
 SESSION_HEADER = "=== Session Metrics ==="
 # BLIS's MetricsOutput fields (SPEC §10.2), in BLIS's order; kv_allocation_failures is omitted
 # when zero. servesim adds the *_p50_ms fields.
@@ -287,6 +290,12 @@ class Result:
     not_arrived: int = 0
     session_counts: dict[str, int] = field(default_factory=dict)
     horizon_us: int | None = None
+    instance_summaries: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    admission_rejections: int = 0
+    routing_rejections: int = 0
+    routed: list[int] = field(default_factory=list, repr=False)
+    in_flight_at_end: list[int] = field(default_factory=list, repr=False)
+    decisions: Any = field(default=None, repr=False)
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -304,13 +313,105 @@ class Result:
         """TTFT / E2E per SLO class ("default" when untagged), SPEC §10.4, in ms."""
         return per_class_metrics(self.request_records, lambda r: r.slo_class or "default")
 
+    @cached_property
+    def instances(self) -> pd.DataFrame:
+        """One row per instance: routed, completed, tokens, batch size, KV use, cache hits."""
+        rows = []
+        for i, (iid, eng) in enumerate(zip(self.instance_ids, self.engines, strict=True)):
+            steps = eng.steps
+            n_steps = len(steps)
+            rows.append(
+                {
+                    "instance_id": iid,
+                    "routed": self.routed[i] if self.routed else len(eng.completed),
+                    "completed": len(eng.completed),
+                    "input_tokens": eng.total_input_tokens,
+                    "output_tokens": eng.total_output_tokens,
+                    "steps": n_steps,
+                    "mean_batch_size": float(np.mean(steps.batch_size)) if n_steps else 0.0,
+                    "mean_queue_length": float(np.mean(steps.queue_length)) if n_steps else 0.0,
+                    "mean_kv_utilization": float(np.mean(steps.kv_used_blocks))
+                    / eng.kv.total_blocks
+                    if n_steps
+                    else 0.0,
+                    "peak_kv_utilization": eng.kv.peak_used_blocks / eng.kv.total_blocks,
+                    "cache_hit_rate": eng.kv.hit_rate,
+                    "preemptions": eng.preemption_count,
+                    "dropped_unservable": eng.dropped_unservable,
+                    "timed_out": eng.timed_out,
+                }
+            )
+        return pd.DataFrame(rows)
+
+    @cached_property
+    def anomalies(self) -> dict[str, int]:
+        """BLIS's anomaly counters (SPEC §10.4), plus routing rejections."""
+        from .anomalies import hol_blocking_instances, priority_inversions
+
+        policy = self.scenario.get("engine", {}).get("priority_policy", "constant")
+        mean_queue = dict(
+            zip(self.instances.instance_id, self.instances.mean_queue_length, strict=True)
+        )
+        return {
+            "priority_inversions": priority_inversions(self.request_records, policy),
+            "hol_blocking_events": len(hol_blocking_instances(mean_queue)),
+            "admission_rejections": self.admission_rejections,
+            "routing_rejections": self.routing_rejections,
+            "dropped_unservable": self.summary["dropped_unservable"],
+            "length_capped_requests": self.summary["length_capped_requests"],
+        }
+
+    @cached_property
+    def kv_metrics(self) -> dict[str, float]:
+        completed = self.summary["completed_requests"]
+        preemptions = self.summary["preemption_count"]
+        hit_rates = [e.kv.hit_rate for e in self.engines]
+        return {
+            "preemption_rate": preemptions / completed if completed else 0.0,
+            "cache_hit_rate": float(np.mean(hit_rates)) if hit_rates else 0.0,
+            "kv_thrashing_rate": 0.0,
+        }
+
+    @cached_property
+    def per_tenant(self) -> dict[str, Any]:
+        """Output tokens served per tenant and Jain's fairness index over them."""
+        from .anomalies import jain_fairness, tenant_tokens
+
+        tokens = tenant_tokens(self.request_records)
+        return {"tokens": tokens, "jain_fairness": jain_fairness(list(tokens.values()))}
+
+    @cached_property
+    def fitness(self) -> tuple[float, dict[str, float]] | None:
+        weights = self.scenario.get("cluster", {}).get("fitness_weights")
+        if not weights:
+            return None
+        from .fitness import evaluate_fitness, parse_fitness_weights
+
+        return evaluate_fitness(self.summary, parse_fitness_weights(weights))
+
     def report_text(self) -> str:
-        """Everything the CLI prints: the summary, then per-SLO and session blocks if any."""
-        blocks = [self.summary_text()]
+        """Everything the CLI prints, in BLIS's order (SPEC §10.1)."""
+        blocks = [format_summary(s) for s in self.instance_summaries if s["completed_requests"] > 0]
+        blocks.append(self.summary_text())
+        if self.fitness is not None:
+            from .fitness import format_fitness
+
+            blocks.append(format_fitness(*self.fitness))
+        if any(self.anomalies.values()):
+            blocks.append(f"{ANOMALY_HEADER}\n{json.dumps(self.anomalies, indent=2)}")
+        if any(self.kv_metrics.values()):
+            kv = {k: round(v, 4) for k, v in self.kv_metrics.items()}
+            blocks.append(f"{KV_HEADER}\n{json.dumps(kv, indent=2)}")
         if len(self.per_slo) > 1:
             blocks.append(f"{PER_SLO_HEADER}\n{json.dumps(self.per_slo, indent=2)}")
+        if len(self.per_tenant["tokens"]) > 1:
+            blocks.append(f"{TENANT_HEADER}\n{json.dumps(self.per_tenant, indent=2)}")
         if self.session_counts:
             blocks.append(f"{SESSION_HEADER}\n{json.dumps(self.session_counts, indent=2)}")
+        if self.decisions is not None and self.scenario.get("cluster", {}).get("trace", {}).get(
+            "summarize"
+        ):
+            blocks.append(self.decisions.summary_text())
         return "\n".join(blocks)
 
     def write_trace(self, prefix: str | Path) -> tuple[Path, Path]:
@@ -369,5 +470,11 @@ class Result:
             doc["per_slo_class"] = self.per_slo
         if self.session_counts:
             doc["sessions"] = self.session_counts
+        if self.instance_summaries:
+            doc["instances"] = self.instance_summaries
+        doc["anomalies"] = self.anomalies
+        doc["kv_cache"] = self.kv_metrics
+        if self.fitness is not None:
+            doc["fitness"] = {"score": self.fitness[0], "components": self.fitness[1]}
         doc["requests"] = self.blis_request_records()
         return doc

@@ -1,0 +1,379 @@
+"""Routing policies and scorers (SPEC §6.4), hand-checked."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cluster.routing import (
+    DEFAULT_SCORERS,
+    ROUTING_POLICIES,
+    SCORERS,
+    KVUtilizationScorer,
+    LoadBalanceScorer,
+    PrecisePrefixCacheScorer,
+    PrefixAffinityScorer,
+    QueueDepthScorer,
+    RoutingDecision,
+    Scorer,
+    Weighted,
+    kv_probe_from_caches,
+    make_routing_policy,
+    parse_scorers,
+)
+from simulator.cluster.snapshot import InstanceSnapshot
+from simulator.engine.kv_cache import KVCache
+from simulator.engine.request import Request
+from simulator.errors import ConfigError
+
+BS = 4  # small blocks keep the prefix examples readable
+
+
+def snap(i: int, load: int = 0, kv: float = 0.0, queue: int = 0, batch: int = 0):
+    return InstanceSnapshot(
+        f"instance_{i}", i, queue_depth=queue, batch_size=batch, in_flight=load, kv_utilization=kv
+    )
+
+
+def snaps(loads, kvs=None):
+    kvs = kvs or [0.0] * len(loads)
+    return [snap(i, load, kv) for i, (load, kv) in enumerate(zip(loads, kvs, strict=True))]
+
+
+def prompt(rid: str, *segments: tuple[str, int]) -> Request:
+    """A request whose prompt is the given (content key, length) segments."""
+    return Request(rid, 0, sum(n for _, n in segments), 5, segments=list(segments))
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+R = Request("r", 0, 10, 5)
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+def test_registries():
+    assert sorted(ROUTING_POLICIES) == ["always-busiest", "least-loaded", "round-robin", "weighted"]
+    assert sorted(SCORERS) == [
+        "kv-utilization",
+        "load-balance",
+        "precise-prefix-cache",
+        "prefix-affinity",
+        "queue-depth",
+    ]
+
+
+def test_round_robin_cycles_over_candidate_position():
+    rr = make_routing_policy("round-robin", rng=rng())
+    cands = snaps([5, 0, 9])
+    assert [rr.route(R, cands, 0).target for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    # The counter is global: with a different candidate list it continues at counter mod len.
+    sub = [snap(5), snap(7)]
+    assert [rr.route(R, sub, 0).target for _ in range(3)] == [7, 5, 7]  # counter 7, 8, 9
+
+
+def test_decision_carries_reason_and_no_scores():
+    d = make_routing_policy("round-robin", rng=rng()).route(R, snaps([0, 0]), 0)
+    assert d == RoutingDecision(0, "round-robin[0]", None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=12), st.integers(0, 2**32 - 1))
+def test_least_loaded_never_picks_busier(loads, seed):
+    policy = make_routing_policy("least-loaded", rng=rng(seed))
+    cands = snaps(loads)
+    d = policy.route(R, cands, 0)
+    assert loads[d.target] == min(loads)
+
+
+def test_least_loaded_counts_queue_batch_and_in_flight():
+    cands = [snap(0, load=1, queue=2), snap(1, load=0, batch=2), snap(2, load=1, queue=1, batch=1)]
+    # effective loads 3, 2, 3
+    assert make_routing_policy("least-loaded", rng=rng()).route(R, cands, 0).target == 1
+
+
+def test_least_loaded_breaks_ties_over_all_tied():
+    cands = snaps([1, 0, 0, 3, 0])
+    policy = make_routing_policy("least-loaded", rng=rng(7))
+    picks = [policy.route(R, cands, 0).target for _ in range(300)]
+    assert set(picks) == {1, 2, 4}
+    again = make_routing_policy("least-loaded", rng=rng(7))
+    assert [again.route(R, cands, 0).target for _ in range(300)] == picks
+
+
+def test_always_busiest_first_wins():
+    policy = make_routing_policy("always-busiest", rng=rng())
+    d = policy.route(R, snaps([3, 5, 5, 1]), 0)
+    assert d.target == 1
+    assert "load=5" in d.reason
+
+
+def test_empty_candidates_is_an_error():
+    with pytest.raises(ValueError):
+        make_routing_policy("round-robin", rng=rng()).route(R, [], 0)
+
+
+def test_unknown_routing_policy():
+    with pytest.raises(ConfigError) as exc:
+        make_routing_policy("random", rng=rng())
+    assert str(exc.value) == (
+        "unknown routing policy 'random'; "
+        "valid: always-busiest, least-loaded, round-robin, weighted"
+    )
+
+
+# ----------------------------------------------------------------------------- scorers
+
+
+def test_queue_depth_min_max():
+    scores = QueueDepthScorer().score(R, snaps([2, 5, 8]))
+    assert scores == {"instance_0": 1.0, "instance_1": 0.5, "instance_2": 0.0}
+
+
+def test_queue_depth_all_equal_scores_one():
+    assert QueueDepthScorer().score(R, snaps([4, 4, 4])) == {
+        "instance_0": 1.0,
+        "instance_1": 1.0,
+        "instance_2": 1.0,
+    }
+
+
+def test_kv_utilization_and_load_balance():
+    cands = snaps([0, 3], [0.25, 1.0])
+    assert KVUtilizationScorer().score(R, cands) == {"instance_0": 0.75, "instance_1": 0.0}
+    assert LoadBalanceScorer().score(R, cands) == {"instance_0": 1.0, "instance_1": 0.25}
+
+
+def test_weighted_hand_computed_composite():
+    # queue-depth:2, kv-utilization:1 -> normalised weights 2/3, 1/3.
+    cands = snaps([0, 4, 2], [0.9, 0.0, 0.5])
+    # queue-depth: 1, 0, 0.5; kv-utilization: 0.1, 1.0, 0.5
+    policy = make_routing_policy("weighted", scorers="queue-depth:2,kv-utilization:1", rng=rng())
+    d = policy.route(R, cands, 0)
+    assert d.target == 0
+    assert d.scores == pytest.approx(
+        {"instance_0": 2 / 3 + 0.1 / 3, "instance_1": 1 / 3, "instance_2": 2 / 3 * 0.5 + 0.5 / 3}
+    )
+    # Flip the weights: kv-utilization dominates and instance 1 wins.
+    policy = make_routing_policy("weighted", scorers="queue-depth:1,kv-utilization:4", rng=rng())
+    d = policy.route(R, cands, 0)
+    assert d.target == 1
+    assert d.scores["instance_1"] == pytest.approx(0.8)
+
+
+class _Fixed(Scorer):
+    name = "fixed"
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def score(self, req, candidates):
+        return dict(self.scores)
+
+
+def test_weighted_clamps_scores_to_unit_interval():
+    cands = snaps([0, 0, 0])
+    policy = Weighted(
+        [(_Fixed({"instance_0": 5.0, "instance_1": 0.9, "instance_2": -3.0}), 2.0)], rng()
+    )
+    d = policy.route(R, cands, 0)
+    assert d.target == 0
+    assert d.scores == {"instance_0": 1.0, "instance_1": 0.9, "instance_2": 0.0}
+
+
+def test_weighted_ties_random_among_best():
+    cands = snaps([0, 0, 5])
+    policy = make_routing_policy("weighted", scorers="queue-depth:1", rng=rng(3))
+    picks = {policy.route(R, cands, 0).target for _ in range(100)}
+    assert picks == {0, 1}
+
+
+def test_default_profile():
+    assert DEFAULT_SCORERS == "prefix-affinity:3,queue-depth:2,kv-utilization:2"
+    policy = make_routing_policy("weighted", rng=rng())
+    names = [(s.name, w) for s, w in policy.scorers]
+    assert names == [
+        ("prefix-affinity", pytest.approx(3 / 7)),
+        ("queue-depth", pytest.approx(2 / 7)),
+        ("kv-utilization", pytest.approx(2 / 7)),
+    ]
+
+
+# ----------------------------------------------------------------------------- prefix affinity
+
+
+def test_prefix_affinity_scores_shared_leading_blocks():
+    scorer = PrefixAffinityScorer(BS)
+    cands = snaps([0, 0, 0])
+    first = prompt("a", ("system", 8), ("user-a", 8))  # 4 full blocks
+    assert scorer.score(first, cands) == {"instance_0": 0.0, "instance_1": 0.0, "instance_2": 0.0}
+    scorer.observe(first, cands[1])
+    # Shares blocks 0-1 (the system prompt); its own 8 tokens + 2 more -> 4 full blocks.
+    second = prompt("b", ("system", 8), ("user-b", 10))
+    assert scorer.score(second, cands) == {"instance_0": 0.0, "instance_1": 0.5, "instance_2": 0.0}
+    # Same content except the first block: chained hashes share nothing.
+    third = prompt("c", ("other", 4), ("system", 4), ("user-a", 8))
+    assert scorer.score(third, cands)["instance_1"] == 0.0
+    assert scorer.score(first, cands)["instance_1"] == 1.0
+
+
+def test_prefix_affinity_short_prompt_scores_zero():
+    scorer = PrefixAffinityScorer(BS)
+    short = prompt("s", ("x", 3))
+    scorer.observe(short, snap(0))  # nothing to record
+    assert scorer.index_size("instance_0") == 0
+    assert scorer.score(short, [snap(0)]) == {"instance_0": 0.0}
+
+
+def test_prefix_affinity_lru_eviction():
+    scorer = PrefixAffinityScorer(BS, capacity_blocks=4)
+    inst = snap(0)
+    a, b, c = (prompt(k, (k, 8)) for k in "abc")  # 2 blocks each
+    scorer.observe(a, inst)
+    scorer.observe(b, inst)
+    assert scorer.index_size("instance_0") == 4
+    scorer.observe(c, inst)  # evicts a's two blocks (least recently recorded)
+    assert scorer.index_size("instance_0") == 4
+    assert [scorer.score(r, [inst])["instance_0"] for r in (a, b, c)] == [0.0, 1.0, 1.0]
+
+
+def test_prefix_affinity_lookup_does_not_refresh_recency():
+    inst = snap(0)
+    a, b, c = (prompt(k, (k, 8)) for k in "abc")
+
+    scorer = PrefixAffinityScorer(BS, capacity_blocks=4)
+    scorer.observe(a, inst)
+    scorer.observe(b, inst)
+    for _ in range(5):
+        assert scorer.score(a, [inst])["instance_0"] == 1.0  # lookups only
+    scorer.observe(c, inst)
+    assert scorer.score(a, [inst])["instance_0"] == 0.0  # a was still the LRU end
+    assert scorer.score(b, [inst])["instance_0"] == 1.0
+
+    # Recording a again does refresh it, so b is evicted instead.
+    scorer = PrefixAffinityScorer(BS, capacity_blocks=4)
+    scorer.observe(a, inst)
+    scorer.observe(b, inst)
+    scorer.observe(a, inst)
+    scorer.observe(c, inst)
+    assert scorer.score(a, [inst])["instance_0"] == 1.0
+    assert scorer.score(b, [inst])["instance_0"] == 0.0
+
+
+def test_weighted_observe_feeds_prefix_index():
+    policy = make_routing_policy("weighted", scorers="prefix-affinity:1", rng=rng(), block_size=BS)
+    cands = snaps([0, 0, 0])
+    first = prompt("a", ("sys", 12))
+    policy.observe(first, cands[2])
+    d = policy.route(prompt("b", ("sys", 12), ("own", 4)), cands, 0)
+    assert d.target == 2
+    assert d.scores == {"instance_0": 0.0, "instance_1": 0.0, "instance_2": 0.75}
+
+
+# ----------------------------------------------------------------------------- precise prefix
+
+
+def test_precise_prefix_cache_with_fake_probe():
+    found = {0: 2, 1: 0, 2: 10}
+    calls = []
+
+    def probe(index, req):
+        calls.append((index, req.request_id))
+        return found[index]
+
+    r = prompt("p", ("x", 17))  # 4 full blocks
+    scorer = PrecisePrefixCacheScorer(BS, probe)
+    assert scorer.score(r, snaps([0, 0, 0])) == {
+        "instance_0": 0.5,
+        "instance_1": 0.0,
+        "instance_2": 1.0,  # a probe count above the prompt's blocks is capped
+    }
+    assert calls == [(0, "p"), (1, "p"), (2, "p")]
+    policy = make_routing_policy(
+        "weighted", scorers="precise-prefix-cache:1", rng=rng(), block_size=BS, kv_probe=probe
+    )
+    assert policy.route(r, snaps([0, 0, 0]), 0).target == 2
+
+
+def test_precise_prefix_cache_needs_probe():
+    with pytest.raises(ConfigError, match="precise-prefix-cache"):
+        make_routing_policy("weighted", scorers="precise-prefix-cache:1", rng=rng())
+
+
+def test_kv_probe_reads_engine_cache():
+    caches = [KVCache(64, BS), KVCache(64, BS)]
+    held = prompt("held", ("sys", 12), ("mine", 4))
+    assert caches[1].try_allocate(held, 0, held.input_tokens, [])
+    probe = kv_probe_from_caches(lambda i: caches[i])
+    asking = prompt("ask", ("sys", 12), ("yours", 9))  # 5 full blocks, 3 shared
+    assert probe(0, asking) == 0
+    assert probe(1, asking) == 3
+    scorer = PrecisePrefixCacheScorer(BS, probe)
+    assert scorer.score(asking, snaps([0, 0])) == {"instance_0": 0.0, "instance_1": 0.6}
+
+
+# ----------------------------------------------------------------------------- scorer syntax
+
+
+def test_parse_scorers_ok():
+    assert parse_scorers(" queue-depth : 2 , kv-utilization:0.5") == [
+        ("queue-depth", 2.0),
+        ("kv-utilization", 0.5),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "piece"),
+    [
+        ("nope:1", "nope"),
+        ("queue-depth:1,a:b:c", "a:b:c"),
+        ("queue-depth", "queue-depth"),
+        ("queue-depth:", "queue-depth:"),
+        ("queue-depth:0", "queue-depth:0"),
+        ("queue-depth:-1", "queue-depth:-1"),
+        ("queue-depth:nan", "queue-depth:nan"),
+        ("queue-depth:inf", "queue-depth:inf"),
+        ("queue-depth:x", "queue-depth:x"),
+        ("queue-depth:1,queue-depth:2", "queue-depth:2"),
+        ("queue-depth:1,", ""),
+        ("", ""),
+    ],
+)
+def test_parse_scorers_errors(text, piece):
+    with pytest.raises(ConfigError) as exc:
+        parse_scorers(text)
+    msg = str(exc.value)
+    assert "--routing-scorers" in msg
+    assert "routing.scorers" in msg
+    assert repr(piece) in msg
+
+
+def test_parse_scorers_unknown_lists_valid_names():
+    with pytest.raises(ConfigError) as exc:
+        parse_scorers("prefix-afinity:3")
+    assert "unknown scorer 'prefix-afinity'" in str(exc.value)
+    assert "valid: kv-utilization, load-balance, precise-prefix-cache, prefix-affinity, " in str(
+        exc.value
+    )
+
+
+def test_parse_scorers_duplicate_message():
+    with pytest.raises(ConfigError, match="listed twice"):
+        parse_scorers("kv-utilization:1,kv-utilization:1")
+
+
+def test_make_routing_policy_accepts_pairs_and_validates_them():
+    policy = make_routing_policy("weighted", scorers=[("load-balance", 1)], rng=rng())
+    assert [s.name for s, _ in policy.scorers] == ["load-balance"]
+    with pytest.raises(ConfigError):
+        make_routing_policy("weighted", scorers=[("load-balance", math.nan)], rng=rng())
+    # A typo is caught even for policies that ignore scorers.
+    with pytest.raises(ConfigError):
+        make_routing_policy("round-robin", scorers="queue-dept:1", rng=rng())
