@@ -23,6 +23,8 @@ class AdmissionPolicy:
     """Base class: decide whether a request enters the cluster."""
 
     name = ""
+    # Whether admit() reads instance snapshots; the router skips building them otherwise.
+    uses_snapshots = False
 
     def admit(
         self, req: Request, now_us: int, snapshots: Sequence[InstanceSnapshot]
@@ -96,14 +98,21 @@ def make_admission_policy(
     if name not in ADMISSION_POLICIES:
         raise unknown("admission policy", name, ADMISSION_POLICIES)
     if name == TokenBucket.name:
-        return TokenBucket(
-            DEFAULT_TOKEN_BUCKET_CAPACITY
-            if token_bucket_capacity is None
-            else token_bucket_capacity,
-            DEFAULT_TOKEN_BUCKET_REFILL_RATE
-            if token_bucket_refill_rate is None
-            else token_bucket_refill_rate,
-        )
+        # Unlike BLIS (10,000 tokens, 1,000 tokens/s by default), the bucket must be sized
+        # explicitly: its behaviour is entirely in these two numbers.
+        for field, value in (
+            ("token_bucket_capacity (--token-bucket-capacity)", token_bucket_capacity),
+            ("token_bucket_refill_rate (--token-bucket-refill-rate)", token_bucket_refill_rate),
+        ):
+            if value is None:
+                raise invalid(
+                    field,
+                    value,
+                    "token-bucket admission needs it; BLIS's defaults are "
+                    f"{DEFAULT_TOKEN_BUCKET_CAPACITY:g} tokens and "
+                    f"{DEFAULT_TOKEN_BUCKET_REFILL_RATE:g} tokens/s",
+                )
+        return TokenBucket(token_bucket_capacity, token_bucket_refill_rate)
     return ADMISSION_POLICIES[name]()
 
 

@@ -74,7 +74,8 @@ class Router:
 
     def _admit(self, req: Request) -> None:
         now = self.env.now
-        admitted, reason = self.admission.admit(req, now, self.candidates(req))
+        snapshots = self.candidates(req) if self.admission.uses_snapshots else []
+        admitted, reason = self.admission.admit(req, now, snapshots)
         self.trace.record_admission(req, now, admitted, reason)
         if not admitted:
             self.admission_rejections += 1

@@ -57,21 +57,23 @@ def test_token_bucket_admits_exact_balance():
     assert tb.tokens == 0
 
 
-def test_token_bucket_defaults():
-    tb = make_admission_policy("token-bucket")
+def test_token_bucket_must_be_sized_explicitly():
+    """servesim decision: no silent 10,000 / 1,000 defaults (BLIS's) for the bucket."""
+    with pytest.raises(ConfigError, match="token_bucket_capacity.*needs it"):
+        make_admission_policy("token-bucket")
+    with pytest.raises(ConfigError, match="token_bucket_refill_rate.*needs it"):
+        make_admission_policy("token-bucket", token_bucket_capacity=5)
+    tb = make_admission_policy("token-bucket", token_bucket_capacity=5, token_bucket_refill_rate=7)
     assert isinstance(tb, TokenBucket)
-    assert tb.capacity_tokens == 10_000
-    assert tb.refill_rate_tokens_per_s == 1_000
-    tb = make_admission_policy("token-bucket", token_bucket_capacity=5)
-    assert (tb.capacity_tokens, tb.refill_rate_tokens_per_s) == (5, 1_000)
+    assert (tb.capacity_tokens, tb.refill_rate_tokens_per_s) == (5, 7)
 
 
 @pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, True, "10"])
 def test_token_bucket_validation(bad):
     with pytest.raises(ConfigError, match="token_bucket_capacity"):
-        make_admission_policy("token-bucket", token_bucket_capacity=bad)
+        make_admission_policy("token-bucket", token_bucket_capacity=bad, token_bucket_refill_rate=1)
     with pytest.raises(ConfigError, match="token_bucket_refill_rate"):
-        make_admission_policy("token-bucket", token_bucket_refill_rate=bad)
+        make_admission_policy("token-bucket", token_bucket_capacity=1, token_bucket_refill_rate=bad)
 
 
 def test_unknown_admission_policy():
