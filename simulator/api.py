@@ -116,23 +116,11 @@ def _validate_cluster(scenario: Scenario) -> None:
     """Reject unknown policies, scorers and fitness keys before anything runs."""
     import numpy as np
 
-    from .cluster.admission import make_admission_policy
-    from .cluster.routing import make_routing_policy
+    from .cluster.cluster import build_policies
     from .metrics.fitness import parse_fitness_weights
 
     c = scenario.cluster
-    make_admission_policy(
-        c.admission.policy,
-        token_bucket_capacity=c.admission.token_bucket_capacity,
-        token_bucket_refill_rate=c.admission.token_bucket_refill_rate,
-    )
-    make_routing_policy(
-        c.routing.policy,
-        scorers=c.routing.scorers,
-        rng=np.random.default_rng(0),
-        block_size=scenario.engine.block_size_tokens,
-        kv_probe=lambda _i, _r: 0,
-    )
+    build_policies(c, np.random.default_rng(0), scenario.engine.block_size_tokens, lambda _i, _r: 0)
     if c.fitness_weights:
         parse_fitness_weights(c.fitness_weights)
 

@@ -26,3 +26,15 @@ def unknown(kind: str, value: object, valid: Iterable[str]) -> ConfigError:
     """Build the standard message for a name that is not in a registry or catalog."""
     names = ", ".join(sorted(valid))
     return ConfigError(f"unknown {kind} {value!r}; valid: {names}")
+
+
+def is_finite_positive(value: object) -> bool:
+    """A real number (not a bool) that is finite and > 0."""
+    import math
+
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )

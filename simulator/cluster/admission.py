@@ -7,11 +7,10 @@ Policies never read the request's output length (INV-9): only `input_tokens` is 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from ..engine.request import Request
-from ..errors import invalid, unknown
+from ..errors import invalid, is_finite_positive, unknown
 from .snapshot import InstanceSnapshot
 
 # BLIS's flag defaults (--token-bucket-capacity, --token-bucket-refill-rate).
@@ -117,11 +116,5 @@ def make_admission_policy(
 
 
 def _check_positive(field: str, value: float) -> None:
-    ok = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-    if not ok:
+    if not is_finite_positive(value):
         raise invalid(field, value, "must be a finite number > 0")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
 import simpy
 
 from ..engine.batching import EngineConfig, VLLMEngine
@@ -20,10 +21,10 @@ from ..metrics.results import Result, compute_summary
 from ..rng import subsystem_rng
 from ..scenario import ClusterSpec
 from ..workload.generator import SessionManager
-from .admission import make_admission_policy
+from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
 from .router import Router
-from .routing import make_routing_policy
+from .routing import RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
 
 
@@ -58,6 +59,28 @@ class _Source:
     def inject(self, req: Request) -> None:
         self.injected.append(req)
         self.deliver(req)
+
+
+def build_policies(
+    cluster: ClusterSpec,
+    rng: np.random.Generator,
+    block_size: int,
+    kv_probe: Callable[[int, Request], int],
+) -> tuple[AdmissionPolicy, RoutingPolicy]:
+    """The admission and routing policies a cluster spec names (raises ConfigError)."""
+    admission = make_admission_policy(
+        cluster.admission.policy,
+        token_bucket_capacity=cluster.admission.token_bucket_capacity,
+        token_bucket_refill_rate=cluster.admission.token_bucket_refill_rate,
+    )
+    routing = make_routing_policy(
+        cluster.routing.policy,
+        scorers=cluster.routing.scorers,
+        rng=rng,
+        block_size=block_size,
+        kv_probe=kv_probe,
+    )
+    return admission, routing
 
 
 def _live_snapshot(index: int, instance_id: str, engine: VLLMEngine, model: str):
@@ -120,18 +143,7 @@ def run_simulation(
     instances: list[Instance] = []
     router = Router(
         env,
-        make_admission_policy(
-            cluster.admission.policy,
-            token_bucket_capacity=cluster.admission.token_bucket_capacity,
-            token_bucket_refill_rate=cluster.admission.token_bucket_refill_rate,
-        ),
-        make_routing_policy(
-            cluster.routing.policy,
-            scorers=cluster.routing.scorers,
-            rng=subsystem_rng(seed, "router"),
-            block_size=engine_config.block_size,
-            kv_probe=kv_probe,
-        ),
+        *build_policies(cluster, subsystem_rng(seed, "router"), engine_config.block_size, kv_probe),
         snapshots,
         [lambda r, i=i: instances[i].inbox.put(r) for i in range(n)],
         instance_ids,

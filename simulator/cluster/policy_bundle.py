@@ -15,14 +15,13 @@ CLI flags (flags beat the bundle, R18). Keys that are absent or null are left un
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..engine.policies import PRIORITY_POLICIES, SCHEDULERS
-from ..errors import ConfigError, unknown
+from ..errors import ConfigError, is_finite_positive, unknown
 from .admission import ADMISSION_POLICIES
 from .routing import ROUTING_POLICIES, check_scorers
 
@@ -140,13 +139,7 @@ def _name(value: Any, registry: dict, kind: str, src: str, where: str) -> str:
 
 
 def _positive(value: Any, src: str, where: str) -> float:
-    ok = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-    if not ok:
+    if not is_finite_positive(value):
         raise ConfigError(f"{src}: {where}: invalid value {value!r}; must be a finite number > 0")
     return float(value)
 
