@@ -12,14 +12,14 @@ from .catalog.defaults import lookup_coefficients, model_defaults
 from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.models import load_model, validate_tp
 from .catalog.types import GPUSpec, ModelConfig
-from .cluster.cluster import run_simulation
+from .cluster.cluster import InstanceSetup, run_simulation
 from .engine.batching import EngineConfig
 from .engine.policies import make_priority_policy, make_scheduler
 from .engine.request import Request
 from .errors import ConfigError
 from .latency import build_step_time_model
 from .latency.base import StepTimeModel
-from .latency.kv_capacity import compute_kv_blocks, derive_max_model_len
+from .latency.kv_capacity import compute_kv_blocks, derive_max_model_len, kv_bytes_per_token
 from .metrics.results import Result
 from .scenario import (
     Scenario,
@@ -112,6 +112,44 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     return Deployment(model, gpu, tp, step_model, engine, source)
 
 
+def instance_setups(scenario: Scenario, deployment: Deployment) -> list[InstanceSetup]:
+    """One setup per instance: PD pools first (prefill, then decode), then unified ones.
+
+    A pool with overrides (GPU, TP, latency model, context limit, KV blocks) gets its own
+    deployment: its roofline uses the pool's GPU and TP, and its KV capacity is resolved for
+    that GPU (SPEC §7.4)."""
+    cluster = scenario.cluster
+    unified = InstanceSetup(deployment.engine, deployment.step_model, "unified")
+    pd = cluster.pd
+    if not pd.enabled:
+        return [unified] * cluster.num_instances
+    setups = []
+    for role, count, pool in (
+        ("prefill", pd.prefill_instances, pd.prefill),
+        ("decode", pd.decode_instances, pd.decode),
+    ):
+        if pool.changes_deployment:
+            changes = {
+                "hardware": pool.hardware,
+                "tp": pool.tp,
+                "latency.model": pool.latency_model,
+                "engine.max_model_len": pool.max_model_len,
+                "engine.total_kv_blocks": pool.total_kv_blocks,
+            }
+            pool_scenario = apply_overrides(
+                scenario,
+                {k: v for k, v in changes.items() if v is not None},
+                source=f"cluster.pd.{role}",
+            )
+            pool_deployment = resolve_deployment(pool_scenario)
+            setups += [
+                InstanceSetup(pool_deployment.engine, pool_deployment.step_model, role)
+            ] * count
+        else:
+            setups += [InstanceSetup(deployment.engine, deployment.step_model, role)] * count
+    return setups + [unified] * (cluster.num_instances - len(setups))
+
+
 def _validate_cluster(scenario: Scenario) -> None:
     """Reject unknown policies, scorers and fitness keys before anything runs."""
     import numpy as np
@@ -120,6 +158,24 @@ def _validate_cluster(scenario: Scenario) -> None:
     from .metrics.fitness import parse_fitness_weights
 
     c = scenario.cluster
+    from .cluster.disaggregation import make_decider
+
+    pd = c.pd
+    make_decider(
+        pd.decider,
+        prefix_threshold=pd.prefix_threshold if pd.prefix_threshold is not None else 16,
+        prefix_mode=pd.prefix_mode,
+        prompt_length_threshold=pd.prompt_length_threshold
+        if pd.prompt_length_threshold is not None
+        else 256,
+        block_size=scenario.engine.block_size_tokens,
+    )
+    if pd.prefix_threshold is not None and pd.decider != "prefix-threshold":
+        log.warning("pd.prefix_threshold is set but the decider is %r; it is ignored", pd.decider)
+    if pd.prompt_length_threshold is not None and pd.decider != "prompt-length":
+        log.warning(
+            "pd.prompt_length_threshold is set but the decider is %r; it is ignored", pd.decider
+        )
     build_policies(c, np.random.default_rng(0), scenario.engine.block_size_tokens, lambda _i, _r: 0)
     if c.fitness_weights:
         parse_fitness_weights(c.fitness_weights)
@@ -202,16 +258,18 @@ def simulate(scenario: Scenario | dict | str | Path, **overrides: Any) -> Result
     info = sc.model_dump(mode="json")
     info["resolved"] = deployment.describe()
     sessions = stream.sessions if stream is not None and stream.spec.has_sessions else None
+    setups = instance_setups(sc, deployment)
+    info["resolved"]["roles"] = [s.role for s in setups]
     result = run_simulation(
         requests,
-        deployment.engine,
-        deployment.step_model,
-        _horizon(sc, stream),
-        info,
+        horizon_us=_horizon(sc, stream),
+        scenario=info,
         sessions=sessions,
         cluster=sc.cluster,
         seed=sc.seed,
         model_name=deployment.model.name,
+        setups=setups,
+        pd_kv_bytes_per_token=kv_bytes_per_token(deployment.model),
     )
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)

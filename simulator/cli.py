@@ -32,6 +32,7 @@ app = typer.Typer(
 _SIM = "Deployment and engine"
 _CL = "Cluster"
 _WL = "Workload"
+_PD = "Prefill/decode disaggregation"
 _OUT = "Output"
 
 
@@ -72,6 +73,25 @@ SCENARIO_FIELDS = {
     "summarize_trace": "cluster.trace.summarize",
     "decisions_path": "cluster.trace.path",
     "fitness_weights": "cluster.fitness_weights",
+    "prefill_instances": "cluster.pd.prefill_instances",
+    "decode_instances": "cluster.pd.decode_instances",
+    "pd_decider": "cluster.pd.decider",
+    "pd_prefix_threshold": "cluster.pd.prefix_threshold",
+    "pd_prefix_mode": "cluster.pd.prefix_mode",
+    "pd_prompt_length_threshold": "cluster.pd.prompt_length_threshold",
+    "pd_transfer_bandwidth": "cluster.pd.transfer_bandwidth_gb_per_s",
+    "pd_transfer_base_latency": "cluster.pd.transfer_base_latency_ms",
+    "pd_kv_bytes_per_token": "cluster.pd.kv_bytes_per_token",
+    "prefill_hardware": "cluster.pd.prefill.hardware",
+    "decode_hardware": "cluster.pd.decode.hardware",
+    "prefill_tp": "cluster.pd.prefill.tp",
+    "decode_tp": "cluster.pd.decode.tp",
+    "prefill_latency_model": "cluster.pd.prefill.latency_model",
+    "decode_latency_model": "cluster.pd.decode.latency_model",
+    "prefill_max_model_len": "cluster.pd.prefill.max_model_len",
+    "decode_max_model_len": "cluster.pd.decode.max_model_len",
+    "prefill_routing_scorers": "cluster.pd.prefill.routing_scorers",
+    "decode_routing_scorers": "cluster.pd.decode.routing_scorers",
 }
 WORKLOAD_FIELDS = {
     "rate": "workload.rate",
@@ -154,6 +174,43 @@ def _common_flags(
     decisions_path: Annotated[
         Path | None, _opt("--decisions-path", _CL, "write routing decisions (JSON Lines)")
     ] = None,
+    prefill_instances: Annotated[int | None, _opt("--prefill-instances", _PD)] = None,
+    decode_instances: Annotated[int | None, _opt("--decode-instances", _PD)] = None,
+    pd_decider: Annotated[
+        str | None,
+        _opt("--pd-decider", _PD, "never | always | prefix-threshold | prompt-length"),
+    ] = None,
+    pd_prefix_threshold: Annotated[
+        int | None, _opt("--pd-prefix-threshold", _PD, "non-cached tokens (default 16)")
+    ] = None,
+    pd_prefix_mode: Annotated[
+        str | None, _opt("--pd-prefix-mode", _PD, "global | decode-cache")
+    ] = None,
+    pd_prompt_length_threshold: Annotated[
+        int | None, _opt("--pd-prompt-length-threshold", _PD, "tokens (default 256)")
+    ] = None,
+    pd_transfer_bandwidth: Annotated[
+        float | None, _opt("--pd-transfer-bandwidth", _PD, "GB/s (default 25)")
+    ] = None,
+    pd_transfer_base_latency: Annotated[
+        float | None, _opt("--pd-transfer-base-latency", _PD, "ms (default 0.05)")
+    ] = None,
+    pd_kv_bytes_per_token: Annotated[
+        int | None, _opt("--pd-kv-bytes-per-token", _PD, "default: model KV geometry")
+    ] = None,
+    pd_transfer_contention: Annotated[
+        str | None, _opt("--pd-transfer-contention", _PD, "on | off (default on)")
+    ] = None,
+    prefill_hardware: Annotated[str | None, _opt("--prefill-hardware", _PD)] = None,
+    decode_hardware: Annotated[str | None, _opt("--decode-hardware", _PD)] = None,
+    prefill_tp: Annotated[int | None, _opt("--prefill-tp", _PD)] = None,
+    decode_tp: Annotated[int | None, _opt("--decode-tp", _PD)] = None,
+    prefill_latency_model: Annotated[str | None, _opt("--prefill-latency-model", _PD)] = None,
+    decode_latency_model: Annotated[str | None, _opt("--decode-latency-model", _PD)] = None,
+    prefill_max_model_len: Annotated[int | None, _opt("--prefill-max-model-len", _PD)] = None,
+    decode_max_model_len: Annotated[int | None, _opt("--decode-max-model-len", _PD)] = None,
+    prefill_routing_scorers: Annotated[str | None, _opt("--prefill-routing-scorers", _PD)] = None,
+    decode_routing_scorers: Annotated[str | None, _opt("--decode-routing-scorers", _PD)] = None,
     fitness_weights: Annotated[
         str | None, _opt("--fitness-weights", _OUT, '"key:weight,..."')
     ] = None,
@@ -243,6 +300,13 @@ def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
     for name, path in SCENARIO_FIELDS.items():
         if flags.get(name) is not None:
             overrides[path] = flags[name]
+    contention = flags.get("pd_transfer_contention")
+    if contention is not None:
+        if contention.lower() not in ("on", "off", "true", "false"):
+            raise ConfigError(
+                f"--pd-transfer-contention: invalid value {contention!r}; valid: on, off"
+            )
+        overrides["cluster.pd.transfer_contention"] = contention.lower() in ("on", "true")
     if "cluster.trace.path" in overrides and "cluster.trace.level" not in overrides:
         overrides["cluster.trace.level"] = "decisions"
     return overrides

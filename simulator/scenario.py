@@ -141,14 +141,77 @@ class DecisionTraceSpec(_Strict):
     path: Path | None = Field(None, description="write decisions as JSON Lines")
 
 
+class PoolSpec(_Strict):
+    """Per-pool overrides of the deployment (SPEC §7.4): unset fields inherit the scenario's."""
+
+    hardware: str | None = None
+    tp: int | None = Field(None, gt=0)
+    latency_model: str | None = None
+    max_model_len: int | None = Field(None, ge=0)
+    total_kv_blocks: int | None = Field(None, gt=0)
+    routing_scorers: str | None = Field(None, description="weighted routing within the pool")
+
+    @property
+    def changes_deployment(self) -> bool:
+        return any(
+            v is not None
+            for v in (self.hardware, self.tp, self.latency_model, self.max_model_len,
+                      self.total_kv_blocks)
+        )  # fmt: skip
+
+
+class PDSpec(_Strict):
+    """Prefill/decode disaggregation (SPEC §7): pools, decider, KV transfer link."""
+
+    prefill_instances: int = Field(0, ge=0)
+    decode_instances: int = Field(0, ge=0)
+    decider: str = "never"
+    prefix_threshold: int | None = Field(None, ge=0, description="non-cached tokens; 16")
+    prefix_mode: Literal["global", "decode-cache"] = "global"
+    prompt_length_threshold: int | None = Field(None, ge=0, description="tokens; 256")
+    transfer_bandwidth_gb_per_s: float = Field(25.0, gt=0)
+    transfer_base_latency_ms: float = Field(0.05, ge=0)
+    kv_bytes_per_token: int | None = Field(None, gt=0, description="None = model geometry")
+    transfer_contention: bool = True
+    prefill: PoolSpec = Field(default_factory=PoolSpec)
+    decode: PoolSpec = Field(default_factory=PoolSpec)
+
+    @property
+    def enabled(self) -> bool:
+        return self.prefill_instances > 0 or self.decode_instances > 0
+
+
 class ClusterSpec(_Strict):
-    """Many identical instances behind one router (SPEC §6)."""
+    """Many instances behind one router (SPEC §6), optionally split into PD pools (§7)."""
 
     num_instances: int = Field(1, gt=0)
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
     trace: DecisionTraceSpec = Field(default_factory=DecisionTraceSpec)
     fitness_weights: str | None = None
+    pd: PDSpec = Field(default_factory=PDSpec)
+
+    @model_validator(mode="after")
+    def _pools(self) -> ClusterSpec:
+        pd = self.pd
+        if pd.enabled:
+            if pd.prefill_instances == 0 or pd.decode_instances == 0:
+                raise ValueError(
+                    f"pd: prefill_instances ({pd.prefill_instances}) and decode_instances "
+                    f"({pd.decode_instances}) must both be > 0 when either is"
+                )
+            if pd.prefill_instances + pd.decode_instances > self.num_instances:
+                raise ValueError(
+                    f"pd: prefill_instances + decode_instances = "
+                    f"{pd.prefill_instances + pd.decode_instances} exceeds num_instances "
+                    f"({self.num_instances})"
+                )
+        elif pd.decider != "never":
+            raise ValueError(
+                f"pd.decider {pd.decider!r} needs both pools: set prefill_instances and "
+                "decode_instances"
+            )
+        return self
 
 
 class Scenario(_Strict):

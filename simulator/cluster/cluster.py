@@ -8,6 +8,7 @@ source --(router inbox Store)--> router --(instance inbox Store)--> instance ste
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -23,6 +24,9 @@ from ..scenario import ClusterSpec
 from ..workload.generator import SessionManager
 from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
+from .disaggregation import make_decider
+from .kv_transfer import KVTransferLink
+from .pd import Disaggregator, Pools
 from .router import Router
 from .routing import RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
@@ -100,10 +104,19 @@ def _live_snapshot(index: int, instance_id: str, engine: VLLMEngine, model: str)
     return read
 
 
+@dataclass(frozen=True)
+class InstanceSetup:
+    """What one instance is: its engine knobs, its step-time model and its pool role."""
+
+    engine: EngineConfig
+    step_model: StepTimeModel
+    role: str = "unified"  # unified | prefill | decode
+
+
 def run_simulation(
     requests: Iterable[Request],
-    engine_config: EngineConfig,
-    step_model: StepTimeModel,
+    engine_config: EngineConfig | None = None,
+    step_model: StepTimeModel | None = None,
     horizon_us: int | None = None,
     scenario: dict | None = None,
     check_invariants: bool = False,
@@ -111,21 +124,27 @@ def run_simulation(
     cluster: ClusterSpec | None = None,
     seed: int = 42,
     model_name: str = "",
+    setups: list[InstanceSetup] | None = None,
+    pd_kv_bytes_per_token: float = 0.0,
 ) -> Result:
-    """Simulate `requests` on a cluster of identical instances until all finish or the
-    horizon passes.
+    """Simulate `requests` on a cluster until all finish or the horizon passes.
 
-    A list is sorted by arrival first; any other iterable must already be in arrival order
-    (the workload generator's streams are). `sessions` receives every finished request and may
-    answer with a follow-up round, which re-enters through the router at its arrival time.
+    Instances are `setups` (one per instance, e.g. per PD pool), or `cluster.num_instances`
+    copies of (`engine_config`, `step_model`). A list of requests is sorted by arrival first;
+    any other iterable must already be in arrival order (the workload generator's streams
+    are). `sessions` receives every finished user-facing request and may answer with a
+    follow-up round, which re-enters through the router at its arrival time.
     """
     cluster = cluster or ClusterSpec()
+    if setups is None:
+        setups = [InstanceSetup(engine_config, step_model)] * cluster.num_instances
     if isinstance(requests, Sequence):
         requests = sorted(requests, key=lambda r: (r.arrival_us, r.index))
     env = simpy.Environment()
-    n = cluster.num_instances
+    n = len(setups)
     instance_ids = [f"instance_{i}" for i in range(n)]
-    engines = [VLLMEngine(engine_config, step_model.output_token_processing_us()) for _ in range(n)]
+    engines = [VLLMEngine(s.engine, s.step_model.output_token_processing_us()) for s in setups]
+    block_size = setups[0].engine.block_size
     source = _Source(requests, horizon_us)
     finished = _on_finished(env, sessions, source)
 
@@ -133,18 +152,22 @@ def run_simulation(
         return len(engines[index].kv.cached_prefix_blocks(req, req.input_tokens))
 
     trace = DecisionTrace(cluster.trace.level, cluster.trace.counterfactual_k)
-    snapshots = SnapshotCache(
-        cluster.routing.snapshot_refresh_interval_us,
-        lambda i: live[i](),
-        lambda i: router.in_flight[i],
-        [(iid, model_name) for iid in instance_ids],
-    )
     live = [_live_snapshot(i, instance_ids[i], engines[i], model_name) for i in range(n)]
     instances: list[Instance] = []
+    admission, routing = build_policies(
+        cluster, subsystem_rng(seed, "router"), block_size, kv_probe
+    )
+    pd = _build_pd(cluster, env, seed, block_size, kv_probe, trace, pd_kv_bytes_per_token)
     router = Router(
         env,
-        *build_policies(cluster, subsystem_rng(seed, "router"), engine_config.block_size, kv_probe),
-        snapshots,
+        admission,
+        routing,
+        SnapshotCache(
+            cluster.routing.snapshot_refresh_interval_us,
+            lambda i: live[i](),
+            lambda i: router.in_flight[i],
+            [(iid, model_name) for iid in instance_ids],
+        ),
         [lambda r, i=i: instances[i].inbox.put(r) for i in range(n)],
         instance_ids,
         model_name,
@@ -152,19 +175,32 @@ def run_simulation(
         trace,
         cluster.admission.latency_us,
         cluster.routing.latency_us,
+        pd,
     )
-    for i, engine in enumerate(engines):
+
+    def deliver_decode(sub: Request, index: int) -> bool:
+        router.in_flight[index] += 1
+        router.routed[index] += 1
+        if instances[index].deliver_resident(sub):
+            return True
+        router.in_flight[index] -= 1
+        return False
+
+    for i, (engine, setup) in enumerate(zip(engines, setups, strict=True)):
 
         def on_instance_finished(req: Request, index: int = i) -> None:
             router.finished(index)
-            finished(req)
+            if req.pd_role:
+                pd.on_sub_finished(req, env.now, deliver_decode, finished)
+            else:
+                finished(req)
 
         instances.append(
             Instance(
                 env,
                 instance_ids[i],
                 engine,
-                step_model,
+                setup.step_model,
                 on_instance_finished,
                 horizon_us,
                 check_invariants,
@@ -177,21 +213,24 @@ def run_simulation(
         env.run()
     else:
         env.run(until=horizon_us + 1)
+    if pd is not None:
+        pd.finalize()
 
     def end_of(engine: VLLMEngine) -> int:
         return engine.clock_us if horizon_us is None else min(engine.clock_us, horizon_us)
 
     arrived = source.injected
     handled = [r for r in arrived if r.state is not RequestState.REJECTED]
-    # Arrived but not yet enqueued anywhere (router latency, alpha delay) counts as queued.
-    pending = sum(1 for r in handled if r.state is RequestState.CREATED)
-    summary = compute_summary("cluster", handled, engines, max(end_of(e) for e in engines), pending)
+    summary = compute_summary("cluster", handled, engines, max(end_of(e) for e in engines))
+    # Instance-level views count what each engine served: sub-requests, not parents.
+    served = [r for r in handled if not r.disaggregated]
+    for parent in pd.parents if pd is not None else ():
+        served.extend(s for s in (parent.prefill_sub, parent.decode_sub) if s is not None)
     per_instance = []
     if n > 1:
         for iid, engine in zip(instance_ids, engines, strict=True):
-            mine = [r for r in handled if r.instance_id == iid]
-            waiting = sum(1 for r in mine if r.state is RequestState.CREATED)
-            per_instance.append(compute_summary(iid, mine, [engine], end_of(engine), waiting))
+            mine = [r for r in served if r.instance_id == iid]
+            per_instance.append(compute_summary(iid, mine, [engine], end_of(engine)))
     return Result(
         summary=summary,
         request_records=arrived,
@@ -207,6 +246,67 @@ def run_simulation(
         routed=list(router.routed),
         in_flight_at_end=list(router.in_flight),
         decisions=trace,
+        pd=pd,
+        instance_roles=[s.role for s in setups],
+    )
+
+
+def _build_pd(
+    cluster: ClusterSpec,
+    env: simpy.Environment,
+    seed: int,
+    block_size: int,
+    kv_probe: Callable[[int, Request], int],
+    trace: DecisionTrace,
+    kv_bytes_per_token: float,
+) -> Disaggregator | None:
+    spec = cluster.pd
+    if not spec.enabled:
+        return None
+    p, d = spec.prefill_instances, spec.decode_instances
+    pools = Pools(
+        prefill=list(range(p)),
+        decode=list(range(p, p + d)),
+        unified=list(range(p + d, cluster.num_instances)),
+    )
+
+    def pool_policy(pool_scorers: str | None, rng_name: str) -> RoutingPolicy:
+        if pool_scorers:
+            name, scorers = "weighted", pool_scorers
+        else:
+            name, scorers = cluster.routing.policy, cluster.routing.scorers
+        return make_routing_policy(
+            name,
+            scorers=scorers,
+            rng=subsystem_rng(seed, rng_name),
+            block_size=block_size,
+            kv_probe=kv_probe,
+        )
+
+    return Disaggregator(
+        pools,
+        make_decider(
+            spec.decider,
+            prefix_threshold=spec.prefix_threshold if spec.prefix_threshold is not None else 16,
+            prefix_mode=spec.prefix_mode,
+            prompt_length_threshold=spec.prompt_length_threshold
+            if spec.prompt_length_threshold is not None
+            else 256,
+            block_size=block_size,
+        ),
+        pool_policy(spec.prefill.routing_scorers, "prefill-router"),
+        pool_policy(spec.decode.routing_scorers, "decode-router"),
+        KVTransferLink(
+            env,
+            spec.transfer_bandwidth_gb_per_s,
+            spec.transfer_base_latency_ms,
+            contention=spec.transfer_contention,
+            priority=ROUTER,
+        ),
+        spec.kv_bytes_per_token or kv_bytes_per_token,
+        kv_probe,
+        block_size,
+        trace,
     )
 
 

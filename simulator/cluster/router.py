@@ -16,6 +16,7 @@ from ..engine.events import ROUTER, event_after
 from ..engine.request import Request, RequestState
 from .admission import AdmissionPolicy
 from .decisions import DecisionTrace
+from .pd import Disaggregator
 from .routing import RoutingPolicy
 from .snapshot import InstanceSnapshot, SnapshotCache
 
@@ -34,6 +35,7 @@ class Router:
         trace: DecisionTrace,
         admission_latency_us: int = 0,
         routing_latency_us: int = 0,
+        pd: Disaggregator | None = None,
     ) -> None:
         self.env = env
         self.admission = admission
@@ -46,6 +48,7 @@ class Router:
         self.trace = trace
         self.admission_latency_us = admission_latency_us
         self.routing_latency_us = routing_latency_us
+        self.pd = pd
         self.inbox: simpy.Store = simpy.Store(env)
         self.in_flight = [0] * len(instance_ids)
         self.routed = [0] * len(instance_ids)
@@ -84,19 +87,29 @@ class Router:
         self._after(self.routing_latency_us, self._route, req)
 
     def _route(self, req: Request) -> None:
-        candidates = self.candidates(req)
-        if not candidates:
+        if req.model and req.model.lower() != self.model_name:
             self.routing_rejections += 1
             self._reject(req)
             return
-        decision = self.routing.route(req, candidates, self.env.now)
+        now = self.env.now
+        if self.pd is not None:
+            self.pd.route(
+                req, lambda i: self.snapshots.get(i, now), now, self.dispatch, self.routing
+            )
+            return
+        candidates = self.candidates(req)
+        decision = self.routing.route(req, candidates, now)
         chosen = next(c for c in candidates if c.index == decision.target)
         self.routing.observe(req, chosen)
-        self.trace.record_routing(req, self.env.now, decision, candidates)
-        self.in_flight[decision.target] += 1
-        self.routed[decision.target] += 1
-        req.instance_id = self.instance_ids[decision.target]
-        self.deliver[decision.target](req)
+        self.trace.record_routing(req, now, decision, candidates)
+        self.dispatch(req, decision.target)
+
+    def dispatch(self, req: Request, index: int) -> None:
+        """Send a (sub-)request to instance `index` and count it in flight there."""
+        self.in_flight[index] += 1
+        self.routed[index] += 1
+        req.instance_id = self.instance_ids[index]
+        self.deliver[index](req)
 
     def _reject(self, req: Request) -> None:
         req.state = RequestState.REJECTED

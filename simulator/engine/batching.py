@@ -115,10 +115,42 @@ class VLLMEngine:
         self.waiting.append(req)
         return EnqueueOutcome.QUEUED
 
+    def enqueue_resident(self, req: Request, now_us: int) -> EnqueueOutcome:
+        """Enqueue a decode sub-request whose prompt KV arrives by transfer (SPEC §7.2 step 5):
+        the prompt's blocks are allocated now (reusing any cached prefix), there is no queueing
+        delay and its input tokens are not counted again. No room → DROPPED (the cluster
+        counts it as dropped at decode KV)."""
+        self.clock_us = now_us
+        req.enqueue_us = now_us
+        if 0 < req.deadline_us <= now_us:
+            req.state = RequestState.TIMED_OUT
+            req.completion_us = now_us
+            self.timed_out += 1
+            return EnqueueOutcome.TIMED_OUT
+        prompt = req.input_tokens
+        cached = (
+            self.kv.cached_prefix_blocks(req, prompt) if self.config.enable_prefix_caching else []
+        )
+        if prompt == 0 or not self.kv.try_allocate(
+            req, len(cached) * self.kv.block_size, prompt, cached
+        ):
+            req.state = RequestState.DROPPED
+            req.completion_us = now_us
+            return EnqueueOutcome.DROPPED
+        req.cached_tokens = len(cached) * self.kv.block_size
+        req.computed_tokens = prompt
+        req.prefill_target = prompt
+        req.in_prefill = False
+        req.state = RequestState.QUEUED
+        self.waiting.append(req)
+        return EnqueueOutcome.QUEUED
+
     def cancel(self, req: Request, now_us: int) -> bool:
         """Client timeout at the deadline (SPEC §1.8). Returns True if the request was live."""
         if req.state is RequestState.QUEUED:
             self.waiting.remove(req)
+            if req.block_ids:
+                self.kv.release(req)
         elif req.state is RequestState.RUNNING:
             self.running.remove(req)
             self.kv.release(req)
@@ -199,6 +231,19 @@ class VLLMEngine:
             caching = cfg.enable_prefix_caching
             while waiting and budget > 0 and len(running) < max_running:
                 req = waiting[0]
+                if req.kv_resident:
+                    # Decode sub-request: its prompt KV is here; it needs one token's worth.
+                    if not kv.append_token(req, req.computed_tokens):
+                        break
+                    waiting.popleft()
+                    running.append(req)
+                    req.state = RequestState.RUNNING
+                    req.num_new_tokens = 1
+                    req.schedule_us = now_us
+                    if req.first_schedule_us < 0:
+                        req.first_schedule_us = now_us
+                    budget -= 1
+                    continue
                 target = req.prefill_target
                 # After this prefill, a request with 2+ tokens still to produce needs KV for one
                 # more token; if even the whole cache cannot hold that, it can never progress.
@@ -280,13 +325,13 @@ class VLLMEngine:
         """Assert the engine's laws (tests and debug runs): states, progress bounds, KV."""
         for req in self.waiting:
             assert req.state is RequestState.QUEUED, req
-            assert not req.block_ids, req
+            assert not req.block_ids or req.kv_resident, req
         for req in self.running:
             assert req.state is RequestState.RUNNING, req
         for req in (*self.waiting, *self.running):
             assert 0 <= req.generated_tokens <= max(req.output_tokens, 0), req
             assert req.computed_tokens <= req.input_tokens + req.generated_tokens, req
-        self.kv.check_invariants(self.running)
+        self.kv.check_invariants([*self.running, *(r for r in self.waiting if r.block_ids)])
 
     def _reorder_waiting(self, now_us: int) -> None:
         policy = self.priority_policy

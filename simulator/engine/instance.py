@@ -71,9 +71,21 @@ class Instance:
             else:
                 self._enqueue(req)
 
+    def deliver_resident(self, req: Request) -> bool:
+        """A decode sub-request arriving with its prompt KV (transfer done). False when the
+        prompt's KV does not fit here: the request is dropped (at decode KV)."""
+        req.instance_id = self.instance_id
+        outcome = self.engine.enqueue_resident(req, self.env.now)
+        if outcome is EnqueueOutcome.DROPPED:
+            return False
+        self._after_enqueue(req, outcome)
+        return True
+
     def _enqueue(self, req: Request) -> None:
         self.pending_enqueue.discard(req)
-        outcome = self.engine.enqueue(req, self.env.now)
+        self._after_enqueue(req, self.engine.enqueue(req, self.env.now))
+
+    def _after_enqueue(self, req: Request, outcome: EnqueueOutcome) -> None:
         if outcome is EnqueueOutcome.QUEUED:
             deadline = req.deadline_us
             if deadline > 0 and (self.horizon_us is None or deadline <= self.horizon_us):

@@ -72,6 +72,16 @@ class Request:
         "cached_tokens",
         "length_capped",
         "step_tokens_us",
+        # prefill/decode disaggregation: sub-requests point at their parent, and a parent
+        # records where and when its phases ran
+        "pd_role",
+        "parent",
+        "prefill_sub",
+        "decode_sub",
+        "decode_instance_index",
+        "transfer_start_us",
+        "transfer_end_us",
+        "dropped_at_decode_kv",
     )
 
     def __init__(
@@ -145,6 +155,14 @@ class Request:
         self.cached_tokens = 0
         self.length_capped = False
         self.step_tokens_us = 0
+        self.pd_role = ""  # "", "prefill" or "decode" (sub-requests only)
+        self.parent: Request | None = None
+        self.prefill_sub: Request | None = None
+        self.decode_sub: Request | None = None
+        self.decode_instance_index = -1
+        self.transfer_start_us = -1
+        self.transfer_end_us = -1
+        self.dropped_at_decode_kv = False
 
     def __repr__(self) -> str:
         return (
@@ -155,6 +173,39 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.state in _FINAL_STATES
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_sub is not None
+
+    @property
+    def kv_resident(self) -> bool:
+        """A decode sub-request waiting with its prompt's KV already transferred in."""
+        return not self.in_prefill and bool(self.block_ids)
+
+    def sub_request(self, role: str) -> Request:
+        """The prefill (prompt only, no output) or decode sub-request of this parent."""
+        sub = Request(
+            f"{self.request_id}_{role}",
+            self.arrival_us,
+            self.input_tokens,
+            self.output_tokens if role == "decode" else 0,
+            index=self.index,
+            deadline_us=self.deadline_us,
+            segments=self.segments,
+            slo_class=self.slo_class,
+            tenant_id=self.tenant_id,
+            model=self.model,
+            client_id=self.client_id,
+            session_id=self.session_id,
+            round_index=self.round_index,
+            prefix_group=self.prefix_group,
+            streaming=self.streaming,
+        )
+        sub.output_key = self.output_key
+        sub.pd_role = role
+        sub.parent = self
+        return sub
 
     def content_segments(self, total_tokens: int) -> list[Segment]:
         """Segments covering the first `total_tokens` of prompt followed by generated output."""

@@ -25,6 +25,7 @@ PER_SLO_HEADER = "=== Per-SLO Metrics ==="
 ANOMALY_HEADER = "=== Anomaly Counters ==="
 KV_HEADER = "=== KV Cache Metrics ==="
 TENANT_HEADER = "=== Per-Tenant Metrics ==="
+PD_HEADER = "=== PD Metrics ==="
 SESSION_HEADER = "=== Session Metrics ==="
 # BLIS's MetricsOutput fields (SPEC §10.2), in BLIS's order; kv_allocation_failures is omitted
 # when zero. servesim adds the *_p50_ms fields.
@@ -84,9 +85,15 @@ def compute_summary(
     requests: list[Request],
     engines: list[VLLMEngine],
     sim_end_us: int,
-    pending_at_horizon: int = 0,
 ) -> dict[str, Any]:
-    """The BLIS MetricsOutput dict for `requests` served by `engines`."""
+    """The BLIS MetricsOutput dict for `requests` served by `engines`.
+
+    Request counts come from the requests' own states (a request that arrived but is not yet
+    enqueued anywhere counts as queued), token totals and inter-token gaps from the engines.
+    """
+    counts = {state: 0 for state in RequestState}
+    for r in requests:
+        counts[r.state] += 1
     completed = [r for r in requests if r.state is RequestState.COMPLETED]
     e2e_us = np.array([r.completion_us - r.arrival_us for r in completed], dtype=np.int64)
     ttft_us = np.array(
@@ -97,10 +104,10 @@ def compute_summary(
         [r.schedule_us - r.arrival_us for r in requests if r.schedule_us >= 0], dtype=np.int64
     )
     itl_us = pooled_itl_us(engines)
-    still_queued = sum(len(e.waiting) for e in engines) + pending_at_horizon
-    still_running = sum(len(e.running) for e in engines)
-    dropped = sum(e.dropped_unservable for e in engines)
-    timed_out = sum(e.timed_out for e in engines)
+    still_queued = counts[RequestState.QUEUED] + counts[RequestState.CREATED]
+    still_running = counts[RequestState.RUNNING]
+    dropped = counts[RequestState.DROPPED]
+    timed_out = counts[RequestState.TIMED_OUT]
     duration_s = sim_end_us / 1e6
     output_tokens = sum(e.total_output_tokens for e in engines)
     summary: dict[str, Any] = {
@@ -208,6 +215,12 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
                 r.session_id,
                 r.round_index,
                 r.prefix_group,
+                r.disaggregated,
+                r.prefill_sub.instance_id if r.prefill_sub is not None else "",
+                r.decode_sub.instance_id if r.decode_sub is not None else "",
+                (r.transfer_end_us - r.transfer_start_us) / 1000
+                if r.transfer_end_us >= 0
+                else np.nan,
             )
         )
     frame = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
@@ -242,6 +255,10 @@ REQUEST_COLUMNS = [
     "session_id",
     "round_index",
     "prefix_group",
+    "disaggregated",
+    "prefill_instance",
+    "decode_instance",
+    "transfer_ms",
 ]
 
 
@@ -296,6 +313,8 @@ class Result:
     routed: list[int] = field(default_factory=list, repr=False)
     in_flight_at_end: list[int] = field(default_factory=list, repr=False)
     decisions: Any = field(default=None, repr=False)
+    pd: Any = field(default=None, repr=False)
+    instance_roles: list[str] = field(default_factory=list, repr=False)
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -342,6 +361,79 @@ class Result:
                 }
             )
         return pd.DataFrame(rows)
+
+    @cached_property
+    def transfers(self) -> pd.DataFrame:
+        """One row per KV transfer (PD): request, instances, bytes and timing (µs)."""
+        columns = [
+            "request_id",
+            "prefill_instance",
+            "decode_instance",
+            "size_bytes",
+            "requested_us",
+            "start_us",
+            "end_us",
+            "duration_us",
+            "concurrency_at_start",
+        ]
+        if self.pd is None:
+            return pd.DataFrame(columns=columns)
+        parents = {p.request_id: p for p in self.pd.parents}
+        rows = []
+        for rec in self.pd.link.records:
+            parent = parents[rec.transfer_id]
+            rows.append(
+                (
+                    rec.transfer_id,
+                    parent.prefill_sub.instance_id,
+                    self.instance_ids[parent.decode_instance_index],
+                    rec.size_bytes,
+                    rec.requested_us,
+                    rec.start_us,
+                    rec.end_us,
+                    rec.duration_us,
+                    rec.concurrency_at_start,
+                )
+            )
+        return pd.DataFrame.from_records(rows, columns=columns)
+
+    @cached_property
+    def pd_metrics(self) -> dict[str, Any] | None:
+        """BLIS's `=== PD Metrics ===` (SPEC §7.4) plus link concurrency."""
+        if self.pd is None:
+            return None
+        d = self.pd
+        duration_s = self.summary["vllm_estimated_duration_s"]
+        prefill_tput = d.prefill_completed / duration_s if duration_s else 0.0
+        decode_tput = d.decode_completed / duration_s if duration_s else 0.0
+        lo, hi = sorted((prefill_tput, decode_tput))
+        imbalance: float | str = 1.0 if hi == 0 else ("inf" if lo == 0 else hi / lo)
+        ttft = np.array(
+            [p.first_token_us - p.arrival_us for p in d.parents if p.first_token_us >= 0],
+            dtype=np.int64,
+        )
+        durations = self.transfers.duration_us.to_numpy(dtype=np.int64)
+        completed_transfers = int(sum(p.transfer_end_us >= 0 for p in d.parents))
+        end = max(self.summary["vllm_estimated_duration_s"] * 1e6, 1.0)
+        return {
+            "disaggregated_requests": completed_transfers,
+            "dropped_at_decode_kv": d.dropped_at_decode_kv,
+            "prefill_throughput_rps": prefill_tput,
+            "decode_throughput_rps": decode_tput,
+            "load_imbalance_ratio": imbalance,
+            "parent_ttft_mean_ms": _mean(ttft) / 1000,
+            "parent_ttft_p50_ms": _pct(ttft, 50) / 1000,
+            "parent_ttft_p95_ms": _pct(ttft, 95) / 1000,
+            "parent_ttft_p99_ms": _pct(ttft, 99) / 1000,
+            "transfers": int(len(durations)),
+            "transfer_duration_mean_us": _mean(durations),
+            "transfer_duration_p50_us": _pct(durations, 50),
+            "transfer_duration_p95_us": _pct(durations, 95),
+            "transfer_duration_p99_us": _pct(durations, 99),
+            "link_peak_concurrency": d.link.peak_concurrency,
+            "link_mean_concurrency_at_start": d.link.mean_concurrency_at_start,
+            "link_time_weighted_concurrency": d.link.time_weighted_mean_concurrency(int(end)),
+        }
 
     @cached_property
     def anomalies(self) -> dict[str, int]:
@@ -406,6 +498,8 @@ class Result:
             blocks.append(f"{PER_SLO_HEADER}\n{json.dumps(self.per_slo, indent=2)}")
         if len(self.per_tenant["tokens"]) > 1:
             blocks.append(f"{TENANT_HEADER}\n{json.dumps(self.per_tenant, indent=2)}")
+        if self.pd_metrics is not None:
+            blocks.append(f"{PD_HEADER}\n{json.dumps(self.pd_metrics, indent=2)}")
         if self.session_counts:
             blocks.append(f"{SESSION_HEADER}\n{json.dumps(self.session_counts, indent=2)}")
         if self.decisions is not None and self.scenario.get("cluster", {}).get("trace", {}).get(
@@ -476,5 +570,7 @@ class Result:
         doc["kv_cache"] = self.kv_metrics
         if self.fitness is not None:
             doc["fitness"] = {"score": self.fitness[0], "components": self.fitness[1]}
+        if self.pd_metrics is not None:
+            doc["pd"] = self.pd_metrics
         doc["requests"] = self.blis_request_records()
         return doc

@@ -1,0 +1,378 @@
+"""The KV-transfer link between the prefill and decode pools (SPEC §7.2 step 4, Part A4).
+
+One link is shared by the whole cluster. A transfer first pays a fixed base latency (connection
+setup; it does not use bandwidth), then its bytes join the link. Two bandwidth models:
+
+* contention on (default): processor sharing. Every transfer whose bytes are on the link drains
+  at bandwidth / (number of such transfers), recomputed whenever one joins or finishes, so two
+  equal transfers started together each take twice as long as one alone.
+* contention off (BLIS's model): every transfer drains at the full bandwidth, independently.
+
+`SharedLink` is the plain-Python core, in exact (float) microseconds. `KVTransferLink` drives it
+from SimPy on the integer µs clock: a transfer completes at the first integer µs at or after its
+exact finish time. A transfer that never shared the link (always, with contention off) takes
+exactly BLIS's `ceil(base_ms*1000 + bytes / (GBps*1000))` µs, minimum 1.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import simpy
+
+from ..engine.events import event_after
+from ..errors import invalid, is_finite_positive
+
+BANDWIDTH_FIELD = "pd.transfer_bandwidth_gb_per_s"
+BASE_LATENCY_FIELD = "pd.transfer_base_latency_ms"
+
+TransferId = Hashable
+
+
+def _float_slack_us(t_us: float) -> float:
+    """Float noise allowed around an exact time before it counts as the next microsecond.
+
+    Exact finish times are sums of quotients; without slack, 2000.0000000000002 would be
+    delivered at 2001 and two equal transfers would not take exactly twice a lone one.
+    """
+    return 1e-6 + 16 * math.ulp(t_us)
+
+
+def ceil_us(t_us: float) -> int:
+    """The first integer µs at or after `t_us`, ignoring float noise."""
+    return math.ceil(t_us - _float_slack_us(t_us))
+
+
+# --------------------------------------------------------------------------- core
+
+
+class SharedLink:
+    """Processor-sharing bandwidth model in exact (float) µs; no SimPy.
+
+    `add` and `advance` move the link's clock forward (never back). `advance` drains piecewise:
+    a transfer that runs out of bytes before `now_us` stops sharing bandwidth at its exact
+    finish time, and stays reported by `next_completion` until `remove` takes it out.
+    """
+
+    def __init__(self, bandwidth_bytes_per_us: float, contention: bool) -> None:
+        if not is_finite_positive(bandwidth_bytes_per_us):
+            raise invalid(
+                "bandwidth_bytes_per_us", bandwidth_bytes_per_us, "must be a finite number > 0"
+            )
+        self.bandwidth_bytes_per_us = float(bandwidth_bytes_per_us)
+        self.contention = contention
+        self.now_us = 0.0
+        # id -> (remaining bytes, insertion order); order breaks ties between equal remainders.
+        self._remaining: dict[TransferId, list[float]] = {}
+        # Transfers whose bytes are done but that the caller has not removed: id -> finish time.
+        self._finished: dict[TransferId, float] = {}
+        self._order = itertools.count()
+
+    @property
+    def active_count(self) -> int:
+        """Transfers whose bytes are still draining (the ones sharing the bandwidth)."""
+        return len(self._remaining)
+
+    def __contains__(self, transfer_id: TransferId) -> bool:
+        return transfer_id in self._remaining or transfer_id in self._finished
+
+    def _rate(self) -> float:
+        if self.contention:
+            return self.bandwidth_bytes_per_us / len(self._remaining)
+        return self.bandwidth_bytes_per_us
+
+    def add(self, now_us: float, transfer_id: TransferId, size_bytes: float) -> None:
+        if transfer_id in self:
+            raise ValueError(f"transfer {transfer_id!r} is already on the link")
+        if not (math.isfinite(size_bytes) and size_bytes >= 0):
+            raise ValueError(f"transfer size must be finite and >= 0, got {size_bytes!r}")
+        self.advance(now_us)
+        if size_bytes == 0:
+            self._finished[transfer_id] = self.now_us
+        else:
+            self._remaining[transfer_id] = [float(size_bytes), float(next(self._order))]
+
+    def _next_drain(self) -> tuple[float, TransferId] | None:
+        if not self._remaining:
+            return None
+        tid, (rem, _) = min(self._remaining.items(), key=lambda kv: (kv[1][0], kv[1][1]))
+        return self.now_us + rem / self._rate(), tid
+
+    def next_completion(self) -> tuple[float, TransferId] | None:
+        """(exact finish time, id) of the earliest finishing transfer not yet removed."""
+        if self._finished:
+            tid = min(self._finished, key=self._finished.__getitem__)
+            return self._finished[tid], tid
+        return self._next_drain()
+
+    def advance(self, now_us: float) -> None:
+        """Drain bytes up to `now_us`, finishing transfers in order along the way."""
+        if now_us < self.now_us:
+            if self.now_us - now_us > _float_slack_us(self.now_us):
+                raise ValueError(f"link time moves backwards: {now_us} < {self.now_us}")
+            return
+        while self._remaining:
+            finish_us, first = self._next_drain()
+            if finish_us > now_us:
+                break
+            self._drain_to(finish_us, first)
+        if self._remaining:
+            self._drain_to(now_us, None)
+        self.now_us = now_us
+
+    def _drain_to(self, t_us: float, finishing: TransferId | None) -> None:
+        drained = self._rate() * (t_us - self.now_us)
+        for tid, entry in list(self._remaining.items()):
+            # The transfer we computed the finish time for ends exactly; others with the same
+            # remainder hit 0 through the same arithmetic.
+            entry[0] = 0.0 if tid == finishing else entry[0] - drained
+            if entry[0] <= 0.0:
+                del self._remaining[tid]
+                self._finished[tid] = t_us
+        self.now_us = max(self.now_us, t_us)
+
+    def is_draining(self, transfer_id: TransferId) -> bool:
+        """True while the transfer still has bytes left (it shares the bandwidth)."""
+        return transfer_id in self._remaining
+
+    def remove(self, transfer_id: TransferId) -> None:
+        """Take a transfer off the link (finished or not)."""
+        if transfer_id in self._finished:
+            del self._finished[transfer_id]
+        else:
+            del self._remaining[transfer_id]
+
+
+# --------------------------------------------------------------------------- SimPy wrapper
+
+
+@dataclass
+class TransferRecord:
+    """One completed transfer. Times are absolute µs; `start_us` may be fractional when the
+    base latency is not a whole number of µs."""
+
+    transfer_id: TransferId
+    size_bytes: float
+    requested_us: int
+    start_us: float  # bytes join the link: requested + base latency
+    end_us: int
+    concurrency_at_start: int  # transfers on the link when its bytes joined, itself included
+    duration_us: int  # end - requested
+
+
+@dataclass
+class _Pending:
+    transfer_id: TransferId
+    size_bytes: float
+    requested_us: int
+    start_us: float
+    on_done: Callable[[int], None]
+    concurrency_at_start: int = 0
+    shared: bool = False  # ever had company on the link (then BLIS's formula does not apply)
+
+
+class KVTransferLink:
+    """The cluster's KV-transfer link as seen from SimPy.
+
+    `start(id, size_bytes, on_done)` begins a transfer now; `on_done(end_us)` is called at
+    `end_us`. All wake-ups are scheduled with `priority`; a single wake-up is outstanding at a
+    time and a generation counter makes superseded ones no-ops.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        bandwidth_gb_per_s: float,
+        base_latency_ms: float,
+        contention: bool = True,
+        priority: int = 0,
+    ) -> None:
+        if not is_finite_positive(bandwidth_gb_per_s):
+            raise invalid(BANDWIDTH_FIELD, bandwidth_gb_per_s, "must be a finite number > 0")
+        if (
+            isinstance(base_latency_ms, bool)
+            or not isinstance(base_latency_ms, int | float)
+            or not math.isfinite(base_latency_ms)
+            or base_latency_ms < 0
+        ):
+            raise invalid(BASE_LATENCY_FIELD, base_latency_ms, "must be a finite number >= 0")
+        self.env = env
+        self.bandwidth_gb_per_s = float(bandwidth_gb_per_s)
+        self.base_latency_ms = float(base_latency_ms)
+        self.contention = contention
+        self.priority = priority
+        # Same arithmetic as BLIS: 1 GB/s = 1e9 B / 1e6 µs = 1000 B/µs.
+        self.bandwidth_bytes_per_us = self.bandwidth_gb_per_s * 1000.0
+        self.base_latency_us = self.base_latency_ms * 1000.0
+        self.core = SharedLink(self.bandwidth_bytes_per_us, contention)
+        self.records: list[TransferRecord] = []
+        self.initiated = 0
+        self.peak_concurrency = 0
+        self._concurrency_sum = 0
+        self._joined = 0
+        # In base latency, in join order (the base latency is the same for all, so FIFO).
+        self._waiting: deque[_Pending] = deque()
+        self._on_link: dict[TransferId, _Pending] = {}
+        # Bytes done, callback due at end_us: heap of (end_us, seq, pending).
+        self._due: list[tuple[int, int, _Pending]] = []
+        self._seq = itertools.count()
+        self._generation = 0
+        self._wake_us: int | None = None
+
+    # ------------------------------------------------------------------ public
+    def lone_duration_us(self, size_bytes: float) -> int:
+        """BLIS's transfer time: ceil(base_ms*1000 + bytes / (GBps*1000)), at least 1 µs."""
+        return max(1, math.ceil(self.base_latency_us + size_bytes / self.bandwidth_bytes_per_us))
+
+    def start(
+        self, transfer_id: TransferId, size_bytes: float, on_done: Callable[[int], None]
+    ) -> None:
+        if not (
+            isinstance(size_bytes, int | float)
+            and not isinstance(size_bytes, bool)
+            and math.isfinite(size_bytes)
+            and size_bytes >= 0
+        ):
+            raise ValueError(f"transfer size_bytes must be finite and >= 0, got {size_bytes!r}")
+        if transfer_id in self._on_link or any(p.transfer_id == transfer_id for p in self._waiting):
+            raise ValueError(f"transfer {transfer_id!r} is already in flight")
+        now = int(self.env.now)
+        self.initiated += 1
+        pending = _Pending(transfer_id, size_bytes, now, now + self.base_latency_us, on_done)
+        self._waiting.append(pending)
+        self._reschedule()
+
+    @property
+    def in_flight(self) -> int:
+        """Transfers started and not yet reported done."""
+        return len(self._waiting) + len(self._on_link) + len(self._due)
+
+    @property
+    def active_count(self) -> int:
+        """Transfers whose bytes are on the link now."""
+        return self.core.active_count
+
+    @property
+    def mean_concurrency_at_start(self) -> float:
+        """Mean of `concurrency_at_start` over every transfer whose bytes joined the link."""
+        return self._concurrency_sum / self._joined if self._joined else 0.0
+
+    def time_weighted_mean_concurrency(self, until_us: float) -> float:
+        """Mean number of transfers with bytes on the link over [0, until_us].
+
+        Each transfer counts over [start_us, end_us) (end rounded up to the µs, so this can
+        overstate by under 1 µs per transfer); idle time counts as 0.
+        """
+        if until_us <= 0:
+            return 0.0
+        area = 0.0
+        intervals = [(r.start_us, r.end_us) for r in self.records]
+        intervals += [(p.start_us, until_us) for p in self._on_link.values()]
+        intervals += [(p.start_us, end) for end, _, p in self._due]
+        for lo, hi in intervals:
+            area += max(0.0, min(hi, until_us) - lo)
+        return area / until_us
+
+    # ------------------------------------------------------------------ internals
+    def _next_event_us(self) -> int | None:
+        """Integer µs at which something next needs doing."""
+        times: list[int] = []
+        if self._waiting:
+            times.append(ceil_us(self._waiting[0].start_us))
+        nxt = self.core.next_completion()
+        if nxt is not None:
+            times.append(ceil_us(nxt[0]))
+        if self._due:
+            times.append(self._due[0][0])
+        return min(times) if times else None
+
+    def _reschedule(self) -> None:
+        wake_us = self._next_event_us()
+        if wake_us is None or wake_us == self._wake_us:
+            return
+        now = int(self.env.now)
+        wake_us = max(wake_us, now)
+        self._generation += 1
+        self._wake_us = wake_us
+        generation = self._generation
+        event = event_after(self.env, wake_us - now, self.priority)
+        event.callbacks.append(lambda _event: self._wake(generation))
+
+    def _wake(self, generation: int) -> None:
+        if generation != self._generation:
+            return  # superseded by a later reschedule
+        self._wake_us = None
+        now = int(self.env.now)
+        self._process_until(now)
+        done: list[tuple[int, _Pending]] = []
+        while self._due and self._due[0][0] <= now:
+            end_us, _, pending = heapq.heappop(self._due)
+            done.append((end_us, pending))
+        for end_us, pending in done:
+            self._record(pending, end_us)
+        self._reschedule()
+        # Callbacks last: they may start new transfers, which reschedule on their own.
+        for end_us, pending in done:
+            pending.on_done(end_us)
+
+    def _process_until(self, now: int) -> None:
+        """Apply joins and byte completions with exact time <= now, in exact-time order."""
+        while True:
+            nxt = self.core.next_completion()
+            join = self._waiting[0] if self._waiting else None
+            # A finish and a join at the same exact time: finish first (no sharing at an instant).
+            if nxt is not None and (join is None or nxt[0] <= join.start_us):
+                finish_us, tid = nxt
+                if ceil_us(finish_us) > now:
+                    return
+                self.core.advance(finish_us)
+                self.core.remove(tid)
+                self._bytes_done(self._on_link.pop(tid), finish_us, now)
+            elif join is not None:
+                if ceil_us(join.start_us) > now:
+                    return
+                self._waiting.popleft()
+                self.core.add(join.start_us, join.transfer_id, join.size_bytes)
+                self._on_link[join.transfer_id] = join
+                self._join(join)
+            else:
+                return
+
+    def _join(self, pending: _Pending) -> None:
+        count = self.core.active_count
+        if not self.core.is_draining(pending.transfer_id):
+            count += 1  # zero bytes: finished on arrival, but it was there
+        pending.concurrency_at_start = count
+        self.peak_concurrency = max(self.peak_concurrency, count)
+        self._concurrency_sum += count
+        self._joined += 1
+        if self.contention and self.core.active_count > 1:
+            for other in self._on_link.values():
+                other.shared = True
+
+    def _bytes_done(self, pending: _Pending, finish_us: float, now: int) -> None:
+        # `now` only matters if a wake-up came late, which would be a bug; never report the past.
+        end_us = max(ceil_us(finish_us), pending.requested_us + 1, now)
+        if not pending.shared:
+            # Never shared the link: BLIS's single-ceil formula, so contention on and off agree
+            # for a lone transfer. It differs from ceil(finish) only by float noise.
+            end_us = max(end_us, pending.requested_us + self.lone_duration_us(pending.size_bytes))
+        heapq.heappush(self._due, (end_us, next(self._seq), pending))
+
+    def _record(self, pending: _Pending, end_us: int) -> None:
+        self.records.append(
+            TransferRecord(
+                transfer_id=pending.transfer_id,
+                size_bytes=pending.size_bytes,
+                requested_us=pending.requested_us,
+                start_us=pending.start_us,
+                end_us=end_us,
+                concurrency_at_start=pending.concurrency_at_start,
+                duration_us=end_us - pending.requested_us,
+            )
+        )

@@ -1,0 +1,198 @@
+"""Prefill/decode disaggregation flow (SPEC §7, Part A4): parents, sub-requests, transfers.
+
+The router asks `Disaggregator.route` for every admitted request. Routing is decode-first (as
+llm-d): the decode instance is chosen, then the decider says whether to disaggregate (it may
+look at that instance's real KV cache). A disaggregated request becomes a parent with
+
+    prefill sub-request (prompt only) on the prefill pool
+      -> KV transfer over the link, starting at the end of the final prefill step
+      -> decode sub-request on the chosen decode instance, prompt KV already resident,
+         generating every output token.
+
+The parent is the user-facing request: it takes its first token, completion and token count
+from the decode sub-request, so summaries never show sub-requests (INV-PD-6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..engine.instance import Instance
+from ..engine.request import Request, RequestState
+from .decisions import DecisionTrace
+from .disaggregation import DecisionContext, PDDecider
+from .kv_transfer import KVTransferLink
+from .routing import RoutingPolicy
+from .snapshot import InstanceSnapshot
+
+
+@dataclass
+class Pools:
+    prefill: list[int]
+    decode: list[int]
+    unified: list[int]
+
+
+class Disaggregator:
+    def __init__(
+        self,
+        pools: Pools,
+        decider: PDDecider,
+        prefill_routing: RoutingPolicy,
+        decode_routing: RoutingPolicy,
+        link: KVTransferLink,
+        kv_bytes_per_token: float,
+        kv_probe: Callable[[int, Request], int],
+        block_size: int,
+        trace: DecisionTrace,
+    ) -> None:
+        self.pools = pools
+        self.decider = decider
+        self.prefill_routing = prefill_routing
+        self.decode_routing = decode_routing
+        self.link = link
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.kv_probe = kv_probe
+        self.block_size = block_size
+        self.trace = trace
+        self.instances: list[Instance] = []
+        self.parents: list[Request] = []
+        self.dropped_at_decode_kv = 0
+        self.prefill_completed = 0
+        self.decode_completed = 0
+
+    # ------------------------------------------------------------------ routing
+    def route(
+        self,
+        req: Request,
+        snapshot: Callable[[int], InstanceSnapshot],
+        now_us: int,
+        dispatch: Callable[[Request, int], None],
+        fallback: RoutingPolicy,
+    ) -> None:
+        """Decide and dispatch `req`: `dispatch(request, instance_index)` sends a (sub-)request
+        to an instance's inbox and counts it in flight."""
+        decode_candidates = [snapshot(i) for i in self.pools.decode]
+        decode_choice = self.decode_routing.route(req, decode_candidates, now_us)
+        ctx = DecisionContext(decode_choice.target, self.kv_probe, self.block_size)
+        disaggregate, reason = self.decider.decide(req, ctx)
+        self.trace.record_event(
+            "disaggregation", req, now_us, disaggregate=disaggregate, reason=reason
+        )
+        if disaggregate:
+            prefill_candidates = [snapshot(i) for i in self.pools.prefill]
+            decision = self.prefill_routing.route(req, prefill_candidates, now_us)
+            chosen = next(c for c in prefill_candidates if c.index == decision.target)
+            self.prefill_routing.observe(req, chosen)
+            self.trace.record_routing(req, now_us, decision, prefill_candidates)
+            sub = req.sub_request("prefill")
+            req.prefill_sub = sub
+            req.decode_instance_index = decode_choice.target
+            req.state = RequestState.QUEUED
+            self.parents.append(req)
+            dispatch(sub, decision.target)
+        elif self.pools.unified:
+            candidates = [snapshot(i) for i in self.pools.unified]
+            decision = fallback.route(req, candidates, now_us)
+            fallback.observe(req, next(c for c in candidates if c.index == decision.target))
+            self.trace.record_routing(req, now_us, decision, candidates)
+            dispatch(req, decision.target)
+        else:
+            # No unified instances: the decode instance serves the request whole (llm-d).
+            chosen = next(c for c in decode_candidates if c.index == decode_choice.target)
+            self.decode_routing.observe(req, chosen)
+            self.trace.record_routing(req, now_us, decode_choice, decode_candidates)
+            dispatch(req, decode_choice.target)
+        self.decider.observe(req, disaggregate, ctx)
+
+    # ------------------------------------------------------------------ phases
+    def on_sub_finished(
+        self,
+        sub: Request,
+        now_us: int,
+        deliver_decode: Callable[[Request, int], bool],
+        parent_finished: Callable[[Request], None],
+    ) -> None:
+        """A sub-request left its instance: start the transfer, or settle the parent."""
+        parent = sub.parent
+        if sub.pd_role == "prefill":
+            if sub.state is not RequestState.COMPLETED:
+                self._settle(parent, sub.state)
+                parent_finished(parent)
+                return
+            self.prefill_completed += 1
+            parent.schedule_us = sub.schedule_us
+            parent.first_schedule_us = sub.first_schedule_us
+            parent.enqueue_us = sub.enqueue_us
+            parent.cached_tokens = sub.cached_tokens
+            parent.state = RequestState.RUNNING  # in transfer
+            # A4: the transfer starts at the end of the final prefill step (now).
+            parent.transfer_start_us = now_us
+            size = int(parent.input_tokens * self.kv_bytes_per_token)
+            self.link.start(
+                parent.request_id,
+                size,
+                lambda end_us, p=parent: self._transfer_done(
+                    p, end_us, deliver_decode, parent_finished
+                ),
+            )
+            return
+        # decode sub-request
+        if sub.state is RequestState.COMPLETED:
+            self.decode_completed += 1
+        self._settle(parent, sub.state)
+        parent_finished(parent)
+
+    def _transfer_done(self, parent: Request, end_us: int, deliver_decode, parent_finished):
+        parent.transfer_end_us = end_us
+        decode = parent.sub_request("decode")
+        parent.decode_sub = decode
+        if not deliver_decode(decode, parent.decode_instance_index):
+            if decode.state is RequestState.DROPPED:
+                parent.dropped_at_decode_kv = True
+                self.dropped_at_decode_kv += 1
+            self._settle(parent, decode.state)
+            parent_finished(parent)
+
+    def _settle(self, parent: Request, state: RequestState) -> None:
+        """Copy the outcome of the parent's last phase onto the parent."""
+        parent.state = state
+        sub = parent.decode_sub or parent.prefill_sub
+        parent.instance_id = sub.instance_id
+        if parent.decode_sub is not None:
+            d = parent.decode_sub
+            parent.first_token_us = d.first_token_us
+            parent.last_token_us = d.last_token_us
+            parent.generated_tokens = d.generated_tokens
+            parent.preemptions = parent.prefill_sub.preemptions + d.preemptions
+            parent.length_capped = d.length_capped
+        parent.completion_us = (
+            sub.completion_us
+            if state is RequestState.COMPLETED
+            else max(sub.completion_us, parent.transfer_end_us)
+        )
+
+    def finalize(self) -> None:
+        """At the end of a run, unfinished parents take the state of their current phase."""
+        for parent in self.parents:
+            if parent.is_finished:
+                continue
+            if parent.decode_sub is not None:
+                d = parent.decode_sub
+                parent.state = (
+                    d.state if d.state is not RequestState.CREATED else RequestState.QUEUED
+                )
+                parent.first_token_us = d.first_token_us
+                parent.last_token_us = d.last_token_us
+                parent.generated_tokens = d.generated_tokens
+                parent.instance_id = d.instance_id
+            elif parent.transfer_start_us >= 0:
+                parent.state = RequestState.RUNNING  # mid-transfer
+            else:
+                p = parent.prefill_sub
+                parent.state = (
+                    p.state if p.state is not RequestState.CREATED else RequestState.QUEUED
+                )
+                parent.instance_id = p.instance_id
+                parent.schedule_us = p.schedule_us

@@ -1,0 +1,308 @@
+"""The KV-transfer link (SPEC §7.2 step 4, Part A4): hand-computed timings and processor sharing."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cluster.kv_transfer import KVTransferLink, SharedLink, TransferRecord
+from simulator.errors import ConfigError
+
+GB = 1_000_000_000
+
+
+def run_transfers(
+    starts: list[tuple[int, int]],
+    *,
+    bandwidth_gb_per_s: float = 1.0,
+    base_latency_ms: float = 0.0,
+    contention: bool = True,
+) -> tuple[KVTransferLink, dict[int, int]]:
+    """Start transfer i (size starts[i][1] bytes) at time starts[i][0]; return end time per i.
+
+    Every on_done is checked to fire at exactly the end time it reports, once.
+    """
+    env = simpy.Environment()
+    link = KVTransferLink(env, bandwidth_gb_per_s, base_latency_ms, contention=contention)
+    ends: dict[int, int] = {}
+
+    def on_done(i: int, end_us: int) -> None:
+        assert i not in ends, "on_done called twice"
+        assert env.now == end_us
+        ends[i] = end_us
+
+    def starter(i: int, at_us: int, size: int):
+        yield env.timeout(at_us)
+        link.start(i, size, lambda end_us: on_done(i, end_us))
+
+    for i, (at_us, size) in enumerate(starts):
+        env.process(starter(i, at_us, size))
+    env.run()
+    return link, ends
+
+
+# --------------------------------------------------------------------------- hand-computed
+
+
+@pytest.mark.parametrize("contention", [True, False])
+def test_lone_transfer_one_gb_per_s(contention):
+    # 1 GB/s = 1000 B/µs, so 1,000,000 B take 1000 µs, after 0.05 ms = 50 µs of base latency.
+    link, ends = run_transfers([(100, 1_000_000)], base_latency_ms=0.05, contention=contention)
+    assert ends == {0: 100 + 50 + 1000}
+    (rec,) = link.records
+    assert rec == TransferRecord(0, 1_000_000, 100, 150.0, 1150, 1, 1050)
+
+
+@pytest.mark.parametrize("contention", [True, False])
+def test_blis_formula_rounds_the_sum_once(contention):
+    # base 0.0005 ms = 0.5 µs; 1,000,200 B at 1000 B/µs = 1000.2 µs. BLIS: ceil(1000.7) = 1001.
+    # Rounding the parts separately (or starting the bytes at a whole µs) would give 1002.
+    link, ends = run_transfers([(7, 1_000_200)], base_latency_ms=0.0005, contention=contention)
+    assert ends == {0: 7 + 1001}
+    assert link.lone_duration_us(1_000_200) == 1001
+
+
+@pytest.mark.parametrize("contention", [True, False])
+def test_blis_default_link(contention):
+    # BLIS defaults: 25 GB/s, 0.05 ms. 1000 tokens * 131072 B/token (an 8B model's KV) =
+    # 131,072,000 B / 25,000 B/µs = 5242.88 µs; + 50 -> ceil(5292.88) = 5293.
+    size = 1000 * 131_072
+    link, ends = run_transfers(
+        [(0, size)], bandwidth_gb_per_s=25.0, base_latency_ms=0.05, contention=contention
+    )
+    assert ends == {0: 5293}
+    assert link.lone_duration_us(size) == math.ceil(0.05 * 1000 + size / (25.0 * 1000))
+
+
+def test_minimum_duration_is_one_us():
+    _, ends = run_transfers([(3, 0)])
+    assert ends == {0: 4}
+
+
+def test_two_equal_simultaneous_transfers_take_twice_as_long():
+    _, lone = run_transfers([(0, 3_333_333)], bandwidth_gb_per_s=2.5)
+    _, pair = run_transfers([(0, 3_333_333), (0, 3_333_333)], bandwidth_gb_per_s=2.5)
+    lone_us = lone[0]
+    # 3,333,333 B / 2500 B/µs = 1333.3332 -> 1334 alone; shared: 2666.6664 -> 2667.
+    assert lone_us == 1334
+    assert pair == {0: 2667, 1: 2667}
+    exact_lone = 3_333_333 / 2500
+    assert pair[0] == math.ceil(2 * exact_lone)
+
+
+def test_two_equal_transfers_without_contention_do_not_interfere():
+    _, ends = run_transfers([(0, 1_000_000), (0, 1_000_000)], contention=False)
+    assert ends == {0: 1000, 1: 1000}
+
+
+def test_second_transfer_halfway_through_the_first():
+    # A: 1,000,000 B at t=0 (1000 µs alone). B: 1,000,000 B at t=500.
+    # At 500, A has 500,000 B left; both now drain at 500 B/µs, so A needs 1000 µs more and
+    # ends at 1500 = 1.5x its lone time. B has drained 500,000 B by then; alone again at
+    # 1000 B/µs it needs 500 µs more: ends at 2000 (takes 1500 µs).
+    link, ends = run_transfers([(0, 1_000_000), (500, 1_000_000)])
+    assert ends == {0: 1500, 1: 2000}
+    by_id = {r.transfer_id: r for r in link.records}
+    assert by_id[0].duration_us == 1500 and by_id[1].duration_us == 1500
+    assert by_id[0].concurrency_at_start == 1 and by_id[1].concurrency_at_start == 2
+
+
+def test_stale_wake_ups_are_ignored():
+    # A alone would finish at 1000; B joins at 500, so the wake-up scheduled for 1000 is stale:
+    # the link must do nothing then, and A must end at 1500, not 1000.
+    env = simpy.Environment()
+    link = KVTransferLink(env, 1.0, 0.0)
+    processed_at: list[int] = []
+    original = link._process_until
+
+    def spy(now: int) -> None:
+        processed_at.append(now)
+        original(now)
+
+    link._process_until = spy
+    ends: dict[str, int] = {}
+
+    def starter(name: str, at_us: int):
+        yield env.timeout(at_us)
+        link.start(name, 1_000_000, lambda end_us: ends.__setitem__(name, end_us))
+
+    env.process(starter("A", 0))
+    env.process(starter("B", 500))
+    env.run()
+    assert ends == {"A": 1500, "B": 2000}
+    assert processed_at == [0, 500, 1500, 2000]
+    assert link.in_flight == 0 and link.initiated == 2
+
+
+def test_transfer_started_from_on_done_callback():
+    # A chain: each completion starts the next transfer at the same microsecond.
+    env = simpy.Environment()
+    link = KVTransferLink(env, 1.0, 0.0)
+    ends: list[int] = []
+
+    def on_done(end_us: int) -> None:
+        ends.append(end_us)
+        if len(ends) < 3:
+            link.start(len(ends), 1_000_000, on_done)
+
+    link.start(0, 1_000_000, on_done)
+    env.run()
+    assert ends == [1000, 2000, 3000]
+
+
+def test_stats_peak_and_mean_concurrency():
+    # Three together (depths 1, 2, 3), then one alone after they finish (depth 1).
+    link, ends = run_transfers(
+        [(0, 1_000_000), (0, 1_000_000), (0, 1_000_000), (10_000, 1_000_000)]
+    )
+    assert ends == {0: 3000, 1: 3000, 2: 3000, 3: 11_000}
+    assert link.peak_concurrency == 3
+    assert link.mean_concurrency_at_start == pytest.approx((1 + 2 + 3 + 1) / 4)
+    # Over [0, 20000): 3 transfers for 3000 µs + 1 for 1000 µs = 10,000 transfer-µs.
+    assert link.time_weighted_mean_concurrency(20_000) == pytest.approx(0.5)
+    assert link.time_weighted_mean_concurrency(0) == 0.0
+
+
+def test_base_latency_does_not_share_bandwidth():
+    # Base latency 1 ms. A requested at 0: bytes on the link 1000..2000. B requested at 1500 is
+    # in setup until 2500, after A's bytes are done, so A is not slowed and B runs alone too.
+    link, ends = run_transfers([(0, 1_000_000), (1500, 1_000_000)], base_latency_ms=1.0)
+    assert ends == {0: 2000, 1: 3500}
+    assert [r.concurrency_at_start for r in link.records] == [1, 1]
+
+
+def test_duplicate_and_bad_sizes_rejected():
+    env = simpy.Environment()
+    link = KVTransferLink(env, 1.0, 0.0)
+    link.start("x", 10, lambda _: None)
+    with pytest.raises(ValueError, match="already in flight"):
+        link.start("x", 10, lambda _: None)
+    for bad in (-1, math.nan, math.inf, True):
+        with pytest.raises(ValueError):
+            link.start("y", bad, lambda _: None)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "25"])
+def test_bad_bandwidth(bad):
+    with pytest.raises(ConfigError, match="pd.transfer_bandwidth_gb_per_s"):
+        KVTransferLink(simpy.Environment(), bad, 0.05)
+
+
+@pytest.mark.parametrize("bad", [-0.01, math.inf, math.nan, True, "0"])
+def test_bad_base_latency(bad):
+    with pytest.raises(ConfigError, match="pd.transfer_base_latency_ms"):
+        KVTransferLink(simpy.Environment(), 25.0, bad)
+
+
+# --------------------------------------------------------------------------- core
+
+
+def test_shared_link_core():
+    link = SharedLink(1000.0, contention=True)
+    link.add(0.0, "a", 1_000_000)
+    assert link.next_completion() == (1000.0, "a")
+    link.add(500.0, "b", 1_000_000)
+    assert link.active_count == 2
+    assert link.next_completion() == (1500.0, "a")
+    # Advancing past A's finish: A stops sharing at 1500, B drains alone afterwards.
+    link.advance(1750.0)
+    assert link.active_count == 1
+    assert link.next_completion() == (1500.0, "a")
+    link.remove("a")
+    assert link.next_completion() == (2000.0, "b")
+    with pytest.raises(ValueError, match="backwards"):
+        link.advance(1000.0)
+
+
+def test_shared_link_without_contention():
+    link = SharedLink(1000.0, contention=False)
+    link.add(0.0, "a", 1_000_000)
+    link.add(500.0, "b", 1_000_000)
+    assert link.next_completion() == (1000.0, "a")
+    link.advance(1000.0)
+    link.remove("a")
+    assert link.next_completion() == (1500.0, "b")
+
+
+# --------------------------------------------------------------------------- reference model
+
+
+def reference_ends(
+    joins: list[tuple[Fraction, int]], bw: Fraction, requested: list[int], contention: bool
+) -> list[int]:
+    """Independent exact (rational) processor-sharing simulation; returns integer end times."""
+    pending = sorted(range(len(joins)), key=lambda i: (joins[i][0], i))
+    active: dict[int, Fraction] = {}
+    finish: dict[int, Fraction] = {}
+    t = Fraction(0)
+    while pending or active:
+        rate = (bw / len(active) if contention else bw) if active else None
+        next_finish = None
+        if active:
+            i_min = min(active, key=lambda i: active[i])
+            next_finish = t + active[i_min] / rate
+        next_join = joins[pending[0]][0] if pending else None
+        if next_finish is not None and (next_join is None or next_finish <= next_join):
+            dt = next_finish - t
+            for i in list(active):
+                active[i] -= rate * dt
+                if active[i] <= 0:
+                    finish[i] = next_finish
+                    del active[i]
+            t = next_finish
+        else:
+            if active:
+                for i in active:
+                    active[i] -= rate * (next_join - t)
+            t = next_join
+            i = pending.pop(0)
+            if joins[i][1] == 0:
+                finish[i] = t
+            else:
+                active[i] = Fraction(joins[i][1])
+    return [max(math.ceil(finish[i]), requested[i] + 1) for i in range(len(joins))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    transfers=st.lists(
+        st.tuples(st.integers(0, 5_000), st.integers(0, 5_000_000)), min_size=1, max_size=8
+    ),
+    bandwidth_gb_per_s=st.sampled_from([1.0, 2.5, 25.0, 0.3]),
+    base_latency_ms=st.sampled_from([0.0, 0.05, 0.0125, 1.0]),
+    contention=st.booleans(),
+)
+def test_matches_reference_processor_sharing(
+    transfers, bandwidth_gb_per_s, base_latency_ms, contention
+):
+    link, ends = run_transfers(
+        transfers,
+        bandwidth_gb_per_s=bandwidth_gb_per_s,
+        base_latency_ms=base_latency_ms,
+        contention=contention,
+    )
+    assert len(ends) == len(transfers)  # every transfer ends
+    # Decimal-exact parameters (0.05 ms is 50 µs, not the binary float's 50.0000000000000028).
+    bw = Fraction(str(bandwidth_gb_per_s)) * 1000
+    base = Fraction(str(base_latency_ms)) * 1000
+    requested = [at for at, _ in transfers]
+    ref = reference_ends([(at + base, size) for at, size in transfers], bw, requested, contention)
+    for i, expected in enumerate(ref):
+        assert abs(ends[i] - expected) <= 1, (i, ends[i], expected)
+    if not contention:
+        for i, (at, size) in enumerate(transfers):
+            assert ends[i] == at + link.lone_duration_us(size)
+    # Work conservation: the link cannot move the bytes faster than its bandwidth.
+    total_bytes = sum(size for _, size in transfers)
+    first_start = min(r.start_us for r in link.records)
+    makespan = max(ends.values())
+    if contention:
+        assert total_bytes / float(bw) <= makespan - first_start + 1e-6
+    assert link.in_flight == 0
+    assert len(link.records) == len(transfers) == link.initiated
+    assert 1 <= link.peak_concurrency <= len(transfers)
