@@ -16,6 +16,8 @@ taken. That keeps a 1,000,000-block cache cheap.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from .request import Request
 
 
@@ -32,8 +34,10 @@ class KVCache:
         self._fresh_next = 0  # IDs below this have been materialised
         self._ref_count: list[int] = []
         self._block_hash: list[int | None] = []
-        # Released blocks in LRU order (dict preserves insertion order; pops are O(1)).
-        self._free_lru: dict[int, None] = {}
+        # Released blocks in LRU order. An OrderedDict, not a dict: taking the head of a plain
+        # dict with next(iter(...)) rescans the deleted slots left at its front, which made
+        # block reuse quadratic once the cache had cycled (seen in benchmarks/bench_pd.py).
+        self._free_lru: OrderedDict[int, None] = OrderedDict()
         self._hash_to_block: dict[int, int] = {}
         self.used_blocks = 0
         self.cache_hits = 0
@@ -126,8 +130,7 @@ class KVCache:
                 ref.append(1)
                 block_hash.append(None)
             else:
-                b = next(iter(self._free_lru))
-                del self._free_lru[b]
+                b, _ = self._free_lru.popitem(last=False)
                 old = block_hash[b]
                 if old is not None:
                     # Reusing a block erases the cached content it held.

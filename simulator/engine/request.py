@@ -227,6 +227,9 @@ class Request:
         Hash i depends on every token of blocks 0..i, as in vLLM and BLIS (SPEC §2.2); the
         content of a block is named by (segment key, offset range) pieces instead of token IDs.
         """
+        if self.parent is not None:
+            # A PD sub-request has its parent's content: share one hash list.
+            return self.parent.block_hashes(full_blocks, block_size)
         cached = self._block_hashes
         if cached is not None and len(cached) >= full_blocks:
             return cached

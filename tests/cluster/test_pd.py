@@ -1,0 +1,291 @@
+"""Prefill/decode disaggregation end to end: PD invariants on random small clusters, a
+hand-checked timeline, and behaviour that shows why PD exists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import simulator
+from simulator.engine.request import RequestState
+
+
+def _pd_scenario(workload: dict, n_prefill: int = 2, n_decode: int = 2, **pd):
+    return {
+        "workload": workload,
+        "cluster": {
+            "num_instances": n_prefill + n_decode,
+            "pd": {"prefill_instances": n_prefill, "decode_instances": n_decode, **pd},
+        },
+    }
+
+
+def _synthetic(n: int, rate: float, prompt: float, output: float, timeout_us: int = 0) -> dict:
+    return {
+        "rate": rate,
+        "num_requests": n,
+        "timeout_us": timeout_us,
+        "prompt_tokens": {"mean": prompt, "stdev": prompt / 3, "min": 1, "max": int(3 * prompt)},
+        "output_tokens": {"mean": output, "stdev": output / 3, "min": 1, "max": int(3 * output)},
+    }
+
+
+@st.composite
+def pd_scenarios(draw):
+    decider = draw(st.sampled_from(["always", "prefix-threshold", "prompt-length", "never"]))
+    return {
+        "seed": draw(st.integers(0, 100)),
+        "workload": _synthetic(
+            draw(st.integers(1, 30)),
+            draw(st.sampled_from([5.0, 50.0])),
+            draw(st.sampled_from([40.0, 400.0])),
+            draw(st.sampled_from([5.0, 40.0])),
+            draw(st.sampled_from([0, 0, 200_000])),
+        ),
+        "engine": {"total_kv_blocks": draw(st.sampled_from([40, 200, 5000]))},
+        "cluster": {
+            "num_instances": 4 + draw(st.integers(0, 1)),
+            "routing": {"policy": draw(st.sampled_from(["round-robin", "least-loaded"]))},
+            "pd": {
+                "prefill_instances": 2,
+                "decode_instances": 2,
+                "decider": decider,
+                "prompt_length_threshold": 100 if decider == "prompt-length" else None,
+                "transfer_bandwidth_gb_per_s": draw(st.sampled_from([1.0, 25.0])),
+                "transfer_contention": draw(st.booleans()),
+            },
+        },
+    }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pd_scenarios())
+def test_pd_invariants(scenario):
+    result = simulator.simulate(scenario)
+    roles = dict(zip(result.instance_ids, result.instance_roles, strict=True))
+    parents = result.pd.parents
+    for p in parents:
+        pre, dec = p.prefill_sub, p.decode_sub
+        assert roles[pre.instance_id] == "prefill"  # INV-PD-2
+        if dec is not None:
+            assert roles[dec.instance_id] == "decode"  # INV-PD-2
+            assert dec.enqueue_us >= p.transfer_end_us  # INV-PD-1
+        # INV-PD-4: arrival <= prefill enqueue <= prefill complete <= transfer start
+        #           <= transfer complete <= decode enqueue <= completion
+        chain = [p.arrival_us] + ([pre.enqueue_us] if pre.enqueue_us >= 0 else [])
+        if pre.state is RequestState.COMPLETED:
+            chain += [pre.completion_us, p.transfer_start_us]
+            if p.transfer_end_us >= 0:
+                chain.append(p.transfer_end_us)
+                if dec is not None and dec.enqueue_us >= 0:
+                    chain.append(dec.enqueue_us)
+                    if dec.state is RequestState.COMPLETED:
+                        chain.append(p.completion_us)
+        assert chain == sorted(chain), chain
+        assert p.transfer_start_us < 0 or p.transfer_start_us == pre.completion_us  # A4
+    # INV-PD-3: every transfer that started completed (no horizon)
+    assert result.pd.link.initiated == len(result.pd.link.records)
+    assert all(p.transfer_end_us >= 0 for p in parents if p.transfer_start_us >= 0)
+    # INV-PD-5: pools are fixed: prefill first, then decode, then unified
+    assert result.instance_roles[:4] == ["prefill", "prefill", "decode", "decode"]
+    # INV-PD-6: user-facing tables hold parents only
+    ids = list(result.requests.request_id)
+    assert not any(i.endswith(("_prefill", "_decode")) for i in ids)
+    s = result.summary
+    assert s["injected_requests"] == len(result.request_records)
+    completed = [r for r in result.request_records if r.state is RequestState.COMPLETED]
+    assert s["completed_requests"] == len(completed)
+    assert s["total_output_tokens"] == sum(r.generated_tokens for r in result.request_records)
+    # dropped at decode KV: counted, and the parent is a dropped request
+    dropped_kv = [p for p in parents if p.dropped_at_decode_kv]
+    assert result.pd_metrics["dropped_at_decode_kv"] == len(dropped_kv)
+    assert all(p.state is RequestState.DROPPED for p in dropped_kv)
+    # sub-request conservation per instance, separately from parents
+    for per in result.instance_summaries:
+        parts = (
+            "completed_requests",
+            "still_queued",
+            "still_running",
+            "dropped_unservable",
+            "timed_out_requests",
+        )
+        assert per["injected_requests"] == sum(per[k] for k in parts)
+    assert result.in_flight_at_end == [0] * len(result.instance_ids)
+
+
+def test_decode_kv_failures_are_counted():
+    # Decode instances with 20 blocks (320 tokens) cannot take a 600-token prompt's KV.
+    scenario = _pd_scenario(
+        _synthetic(10, 5, 600, 10), decider="always", decode={"total_kv_blocks": 20}
+    )
+    result = simulator.simulate(scenario)
+    assert result.pd_metrics["dropped_at_decode_kv"] > 0
+    assert result.summary["dropped_unservable"] >= result.pd_metrics["dropped_at_decode_kv"]
+
+
+def test_one_request_timeline_by_hand():
+    """1 request, 2 prefill + 2 decode instances, blackbox steps, a 1 GB/s link.
+
+    step_us = 1000 + 10·prefill_tokens + 5·decode_requests (beta), alpha all zero.
+      prefill of 100 tokens:  1000 + 10·100            = 2000 µs  -> prefill ends at 2,000
+      transfer: 100 tok × 1000 B = 100,000 B at 1 GB/s = 100 µs, + 0.5 ms base latency
+                                                        = 600 µs  -> KV on decode at 2,600
+      decode steps (1 request): 1000 + 5·1             = 1005 µs each, 3 output tokens
+      token 1 at 2,600 + 1,005 = 3,605  (TTFT)
+      token 3 at 2,600 + 3·1,005 = 5,615 (E2E)
+    """
+    trace_rows = "0,c0,,,,0,,false,100,3,0,0,0,0,0,,0,0,0,0,0,0,0,ok,,\n"
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        header = Path(tmp) / "t.yaml"
+        data = Path(tmp) / "t.csv"
+        header.write_text("trace_version: 2\ntime_unit: microseconds\nmode: generated\n")
+        from simulator.workload.trace import TRACE_COLUMNS
+
+        data.write_text(",".join(TRACE_COLUMNS) + "\n" + trace_rows)
+        result = simulator.replay(
+            header,
+            data,
+            latency={"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [1000, 10, 5]},
+            engine__total_kv_blocks=1000,
+            cluster={
+                "num_instances": 4,
+                "pd": {
+                    "prefill_instances": 2,
+                    "decode_instances": 2,
+                    "decider": "always",
+                    "transfer_bandwidth_gb_per_s": 1.0,
+                    "transfer_base_latency_ms": 0.5,
+                    "kv_bytes_per_token": 1000,
+                },
+            },
+        )
+    (req,) = result.request_records
+    assert req.prefill_sub.completion_us == 2_000
+    assert (req.transfer_start_us, req.transfer_end_us) == (2_000, 2_600)
+    assert req.first_token_us - req.arrival_us == 3_605
+    assert req.completion_us - req.arrival_us == 5_615
+    assert result.summary["ttft_mean_ms"] == 3.605 and result.summary["e2e_mean_ms"] == 5.615
+
+
+def _mixed_prefill_heavy(pd: bool):
+    workload = {
+        "version": "2",
+        "aggregate_rate": 14,
+        "num_requests": 700,
+        "clients": [
+            {
+                "id": "long",
+                "rate_fraction": 1,
+                "arrival": {"process": "poisson"},
+                "input_distribution": {
+                    "type": "gaussian",
+                    "params": {"mean": 3000, "std_dev": 800, "min": 500, "max": 6000},
+                },
+                "output_distribution": {
+                    "type": "gaussian",
+                    "params": {"mean": 250, "std_dev": 80, "min": 20, "max": 600},
+                },
+            }
+        ],
+    }
+    cluster = {"num_instances": 4, "routing": {"policy": "least-loaded"}}
+    if pd:
+        cluster["pd"] = {"prefill_instances": 2, "decode_instances": 2, "decider": "always"}
+    return simulator.simulate({"seed": 3, "workload": workload, "cluster": cluster})
+
+
+def test_moving_prefill_off_decode_instances_lowers_itl_tail():
+    colocated = _mixed_prefill_heavy(pd=False)
+    disaggregated = _mixed_prefill_heavy(pd=True)
+    # Co-located, 3,000-token prefills share steps with decodes and stretch their ITL;
+    # on dedicated decode instances every step is a short decode step.
+    itl_co = colocated.summary["itl_p99_ms"]
+    itl_pd = disaggregated.summary["itl_p99_ms"]
+    assert itl_pd < 0.5 * itl_co, (itl_co, itl_pd)
+
+
+def test_decode_cache_mode_keeps_cached_prompts_local():
+    """1P+1D, one prefix group with a 2,000-token shared prompt: once the decode instance
+    holds the prefix, only ~12 tokens are new (<= 16), so later requests stay on decode."""
+    workload = {
+        "version": "2",
+        "aggregate_rate": 2,
+        "num_requests": 20,
+        "clients": [
+            {
+                "id": "rag",
+                "rate_fraction": 1,
+                "prefix_group": "doc",
+                "prefix_length": 2000,
+                "arrival": {"process": "constant"},
+                "input_distribution": {"type": "constant", "params": {"value": 12}},
+                "output_distribution": {"type": "constant", "params": {"value": 20}},
+            }
+        ],
+    }
+    result = simulator.simulate(
+        _pd_scenario(workload, 1, 1, decider="prefix-threshold", prefix_mode="decode-cache")
+    )
+    flags = [r.disaggregated for r in sorted(result.request_records, key=lambda r: r.arrival_us)]
+    assert flags[0] is True  # cold: the whole prompt is new
+    assert not any(flags[1:])  # the decode instance's real cache holds the prefix
+    assert result.summary["completed_requests"] == 20
+
+
+@pytest.mark.parametrize("contention, factor", [(True, 2.0), (False, 1.0)])
+def test_simultaneous_transfers_share_the_link(contention, factor):
+    """Two equal prompts finish prefill together on two prefill instances: with contention
+    each transfer takes twice as long as alone; without it, as long as alone."""
+    workload = {
+        "version": "2",
+        "aggregate_rate": 1,
+        "num_requests": 2,
+        "clients": [
+            {
+                "id": f"c{i}",
+                "rate_fraction": 1,
+                "arrival": {"process": "constant"},
+                "input_distribution": {"type": "constant", "params": {"value": 1000}},
+                "output_distribution": {"type": "constant", "params": {"value": 5}},
+            }
+            for i in range(2)
+        ],
+    }
+    result = simulator.simulate(
+        _pd_scenario(
+            workload,
+            decider="always",
+            transfer_contention=contention,
+            transfer_base_latency_ms=0,
+            transfer_bandwidth_gb_per_s=1.0,
+        )
+    )
+    t = result.transfers
+    assert len(t) == 2 and t.requested_us.nunique() == 1  # both started together
+    alone_us = 1000 * 131_072 / 1e3  # 1000 tokens × 131,072 B/token at 1 GB/s = 131,072 µs
+    assert np.allclose(t.duration_us, factor * alone_us, atol=1)
+
+
+@pytest.mark.parametrize(
+    "cluster, needle",
+    [
+        ({"pd": {"decider": "always"}}, "needs both pools"),
+        ({"num_instances": 3, "pd": {"prefill_instances": 2, "decode_instances": 2}}, "exceeds"),
+        ({"num_instances": 2, "pd": {"prefill_instances": 1}}, "must both be > 0"),
+        (
+            {
+                "num_instances": 2,
+                "pd": {"prefill_instances": 1, "decode_instances": 1, "decider": "x"},
+            },
+            "unknown PD decider 'x'",
+        ),
+    ],
+)
+def test_bad_pd_configuration_is_rejected(cluster, needle):
+    with pytest.raises(simulator.ConfigError, match=needle):
+        simulator.simulate({"workload": {"num_requests": 2}, "cluster": cluster})
