@@ -146,6 +146,16 @@ class Disaggregator:
 
     def _transfer_done(self, parent: Request, end_us: int, deliver_decode, parent_finished):
         parent.transfer_end_us = end_us
+        self.trace.record_event(
+            "kv_transfer",
+            parent,
+            end_us,
+            start_us=parent.transfer_start_us,
+            duration_us=end_us - parent.transfer_start_us,
+            blocks=-(-parent.input_tokens // self.block_size),
+            prefill_instance=parent.prefill_sub.instance_id,
+            decode_index=parent.decode_instance_index,
+        )
         decode = parent.sub_request("decode")
         parent.decode_sub = decode
         if not deliver_decode(decode, parent.decode_instance_index):

@@ -374,6 +374,7 @@ class Result:
             "start_us",
             "end_us",
             "duration_us",
+            "contention_delay_us",
             "concurrency_at_start",
         ]
         if self.pd is None:
@@ -392,6 +393,7 @@ class Result:
                     rec.start_us,
                     rec.end_us,
                     rec.duration_us,
+                    rec.duration_us - self.pd.link.lone_duration_us(rec.size_bytes),
                     rec.concurrency_at_start,
                 )
             )

@@ -204,6 +204,8 @@ def test_moving_prefill_off_decode_instances_lowers_itl_tail():
     disaggregated = _mixed_prefill_heavy(pd=True)
     # Co-located, 3,000-token prefills share steps with decodes and stretch their ITL;
     # on dedicated decode instances every step is a short decode step.
+    # Measured (seed 3): ITL p99 49.5 ms co-located vs 4.6 ms with 2P+2D (TTFT mean 91 -> 123
+    # ms: half the prefill capacity plus the transfer).
     itl_co = colocated.summary["itl_p99_ms"]
     itl_pd = disaggregated.summary["itl_p99_ms"]
     assert itl_pd < 0.5 * itl_co, (itl_co, itl_pd)
@@ -267,6 +269,7 @@ def test_simultaneous_transfers_share_the_link(contention, factor):
     )
     t = result.transfers
     assert len(t) == 2 and t.requested_us.nunique() == 1  # both started together
+    assert np.allclose(t.contention_delay_us, (factor - 1) * 131_072, atol=1)
     alone_us = 1000 * 131_072 / 1e3  # 1000 tokens × 131,072 B/token at 1 GB/s = 131,072 µs
     assert np.allclose(t.duration_us, factor * alone_us, atol=1)
 
