@@ -292,3 +292,68 @@ def test_simultaneous_transfers_share_the_link(contention, factor):
 def test_bad_pd_configuration_is_rejected(cluster, needle):
     with pytest.raises(simulator.ConfigError, match=needle):
         simulator.simulate({"workload": {"num_requests": 2}, "cluster": cluster})
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--pd-decider", "always"], "needs both pools"),
+        (
+            ["--num-instances", "2", "--prefill-instances", "2", "--decode-instances", "1"],
+            "exceeds",
+        ),
+        (
+            [
+                "--num-instances",
+                "2",
+                "--prefill-instances",
+                "1",
+                "--decode-instances",
+                "1",
+                "--pd-decider",
+                "sometimes",
+            ],
+            "unknown PD decider 'sometimes'",
+        ),  # fmt: skip
+        (["--pd-transfer-contention", "maybe"], "--pd-transfer-contention"),
+        (
+            [
+                "--num-instances",
+                "2",
+                "--prefill-instances",
+                "1",
+                "--decode-instances",
+                "1",
+                "--decode-hardware",
+                "X9",
+            ],
+            "unknown GPU 'X9'",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_pd_flags_exit_2_with_one_line(args, needle, tmp_path):
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(app, ["run", "--num-requests", "4", *args, "--results-path", str(out)])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], lines
+    assert "Traceback" not in res.output and not out.exists()
+
+
+def test_pd_flags_run_end_to_end(tmp_path):
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    res = CliRunner().invoke(
+        app,
+        ["run", "--num-requests", "30", "--rate", "10", "--num-instances", "3",
+         "--prefill-instances", "1", "--decode-instances", "1", "--pd-decider", "prompt-length",
+         "--pd-prompt-length-threshold", "400", "--prefill-hardware", "H200"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "=== PD Metrics ===" in res.stdout
