@@ -154,22 +154,12 @@ def _validate_cluster(scenario: Scenario) -> None:
     """Reject unknown policies, scorers and fitness keys before anything runs."""
     import numpy as np
 
-    from .cluster.cluster import build_policies
+    from .cluster.cluster import build_policies, decider_for
     from .metrics.fitness import parse_fitness_weights
 
     c = scenario.cluster
-    from .cluster.disaggregation import make_decider
-
     pd = c.pd
-    make_decider(
-        pd.decider,
-        prefix_threshold=pd.prefix_threshold if pd.prefix_threshold is not None else 16,
-        prefix_mode=pd.prefix_mode,
-        prompt_length_threshold=pd.prompt_length_threshold
-        if pd.prompt_length_threshold is not None
-        else 256,
-        block_size=scenario.engine.block_size_tokens,
-    )
+    decider_for(pd, scenario.engine.block_size_tokens)
     if pd.prefix_threshold is not None and pd.decider != "prefix-threshold":
         log.warning("pd.prefix_threshold is set but the decider is %r; it is ignored", pd.decider)
     if pd.prompt_length_threshold is not None and pd.decider != "prompt-length":

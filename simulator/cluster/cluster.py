@@ -20,11 +20,11 @@ from ..engine.request import Request, RequestState
 from ..latency.base import StepTimeModel
 from ..metrics.results import Result, compute_summary
 from ..rng import subsystem_rng
-from ..scenario import ClusterSpec
+from ..scenario import ClusterSpec, PDSpec
 from ..workload.generator import SessionManager
 from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
-from .disaggregation import make_decider
+from .disaggregation import PDDecider, make_decider
 from .kv_transfer import KVTransferLink
 from .pd import Disaggregator, Pools
 from .router import Router
@@ -85,6 +85,17 @@ def build_policies(
         kv_probe=kv_probe,
     )
     return admission, routing
+
+
+def decider_for(spec: PDSpec, block_size: int) -> PDDecider:
+    """The PD decider a spec names; unset thresholds take the decider defaults."""
+    return make_decider(
+        spec.decider,
+        prefix_threshold=spec.prefix_threshold,
+        prefix_mode=spec.prefix_mode,
+        prompt_length_threshold=spec.prompt_length_threshold,
+        block_size=block_size,
+    )
 
 
 def _live_snapshot(index: int, instance_id: str, engine: VLLMEngine, model: str):
@@ -285,15 +296,7 @@ def _build_pd(
 
     return Disaggregator(
         pools,
-        make_decider(
-            spec.decider,
-            prefix_threshold=spec.prefix_threshold if spec.prefix_threshold is not None else 16,
-            prefix_mode=spec.prefix_mode,
-            prompt_length_threshold=spec.prompt_length_threshold
-            if spec.prompt_length_threshold is not None
-            else 256,
-            block_size=block_size,
-        ),
+        decider_for(spec, block_size),
         pool_policy(spec.prefill.routing_scorers, "prefill-router"),
         pool_policy(spec.decode.routing_scorers, "decode-router"),
         KVTransferLink(

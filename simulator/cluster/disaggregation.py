@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from ..engine.request import Request
 from ..errors import ConfigError, invalid, unknown
-from .routing import PREFIX_INDEX_CAPACITY_BLOCKS
+from .routing import PREFIX_INDEX_CAPACITY_BLOCKS, record_hashes
 
 PREFIX_THRESHOLD_FIELD = "pd.prefix_threshold"
 PREFIX_MODE_FIELD = "pd.prefix_mode"
@@ -159,14 +159,7 @@ class _PrefixIndex:
         return count
 
     def record(self, hashes: list[int]) -> None:
-        lru = self._lru
-        for h in hashes:
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-                if len(lru) > self.capacity_blocks:
-                    lru.popitem(last=False)
+        record_hashes(self._lru, hashes, self.capacity_blocks)
 
 
 @register_decider

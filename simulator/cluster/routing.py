@@ -97,6 +97,17 @@ def _full_prompt_blocks(req: Request, block_size: int) -> int:
     return req.input_tokens // block_size
 
 
+def record_hashes(lru: OrderedDict, hashes: list[int], capacity_blocks: int) -> None:
+    """Insert or refresh block hashes in a router-side LRU index, evicting the oldest."""
+    for h in hashes:
+        if h in lru:
+            lru.move_to_end(h)
+        else:
+            lru[h] = None
+            if len(lru) > capacity_blocks:
+                lru.popitem(last=False)
+
+
 class PrefixAffinityScorer(Scorer):
     """Router-side approximation of each instance's prefix cache (SPEC §6.4).
 
@@ -147,13 +158,7 @@ class PrefixAffinityScorer(Scorer):
         if n < 1:
             return
         lru = self._index.setdefault(chosen.instance_id, OrderedDict())
-        for h in req.block_hashes(n, self.block_size)[:n]:
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-                if len(lru) > self.capacity_blocks:
-                    lru.popitem(last=False)
+        record_hashes(lru, req.block_hashes(n, self.block_size)[:n], self.capacity_blocks)
 
     def index_size(self, instance_id: str) -> int:
         return len(self._index.get(instance_id, ()))

@@ -106,14 +106,20 @@ class VLLMEngine:
             return EnqueueOutcome.DROPPED
         self.total_input_tokens += req.input_tokens
         req.enqueue_us = now_us
-        if 0 < req.deadline_us <= now_us:
-            req.state = RequestState.TIMED_OUT
-            req.completion_us = now_us
-            self.timed_out += 1
+        if self._past_deadline(req, now_us):
             return EnqueueOutcome.TIMED_OUT
         req.state = RequestState.QUEUED
         self.waiting.append(req)
         return EnqueueOutcome.QUEUED
+
+    def _past_deadline(self, req: Request, now_us: int) -> bool:
+        """A request whose client already gave up is timed out on arrival (SPEC §1.3 step 7)."""
+        if 0 < req.deadline_us <= now_us:
+            req.state = RequestState.TIMED_OUT
+            req.completion_us = now_us
+            self.timed_out += 1
+            return True
+        return False
 
     def enqueue_resident(self, req: Request, now_us: int) -> EnqueueOutcome:
         """Enqueue a decode sub-request whose prompt KV arrives by transfer (SPEC §7.2 step 5):
@@ -122,10 +128,7 @@ class VLLMEngine:
         counts it as dropped at decode KV)."""
         self.clock_us = now_us
         req.enqueue_us = now_us
-        if 0 < req.deadline_us <= now_us:
-            req.state = RequestState.TIMED_OUT
-            req.completion_us = now_us
-            self.timed_out += 1
+        if self._past_deadline(req, now_us):
             return EnqueueOutcome.TIMED_OUT
         prompt = req.input_tokens
         cached = (
