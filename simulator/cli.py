@@ -497,6 +497,73 @@ def list_hardware_cmd() -> None:
         )
 
 
+def _write_csv_atomically(path: Path, frame: Any) -> None:
+    """Temporary file beside `path`, then rename: never a half-written table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            frame.to_csv(handle, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@app.command("validate")
+def validate_cmd(
+    folder: Annotated[
+        Path | None,
+        typer.Argument(
+            help="ground-truth folder (a dataset folder or its parent); "
+            "default ../shared/groundtruth"
+        ),
+    ] = None,
+    latency_model: Annotated[
+        str, typer.Option("--latency-model", help="step-time backend: roofline, blackbox, ...")
+    ] = "roofline",
+    output: Annotated[
+        Path | None, typer.Option("--output", help="write the per-run table as CSV")
+    ] = None,
+    runs: Annotated[
+        list[str] | None,
+        typer.Option("--runs", help="only runs whose name contains NAME (repeatable)"),
+    ] = None,
+) -> None:
+    """Replay the measured vLLM runs and score TTFT, E2E, ITL and throughput against them."""
+    import time
+
+    def go() -> None:
+        from .validate import format_summary, format_table, summarize, validate_folder
+
+        started_s = time.perf_counter()
+        where = folder
+        if where is None:
+            where = Path.cwd().parent / "shared" / "groundtruth"
+            if not where.is_dir():
+                raise ConfigError(f"validate: no ground truth at {str(where)!r}; pass FOLDER")
+        _check_writable("--output", output)
+
+        def progress(outcome: dict[str, Any]) -> None:
+            typer.echo(
+                f"{outcome['run']}: {outcome['n_success']}/{outcome['n_requests']} scored, "
+                f"{outcome['wall_s']:.1f} s",
+                err=True,
+            )
+
+        frame = validate_folder(where, latency_model, runs, on_run=progress)
+        typer.echo(format_table(frame))
+        typer.echo("")
+        typer.echo(f"summary ({latency_model}; error = |predicted - measured| / measured)")
+        typer.echo(format_summary(summarize(frame)))
+        if output is not None:
+            _write_csv_atomically(output, frame)
+            typer.echo(f"wrote {output}", err=True)
+        typer.echo(f"wall time {time.perf_counter() - started_s:.1f} s", err=True)
+
+    _guarded(go)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,219 @@
+"""`servesim validate`: discovery, scoring arithmetic, errors, and replay of ground truth."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.errors import ConfigError
+from simulator.validate import (
+    FRAME_COLUMNS,
+    METRICS,
+    discover_runs,
+    run_metrics,
+    score,
+    select_runs,
+    summarize,
+    validate_folder,
+)
+
+REAL_GROUNDTRUTH = Path(__file__).resolve().parents[2] / "shared" / "groundtruth"
+DATASET = "vllm-0.15.1-h100"
+
+
+def _meta(name: str, workload: str, **config_changes: object) -> dict:
+    """Shaped like the real vllm-0.15.1-h100 meta.json files."""
+    config = {
+        "tensor_parallelism": 1,
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 2048,
+        "kv_blocks_total_gpu": 7462,
+        "block_size": 16,
+        "num_prefix_groups": 0,
+        "users_per_group": 0,
+        "system_prompt_len": 0,
+    }
+    config.update(config_changes)
+    return {
+        "experiment": name,
+        "model_id": "meta-llama/Llama-2-7b-hf",
+        "model_short": "llama-2-7b",
+        "profile": workload,
+        "split": "train",
+        "config": config,
+        "model_config": {"num_layers": 32, "hidden_dim": 4096},
+    }
+
+
+def _write_run(dataset: Path, name: str, workload: str, rows: list[tuple], **changes) -> None:
+    requests = dataset / "requests"
+    requests.mkdir(parents=True, exist_ok=True)
+    lines = ["index,arrival_time_us,input_tokens,output_tokens,prefix_group,has_error,ttft_s,e2e_s"]
+    for i, (arrival_us, inp, out, err, ttft_s, e2e_s) in enumerate(rows):
+        lines.append(f"{i},{arrival_us},{inp},{out},,{err},{ttft_s},{e2e_s}")
+    (requests / f"{name}.requests.csv").write_text("\n".join(lines) + "\n")
+    (requests / f"{name}.meta.json").write_text(json.dumps(_meta(name, workload, **changes)))
+    run_dir = dataset / "runs" / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "exp-config.yaml").write_text(
+        "model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\nmax_model_len: 4096\n"
+    )
+
+
+@pytest.fixture
+def fake_groundtruth(tmp_path: Path) -> Path:
+    dataset = tmp_path / DATASET
+    general = [(i * 100_000, 500, 20, 0, 0.03, 0.25) for i in range(6)]
+    reasoning = [(i * 200_000, 900, 30, 0, 0.05, 0.5) for i in range(4)]
+    reasoning.append((900_000, 0, 0, 1, "", 240.0))  # a client timeout: not scored
+    _write_run(dataset, "20260101-000000-llama-2-7b-tp1-general", "general", general)
+    _write_run(dataset, "20260101-010000-llama-2-7b-tp1-reasoning", "reasoning", reasoning)
+    return tmp_path
+
+
+def test_discovery_from_parent_and_dataset_folder(fake_groundtruth: Path) -> None:
+    from_parent = discover_runs(fake_groundtruth)
+    from_dataset = discover_runs(fake_groundtruth / DATASET)
+    assert from_parent == from_dataset
+    general, reasoning = from_parent
+    assert general.name == "20260101-000000-llama-2-7b-tp1-general"
+    assert general.model == "meta-llama/llama-2-7b-hf"
+    assert (general.tp, general.max_num_seqs, general.max_num_batched_tokens) == (1, 128, 2048)
+    assert (general.max_model_len, general.block_size_tokens, general.gpu_kv_blocks) == (
+        4096,
+        16,
+        7462,
+    )
+    assert general.workload == "general" and not general.overloaded
+    assert reasoning.workload == "reasoning" and reasoning.overloaded
+    assert select_runs(from_parent, ["reasoning"]) == [reasoning]
+    with pytest.raises(ConfigError, match="no run matches 'nope'"):
+        select_runs(from_parent, ["nope"])
+
+
+def test_missing_meta_json_names_the_file(fake_groundtruth: Path) -> None:
+    meta = next((fake_groundtruth / DATASET / "requests").glob("*general.meta.json"))
+    meta.unlink()
+    with pytest.raises(ConfigError, match=r"general\.meta\.json.* is missing"):
+        discover_runs(fake_groundtruth)
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [("kv_blocks_total_gpu", "'config.kv_blocks_total_gpu'"), ("model_id", "'model_id'")],
+)
+def test_missing_meta_key_names_file_and_key(
+    fake_groundtruth: Path, key: str, message: str
+) -> None:
+    meta_path = next((fake_groundtruth / DATASET / "requests").glob("*general.meta.json"))
+    meta = json.loads(meta_path.read_text())
+    meta["config"].pop(key, None)
+    meta.pop(key, None)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=rf"general\.meta\.json.*missing key {message}"):
+        discover_runs(fake_groundtruth)
+
+
+def test_missing_max_model_len_is_an_error(fake_groundtruth: Path) -> None:
+    for exp in (fake_groundtruth / DATASET / "runs").glob("*/exp-config.yaml"):
+        exp.unlink()
+    with pytest.raises(ConfigError, match="missing key 'config.max_model_len'"):
+        discover_runs(fake_groundtruth)
+
+
+def test_no_runs_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no requests/ folder"):
+        discover_runs(tmp_path)
+
+
+def test_run_metrics_arithmetic() -> None:
+    ttft = [10.0, 20.0, 30.0, 40.0, 50.0]
+    e2e = [110.0, 220.0, 330.0, 440.0, 550.0]
+    out = [11, 11, 11, 11, 11]
+    m = run_metrics(ttft, e2e, out, window_s=5.0)
+    assert m["ttft_mean_ms"] == 30.0
+    assert m["ttft_p90_ms"] == pytest.approx(46.0)  # linear: 40 + 0.6 × 10
+    assert m["ttft_p99_ms"] == pytest.approx(49.6)
+    assert m["e2e_mean_ms"] == 330.0
+    assert m["e2e_p90_ms"] == pytest.approx(np.percentile(e2e, 90))
+    assert m["itl_ms"] == pytest.approx((330.0 - 30.0) / 10)
+    assert m["output_tokens_per_s"] == pytest.approx(55 / 5.0)
+    assert set(m) == set(METRICS)
+
+
+def test_score_errors_are_relative_and_signed() -> None:
+    measured = dict.fromkeys(METRICS, 100.0)
+    predicted = dict.fromkeys(METRICS, 80.0) | {"itl_ms": 150.0}
+    rows = {r["metric"]: r for r in score(measured, predicted)}
+    assert rows["ttft_mean_ms"]["error"] == pytest.approx(0.2)
+    assert rows["ttft_mean_ms"]["signed_error"] == pytest.approx(-0.2)
+    assert rows["itl_ms"]["error"] == pytest.approx(0.5)
+    assert rows["itl_ms"]["signed_error"] == pytest.approx(0.5)
+    zero = {r["metric"]: r for r in score(dict.fromkeys(METRICS, 0.0), predicted)}
+    assert math.isnan(zero["e2e_mean_ms"]["error"])
+
+
+def test_summarize_keeps_overloaded_runs_apart() -> None:
+    rows = []
+    for run, err, overloaded in (("a", 0.1, False), ("b", 0.3, False), ("c", 0.9, False)):
+        rows.append((run, "x", "general", "itl_ms", 1.0, 1.0, err, -err, overloaded))
+    rows.append(("d", "x", "reasoning", "itl_ms", 1.0, 1.0, 5.0, 5.0, True))
+    frame = pd.DataFrame(rows, columns=FRAME_COLUMNS)
+    summary = summarize(frame).set_index("group")
+    assert summary.loc["accuracy", "runs"] == 3
+    assert summary.loc["accuracy", "mean_error"] == pytest.approx(13 / 30)
+    assert summary.loc["accuracy", "median_error"] == pytest.approx(0.3)
+    assert summary.loc["overloaded", "mean_error"] == pytest.approx(5.0)
+
+
+def test_validate_folder_end_to_end(fake_groundtruth: Path) -> None:
+    frame = validate_folder(fake_groundtruth)
+    assert list(frame.columns) == FRAME_COLUMNS
+    assert len(frame) == 2 * len(METRICS)
+    general = frame[frame["workload"] == "general"].set_index("metric")
+    assert general.loc["ttft_mean_ms", "measured"] == pytest.approx(30.0)
+    assert general.loc["e2e_mean_ms", "measured"] == pytest.approx(250.0)
+    assert general.loc["itl_ms", "measured"] == pytest.approx(220.0 / 19)
+    assert np.isfinite(frame["predicted"]).all()
+    assert (frame["predicted"] > 0).all()
+    assert frame.groupby("workload")["overloaded"].first().to_dict() == {
+        "general": False,
+        "reasoning": True,
+    }
+
+
+def test_cli_validate_writes_csv(fake_groundtruth: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "scores.csv"
+    result = CliRunner().invoke(
+        app, ["validate", str(fake_groundtruth), "--runs", "general", "--output", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "ttft_mean_ms" in result.stdout and "median err" in result.stdout
+    written = pd.read_csv(out)
+    assert list(written.columns) == FRAME_COLUMNS and len(written) == len(METRICS)
+
+
+def test_cli_validate_bad_folder_is_one_error_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(not REAL_GROUNDTRUTH.is_dir(), reason="no ../shared/groundtruth")
+def test_one_real_run() -> None:
+    frame = validate_folder(REAL_GROUNDTRUTH, runs=["llama-2-7b-tp1-roleplay"])
+    assert sorted(frame["metric"]) == sorted(METRICS)
+    assert frame["run"].nunique() == 1
+    assert np.isfinite(frame["predicted"]).all()
+    # The measured side must reproduce the published targets_summary.csv figures.
+    measured = frame.set_index("metric")["measured"]
+    assert measured["ttft_mean_ms"] == pytest.approx(27.1288, abs=1e-3)
+    assert measured["itl_ms"] == pytest.approx(9.9517, abs=1e-3)
+    assert measured["output_tokens_per_s"] == pytest.approx(1236.7572, abs=1e-2)
