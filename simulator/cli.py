@@ -519,9 +519,14 @@ def validate_cmd(
             "default ../shared/groundtruth"
         ),
     ] = None,
-    latency_model: Annotated[
-        str, typer.Option("--latency-model", help="step-time backend: roofline, blackbox, ...")
-    ] = "roofline",
+    latency_models: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--latency-model",
+            help="step-time backend (repeat to compare several: roofline, blackbox, crossmodel, "
+            "trained-roofline)",
+        ),
+    ] = None,
     output: Annotated[
         Path | None, typer.Option("--output", help="write the per-run table as CSV")
     ] = None,
@@ -551,11 +556,31 @@ def validate_cmd(
                 err=True,
             )
 
-        frame = validate_folder(where, latency_model, runs, on_run=progress)
-        typer.echo(format_table(frame))
-        typer.echo("")
-        typer.echo(f"summary ({latency_model}; error = |predicted - measured| / measured)")
-        typer.echo(format_summary(summarize(frame)))
+        import pandas as pd
+
+        models = latency_models or ["roofline"]
+        frames = []
+        medians = {}
+        for model in models:
+            frame = validate_folder(where, model, runs, on_run=progress)
+            typer.echo(format_table(frame))
+            typer.echo("")
+            typer.echo(f"summary ({model}; error = |predicted - measured| / measured)")
+            summary = summarize(frame)
+            typer.echo(format_summary(summary))
+            typer.echo("")
+            accuracy = summary[summary["group"] == "accuracy"]
+            medians[model] = dict(zip(accuracy["metric"], accuracy["median_error"], strict=True))
+            frames.append(frame.assign(latency_model=model))
+        if len(models) > 1:
+            typer.echo("median error on the accuracy runs, by backend")
+            typer.echo(f"{'metric':<20}" + "".join(f"{m:>18}" for m in models))
+            for metric in medians[models[0]]:
+                cells = "".join(
+                    f"{100 * medians[m].get(metric, float('nan')):>17.1f}%" for m in models
+                )
+                typer.echo(f"{metric:<20}{cells}")
+        frame = pd.concat(frames, ignore_index=True)
         if output is not None:
             _write_csv_atomically(output, frame)
             typer.echo(f"wrote {output}", err=True)

@@ -197,7 +197,23 @@ def test_cli_validate_writes_csv(fake_groundtruth: Path, tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     assert "ttft_mean_ms" in result.stdout and "median err" in result.stdout
     written = pd.read_csv(out)
-    assert list(written.columns) == FRAME_COLUMNS and len(written) == len(METRICS)
+    assert list(written.columns) == [*FRAME_COLUMNS, "latency_model"]
+    assert len(written) == len(METRICS) and set(written.latency_model) == {"roofline"}
+
+
+def test_cli_validate_compares_backends(fake_groundtruth: Path, tmp_path: Path) -> None:
+    out = tmp_path / "scores.csv"
+    result = CliRunner().invoke(
+        app,
+        ["validate", str(fake_groundtruth), "--runs", "general", "--output", str(out),
+         "--latency-model", "roofline", "--latency-model", "crossmodel",
+         "--latency-model", "trained-roofline"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "by backend" in result.stdout and "trained-roofline" in result.stdout
+    written = pd.read_csv(out)
+    assert set(written.latency_model) == {"roofline", "crossmodel", "trained-roofline"}
+    assert len(written) == 3 * len(METRICS)
 
 
 def test_cli_validate_bad_folder_is_one_error_line(tmp_path: Path) -> None:

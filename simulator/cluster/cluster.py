@@ -154,7 +154,14 @@ def run_simulation(
     env = simpy.Environment()
     n = len(setups)
     instance_ids = [f"instance_{i}" for i in range(n)]
-    engines = [VLLMEngine(s.engine, s.step_model.output_token_processing_us()) for s in setups]
+    engines = [
+        VLLMEngine(
+            s.engine,
+            s.step_model.output_token_processing_us(),
+            s.step_model.post_decode_overhead_us(),
+        )
+        for s in setups
+    ]
     block_size = setups[0].engine.block_size
     source = _Source(requests, horizon_us)
     finished = _on_finished(env, sessions, source)

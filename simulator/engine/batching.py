@@ -44,7 +44,12 @@ class EnqueueOutcome(StrEnum):
 class VLLMEngine:
     """Wait queue + running batch + KV cache of one instance."""
 
-    def __init__(self, config: EngineConfig, output_token_processing_us: int = 0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        output_token_processing_us: int = 0,
+        post_decode_overhead_us: int = 0,
+    ) -> None:
         self.config = config
         self.kv = KVCache(config.total_kv_blocks, config.block_size)
         self.waiting: deque[Request] = deque()
@@ -52,6 +57,9 @@ class VLLMEngine:
         self.scheduler = make_scheduler(config.scheduler)
         self.priority_policy = make_priority_policy(config.priority_policy)
         self.otp_us = output_token_processing_us
+        # Fixed per-request cost after the last token (trained-roofline's alpha1): it delays
+        # the completion the client sees, never the GPU.
+        self.post_decode_us = post_decode_overhead_us
         self.steps = StepLog()
         self.irregular_itl_us: list[int] = []
         self.completed: list[Request] = []
@@ -276,6 +284,7 @@ class VLLMEngine:
 
         # The batch the step-time model prices: only requests that got tokens this step.
         prefill_chunks: list[tuple[int, int]] = []
+        prefill_prompts: list[int] = []
         decode_count = 0
         decode_context = 0
         for req in running:
@@ -283,11 +292,12 @@ class VLLMEngine:
             if n:
                 if req.in_prefill:
                     prefill_chunks.append((req.computed_tokens, n))
+                    prefill_prompts.append(req.prefill_target)
                 else:
                     decode_count += 1
                     decode_context += req.computed_tokens
         self._step_start_us = now_us
-        return StepBatch(prefill_chunks, decode_count, decode_context)
+        return StepBatch(prefill_chunks, decode_count, decode_context, prefill_prompts)
 
     def _prefill_chunk(self, target: int, start: int, budget: int) -> int:
         """Prefill tokens from `start` this step: the rest of the target, capped by the
@@ -404,9 +414,10 @@ class VLLMEngine:
         self.total_output_tokens += produced
         if done:
             kv = self.kv
+            post = self.post_decode_us
             for req in done:
                 req.state = RequestState.COMPLETED
-                req.completion_us = req.last_token_us
+                req.completion_us = req.last_token_us + (post if req.generated_tokens else 0)
                 kv.release(req)
             self.running = [r for r in self.running if r.state is RequestState.RUNNING]
             self.completed.extend(done)

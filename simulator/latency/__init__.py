@@ -19,7 +19,9 @@ from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import unknown
 from simulator.latency.base import StepBatch, StepTimeModel
 from simulator.latency.blackbox import BlackboxModel
+from simulator.latency.crossmodel import CrossModel
 from simulator.latency.roofline import RooflineModel
+from simulator.latency.trained_roofline import TrainedRoofline
 
 _ModelClass = TypeVar("_ModelClass", bound=type[StepTimeModel])
 
@@ -45,6 +47,8 @@ def register_latency_model(cls: _ModelClass) -> _ModelClass:
 
 register_latency_model(RooflineModel)
 register_latency_model(BlackboxModel)
+register_latency_model(CrossModel)
+register_latency_model(TrainedRoofline)
 
 
 def build_step_time_model(

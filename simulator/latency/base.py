@@ -18,11 +18,14 @@ class StepBatch:
         context = progress index at step start.
     decode_count: requests decoding one token this step.
     decode_context_sum: sum of the progress indices (at step start) of those decode requests.
+    prefill_prompt_tokens: the full prompt length of each prefill request, parallel to
+        prefill_chunks (trained-roofline prices attention with it); empty when unknown.
     """
 
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
     decode_count: int = 0
     decode_context_sum: int = 0
+    prefill_prompt_tokens: list[int] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:

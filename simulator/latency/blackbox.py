@@ -22,12 +22,12 @@ from simulator.latency.base import StepBatch, StepTimeModel
 COEFFS_LEN = 3
 
 
-def validate_coeffs(field: str, coeffs: object) -> tuple[float, float, float]:
-    """Three finite, non-negative numbers, or ConfigError naming `field`."""
+def validate_coeffs(field: str, coeffs: object, count: int = COEFFS_LEN) -> tuple[float, ...]:
+    """`count` finite, non-negative numbers, or ConfigError naming `field`."""
     if isinstance(coeffs, str | bytes) or not isinstance(coeffs, Sequence):
-        raise invalid(field, coeffs, f"must be a list of {COEFFS_LEN} numbers")
-    if len(coeffs) != COEFFS_LEN:
-        raise invalid(field, list(coeffs), f"must have exactly {COEFFS_LEN} numbers")
+        raise invalid(field, coeffs, f"must be a list of {count} numbers")
+    if len(coeffs) != count:
+        raise invalid(field, list(coeffs), f"must have exactly {count} numbers")
     values: list[float] = []
     for i, c in enumerate(coeffs):
         if isinstance(c, bool) or not isinstance(c, int | float):
@@ -37,7 +37,7 @@ def validate_coeffs(field: str, coeffs: object) -> tuple[float, float, float]:
         if c < 0:
             raise invalid(f"{field}[{i}]", c, "must be >= 0")
         values.append(float(c))
-    return values[0], values[1], values[2]
+    return tuple(values)
 
 
 class BlackboxModel(StepTimeModel):
