@@ -108,6 +108,12 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
         scheduler=eng.scheduler,
         priority_policy=eng.priority_policy,
         enable_prefix_caching=eng.enable_prefix_caching,
+        kv_cpu_blocks=eng.kv_cpu_blocks,
+        kv_offload_policy=eng.kv_offload_policy,
+        kv_bytes_per_block=kv_bytes_per_token(model, tp) * eng.block_size_tokens,
+        kv_transfer_bandwidth_gb_per_s=eng.kv_transfer_bandwidth_gb_per_s,
+        kv_transfer_base_latency_us=eng.kv_transfer_base_latency_us,
+        kv_reload_blocking=eng.kv_reload_blocking,
     )
     return Deployment(model, gpu, tp, step_model, engine, source)
 

@@ -57,6 +57,11 @@ SCENARIO_FIELDS = {
     "max_model_len": "engine.max_model_len",
     "scheduler": "engine.scheduler",
     "priority_policy": "engine.priority_policy",
+    "kv_cpu_blocks": "engine.kv_cpu_blocks",
+    "kv_offload_policy": "engine.kv_offload_policy",
+    "kv_transfer_bandwidth": "engine.kv_transfer_bandwidth_gb_per_s",
+    "kv_transfer_base_latency": "engine.kv_transfer_base_latency_us",
+    "kv_reload_blocking": "engine.kv_reload_blocking",
     "seed": "seed",
     "horizon": "horizon_us",
     "num_instances": "cluster.num_instances",
@@ -140,6 +145,21 @@ def _common_flags(
     ] = None,
     priority_policy: Annotated[
         str | None, _opt("--priority-policy", _SIM, "constant | slo-based | inverted-slo")
+    ] = None,
+    kv_cpu_blocks: Annotated[
+        int | None, _opt("--kv-cpu-blocks", _SIM, "CPU KV tier in blocks (0 = off)")
+    ] = None,
+    kv_offload_policy: Annotated[
+        str | None, _opt("--kv-offload-policy", _SIM, "evict | mirror")
+    ] = None,
+    kv_transfer_bandwidth: Annotated[
+        float | None, _opt("--kv-transfer-bandwidth", _SIM, "CPU<->GPU GB/s per GPU (50)")
+    ] = None,
+    kv_transfer_base_latency: Annotated[
+        int | None, _opt("--kv-transfer-base-latency", _SIM, "µs per reload (0)")
+    ] = None,
+    kv_reload_blocking: Annotated[
+        bool | None, _opt("--kv-reload-blocking", _SIM, "BLIS: reloads stall the step")
     ] = None,
     seed: Annotated[int | None, _opt("--seed", _SIM)] = None,
     horizon: Annotated[int | None, _opt("--horizon", _SIM, "end time in µs")] = None,

@@ -118,6 +118,11 @@ class EngineSpec(_Strict):
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
     enable_prefix_caching: bool = True
+    kv_cpu_blocks: int = Field(0, ge=0, description="CPU KV tier size in blocks; 0 = off")
+    kv_offload_policy: Literal["evict", "mirror"] = "evict"
+    kv_transfer_bandwidth_gb_per_s: float = Field(50.0, gt=0, description="host link, per GPU")
+    kv_transfer_base_latency_us: int = Field(0, ge=0)
+    kv_reload_blocking: bool = False
 
 
 class AdmissionSpec(_Strict):

@@ -15,6 +15,7 @@ from enum import StrEnum
 from ..latency.base import StepBatch
 from ..metrics.recorder import StepLog
 from .kv_cache import KVCache
+from .kv_tiers import CPUTier
 from .policies import make_priority_policy, make_scheduler
 from .request import Request, RequestState
 
@@ -32,6 +33,22 @@ class EngineConfig:
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
     enable_prefix_caching: bool = True
+    # Tiered KV (SPEC §2.4): a CPU tier of this many blocks behind the GPU cache (0 = off).
+    kv_cpu_blocks: int = 0
+    kv_offload_policy: str = "evict"
+    # Reload cost of one block from the CPU tier, per GPU: bytes over the host link.
+    kv_bytes_per_block: float = 0.0
+    kv_transfer_bandwidth_gb_per_s: float = 50.0
+    kv_transfer_base_latency_us: int = 0
+    # BLIS's behaviour: the reload is added to the step that needs it, holding up the batch.
+    kv_reload_blocking: bool = False
+
+    def reload_us(self, blocks: int) -> int:
+        """Time to bring `blocks` back from the CPU tier over an idle host link."""
+        size_bytes = blocks * self.kv_bytes_per_block
+        return self.kv_transfer_base_latency_us + -(
+            -size_bytes // (self.kv_transfer_bandwidth_gb_per_s * 1e3)
+        )
 
 
 class EnqueueOutcome(StrEnum):
@@ -51,7 +68,12 @@ class VLLMEngine:
         post_decode_overhead_us: int = 0,
     ) -> None:
         self.config = config
-        self.kv = KVCache(config.total_kv_blocks, config.block_size)
+        cpu = CPUTier(config.kv_cpu_blocks) if config.kv_cpu_blocks > 0 else None
+        self.kv = KVCache(config.total_kv_blocks, config.block_size, cpu, config.kv_offload_policy)
+        # Reloads started by the last plan_step, for the instance's host link to carry.
+        self.new_reloads: list[tuple[Request, float]] = []
+        # Times the instance idled with work because every runnable request awaited a reload.
+        self.reload_idle_us: list[int] = []
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.scheduler = make_scheduler(config.scheduler)
@@ -180,8 +202,10 @@ class VLLMEngine:
         if not self.running and not self.waiting:
             return None
         self.clock_us = now_us
+        self.kv.now_us = now_us
         self.step_count += 1
         cfg = self.config
+        step_extra_us = 0
         if not self.priority_policy.is_constant or not self.scheduler.keeps_order:
             self._reorder_waiting(now_us)
 
@@ -200,6 +224,9 @@ class VLLMEngine:
             if budget <= 0:
                 break
             req = running[i]
+            if req.reload_pending:  # its prefix is still on the way from the CPU tier
+                i += 1
+                continue
             computed = req.computed_tokens
             if req.in_prefill:
                 chunk = self._prefill_chunk(req.prefill_target, computed, budget)
@@ -266,9 +293,11 @@ class VLLMEngine:
                     self.dropped_unservable += 1
                     continue
                 cached = kv.cached_prefix_blocks(req, target - 1) if caching else []
-                start = len(cached) * bs
+                reload = kv.cpu_prefix_blocks(req, len(cached), target - 1) if caching else 0
+                gpu_start = len(cached) * bs
+                start = gpu_start + reload * bs
                 chunk = self._prefill_chunk(target, start, budget)
-                if not kv.try_allocate(req, start, start + chunk, cached):
+                if not kv.try_allocate(req, gpu_start, start + chunk, cached):
                     break
                 waiting.popleft()
                 running.append(req)
@@ -280,6 +309,11 @@ class VLLMEngine:
                 req.schedule_us = now_us
                 if req.first_schedule_us < 0:
                     req.first_schedule_us = now_us
+                if reload:
+                    step_extra_us += self._reload(req, len(cached), reload, now_us)
+                    if req.reload_pending:
+                        req.num_new_tokens = 0
+                        continue
                 budget -= chunk
 
         # The batch the step-time model prices: only requests that got tokens this step.
@@ -297,7 +331,38 @@ class VLLMEngine:
                     decode_count += 1
                     decode_context += req.computed_tokens
         self._step_start_us = now_us
-        return StepBatch(prefill_chunks, decode_count, decode_context, prefill_prompts)
+        return StepBatch(
+            prefill_chunks, decode_count, decode_context, prefill_prompts, step_extra_us
+        )
+
+    def _reload(self, req: Request, gpu_blocks: int, blocks: int, now_us: int) -> int:
+        """Bring `blocks` prefix blocks back from the CPU tier for `req`, whose GPU blocks now
+        hold their hashes. Returns the time to add to this step (blocking mode only)."""
+        kv = self.kv
+        kv.cache_misses -= blocks  # they were allocated as new blocks, but are CPU hits
+        hashes = req.block_hashes(gpu_blocks + blocks, kv.block_size)
+        kv.cpu.reload(hashes[gpu_blocks : gpu_blocks + blocks], now_us)
+        if self.config.kv_reload_blocking:
+            duration = self.config.reload_us(blocks)
+            req.kv_reload_us += duration
+            return duration
+        req.reload_pending = True
+        req.reload_ticket += 1
+        self.new_reloads.append((req, blocks * self.config.kv_bytes_per_block))
+        return 0
+
+    def reload_done(self, req: Request, ticket: int, duration_us: int) -> bool:
+        """The host link delivered `req`'s prefix. False if the request moved on meanwhile
+        (preempted or cancelled while it waited)."""
+        if req.state is not RequestState.RUNNING or ticket != req.reload_ticket:
+            return False
+        req.reload_pending = False
+        req.kv_reload_us += duration_us
+        return True
+
+    @property
+    def waiting_on_reloads(self) -> bool:
+        return any(r.reload_pending for r in self.running)
 
     def _prefill_chunk(self, target: int, start: int, budget: int) -> int:
         """Prefill tokens from `start` this step: the rest of the target, capped by the
@@ -324,6 +389,8 @@ class VLLMEngine:
         victim = running.pop()
         self.kv.release(victim)
         victim.state = RequestState.QUEUED
+        victim.reload_pending = False
+        victim.reload_ticket += 1
         victim.computed_tokens = 0
         victim.num_new_tokens = 0
         victim.in_prefill = True
@@ -430,6 +497,11 @@ class VLLMEngine:
         steps.kv_used_blocks.append(self.kv.used_blocks)
         steps.queue_length.append(len(self.waiting))
         steps.running_requests.append(len(self.running))
+        cpu = self.kv.cpu
+        steps.cpu_kv_used_blocks.append(cpu.used_blocks if cpu is not None else 0)
+        steps.reloading_requests.append(
+            sum(1 for r in self.running if r.reload_pending) if cpu is not None else 0
+        )
         steps.preemptions.append(self.preemption_count)
         steps.itl_regular_gap_us.append(regular_gap)
         steps.itl_regular_count.append(regular)

@@ -52,6 +52,8 @@ class Instance:
         self.inbox: simpy.Store = simpy.Store(env)
         self.pending_enqueue: set[Request] = set()
         self._idle: simpy.Event | None = None
+        self.host_link = None  # created on the first CPU-tier reload
+        self._reload_ids = 0
         env.process(self._intake())
         env.process(self._step_loop())
 
@@ -106,6 +108,31 @@ class Instance:
             # Wake at STEP priority so every request arriving this microsecond joins the step.
             trigger_with_priority(self.env, idle, self._step_priority)
 
+    def _start_reloads(self) -> None:
+        """Carry this step's CPU-tier reloads over the instance's host link (they contend)."""
+        from ..cluster.kv_transfer import KVTransferLink  # the shared link model
+
+        if self.host_link is None:
+            cfg = self.engine.config
+            self.host_link = KVTransferLink(
+                self.env,
+                cfg.kv_transfer_bandwidth_gb_per_s,
+                cfg.kv_transfer_base_latency_us / 1000,
+                contention=True,
+                priority=self._arrival_priority,
+            )
+        for req, size_bytes in self.engine.new_reloads:
+            ticket = req.reload_ticket
+            started_us = self.env.now
+
+            def done(end_us: int, r: Request = req, t: int = ticket, s: int = started_us) -> None:
+                if self.engine.reload_done(r, t, end_us - s):
+                    self._wake()
+
+            self._reload_ids += 1
+            self.host_link.start(f"reload-{self._reload_ids}", size_bytes, done)
+        self.engine.new_reloads.clear()
+
     def _step_loop(self):
         env = self.env
         engine = self.engine
@@ -119,7 +146,16 @@ class Instance:
             batch = engine.plan_step(env.now)
             if batch is None:
                 continue
-            step_us = step_time(batch)
+            if engine.new_reloads:
+                self._start_reloads()
+            if batch.batch_size == 0 and engine.waiting_on_reloads:
+                # Nothing to compute until a prefix arrives from the CPU tier (or a request).
+                engine.reload_idle_us.append(env.now)
+                self._idle = env.event()
+                yield self._idle
+                self._idle = None
+                continue
+            step_us = step_time(batch) + batch.extra_us
             yield event_after(env, step_us, self._step_priority)
             for req in engine.finish_step(step_us):
                 on_finished(req)

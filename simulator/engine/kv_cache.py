@@ -18,13 +18,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from .kv_tiers import CPUTier
 from .request import Request
 
 
 class KVCache:
     """Block manager for one instance."""
 
-    def __init__(self, total_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        total_blocks: int,
+        block_size: int,
+        cpu: CPUTier | None = None,
+        offload_policy: str = "evict",
+    ) -> None:
         if total_blocks <= 0:
             raise ValueError(f"total_kv_blocks must be > 0, got {total_blocks}")
         if block_size <= 0:
@@ -43,6 +50,12 @@ class KVCache:
         self.cache_hits = 0
         self.cache_misses = 0
         self.peak_used_blocks = 0
+        # Optional CPU tier (SPEC §2.4): "evict" writes a block's content there when the GPU
+        # reuses the block (vLLM's offloading connector); "mirror" as soon as it is hashed.
+        self.cpu = cpu
+        self.offload_on_evict = cpu is not None and offload_policy == "evict"
+        self.offload_on_hash = cpu is not None and offload_policy == "mirror"
+        self.now_us = 0
 
     # ------------------------------------------------------------------ queries
     @property
@@ -81,6 +94,14 @@ class KVCache:
                 break
             found.append(block)
         return found
+
+    def cpu_prefix_blocks(self, req: Request, gpu_blocks: int, max_tokens: int) -> int:
+        """Full blocks right after the GPU hits whose content the CPU tier holds."""
+        max_blocks = max_tokens // self.block_size
+        if self.cpu is None or max_blocks <= gpu_blocks:
+            return 0
+        hashes = req.block_hashes(max_blocks, self.block_size)
+        return self.cpu.matching_prefix(hashes, gpu_blocks, max_blocks)
 
     # ------------------------------------------------------------------ mutation
     def try_allocate(
@@ -137,6 +158,8 @@ class KVCache:
                     if self._hash_to_block.get(old) == b:
                         del self._hash_to_block[old]
                     block_hash[b] = None
+                    if self.offload_on_evict:
+                        self.cpu.store(old, self.now_us)
                 ref[b] = 1
             ids.append(b)
         self.used_blocks += count
@@ -165,6 +188,8 @@ class KVCache:
                 h = hashes[i]
                 block_hash[b] = h
                 index.setdefault(h, b)
+                if self.offload_on_hash:
+                    self.cpu.store(h, self.now_us)
 
     def append_token(self, req: Request, position: int) -> bool:
         """KV for one decode token at `position`; a new block only at a block boundary."""
@@ -192,6 +217,13 @@ class KVCache:
         never_used = self.total_blocks - self._fresh_next
         assert self.used_blocks + len(self._free_lru) + never_used == self.total_blocks
         assert all(self._ref_count[b] == 0 for b in self._free_lru)
+        for req in holders:  # a block's hash is the content the request expects there
+            hashes = req._block_hashes or []  # noqa: SLF001
+            for i, b in enumerate(req.block_ids[: len(hashes)]):
+                h = self._block_hash[b]
+                assert h is None or h == hashes[i], (req, i)
+        if self.cpu is not None:
+            self.cpu.check_invariants()
 
     def release(self, req: Request) -> None:
         """Drop `req`'s references, last block first; blocks reaching zero go to the LRU tail."""

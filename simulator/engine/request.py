@@ -82,6 +82,10 @@ class Request:
         "transfer_start_us",
         "transfer_end_us",
         "dropped_at_decode_kv",
+        # tiered KV: a prefix reload from the CPU tier this request waits for
+        "reload_pending",
+        "reload_ticket",
+        "kv_reload_us",
     )
 
     def __init__(
@@ -163,6 +167,9 @@ class Request:
         self.transfer_start_us = -1
         self.transfer_end_us = -1
         self.dropped_at_decode_kv = False
+        self.reload_pending = False
+        self.reload_ticket = 0
+        self.kv_reload_us = 0
 
     def __repr__(self) -> str:
         return (

@@ -26,6 +26,8 @@ class StepBatch:
     decode_count: int = 0
     decode_context_sum: int = 0
     prefill_prompt_tokens: list[int] = field(default_factory=list)
+    # Time the step spends beyond the forward pass (blocking KV reloads from the CPU tier).
+    extra_us: int = 0
 
     @property
     def batch_size(self) -> int:

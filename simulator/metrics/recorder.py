@@ -19,6 +19,8 @@ class StepLog:
         "kv_used_blocks",
         "queue_length",
         "running_requests",
+        "cpu_kv_used_blocks",
+        "reloading_requests",
         "preemptions",
         "itl_regular_gap_us",
         "itl_regular_count",
@@ -33,6 +35,8 @@ class StepLog:
         self.kv_used_blocks: list[int] = []
         self.queue_length: list[int] = []
         self.running_requests: list[int] = []
+        self.cpu_kv_used_blocks: list[int] = []
+        self.reloading_requests: list[int] = []
         self.preemptions: list[int] = []
         # Inter-token gaps: in a step every request that also got a token in the previous step
         # sees the same gap, so those are stored as (gap, count) per step, not per token.

@@ -221,6 +221,7 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
                 (r.transfer_end_us - r.transfer_start_us) / 1000
                 if r.transfer_end_us >= 0
                 else np.nan,
+                r.kv_reload_us / 1000,
             )
         )
     frame = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
@@ -259,6 +260,7 @@ REQUEST_COLUMNS = [
     "prefill_instance",
     "decode_instance",
     "transfer_ms",
+    "kv_reload_ms",
 ]
 
 
@@ -288,6 +290,8 @@ def steps_frame(engines: list[VLLMEngine], instance_ids: list[str]) -> pd.DataFr
                     "kv_used_blocks": np.asarray(s.kv_used_blocks, dtype=np.int64),
                     "queue_length": np.asarray(s.queue_length, dtype=np.int64),
                     "running_requests": np.asarray(s.running_requests, dtype=np.int64),
+                    "cpu_kv_used_blocks": np.asarray(s.cpu_kv_used_blocks, dtype=np.int64),
+                    "reloading_requests": np.asarray(s.reloading_requests, dtype=np.int64),
                     "preemptions_total": np.asarray(s.preemptions, dtype=np.int64),
                 }
             )
@@ -460,11 +464,29 @@ class Result:
         completed = self.summary["completed_requests"]
         preemptions = self.summary["preemption_count"]
         hit_rates = [e.kv.hit_rate for e in self.engines]
-        return {
+        tiers = [e.kv.cpu for e in self.engines if e.kv.cpu is not None]
+        metrics = {
             "preemption_rate": preemptions / completed if completed else 0.0,
             "cache_hit_rate": float(np.mean(hit_rates)) if hit_rates else 0.0,
             "kv_thrashing_rate": 0.0,
         }
+        if tiers:
+            # Block-level hit rate over both tiers: (GPU hits + CPU reloads) / blocks looked at.
+            gpu_hits = sum(e.kv.cache_hits for e in self.engines)
+            misses = sum(e.kv.cache_misses for e in self.engines)
+            reloaded = sum(t.reloaded_blocks for t in tiers)
+            offloaded = sum(t.offloaded_blocks for t in tiers)
+            looked = gpu_hits + reloaded + misses
+            metrics["cpu_hit_rate"] = reloaded / looked if looked else 0.0
+            metrics["combined_hit_rate"] = (gpu_hits + reloaded) / looked if looked else 0.0
+            metrics["offloaded_blocks"] = offloaded
+            metrics["reloaded_blocks"] = reloaded
+            evicted = sum(t.evicted_blocks for t in tiers)
+            # BLIS's definition (SPEC §2.4): blocks the tier had to evict per block written.
+            metrics["kv_thrashing_rate"] = evicted / offloaded if offloaded else 0.0
+            # Reloads of blocks offloaded less than a second before (or lost meanwhile).
+            metrics["fast_reloaded_blocks"] = sum(t.thrashed_blocks for t in tiers)
+        return metrics
 
     @cached_property
     def per_tenant(self) -> dict[str, Any]:
@@ -494,7 +516,7 @@ class Result:
         if any(self.anomalies.values()):
             blocks.append(f"{ANOMALY_HEADER}\n{json.dumps(self.anomalies, indent=2)}")
         if any(self.kv_metrics.values()):
-            kv = {k: round(v, 4) for k, v in self.kv_metrics.items()}
+            kv = {k: round(v, 4) if isinstance(v, float) else v for k, v in self.kv_metrics.items()}
             blocks.append(f"{KV_HEADER}\n{json.dumps(kv, indent=2)}")
         if len(self.per_slo) > 1:
             blocks.append(f"{PER_SLO_HEADER}\n{json.dumps(self.per_slo, indent=2)}")
