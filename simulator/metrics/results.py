@@ -484,8 +484,11 @@ class Result:
             evicted = sum(t.evicted_blocks for t in tiers)
             # BLIS's definition (SPEC §2.4): blocks the tier had to evict per block written.
             metrics["kv_thrashing_rate"] = evicted / offloaded if offloaded else 0.0
-            # Reloads of blocks offloaded less than a second before (or lost meanwhile).
-            metrics["fast_reloaded_blocks"] = sum(t.thrashed_blocks for t in tiers)
+            # The GPU handing back blocks it needs again at once: reloads of blocks offloaded
+            # less than a second before (or lost from the tier meanwhile), per block reloaded.
+            fast = sum(t.thrashed_blocks for t in tiers)
+            metrics["fast_reloaded_blocks"] = fast
+            metrics["fast_reload_rate"] = fast / reloaded if reloaded else 0.0
         return metrics
 
     @cached_property
