@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,6 +24,7 @@ from pydantic import (
 from .errors import ConfigError
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
 from .workload.spec import format_spec_error
+from .yamlfiles import read_yaml_mapping
 
 
 class _Strict(BaseModel):
@@ -259,14 +259,6 @@ class Scenario(_Strict):
         return self
 
 
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's error as one line: the problem and where (its own text spans several lines)."""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    mark = getattr(exc, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{problem}{where}"
-
-
 def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
     try:
         return Scenario.model_validate(data)
@@ -277,16 +269,7 @@ def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenar
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML file. Relative paths inside resolve from its folder."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"scenario: cannot read {str(p)!r}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"scenario: {str(p)!r} is not valid YAML: {yaml_problem(exc)}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"scenario: {str(p)!r} must be a YAML mapping")
+    data = read_yaml_mapping(p, "scenario", empty_ok=True)
     scenario = scenario_from_dict(data, source=str(p))
     base = p.parent
     if scenario.trace is not None:

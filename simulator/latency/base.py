@@ -7,6 +7,7 @@ between arrival and enqueue, the per-output-token processing time, and a post-de
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -56,3 +57,13 @@ class StepTimeModel:
 
     def post_decode_overhead_us(self) -> int:
         return 0
+
+
+def coefficients_or_defaults(
+    alpha: Sequence[float] | None, beta: Sequence[float] | None, defaults: dict[str, list[float]]
+) -> tuple[Sequence[float], Sequence[float]]:
+    """Explicit alpha / beta win, each on its own; otherwise defaults.yaml's pair."""
+    return (
+        alpha if alpha is not None else defaults["alpha_coeffs"],
+        beta if beta is not None else defaults["beta_coeffs"],
+    )

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from ..catalog.defaults import crossmodel_defaults
 from ..catalog.types import GPUSpec, ModelConfig
-from .base import StepBatch, StepTimeModel
+from .base import StepBatch, StepTimeModel, coefficients_or_defaults
 from .blackbox import validate_coeffs
 
 
@@ -48,13 +48,7 @@ class CrossModel(StepTimeModel):
         vllm_version: str | None = None,
     ) -> CrossModel:
         """Explicit coefficients win; else BLIS's `crossmodel_defaults` (defaults.yaml)."""
-        defaults = crossmodel_defaults()
-        return cls(
-            model,
-            tp,
-            alpha if alpha is not None else defaults["alpha_coeffs"],
-            beta if beta is not None else defaults["beta_coeffs"],
-        )
+        return cls(model, tp, *coefficients_or_defaults(alpha, beta, crossmodel_defaults()))
 
     def step_time_us(self, batch: StepBatch) -> int:
         prefill = 0

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from ..catalog.defaults import trained_roofline_defaults
 from ..catalog.types import GPUSpec, ModelConfig
 from ..errors import invalid
-from .base import StepBatch, StepTimeModel
+from .base import StepBatch, StepTimeModel, coefficients_or_defaults
 from .blackbox import validate_coeffs
 
 log = logging.getLogger("servesim")
@@ -85,14 +85,8 @@ class TrainedRoofline(StepTimeModel):
         vllm_version: str | None = None,
     ) -> TrainedRoofline:
         """Explicit coefficients win; else BLIS's `trained_roofline_defaults`."""
-        defaults = trained_roofline_defaults()
-        return cls(
-            model,
-            gpu,
-            tp,
-            alpha if alpha is not None else defaults["alpha_coeffs"],
-            beta if beta is not None else defaults["beta_coeffs"],
-        )
+        coefficients = coefficients_or_defaults(alpha, beta, trained_roofline_defaults())
+        return cls(model, gpu, tp, *coefficients)
 
     def step_time_us(self, batch: StepBatch) -> int:
         L, d, d_kv, d_h, d_ff = self.layers, self.d, self.d_kv, self.d_h, self.d_ff

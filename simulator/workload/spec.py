@@ -12,7 +12,6 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
@@ -334,17 +333,6 @@ def workload_spec_from_dict(data: dict, source: str = "workload spec") -> Worklo
 
 def load_workload_spec(path: str | Path) -> WorkloadSpec:
     """Read a BLIS v2 (or v1) workload YAML file strictly."""
-    from ..scenario import yaml_problem
+    from ..yamlfiles import read_yaml_mapping
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"workload spec: cannot read {str(p)!r}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"workload spec: {str(p)!r} is not valid YAML: {yaml_problem(exc)}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"workload spec: {str(p)!r} must be a YAML mapping")
-    return workload_spec_from_dict(data, source=str(p))
+    return workload_spec_from_dict(read_yaml_mapping(path, "workload spec"), source=str(path))

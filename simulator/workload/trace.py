@@ -23,7 +23,7 @@ import yaml
 
 from ..engine.request import Request, RequestState
 from ..errors import ConfigError
-from ..scenario import yaml_problem
+from ..yamlfiles import read_yaml_mapping
 
 TRACE_COLUMNS = [
     "request_id",
@@ -162,16 +162,7 @@ class GroundTruthRow:
 
 def read_header(path: str | Path) -> dict:
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"trace header: cannot read {str(p)!r}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"trace header: {str(p)!r} is not valid YAML: {yaml_problem(exc)}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"trace header: {str(p)!r} must be a YAML mapping")
+    data = read_yaml_mapping(p, "trace header")
     where = f"trace header {str(p)!r}"
     extra = set(data) - HEADER_KEYS - HEADER_KEYS_V3
     if extra:
