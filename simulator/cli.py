@@ -609,6 +609,17 @@ def validate_cmd(
     _guarded(go)
 
 
+def _register_extras() -> None:
+    from .cli_extras import register as register_plot
+    from .cli_sweep import register as register_sweep
+
+    register_plot(app)
+    register_sweep(app)
+
+
+_register_extras()
+
+
 def main() -> None:
     app()
 

@@ -331,6 +331,19 @@ class Result:
     def summary_text(self) -> str:
         return format_summary(self.summary)
 
+    @property
+    def plot(self):
+        """Figures of this run: `result.plot.latency_cdfs()`, `.instance_timelines()`, ..."""
+        from .plots import PlotAccessor
+
+        return PlotAccessor(self)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write Parquet tables and summary.json; read back with `simulator.load_result`."""
+        from .persistence import save_result
+
+        return save_result(self, directory)
+
     @cached_property
     def per_slo(self) -> dict[str, dict[str, Any]]:
         """TTFT / E2E per SLO class ("default" when untagged), SPEC §10.4, in ms."""

@@ -1,0 +1,95 @@
+"""`servesim sweep`: run a sweep file, registered onto the main typer app by `register(app)`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from .sweeps import SweepResult
+
+# Metrics shown in the printed table (every metric is in points.csv with --out).
+HEADLINE_METRICS = (
+    "responses_per_sec",
+    "tokens_per_sec",
+    "ttft_mean_ms",
+    "ttft_p99_ms",
+    "itl_mean_ms",
+    "e2e_mean_ms",
+    "e2e_p99_ms",
+)
+
+
+def _num(x: float, digits: int) -> str:
+    """`digits` significant digits, without switching to exponent notation for large values."""
+    return f"{x:.0f}" if abs(x) >= 10**digits else f"{x:.{digits}g}"
+
+
+def format_points_table(result: SweepResult) -> str:
+    """One line per point: its parameters, the seed count and `mean ± ci95` of the headline
+    metrics."""
+    import math
+
+    pts = result.points
+    metrics = [m for m in HEADLINE_METRICS if f"{m}_mean" in pts.columns]
+    header = ["point", *result.params, "n_seeds", *metrics]
+    rows: list[list[str]] = []
+    for row in pts.to_dict("records"):
+        cells = [str(row["point"]), *(str(row[p]) for p in result.params), str(row["n_seeds"])]
+        for m in metrics:
+            mean, half = row[f"{m}_mean"], row[f"{m}_ci95"]
+            cells.append(
+                _num(mean, 4) if math.isnan(half) else f"{_num(mean, 4)} ± {_num(half, 2)}"
+            )
+        rows.append(cells)
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `sweep SWEEP_YAML [--workers N] [--out DIR] [--quiet]` to `app`."""
+
+    @app.command("sweep")
+    def sweep_cmd(
+        sweep_yaml: Annotated[Path, typer.Argument(help="sweep file: base, grid, seeds, workers")],
+        workers: Annotated[
+            int | None,
+            typer.Option("--workers", help="worker processes (default: the file's, else CPUs)"),
+        ] = None,
+        out: Annotated[
+            Path | None,
+            typer.Option(
+                "--out", help="folder for runs.parquet, runs.csv, points.csv; enables resume"
+            ),
+        ] = None,
+        quiet: Annotated[bool, typer.Option("--quiet", help="no progress lines")] = False,
+    ) -> None:
+        """Simulate a grid of scenario overrides × seeds; print mean ± 95% CI per point."""
+        from .cli import _guarded
+
+        def go() -> None:
+            from .sweeps import load_sweep_file, sweep
+
+            spec = load_sweep_file(sweep_yaml)
+
+            def progress(done: int, total: int, row: dict[str, Any]) -> None:
+                point = ", ".join(f"{k}={v}" for k, v in row.items() if k in spec.grid)
+                typer.echo(f"[{done}/{total}] {point} seed={row['seed']}", err=True)
+
+            result = sweep(
+                spec.base,
+                spec.grid,
+                seeds=spec.seeds,
+                workers=workers if workers is not None else spec.workers,
+                out=out,
+                progress=None if quiet else progress,
+            )
+            if not quiet and result.skipped:
+                typer.echo(f"resumed: {result.skipped} run(s) already in {out}", err=True)
+            typer.echo(format_points_table(result))
+            typer.echo(f"(95% CI half-width across seeds: {result.ci_method})")
+
+        _guarded(go)

@@ -1,0 +1,175 @@
+"""Save a run to a folder and load it back.
+
+A saved result is a folder holding `summary.json` (the summary and every dict-valued metric)
+and one Parquet file per non-empty DataFrame (`requests`, `steps`, `instances`, `transfers`).
+Parquet keeps the column dtypes, nullable Int64 timestamps included. `load_result` returns a
+`SavedResult` whose attributes have the same names as a live `Result`'s, so code (and the
+plots) work on either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .plots import PlotAccessor
+
+SUMMARY_FILE = "summary.json"
+FORMAT_NAME = "servesim-result"
+FORMAT_VERSION = 1
+FRAME_NAMES = ("requests", "steps", "instances", "transfers")
+DICT_NAMES = ("per_slo", "kv_metrics", "anomalies", "pd_metrics", "session_counts", "scenario")
+
+
+@dataclass
+class SavedResult:
+    """A result loaded from disk: the same attribute names as a live `Result`."""
+
+    summary: dict[str, Any]
+    requests: pd.DataFrame = field(repr=False)
+    steps: pd.DataFrame = field(repr=False)
+    instances: pd.DataFrame = field(repr=False)
+    transfers: pd.DataFrame = field(repr=False)
+    per_slo: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    kv_metrics: dict[str, float] = field(default_factory=dict, repr=False)
+    anomalies: dict[str, int] = field(default_factory=dict, repr=False)
+    pd_metrics: dict[str, Any] | None = field(default=None, repr=False)
+    session_counts: dict[str, int] = field(default_factory=dict, repr=False)
+    scenario: dict[str, Any] = field(default_factory=dict, repr=False)
+    path: Path | None = None
+
+    @property
+    def plot(self) -> PlotAccessor:
+        from .plots import PlotAccessor
+
+        return PlotAccessor(self)
+
+    def summary_text(self) -> str:
+        from .results import format_summary
+
+        return format_summary(self.summary)
+
+
+def _json_safe(value: Any) -> Any:
+    """Plain JSON types only: numpy scalars unwrapped, non-finite floats as None."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _write_folder(result: Any, folder: Path) -> None:
+    empty: dict[str, list[str]] = {}
+    for name in FRAME_NAMES:
+        frame: pd.DataFrame = getattr(result, name)
+        if len(frame) == 0:
+            empty[name] = [str(c) for c in frame.columns]
+            continue
+        frame.to_parquet(folder / f"{name}.parquet", engine="pyarrow", index=False)
+    document: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "summary": result.summary,
+    }
+    for name in DICT_NAMES:
+        document[name] = getattr(result, name)
+    document["empty_frames"] = empty
+    with open(folder / SUMMARY_FILE, "w") as handle:
+        json.dump(_json_safe(document), handle, indent=2)
+        handle.write("\n")
+
+
+def save_result(result: Any, directory: str | Path) -> Path:
+    """Write `result` (live or loaded) into the folder `directory`; return its path.
+
+    Everything is written to a temporary sibling folder first, then renamed into place: a
+    crash never leaves a half-written result, and an existing saved result at `directory` is
+    replaced only once the new one is complete. A folder that exists but is not a saved
+    result (no summary.json, not empty) is refused rather than replaced.
+    """
+    target = Path(directory)
+    if target.exists():
+        if not target.is_dir():
+            raise ConfigError(f"save_result: {str(target)!r} exists and is not a folder")
+        if not (target / SUMMARY_FILE).is_file() and any(target.iterdir()):
+            raise ConfigError(
+                f"save_result: {str(target)!r} is a non-empty folder without {SUMMARY_FILE}; "
+                "refusing to replace it"
+            )
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    # A plain mkdir (not mkdtemp) so the folder gets the usual umask permissions, not 0700.
+    tmp = parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    tmp.mkdir()
+    try:
+        _write_folder(result, tmp)
+        if target.exists():
+            old = parent / f".{target.name}.{uuid.uuid4().hex}.old"
+            target.rename(old)
+            try:
+                tmp.rename(target)
+            except BaseException:
+                old.rename(target)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_result(directory: str | Path) -> SavedResult:
+    """Read a folder written by `save_result`; a folder without summary.json is an error."""
+    folder = Path(directory)
+    summary_path = folder / SUMMARY_FILE
+    if not summary_path.is_file():
+        raise ConfigError(f"load_result: {str(folder)!r} is not a saved result (no {SUMMARY_FILE})")
+    try:
+        document = json.loads(summary_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"load_result: cannot read {str(summary_path)!r}: {exc}") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
+        raise ConfigError(f"load_result: {str(summary_path)!r} is not a servesim result summary")
+    empty = document.get("empty_frames", {})
+    frames: dict[str, pd.DataFrame] = {}
+    for name in FRAME_NAMES:
+        path = folder / f"{name}.parquet"
+        if path.is_file():
+            frames[name] = pd.read_parquet(path, engine="pyarrow")
+        else:
+            frames[name] = pd.DataFrame(columns=empty.get(name, []))
+    dicts = {name: document.get(name) for name in DICT_NAMES}
+    return SavedResult(
+        summary=document.get("summary", {}),
+        requests=frames["requests"],
+        steps=frames["steps"],
+        instances=frames["instances"],
+        transfers=frames["transfers"],
+        per_slo=dicts["per_slo"] or {},
+        kv_metrics=dicts["kv_metrics"] or {},
+        anomalies=dicts["anomalies"] or {},
+        pd_metrics=dicts["pd_metrics"],
+        session_counts=dicts["session_counts"] or {},
+        scenario=dicts["scenario"] or {},
+        path=folder,
+    )

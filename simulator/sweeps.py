@@ -1,0 +1,433 @@
+"""Parameter sweeps: a grid of scenario overrides × seeds, run in parallel, summarised with CIs.
+
+Local backend only (a `concurrent.futures.ProcessPoolExecutor`); a Ray backend comes later.
+
+    result = sweep("scenario.yaml", {"cluster.num_instances": [1, 2]}, seeds=[1, 2, 3])
+    result.runs     # one row per (point, seed): parameters, seed, numeric summary metrics
+    result.points   # one row per point: <metric>_mean and <metric>_ci95 across seeds
+
+Every grid path and value is validated before anything runs. With `out`, each finished run is
+written atomically to `out/runs.d/<key>.json`, and a re-run skips runs already there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import typing
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+from .scenario import Scenario, TraceSpec, scenario_from_dict
+from .workload.spec import format_spec_error
+from .yamlfiles import read_yaml_mapping
+
+RUNS_DIR = "runs.d"
+CI_LEVEL = 0.95
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (used when scipy is absent).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_Z975 = 1.959964
+# Summary fields BLIS prints only when non-zero: a missing one means 0, not unknown.
+_ZERO_WHEN_ABSENT = ("kv_allocation_failures",)
+
+Progress = Callable[[int, int, dict[str, Any]], None]
+
+
+@dataclass
+class SweepResult:
+    """`runs`: tidy, one row per (point, seed), sorted by point then seed. `points`: per point,
+    `<metric>_mean` and `<metric>_ci95` (half-width of the 95% CI of the mean across seeds)."""
+
+    runs: pd.DataFrame
+    points: pd.DataFrame
+    params: list[str]
+    metrics: list[str]
+    ci_method: str
+    simulated: int = 0
+    skipped: int = 0
+    out: Path | None = None
+    seeds: list[int] = field(default_factory=list)
+
+
+# --- confidence intervals -------------------------------------------------------------------
+
+
+def t_quantile_975(df: int) -> tuple[float, str]:
+    """The 97.5% quantile for a two-sided 95% CI with `df` degrees of freedom, and its method."""
+    try:
+        from scipy import stats
+
+        return float(stats.t.ppf(0.975, df)), "student-t (scipy)"
+    except ImportError:
+        if df <= len(_T975):
+            return _T975[df - 1], "student-t (table)"
+        return _Z975, "normal (z=1.96)"
+
+
+def _ci_half_width(values: pd.Series) -> tuple[float, str]:
+    x = values.dropna()
+    n = len(x)
+    if n < 2:
+        return math.nan, "n<2"
+    q, method = t_quantile_975(n - 1)
+    return q * float(x.std(ddof=1)) / math.sqrt(n), method
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def _model_classes(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic model classes inside a field annotation (unions, Annotated, Optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [c for arg in typing.get_args(annotation) for c in _model_classes(arg)]
+
+
+def check_path(base: Scenario, path: str) -> None:
+    """Raise ConfigError unless `path` names a field of the scenario schema.
+
+    Checked against the schema, not the dumped dict: `apply_overrides` would create a missing
+    key, and the resulting error would not name the grid path."""
+    unknown = ConfigError(f"grid: unknown scenario field {path!r}")
+    keys = path.split(".")
+    node: Any = base
+    classes: list[type[BaseModel]] = [type(base)]
+    for i, key in enumerate(keys):
+        owners = [c for c in classes if key in c.model_fields]
+        if not owners:
+            raise unknown
+        if i == len(keys) - 1:
+            return
+        node = getattr(node, key, None) if isinstance(node, BaseModel) else None
+        if isinstance(node, BaseModel):
+            classes = [type(node)]
+        elif isinstance(node, dict):
+            return  # a free-form mapping: its keys are checked when the value is validated
+        elif node is None:  # an unset section: any model its annotation allows
+            classes = [c for o in owners for c in _model_classes(o.model_fields[key].annotation)]
+        else:
+            classes = []
+        if not classes:
+            raise unknown
+
+
+def _point_scenario(
+    base: Scenario, params: dict[str, Any], seed: int, source: str = "grid"
+) -> Scenario:
+    """The base with one point's overrides and the seed (workload.rate / num_requests also
+    apply to a v2 workload, as its aggregate_rate / num_requests, as on the command line)."""
+    from .api import _V2_EQUIVALENTS, with_overrides
+
+    overrides = {k: v for k, v in params.items() if k not in _V2_EQUIVALENTS}
+    workload = {k: v for k, v in params.items() if k in _V2_EQUIVALENTS}
+    overrides["seed"] = seed
+    return with_overrides(base, overrides, workload, source=source)
+
+
+def _validate(
+    base: Scenario, grid: dict[str, list[Any]], points: list[dict[str, Any]], seed: int
+) -> None:
+    """Every path, then every combination (values are checked together: PD pool sizes, for
+    one, are only valid in pairs). The error names the point's paths and values."""
+    from .api import resolve_deployment
+
+    for path, values in grid.items():
+        if path == "seed":
+            raise ConfigError("grid: 'seed' cannot be a grid field; use seeds")
+        check_path(base, path)
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid: {path!r} needs a non-empty list of values, got {values!r}")
+    for params in points:
+        label = "grid: " + (", ".join(f"{k} = {v!r}" for k, v in params.items()) or "(base)")
+        try:
+            resolve_deployment(_point_scenario(base, params, seed, source=label))
+        except (TypeError, AttributeError) as exc:  # e.g. a value below a leaf
+            raise ConfigError(f"{label}: {exc}") from None
+        except ConfigError as exc:
+            text = str(exc)
+            raise ConfigError(text if text.startswith(label) else f"{label}: {text}") from None
+
+
+# --- running --------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _run_key(base_json: str, params: dict[str, Any], seed: int) -> str:
+    doc = json.dumps(
+        {"base": base_json, "params": params, "seed": seed}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(doc.encode()).hexdigest()[:24]
+
+
+def _simulate_row(scenario: Scenario) -> dict[str, Any]:
+    """Simulate one scenario; its numeric summary metrics (bools and strings dropped)."""
+    from .api import simulate
+
+    summary = simulate(scenario).summary
+    row = {
+        k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    for name in _ZERO_WHEN_ABSENT:
+        row.setdefault(name, 0)
+    return row
+
+
+def _task(scenario: Scenario) -> dict[str, Any]:
+    # Module-level so a process pool can pickle it; looks `_simulate_row` up at call time.
+    return _simulate_row(scenario)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load_done(runs_dir: Path) -> dict[str, dict[str, Any]]:
+    done: dict[str, dict[str, Any]] = {}
+    if not runs_dir.is_dir():
+        return done
+    for f in runs_dir.glob("*.json"):
+        try:
+            doc = json.loads(f.read_text())
+            done[doc["key"]] = doc["metrics"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable leftovers are re-run
+    return done
+
+
+def _seeds(seeds: Sequence[int]) -> list[int]:
+    out = list(seeds)
+    if not out:
+        raise ConfigError("seeds: needs at least one seed")
+    for s in out:
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise ConfigError(f"seeds: invalid value {s!r}; seeds are integers")
+    if len(set(out)) != len(out):
+        raise ConfigError(f"seeds: duplicate seeds in {out}")
+    return out
+
+
+def sweep(
+    base: Scenario | dict | str | Path,
+    grid: dict[str, list[Any]],
+    seeds: Sequence[int] = (42,),
+    workers: int | None = None,
+    out: Path | str | None = None,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Simulate every grid point (Cartesian product of `grid`'s value lists) for every seed.
+
+    `grid` maps dotted scenario paths to value lists. `workers` defaults to os.cpu_count();
+    1 runs in this process. With `out`, finished runs are kept in `out/runs.d/` (one file per
+    run, written atomically) and skipped on a re-run; at the end `out/runs.parquet`,
+    `out/runs.csv` and `out/points.csv` are written atomically. `progress(done, total, row)` is
+    called after each simulated run."""
+    from .api import as_scenario
+
+    sc = as_scenario(base)
+    if not isinstance(grid, dict):
+        raise ConfigError(f"grid: must be a mapping of scenario paths to value lists, not {grid!r}")
+    seed_list = _seeds(seeds)
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"workers: invalid value {workers!r}; must be an integer >= 1")
+    params = list(grid)
+    for path in params:  # unknown paths first, so a typo is reported as such
+        check_path(sc, path)
+    points = [dict(zip(params, combo, strict=True)) for combo in product(*grid.values())]
+    _validate(sc, grid, points, seed_list[0])
+
+    base_json = json.dumps(sc.model_dump(mode="json"), sort_keys=True)
+    tasks: list[tuple[int, int, str, dict[str, Any], int]] = []  # point, seed index, key, ...
+    for p, point in enumerate(points):
+        for si, seed in enumerate(seed_list):
+            tasks.append((p, si, _run_key(base_json, point, seed), point, seed))
+
+    out_dir = Path(out) if out is not None else None
+    runs_dir = out_dir / RUNS_DIR if out_dir is not None else None
+    done: dict[str, dict[str, Any]] = {}
+    if runs_dir is not None:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        done = _load_done(runs_dir)
+    metrics_by_key = {t[2]: done[t[2]] for t in tasks if t[2] in done}
+    todo = [t for t in tasks if t[2] not in metrics_by_key]
+    skipped = len(tasks) - len(todo)
+
+    def finish(task: tuple[int, int, str, dict[str, Any], int], metrics: dict[str, Any]) -> None:
+        _, _, key, point, seed = task
+        metrics_by_key[key] = metrics
+        if runs_dir is not None:
+            doc = {"key": key, "params": point, "seed": seed, "metrics": metrics}
+            _atomic_write_text(runs_dir / f"{key}.json", json.dumps(doc, default=str))
+        if progress is not None:
+            row = {**{k: _jsonable(v) for k, v in point.items()}, "seed": seed, **metrics}
+            progress(len(metrics_by_key) - skipped, len(todo), row)
+
+    n_workers = workers if workers is not None else (os.cpu_count() or 1)
+    if n_workers == 1 or len(todo) <= 1:
+        for t in todo:
+            finish(t, _simulate_row(_point_scenario(sc, t[3], t[4])))
+    elif todo:
+        with ProcessPoolExecutor(max_workers=min(n_workers, len(todo))) as pool:
+            futures = {pool.submit(_task, _point_scenario(sc, t[3], t[4])): t for t in todo}
+            try:
+                for fut in as_completed(futures):
+                    finish(futures[fut], fut.result())
+            except BaseException:
+                # Finished runs are already saved; don't wait for the queued ones.
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+
+    rows = []
+    for p, _si, key, point, seed in tasks:  # tasks are already in (point, seed) order
+        row: dict[str, Any] = {"point": p}
+        row.update({k: _jsonable(v) for k, v in point.items()})
+        row["seed"] = seed
+        row.update(metrics_by_key[key])
+        rows.append(row)
+    runs = pd.DataFrame(rows)
+    metric_names = [c for c in runs.columns if c not in {"point", "seed", *params}]
+    points_frame, ci_method = summarize_points(runs, params, metric_names)
+    result = SweepResult(
+        runs=runs,
+        points=points_frame,
+        params=params,
+        metrics=metric_names,
+        ci_method=ci_method,
+        simulated=len(todo),
+        skipped=skipped,
+        out=out_dir,
+        seeds=seed_list,
+    )
+    if out_dir is not None:
+        write_outputs(result, out_dir)
+    return result
+
+
+def summarize_points(
+    runs: pd.DataFrame, params: list[str], metrics: list[str]
+) -> tuple[pd.DataFrame, str]:
+    """Per point: the parameters, `n_seeds`, and `<metric>_mean` / `<metric>_ci95` columns."""
+    rows = []
+    methods: set[str] = set()
+    for p, group in runs.groupby("point", sort=True):
+        row: dict[str, Any] = {"point": p}
+        row.update({k: group[k].iloc[0] for k in params})
+        row["n_seeds"] = len(group)
+        for m in metrics:
+            values = pd.to_numeric(group[m], errors="coerce")
+            half, method = _ci_half_width(values)
+            methods.add(method)
+            row[f"{m}_mean"] = float(values.mean())
+            row[f"{m}_ci95"] = half
+        rows.append(row)
+    real = sorted(methods - {"n<2"})
+    method = ", ".join(real) if real else "none (one seed per point)"
+    return pd.DataFrame(rows), method
+
+
+def write_outputs(result: SweepResult, out_dir: Path) -> None:
+    """runs.parquet, runs.csv and points.csv, each written to a temp file and renamed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write_parquet(out_dir / "runs.parquet", result.runs)
+    _atomic_write_text(out_dir / "runs.csv", result.runs.to_csv(index=False))
+    _atomic_write_text(out_dir / "points.csv", result.points.to_csv(index=False))
+
+
+# --- sweep files ----------------------------------------------------------------------------
+
+
+class SweepFile(BaseModel):
+    """`sweep.yaml`: base scenario (path relative to the sweep file, or inline), grid, seeds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str | dict[str, Any]
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=lambda: [42], min_length=1)
+    workers: int | None = Field(None, gt=0)
+
+
+@dataclass
+class SweepSpec:
+    base: Scenario
+    grid: dict[str, list[Any]]
+    seeds: list[int]
+    workers: int | None
+
+
+def load_sweep_file(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep YAML file (strict: unknown keys are errors)."""
+    from .scenario import load_scenario
+
+    p = Path(path)
+    data = read_yaml_mapping(p, "sweep")
+    try:
+        spec = SweepFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_spec_error(exc, f"sweep {str(p)!r}")) from None
+    folder = p.parent
+    if isinstance(spec.base, str):
+        base_path = Path(spec.base)
+        base = load_scenario(base_path if base_path.is_absolute() else folder / base_path)
+    else:
+        base = _inline_scenario(spec.base, folder, str(p))
+    return SweepSpec(base=base, grid=spec.grid, seeds=spec.seeds, workers=spec.workers)
+
+
+def _inline_scenario(data: dict[str, Any], folder: Path, source: str) -> Scenario:
+    """An inline base scenario; its relative paths resolve from the sweep file's folder."""
+
+    def resolve(q: Path) -> Path:
+        return q if q.is_absolute() else folder / q
+
+    sc = scenario_from_dict(data, source=f"{source}: base")
+    if sc.trace is not None:
+        header = sc.trace.header
+        sc.trace = TraceSpec(
+            header=resolve(header) if header is not None else None, data=resolve(sc.trace.data)
+        )
+    if sc.hardware_file is not None:
+        sc.hardware_file = resolve(sc.hardware_file)
+    if sc.workload_spec is not None:
+        sc.workload_spec = resolve(sc.workload_spec)
+    sc._base_dir = folder  # noqa: SLF001
+    return sc

@@ -1,0 +1,98 @@
+"""Saving a run to a folder and loading it back (simulator.metrics.persistence)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import simulator
+from simulator.errors import ConfigError
+from simulator.metrics.persistence import FRAME_NAMES, SavedResult, load_result, save_result
+
+DOCS = Path(__file__).parents[2] / "docs" / "results.md"
+TINY = {"workload": {"num_requests": 40, "rate": 20}, "cluster": {"num_instances": 2}}
+
+
+@pytest.fixture(scope="module")
+def result() -> simulator.Result:
+    return simulator.simulate(TINY)
+
+
+def test_round_trip_keeps_frames_and_dicts(result, tmp_path):
+    folder = save_result(result, tmp_path / "run")
+    assert folder == tmp_path / "run"
+    assert (folder / "summary.json").is_file()
+    assert not (folder / "transfers.parquet").exists()  # empty frames are skipped
+    loaded = load_result(folder)
+    assert isinstance(loaded, SavedResult)
+    for name in FRAME_NAMES:
+        pd.testing.assert_frame_equal(getattr(loaded, name), getattr(result, name))
+    assert str(loaded.requests["completion_us"].dtype) == "Int64"
+    assert str(loaded.requests["enqueue_us"].dtype) == "Int64"
+    assert list(loaded.transfers.columns) == list(result.transfers.columns)
+    assert loaded.summary == result.summary
+    for name in ("per_slo", "kv_metrics", "anomalies", "pd_metrics", "session_counts"):
+        assert getattr(loaded, name) == getattr(result, name)
+    assert loaded.scenario == json.loads(json.dumps(result.scenario))
+
+
+def test_nullable_timestamps_survive(result, tmp_path):
+    frame = result.requests.copy()
+    frame.loc[0, "completion_us"] = pd.NA
+    fake = SavedResult(
+        summary=result.summary,
+        requests=frame,
+        steps=result.steps,
+        instances=result.instances,
+        transfers=result.transfers,
+    )
+    loaded = load_result(save_result(fake, tmp_path / "r"))
+    assert loaded.requests["completion_us"].isna().sum() == 1
+    pd.testing.assert_frame_equal(loaded.requests, frame)
+
+
+def test_save_replaces_existing_result_only_when_complete(result, tmp_path):
+    target = tmp_path / "run"
+    save_result(result, target)
+    (target / "stale.txt").write_text("old")
+    save_result(load_result(target), target)
+    assert not (target / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no temporary folders left
+
+
+def test_save_refuses_foreign_folder(result, tmp_path):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="mine"):
+        save_result(result, target)
+    assert (target / "notes.txt").read_text() == "keep me"
+
+
+def test_load_without_summary_names_folder(tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(str(tmp_path / "nothing"))):
+        load_result(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="empty"):
+        load_result(tmp_path / "empty")
+
+
+def _documented_columns(section: str) -> set[str]:
+    text = DOCS.read_text()
+    start = text.index(f"## `{section}` columns")
+    end = text.find("\n## ", start + 1)
+    names: set[str] = set()
+    for line in text[start : end if end >= 0 else None].splitlines():
+        if line.startswith("| `"):
+            cell = line.split("|")[1]
+            names.update(re.findall(r"`([^`]+)`", cell))
+    return names
+
+
+@pytest.mark.parametrize("section", ["requests", "steps"])
+def test_documented_columns_match_dataframes(result, section):
+    assert _documented_columns(section) == set(getattr(result, section).columns)
