@@ -124,7 +124,8 @@ def _common_flags(
     ] = None,
     tp: Annotated[int | None, _opt("--tp", _SIM, "tensor parallelism")] = None,
     latency_model: Annotated[
-        str | None, _opt("--latency-model", _SIM, "roofline | blackbox")
+        str | None,
+        _opt("--latency-model", _SIM, "roofline | blackbox | crossmodel | trained-roofline"),
     ] = None,
     alpha_coeffs: Annotated[str | None, _opt("--alpha-coeffs", _SIM, "a0,a1,a2")] = None,
     beta_coeffs: Annotated[str | None, _opt("--beta-coeffs", _SIM, "b0,b1,b2")] = None,
