@@ -612,10 +612,12 @@ def validate_cmd(
 
 def _register_extras() -> None:
     from .cli_extras import register as register_plot
+    from .cli_plan import register as register_plan
     from .cli_sweep import register as register_sweep
 
     register_plot(app)
     register_sweep(app)
+    register_plan(app)
 
 
 _register_extras()

@@ -1,0 +1,101 @@
+"""`servesim plan`: capacity planning, registered onto the main typer app by `register(app)`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .errors import ConfigError
+
+
+def parse_assignments(values: list[str], flag: str, what: str) -> dict[str, float]:
+    """`["name=1.5", ...]` -> {"name": 1.5}; ConfigError naming `flag` on bad syntax."""
+    out: dict[str, float] = {}
+    for item in values:
+        name, sep, raw = item.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or not name or not raw:
+            raise ConfigError(f"{flag}: invalid value {item!r}; expected {what}")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(
+                f"{flag}: invalid value {item!r}; {raw!r} is not a number (expected {what})"
+            ) from None
+        if not math.isfinite(value):
+            raise ConfigError(f"{flag}: invalid value {item!r}; the number must be finite")
+        out[name] = value
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--seeds: invalid value {text!r}; expected comma-separated integers"
+        ) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add `plan SCENARIO --slo METRIC=BOUND ... [--min-goodput F] [--gpu G ...] ...`."""
+
+    @app.command("plan")
+    def plan_cmd(
+        scenario: Annotated[Path, typer.Argument(help="scenario YAML to size")],
+        slo: Annotated[
+            list[str] | None,
+            typer.Option("--slo", help="METRIC=UPPER_BOUND, e.g. ttft_p99_ms=500; repeatable"),
+        ] = None,
+        min_goodput: Annotated[
+            float | None,
+            typer.Option("--min-goodput", help="minimum completed/injected fraction per seed"),
+        ] = None,
+        gpu: Annotated[
+            list[str] | None,
+            typer.Option("--gpu", help="GPU type to consider; repeatable (default: scenario's)"),
+        ] = None,
+        seeds: Annotated[str, typer.Option("--seeds", help="comma-separated seeds")] = "1,2",
+        max_instances: Annotated[
+            int, typer.Option("--max-instances", help="largest instance count to try")
+        ] = 64,
+        workers: Annotated[
+            int | None, typer.Option("--workers", help="worker processes (default: CPUs)")
+        ] = None,
+        price: Annotated[
+            list[str] | None,
+            typer.Option("--price", help="GPU=USD per GPU-hour, overrides the default table"),
+        ] = None,
+        quiet: Annotated[bool, typer.Option("--quiet", help="no progress lines")] = False,
+    ) -> None:
+        """Find the fewest instances per GPU type meeting the SLOs (worst seed); print the
+        probes and the cheapest choice."""
+        from .cli import _guarded
+
+        def go() -> None:
+            from .plan import plan
+
+            slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
+            prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
+
+            def progress(row: dict[str, Any]) -> None:
+                verdict = "meets" if row["meets"] else "misses"
+                typer.echo(f"[{row['gpu']}] {row['instances']} instance(s): {verdict}", err=True)
+
+            result = plan(
+                scenario,
+                slos,
+                gpus=gpu or None,
+                seeds=parse_seeds(seeds),
+                max_instances=max_instances,
+                min_goodput=min_goodput,
+                workers=workers,
+                prices=prices,
+                progress=None if quiet else progress,
+            )
+            typer.echo(result.table())
+
+        _guarded(go)

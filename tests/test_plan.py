@@ -1,0 +1,179 @@
+"""Capacity planning (`simulator.plan`): a scenario whose answer is known by construction,
+SLO validation, infeasibility, GPU ranking by price and the `plan` command."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from simulator.cli_plan import register
+from simulator.errors import ConfigError
+from simulator.plan import _search, plan
+
+STEP_MS = 10
+# Blackbox with beta = [10 ms, 0, 0] and alpha = 0: every step takes exactly 10 ms whatever
+# it holds. A 16-token prompt with 4 output tokens needs 4 steps (the prefill step emits the
+# first token, then 3 decode steps): 40 ms per request. With max_num_running_reqs = 1 an
+# instance serves one request at a time, so its capacity is exactly 1 / 40 ms = 25 req/s.
+BASE = {
+    "model": "meta-llama/llama-3.1-8b-instruct",
+    "hardware": "H100",
+    "tp": 1,
+    "latency": {"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [10_000, 0, 0]},
+    "engine": {"max_num_running_reqs": 1, "total_kv_blocks": 10_000},
+    "workload": {
+        "arrival": "constant",
+        "rate": 60,
+        "num_requests": 120,
+        "prompt_tokens": {"distribution": "constant", "value": 16},
+        "output_tokens": {"distribution": "constant", "value": 4},
+    },
+}
+SLO = {"ttft_p99_ms": 50.0}
+
+
+@pytest.fixture(scope="module")
+def result():
+    return plan(BASE, SLO, seeds=(1, 2), max_instances=16, workers=1)
+
+
+def test_known_answer(result) -> None:
+    """Constant arrivals at L = 60 req/s, round-robin over n instances: each instance gets a
+    request every n / 60 s and needs 40 ms for it. No queue forms iff n / 60 s >= 40 ms, i.e.
+    n >= 60 * 0.040 = 2.4, so N = 3: then TTFT is one step (10 ms) for every request. With
+    n = 2 an instance gets a request every 33.3 ms, the backlog grows by 6.7 ms per request
+    and over 60 requests per instance the TTFT p99 reaches ~400 ms >> 50 ms."""
+    assert result.best is not None
+    assert (result.best.gpu, result.best.instances, result.best.tp) == ("H100", 3, 1)
+    assert result.best.cost_per_hour == pytest.approx(3 * 3.00)
+    f = result.frontier
+    # Exponential 1, 2, 4 (meets), then bisection between 2 and 4 probes 3.
+    assert list(f["instances"]) == [1, 2, 3, 4]
+    assert list(f["meets"]) == [False, False, True, True]
+    meeting = f[f["meets"]]
+    assert (meeting["ttft_p99_ms_worst"] == STEP_MS).all()
+    assert f.loc[f["instances"] == 2, "ttft_p99_ms_worst"].item() > 300
+    assert (f["goodput_worst"] == 1.0).all()
+    text = result.table()
+    assert "best: H100 x 3 instance(s)" in text and "worst of seeds [1, 2]" in text
+
+
+def test_infeasible_is_reported_not_raised() -> None:
+    res = plan(BASE, SLO, seeds=(1,), max_instances=2, workers=1)
+    assert res.best is None
+    assert list(res.frontier["instances"]) == [1, 2]
+    assert not res.per_gpu["feasible"].item()
+    assert math.isnan(res.per_gpu["instances"].item())
+    assert "no GPU meets the SLOs" in res.table()
+
+
+def test_cheapest_gpu_wins() -> None:
+    """Explicit coefficients make the step time GPU-independent, so every GPU needs 3
+    instances and the cheapest per GPU-hour wins; a price override changes the winner."""
+    res = plan(BASE, SLO, gpus=["H100", "l40s"], seeds=(1,), max_instances=8, workers=1)
+    assert list(res.per_gpu["instances"]) == [3, 3]
+    assert res.best is not None and res.best.gpu == "L40S"
+    res = plan(
+        BASE, SLO, gpus=["H100", "L40S"], seeds=(1,), max_instances=8, workers=1,
+        prices={"h100": 0.5},
+    )  # fmt: skip
+    assert res.best is not None and (res.best.gpu, res.best.cost_per_hour) == ("H100", 1.5)
+
+
+def test_min_goodput() -> None:
+    """With a 100 ms client deadline, n = 2 lets the backlog exceed it and requests time out
+    (goodput < 1); n >= 3 never queues, so goodput 1 is met first at N = 3."""
+    base = {**BASE, "workload": {**BASE["workload"], "timeout_us": 100_000}}
+    res = plan(base, {}, min_goodput=1.0, seeds=(1,), max_instances=8, workers=1)
+    assert res.best is not None and res.best.instances == 3
+    two = res.frontier[res.frontier["instances"] == 2]
+    assert two["goodput_worst"].item() < 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"slos": {"ttft_p99": 5}}, "unknown SLO metric 'ttft_p99'; valid: "),
+        ({"slos": {"ttft_p99_ms": "x"}}, "SLO ttft_p99_ms: invalid value 'x'"),
+        ({"slos": {}}, "at least one SLO"),
+        ({"slos": SLO, "min_goodput": 1.5}, "min_goodput: invalid value 1.5"),
+        ({"slos": SLO, "max_instances": 0}, "max_instances: invalid value 0"),
+        ({"slos": SLO, "gpus": ["H1000"]}, "unknown GPU 'H1000'"),
+    ],
+)
+def test_bad_input(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=None) as err:
+        plan(BASE, workers=1, **kwargs)
+    assert needle in str(err.value)
+    if "valid:" in needle:
+        assert "itl_p99_ms" in str(err.value) and "e2e_p99_ms" in str(err.value)
+
+
+def test_search_bisects() -> None:
+    for answer in range(1, 40):
+        calls: list[int] = []
+
+        def probe(n: int, answer: int = answer, calls: list[int] = calls) -> bool:
+            calls.append(n)
+            return n >= answer
+
+        assert _search(probe, 39) == answer
+        assert len(calls) == len(set(calls))
+    assert _search(lambda n: False, 5) is None
+
+
+@pytest.fixture
+def cli_app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.command("noop")
+    def _noop() -> None:  # a second command keeps `plan` a named subcommand
+        pass
+
+    register(app)
+    return app
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    return path
+
+
+def test_cli_plan(cli_app: typer.Typer, scenario_file: Path) -> None:
+    args = ["plan", str(scenario_file), "--slo", "ttft_p99_ms=50", "--seeds", "1"]
+    res = CliRunner().invoke(cli_app, [*args, "--max-instances", "8", "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "best: H100 x 3 instance(s)" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--slo", "ttft_p99_ms"], "error: --slo: invalid value 'ttft_p99_ms'"),
+        (["--slo", "ttft_p99_ms=fast"], "error: --slo: invalid value 'ttft_p99_ms=fast'"),
+        (["--slo", "ttft_p99=5"], "error: unknown SLO metric 'ttft_p99'"),
+        (["--slo", "ttft_p99_ms=5", "--gpu", "X9"], "error: unknown GPU 'X9'"),
+        (["--slo", "ttft_p99_ms=5", "--seeds", "1,a"], "error: --seeds: invalid value"),
+    ],
+)
+def test_cli_bad_input(
+    cli_app: typer.Typer, scenario_file: Path, extra: list[str], needle: str
+) -> None:
+    res = CliRunner().invoke(cli_app, ["plan", str(scenario_file), *extra])
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(needle), res.stderr
+
+
+def test_registered_on_main_app() -> None:
+    from simulator.cli import app
+
+    res = CliRunner().invoke(app, ["plan", "--help"])
+    assert res.exit_code == 0 and "--slo" in res.stdout
