@@ -66,6 +66,12 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress lines")] = False,
+        backend: Annotated[
+            str, typer.Option("--backend", help="local (process pool) | ray")
+        ] = "local",
+        ray_address: Annotated[
+            str | None, typer.Option("--ray-address", help="Ray cluster (default: start one)")
+        ] = None,
     ) -> None:
         """Simulate a grid of scenario overrides × seeds; print mean ± 95% CI per point."""
         from .cli import _guarded
@@ -86,6 +92,8 @@ def register(app: typer.Typer) -> None:
                 workers=workers if workers is not None else spec.workers,
                 out=out,
                 progress=None if quiet else progress,
+                backend=backend,
+                ray_address=ray_address,
             )
             if not quiet and result.skipped:
                 typer.echo(f"resumed: {result.skipped} run(s) already in {out}", err=True)

@@ -192,6 +192,38 @@ def _simulate_row(scenario: Scenario) -> dict[str, Any]:
     return row
 
 
+BACKENDS = ("local", "ray")
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "backend: 'ray' needs Ray, which is not installed; install the optional extra: "
+            "pip install 'servesim[ray]'"
+        ) from None
+    return ray
+
+
+def _run_on_ray(ray, address: str | None, sc: Scenario, todo: list, finish) -> None:
+    """One Ray task per (point, seed); results are collected as they complete."""
+    if not ray.is_initialized():
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            ignore_reinit_error=True,
+        )
+    remote_task = ray.remote(_task)
+    refs = {remote_task.remote(_point_scenario(sc, t[3], t[4])): t for t in todo}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            finish(refs[ref], ray.get(ref))
+
+
 def _task(scenario: Scenario) -> dict[str, Any]:
     # Module-level so a process pool can pickle it; looks `_simulate_row` up at call time.
     return _simulate_row(scenario)
@@ -253,6 +285,8 @@ def sweep(
     workers: int | None = None,
     out: Path | str | None = None,
     progress: Progress | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
 ) -> SweepResult:
     """Simulate every grid point (Cartesian product of `grid`'s value lists) for every seed.
 
@@ -260,8 +294,16 @@ def sweep(
     1 runs in this process. With `out`, finished runs are kept in `out/runs.d/` (one file per
     run, written atomically) and skipped on a re-run; at the end `out/runs.parquet`,
     `out/runs.csv` and `out/points.csv` are written atomically. `progress(done, total, row)` is
-    called after each simulated run."""
+    called after each simulated run.
+
+    `backend="ray"` runs the same tasks on a Ray cluster (`ray_address`; default a local Ray
+    started on the spot; Ray is the optional extra `ray`). Rows are identical to the local
+    backend's: each task is a whole simulation with its own seed."""
     from .api import as_scenario
+
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend: invalid value {backend!r}; valid: {', '.join(BACKENDS)}")
+    ray = _import_ray() if backend == "ray" else None
 
     sc = as_scenario(base)
     if not isinstance(grid, dict):
@@ -302,7 +344,9 @@ def sweep(
             progress(len(metrics_by_key) - skipped, len(todo), row)
 
     n_workers = workers if workers is not None else (os.cpu_count() or 1)
-    if n_workers == 1 or len(todo) <= 1:
+    if ray is not None and todo:
+        _run_on_ray(ray, ray_address, sc, todo, finish)
+    elif n_workers == 1 or len(todo) <= 1:
         for t in todo:
             finish(t, _simulate_row(_point_scenario(sc, t[3], t[4])))
     elif todo:

@@ -47,6 +47,49 @@ def test_parallel_matches_serial(serial: sweep_mod.SweepResult) -> None:
     pd.testing.assert_frame_equal(serial.points, parallel.points)
 
 
+def test_ray_backend_matches_local(serial: sweep_mod.SweepResult) -> None:
+    """The same 2×2 grid × 2 seeds on a local Ray started by the test: identical tables."""
+    import ray  # the dev extra installs it; a missing Ray must fail this test, not skip it
+
+    try:
+        on_ray = sweep(BASE, GRID, seeds=SEEDS, backend="ray")
+    finally:
+        ray.shutdown()
+    pd.testing.assert_frame_equal(serial.runs, on_ray.runs)
+    pd.testing.assert_frame_equal(serial.points, on_ray.points)
+
+
+def test_ray_backend_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(ConfigError, match="needs Ray, which is not installed"):
+        sweep(BASE, GRID, seeds=SEEDS, backend="ray")
+    app = typer.Typer()
+    register(app)
+
+    @app.command("noop")
+    def _noop() -> None:  # keeps `sweep` a subcommand
+        pass
+
+    sweep_file = Path(__file__).parent / "_never_written.yaml"
+    res = CliRunner().invoke(app, ["sweep", str(sweep_file), "--backend", "ray"])
+    assert res.exit_code == 2  # the missing file or the missing Ray: one line either way
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_backend_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="backend: invalid value 'spark'"):
+        sweep(BASE, GRID, seeds=SEEDS, backend="spark")
+
+
 def test_points_mean_and_ci(serial: sweep_mod.SweepResult) -> None:
     pts = serial.points
     assert len(pts) == 4
