@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,7 +243,11 @@ def _horizon(scenario: Scenario, stream: WorkloadStream | None) -> int | None:
     return stream.horizon_us if stream is not None else None
 
 
-def simulate(scenario: Scenario | dict | str | Path, **overrides: Any) -> Result:
+def simulate(
+    scenario: Scenario | dict | str | Path,
+    progress: Callable[[int, int], None] | None = None,
+    **overrides: Any,
+) -> Result:
     """Run one scenario (object, dict or YAML path); keyword overrides use dotted paths with
     `__` for dots, e.g. simulate("x.yaml", engine__scheduler="sjf")."""
     sc = as_scenario(scenario)
@@ -266,6 +270,7 @@ def simulate(scenario: Scenario | dict | str | Path, **overrides: Any) -> Result
         model_name=deployment.model.name,
         setups=setups,
         pd_kv_bytes_per_token=kv_bytes_per_token(deployment.model),
+        progress=progress,
     )
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)

@@ -239,6 +239,7 @@ def _common_flags(
         Path | None, _opt("--results-path", _OUT, "summary + per-request records (JSON)")
     ] = None,
     log: Annotated[str, _opt("--log", _OUT, "log level on stderr")] = "warning",
+    quiet: Annotated[bool, _opt("--quiet", _OUT, "no progress display")] = False,
 ) -> None:
     """Template: the flags of both `run` and `replay`."""
 
@@ -372,6 +373,7 @@ def _execute(
     results_path: Path | None,
     workload_overrides: dict[str, Any] | None = None,
     trace_output: str | None = None,
+    quiet: bool = False,
 ) -> None:
     from .api import as_scenario, simulate, with_overrides
     from .scenario import Scenario
@@ -382,7 +384,9 @@ def _execute(
         _check_writable("--trace-output", Path(f"{trace_output}.csv"))
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = with_overrides(sc, overrides, workload_overrides)
-    result = simulate(sc)
+    # A progress display only on a terminal: pipes and CI logs get clean stderr.
+    show_progress = not quiet and sys.stderr.isatty()
+    result = _simulate_with_progress(sc) if show_progress else simulate(sc)
     typer.echo(result.report_text())
     if results_path is not None:
         _write_json_atomically(results_path, result.results_document())
@@ -390,6 +394,28 @@ def _execute(
     if trace_output is not None:
         yaml_path, csv_path = result.write_trace(trace_output)
         logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
+
+
+def _simulate_with_progress(sc):
+    """A progress line on stderr (a terminal only) while the run takes more than a moment."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .api import simulate
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, transient=True, console=_stderr_console()) as bar:
+        task = bar.add_task("simulating", start=True)
+
+        def report(now_us: int, completed: int) -> None:
+            bar.update(task, description=f"simulated {now_us / 1e6:,.0f} s, {completed:,} done")
+
+        return simulate(sc, progress=report)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 def _guarded(fn: Callable[[], None]) -> None:
@@ -420,7 +446,14 @@ def run(
             for name, path in WORKLOAD_FIELDS.items()
             if flags.get(name) is not None
         }
-        _execute(scenario, overrides, flags["results_path"], workload, flags["trace_output"])
+        _execute(
+            scenario,
+            overrides,
+            flags["results_path"],
+            workload,
+            flags["trace_output"],
+            flags["quiet"],
+        )
 
     _guarded(go)
 
@@ -448,7 +481,7 @@ def replay(
         overrides["workload"] = None
         overrides["workload_spec"] = None
         overrides["trace"] = {"header": trace_header, "data": trace_data}
-        _execute(scenario, overrides, flags["results_path"])
+        _execute(scenario, overrides, flags["results_path"], quiet=flags["quiet"])
 
     _guarded(go)
 

@@ -40,6 +40,7 @@ class _Source:
         self.horizon_us = horizon_us
         self.injected: list[Request] = []
         self.not_arrived = 0
+        self.finished = 0  # user-facing requests that left the system (any final state)
         self.deliver: Callable[[Request], None] = lambda _r: None
 
     def run(self, env: simpy.Environment):
@@ -137,6 +138,7 @@ def run_simulation(
     model_name: str = "",
     setups: list[InstanceSetup] | None = None,
     pd_kv_bytes_per_token: float = 0.0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Result:
     """Simulate `requests` on a cluster until all finish or the horizon passes.
 
@@ -227,10 +229,13 @@ def run_simulation(
         )
     source.deliver = router.inbox.put
     env.process(source.run(env))
-    if horizon_us is None:
-        env.run()
+    if progress is None:
+        if horizon_us is None:
+            env.run()
+        else:
+            env.run(until=horizon_us + 1)
     else:
-        env.run(until=horizon_us + 1)
+        _run_reporting(env, horizon_us, lambda: source.finished, progress)
     if pd is not None:
         pd.finalize()
 
@@ -320,11 +325,37 @@ def _build_pd(
     )
 
 
+PROGRESS_EVERY_US = 1_000_000
+
+
+def _run_reporting(env, horizon_us, finished: Callable[[], int], progress) -> None:
+    """Run in slices of simulated time, calling progress(now_us, finished) between slices.
+
+    Slicing only stops and resumes the event loop; the event heap and its order are untouched,
+    so results are identical to one uninterrupted run."""
+    stop = horizon_us + 1 if horizon_us is not None else float("inf")
+    while True:
+        next_us = _next_live_event_us(env)
+        if next_us >= stop:
+            break
+        env.run(until=min(max(next_us, env.now) + PROGRESS_EVERY_US, stop))
+        progress(int(env.now), finished())
+
+
+def _next_live_event_us(env: simpy.Environment) -> float:
+    """Time of the next event that still does something. SimPy leaves each finished `run`'s
+    stop event queued (without callbacks), so `env.peek()` alone never reports an empty
+    schedule between slices; this reads the queue (SimPy's own heap) and skips those."""
+    live = [t for t, _prio, _eid, event in env._queue if event.callbacks]  # noqa: SLF001
+    return min(live, default=float("inf"))
+
+
 def _on_finished(env: simpy.Environment, sessions: SessionManager | None, source: _Source):
     """Callback for every request that leaves the system (completed, dropped, timed out or
     rejected): closed-loop sessions may answer with their next round (INV-10)."""
 
     def on_finished(req: Request) -> None:
+        source.finished += 1
         if sessions is None:
             return
         finished_us = max(env.now, req.completion_us)
