@@ -70,6 +70,9 @@ def register(app: typer.Typer) -> None:
             typer.Option("--price", help="GPU=USD per GPU-hour, overrides the default table"),
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress lines")] = False,
+        plot: Annotated[
+            Path | None, typer.Option("--plot", help="write the frontier plot (PNG) here")
+        ] = None,
     ) -> None:
         """Find the fewest instances per GPU type meeting the SLOs (worst seed); print the
         probes and the cheapest choice."""
@@ -97,5 +100,9 @@ def register(app: typer.Typer) -> None:
                 progress=None if quiet else progress,
             )
             typer.echo(result.table())
+            if plot is not None:
+                plot.parent.mkdir(parents=True, exist_ok=True)
+                result.plot().savefig(plot)
+                typer.echo(f"wrote {plot}", err=True)
 
         _guarded(go)

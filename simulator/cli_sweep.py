@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -85,16 +86,46 @@ def register(app: typer.Typer) -> None:
                 point = ", ".join(f"{k}={v}" for k, v in row.items() if k in spec.grid)
                 typer.echo(f"[{done}/{total}] {point} seed={row['seed']}", err=True)
 
-            result = sweep(
-                spec.base,
-                spec.grid,
-                seeds=spec.seeds,
-                workers=workers if workers is not None else spec.workers,
-                out=out,
-                progress=None if quiet else progress,
-                backend=backend,
-                ray_address=ray_address,
-            )
+            def run(report) -> Any:
+                return sweep(
+                    spec.base,
+                    spec.grid,
+                    seeds=spec.seeds,
+                    workers=workers if workers is not None else spec.workers,
+                    out=out,
+                    progress=report,
+                    backend=backend,
+                    ray_address=ray_address,
+                )
+
+            if quiet:
+                result = run(None)
+            elif sys.stderr.isatty():
+                # On a terminal: one rich progress bar instead of a line per run.
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
+
+                columns = (
+                    TextColumn("sweep"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeRemainingColumn(),
+                )
+                with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+                    task = bar.add_task("sweep", total=None)
+
+                    def report(done: int, total: int, _row: dict[str, Any]) -> None:
+                        bar.update(task, completed=done, total=total)
+
+                    result = run(report)
+            else:
+                result = run(progress)
             if not quiet and result.skipped:
                 typer.echo(f"resumed: {result.skipped} run(s) already in {out}", err=True)
             typer.echo(format_points_table(result))

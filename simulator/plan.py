@@ -95,6 +95,31 @@ class PlanResult:
     max_instances: int
     prices_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
 
+    def plot(self, metric: str | None = None):
+        """The frontier: worst-seed `metric` (default: the first SLO) against instance count,
+        one line per GPU, the SLO bound dashed and meeting probes filled. A Figure (Agg)."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        metric = metric or (next(iter(self.slos)) if self.slos else "goodput")
+        column = "goodput_worst" if metric == "goodput" else f"{metric}_worst"
+        fig = Figure(figsize=(7, 4.5))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        for gpu, probes in self.frontier.groupby("gpu", sort=True):
+            probes = probes.sort_values("instances")
+            (line,) = ax.plot(probes["instances"], probes[column], marker="o", label=str(gpu))
+            met = probes[probes["meets"]]
+            ax.scatter(met["instances"], met[column], s=80, color=line.get_color(), zorder=3)
+        bound = self.min_goodput if metric == "goodput" else self.slos.get(metric)
+        if bound is not None:
+            ax.axhline(bound, linestyle="--", color="grey", label=f"SLO {metric} = {_fmt(bound)}")
+        ax.set_xlabel("instances")
+        ax.set_ylabel(f"worst-seed {metric}")
+        ax.set_title("capacity frontier (filled: meets every SLO)")
+        ax.legend()
+        return fig
+
     def table(self) -> str:
         """The probes, the per-GPU answers and the winner, as plain text."""
         bounds = [f"{m} <= {_fmt(v)}" for m, v in self.slos.items()]

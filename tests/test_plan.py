@@ -63,6 +63,16 @@ def test_known_answer(result) -> None:
     assert "best: H100 x 3 instance(s)" in text and "worst of seeds [1, 2]" in text
 
 
+def test_frontier_plot(result, tmp_path) -> None:
+    fig = result.plot()
+    (ax,) = fig.axes
+    assert len(ax.lines) == 2  # the H100 frontier and the dashed SLO bound
+    assert list(ax.lines[0].get_xdata()) == [1, 2, 3, 4]
+    assert ax.lines[1].get_ydata()[0] == 50.0
+    fig.savefig(tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").stat().st_size > 1000
+
+
 def test_infeasible_is_reported_not_raised() -> None:
     res = plan(BASE, SLO, seeds=(1,), max_instances=2, workers=1)
     assert res.best is None
