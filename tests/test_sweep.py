@@ -59,7 +59,9 @@ def test_ray_backend_matches_local(serial: sweep_mod.SweepResult) -> None:
     pd.testing.assert_frame_equal(serial.points, on_ray.points)
 
 
-def test_ray_backend_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ray_backend_without_ray_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import builtins
 
     real_import = builtins.__import__
@@ -79,10 +81,13 @@ def test_ray_backend_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
     def _noop() -> None:  # keeps `sweep` a subcommand
         pass
 
-    sweep_file = Path(__file__).parent / "_never_written.yaml"
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump({"base": BASE, "grid": GRID, "seeds": SEEDS}))
     res = CliRunner().invoke(app, ["sweep", str(sweep_file), "--backend", "ray"])
-    assert res.exit_code == 2  # the missing file or the missing Ray: one line either way
-    assert len(res.stderr.strip().splitlines()) == 1
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs Ray, which is not installed" in lines[0]
+    assert "Traceback" not in res.output
 
 
 def test_unknown_backend_is_rejected() -> None:
