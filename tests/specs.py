@@ -26,3 +26,15 @@ LLAMA31_8B = ModelConfig(
     vocab_size=128256,
     bytes_per_param=2.0,
 )
+MIXTRAL_8X7B = ModelConfig(  # MoE: 8 experts, 2 per token
+    name="mistralai/mixtral-8x7b-v0.1",
+    num_layers=32,
+    hidden_dim=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    intermediate_dim=14336,
+    vocab_size=32000,
+    bytes_per_param=2.0,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+)

@@ -207,8 +207,9 @@ def _csv_header(path: Path, kind: str) -> list[str]:
     return [name.strip() for name in header]
 
 
-def _records(path: Path, kind: str) -> Iterator[tuple[int, list[str]]]:
-    """(line number, fields) of each non-empty data line, after the header line."""
+def _records(path: Path, kind: str, width: int) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of each non-empty data line after the header; every line must
+    have `width` fields."""
     try:
         handle = path.open(newline="")
     except OSError as exc:
@@ -218,8 +219,14 @@ def _records(path: Path, kind: str) -> Iterator[tuple[int, list[str]]]:
         next(reader, None)
         try:
             for rec in reader:
-                if rec:
-                    yield reader.line_num, rec
+                if not rec:
+                    continue
+                if len(rec) != width:
+                    raise ConfigError(
+                        f"{kind}: {str(path)!r} line {reader.line_num}: {len(rec)} columns, "
+                        f"expected {width}"
+                    )
+                yield reader.line_num, rec
         except csv.Error as exc:
             raise ConfigError(
                 f"{kind}: {str(path)!r} line {reader.line_num}: malformed CSV: {exc}"
@@ -322,11 +329,7 @@ def read_rows(path: str | Path) -> list[TraceRow]:
     col = _trace_columns(p, header)
     has_prefix_length = "prefix_length" in col
     rows = []
-    for line, rec in _records(p, kind):
-        if len(rec) != len(header):
-            raise ConfigError(
-                f"{kind}: {str(p)!r} line {line}: {len(rec)} columns, expected {len(header)}"
-            )
+    for line, rec in _records(p, kind, len(header)):
         f = _Fields(kind, p, line, col, rec)
         row = TraceRow(
             request_id=f.text("request_id"),
@@ -436,11 +439,7 @@ def read_groundtruth_rows(path: str | Path) -> list[GroundTruthRow]:
         )
     col = {name: i for i, name in enumerate(header)}
     rows = []
-    for line, rec in _records(p, kind):
-        if len(rec) != len(header):
-            raise ConfigError(
-                f"{kind}: {str(p)!r} line {line}: {len(rec)} columns, expected {len(header)}"
-            )
+    for line, rec in _records(p, kind, len(header)):
         f = _Fields(kind, p, line, col, rec)
         rows.append(
             GroundTruthRow(

@@ -10,17 +10,8 @@ from simulator.errors import ConfigError
 from simulator.latency import build_step_time_model
 from simulator.latency.base import StepBatch
 from tests.specs import H100, LLAMA31_8B
+from tests.specs import MIXTRAL_8X7B as MIXTRAL
 
-MIXTRAL = ModelConfig(
-    name="mistralai/mixtral-8x7b-v0.1",
-    num_layers=32,
-    hidden_dim=4096,
-    num_heads=32,
-    num_kv_heads=8,
-    intermediate_dim=14336,
-    num_local_experts=8,
-    num_experts_per_tok=2,
-)
 CROSS_BETA = (116.110, 1226.868, 19.943, 9445.157)
 CROSS_ALPHA = (13732.0, 0.0, 860.6)
 TR_BETA = (0.7726491335309499, 1.127489556719325, 1.0559901872766853, 0.0, 43.500541908701074,

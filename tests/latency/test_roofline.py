@@ -22,7 +22,7 @@ from simulator.errors import ConfigError
 from simulator.latency import build_step_time_model
 from simulator.latency.base import StepBatch
 from simulator.latency.roofline import RooflineModel
-from tests.specs import A100_SXM, H100, LLAMA31_8B
+from tests.specs import A100_SXM, H100, LLAMA31_8B, MIXTRAL_8X7B
 
 A100 = A100_SXM
 
@@ -35,18 +35,6 @@ LLAMA2_7B = ModelConfig(  # multi-head attention: kv heads == heads
     intermediate_dim=11008,
     vocab_size=32000,
     bytes_per_param=2.0,
-)
-MIXTRAL_8X7B = ModelConfig(
-    name="mistralai/mixtral-8x7b-v0.1",
-    num_layers=32,
-    hidden_dim=4096,
-    num_heads=32,
-    num_kv_heads=8,
-    intermediate_dim=14336,
-    vocab_size=32000,
-    bytes_per_param=2.0,
-    num_local_experts=8,
-    num_experts_per_tok=2,
 )
 
 # --- llama-3.1-8b per-model constants, by hand -------------------------------------------
