@@ -171,12 +171,7 @@ class Disaggregator:
         sub = parent.decode_sub or parent.prefill_sub
         parent.instance_id = sub.instance_id
         if parent.decode_sub is not None:
-            d = parent.decode_sub
-            parent.first_token_us = d.first_token_us
-            parent.last_token_us = d.last_token_us
-            parent.generated_tokens = d.generated_tokens
-            parent.preemptions = parent.prefill_sub.preemptions + d.preemptions
-            parent.length_capped = d.length_capped
+            _take_decode_progress(parent)
         parent.completion_us = (
             sub.completion_us
             if state is RequestState.COMPLETED
@@ -193,9 +188,7 @@ class Disaggregator:
                 parent.state = (
                     d.state if d.state is not RequestState.CREATED else RequestState.QUEUED
                 )
-                parent.first_token_us = d.first_token_us
-                parent.last_token_us = d.last_token_us
-                parent.generated_tokens = d.generated_tokens
+                _take_decode_progress(parent)
                 parent.instance_id = d.instance_id
             elif parent.transfer_start_us >= 0:
                 parent.state = RequestState.RUNNING  # mid-transfer
@@ -206,3 +199,13 @@ class Disaggregator:
                 )
                 parent.instance_id = p.instance_id
                 parent.schedule_us = p.schedule_us
+
+
+def _take_decode_progress(parent: Request) -> None:
+    """The parent's tokens are its decode sub-request's: first and last token, count, caps."""
+    d = parent.decode_sub
+    parent.first_token_us = d.first_token_us
+    parent.last_token_us = d.last_token_us
+    parent.generated_tokens = d.generated_tokens
+    parent.preemptions = parent.prefill_sub.preemptions + d.preemptions
+    parent.length_capped = d.length_capped
