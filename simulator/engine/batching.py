@@ -94,7 +94,6 @@ class VLLMEngine:
         self.length_capped = 0
         self.kv_allocation_failures = 0
         self.clock_us = 0
-        self._planned: list[Request] = []
         self._step_start_us = 0
         self._prev_step_end_us = -1
 
@@ -102,14 +101,6 @@ class VLLMEngine:
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
-
-    @property
-    def queue_depth(self) -> int:
-        return len(self.waiting)
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.running)
 
     # ------------------------------------------------------------------ admission
     def enqueue(self, req: Request, now_us: int) -> EnqueueOutcome:
@@ -130,9 +121,7 @@ class VLLMEngine:
         ):
             unservable = True
         if unservable:
-            req.state = RequestState.DROPPED
-            req.completion_us = now_us
-            self.dropped_unservable += 1
+            self._drop(req, now_us)
             return EnqueueOutcome.DROPPED
         self.total_input_tokens += req.input_tokens
         req.enqueue_us = now_us
@@ -273,13 +262,7 @@ class VLLMEngine:
                     # Decode sub-request: its prompt KV is here; it needs one token's worth.
                     if not kv.append_token(req, req.computed_tokens):
                         break
-                    waiting.popleft()
-                    running.append(req)
-                    req.state = RequestState.RUNNING
-                    req.num_new_tokens = 1
-                    req.schedule_us = now_us
-                    if req.first_schedule_us < 0:
-                        req.first_schedule_us = now_us
+                    self._admit_head(req, 1, now_us)
                     budget -= 1
                     continue
                 target = req.prefill_target
@@ -288,9 +271,7 @@ class VLLMEngine:
                 decode_needs = 1 if req.output_tokens - req.generated_tokens >= 2 else 0
                 if -(-(target + decode_needs) // bs) > kv.total_blocks:
                     waiting.popleft()
-                    req.state = RequestState.DROPPED
-                    req.completion_us = now_us
-                    self.dropped_unservable += 1
+                    self._drop(req, now_us)
                     continue
                 cached = kv.cached_prefix_blocks(req, target - 1) if caching else []
                 reload = kv.cpu_prefix_blocks(req, len(cached), target - 1) if caching else 0
@@ -299,16 +280,10 @@ class VLLMEngine:
                 chunk = self._prefill_chunk(target, start, budget)
                 if not kv.try_allocate(req, gpu_start, start + chunk, cached):
                     break
-                waiting.popleft()
-                running.append(req)
-                req.state = RequestState.RUNNING
+                self._admit_head(req, chunk, now_us)
                 req.computed_tokens = start
                 if start > req.cached_tokens:
                     req.cached_tokens = start
-                req.num_new_tokens = chunk
-                req.schedule_us = now_us
-                if req.first_schedule_us < 0:
-                    req.first_schedule_us = now_us
                 if reload:
                     step_extra_us += self._reload(req, len(cached), reload, now_us)
                     if req.reload_pending:
@@ -334,6 +309,22 @@ class VLLMEngine:
         return StepBatch(
             prefill_chunks, decode_count, decode_context, prefill_prompts, step_extra_us
         )
+
+    def _admit_head(self, req: Request, new_tokens: int, now_us: int) -> None:
+        """Move the head of the wait queue into the running batch for this step."""
+        self.waiting.popleft()
+        self.running.append(req)
+        req.state = RequestState.RUNNING
+        req.num_new_tokens = new_tokens
+        req.schedule_us = now_us
+        if req.first_schedule_us < 0:
+            req.first_schedule_us = now_us
+
+    def _drop(self, req: Request, now_us: int) -> None:
+        """A request that can never be served: dropped, and counted (SPEC §1.3)."""
+        req.state = RequestState.DROPPED
+        req.completion_us = now_us
+        self.dropped_unservable += 1
 
     def _reload(self, req: Request, gpu_blocks: int, blocks: int, now_us: int) -> int:
         """Bring `blocks` prefix blocks back from the CPU tier for `req`, whose GPU blocks now
