@@ -13,13 +13,20 @@ from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.models import load_model, validate_tp
 from .catalog.types import GPUSpec, ModelConfig
 from .cluster.cluster import InstanceSetup, run_simulation
+from .cluster.infra_spec import DeploymentSpec, LifecycleSpec
+from .cluster.infrastructure import FleetPlan, SlotPlan
 from .engine.batching import EngineConfig
 from .engine.policies import make_priority_policy, make_scheduler
 from .engine.request import Request
 from .errors import ConfigError
 from .latency import build_step_time_model
 from .latency.base import StepTimeModel
-from .latency.kv_capacity import compute_kv_blocks, derive_max_model_len, kv_bytes_per_token
+from .latency.kv_capacity import (
+    compute_kv_blocks,
+    derive_max_model_len,
+    kv_bytes_per_token,
+    model_weight_bytes,
+)
 from .metrics.results import Result
 from .scenario import (
     Scenario,
@@ -156,6 +163,212 @@ def instance_setups(scenario: Scenario, deployment: Deployment) -> list[Instance
     return setups + [unified] * (cluster.num_instances - len(setups))
 
 
+def uses_fleet(scenario: Scenario) -> bool:
+    """Does the scenario describe its fleet (deployments, pools, lifecycle, events, scaling)?"""
+    return bool(
+        scenario.deployments
+        or scenario.node_pools
+        or scenario.events
+        or scenario.autoscaler
+        or scenario.instance_lifecycle != LifecycleSpec()
+    )
+
+
+def plan_fleet(
+    scenario: Scenario, deployment: Deployment
+) -> tuple[list[InstanceSetup], FleetPlan | None, Scenario]:
+    """Instance setups and the fleet plan. Without fleet fields: `instance_setups` and no plan.
+
+    With `deployments`, instances are numbered deployment by deployment (prefill roles
+    first, then decode, then unified, so PD pools stay contiguous), and each deployment gets
+    extra slots for its autoscaler's headroom and its add_instance events. Returns the
+    scenario too, with PD pool sizes filled in from the deployments' roles."""
+    if not uses_fleet(scenario):
+        return instance_setups(scenario, deployment), None, scenario
+    specs = scenario.deployments or [
+        DeploymentSpec(name="default", num_instances=scenario.cluster.num_instances)
+    ]
+    if scenario.deployments and scenario.cluster.pd.enabled:
+        raise ConfigError(
+            "cluster.pd.prefill_instances/decode_instances: with `deployments`, give the "
+            "pools as deployments with role: prefill / decode instead"
+        )
+    order = {"prefill": 0, "decode": 1, "unified": 2}
+    specs = sorted(specs, key=lambda d: order[d.role])  # stable: config order within a role
+    resolved = {d.name: _resolve_named_deployment(scenario, d) for d in specs}
+    models = {resolved[d.name].model.name.lower() for d in specs}
+    roles = {d.role for d in specs}
+    pd_roles = roles & {"prefill", "decode"}
+    if pd_roles and pd_roles != {"prefill", "decode"}:
+        raise ConfigError(
+            f"deployments: role {sorted(pd_roles)[0]!r} needs deployments of both roles "
+            "prefill and decode"
+        )
+    if pd_roles and len(models) > 1:
+        raise ConfigError(
+            "deployments: prefill/decode disaggregation serves one model; these deployments "
+            f"serve {', '.join(sorted(models))}"
+        )
+    _check_pools(scenario, specs, resolved)
+    extra = _extra_slots(scenario, specs)
+    setups: list[InstanceSetup] = []
+    slots: list[SlotPlan] = []
+    aliases: dict[str, list[str]] = {}
+    for d in specs:
+        dep = resolved[d.name]
+        key = dep.model.name.lower()
+        aliases.setdefault(key, [])
+        if d.model:
+            aliases[key].append(d.model)
+        if scenario.model and not scenario.deployments:
+            aliases[key].append(scenario.model)
+        weights = model_weight_bytes(dep.model) / dep.tp
+        for k in range(d.num_instances + extra[d.name]):
+            index = len(slots)
+            slots.append(
+                SlotPlan(
+                    index=index,
+                    instance_id=f"instance_{index}",
+                    deployment=d.name,
+                    model_key=key,
+                    gpu_type=dep.gpu.name,
+                    gpus_needed=dep.tp,
+                    pool=d.pool,
+                    initial=k < d.num_instances,
+                    weight_bytes=weights,
+                )
+            )
+            setups.append(InstanceSetup(dep.engine, dep.step_model, d.role))
+    if not slots:
+        raise ConfigError("deployments: no instances (every num_instances is 0, no autoscaler)")
+    plan = FleetPlan(
+        slots=slots,
+        node_pools=list(scenario.node_pools),
+        lifecycle=scenario.instance_lifecycle,
+        events=list(scenario.events),
+        autoscalers=list(scenario.autoscaler),
+        model_aliases=aliases,
+    )
+    if (pd_roles or scenario.cluster.pd.enabled) and plan.dynamic:
+        raise ConfigError(
+            "prefill/decode pools run on a fixed fleet: node_pools, loading delays, "
+            "warm-up, events and autoscaler are not supported with them"
+        )
+    if pd_roles:
+        counts = {r: sum(d.num_instances for d in specs if d.role == r) for r in order}
+        scenario = apply_overrides(
+            scenario,
+            {
+                "cluster.pd.prefill_instances": counts["prefill"],
+                "cluster.pd.decode_instances": counts["decode"],
+            },
+            source="deployments",
+        )
+    _check_event_targets(scenario, plan)
+    return setups, plan, scenario
+
+
+def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployment:
+    hardware = d.hardware
+    if hardware is None and d.pool is not None:
+        hardware = next(p.gpu_type for p in scenario.node_pools if p.name == d.pool)
+    changes = {
+        "model": d.model,
+        "hardware": hardware,
+        "tp": d.tp,
+        "latency.model": d.latency_model,
+        "engine.total_kv_blocks": d.total_kv_blocks,
+        "engine.max_model_len": d.max_model_len,
+    }
+    # The deployment is resolved as a single-model scenario of its own.
+    base = scenario.model_copy(
+        update={"deployments": [], "events": [], "autoscaler": [], "node_pools": []}
+    )
+    try:
+        return resolve_deployment(
+            apply_overrides(
+                base,
+                {k: v for k, v in changes.items() if v is not None},
+                source=f"deployments[{d.name}]",
+            )
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"deployments[{d.name}]: {exc}") from None
+
+
+def _check_pools(
+    scenario: Scenario, specs: list[DeploymentSpec], resolved: dict[str, Deployment]
+) -> None:
+    """With node pools, every deployment needs a pool of its GPU type with room for its TP."""
+    pools = scenario.node_pools
+    if not pools:
+        return
+    for d in specs:
+        dep = resolved[d.name]
+        fitting = [
+            p
+            for p in pools
+            if (d.pool is None or p.name == d.pool) and p.gpu_type.lower() == dep.gpu.name.lower()
+        ]
+        where = f"node pool {d.pool!r}" if d.pool else "any node pool"
+        if not fitting:
+            types = ", ".join(sorted({p.gpu_type for p in pools}))
+            raise ConfigError(
+                f"deployments[{d.name}]: runs on GPU {dep.gpu.name!r} but {where} has "
+                f"gpu_type {types}; set the deployment's hardware or the pool's gpu_type"
+            )
+        if not any(p.gpus_per_node >= dep.tp for p in fitting):
+            raise ConfigError(
+                f"deployments[{d.name}]: tp {dep.tp} needs {dep.tp} GPUs on one node but "
+                f"{where} has at most {max(p.gpus_per_node for p in fitting)} per node"
+            )
+    for i, pool in enumerate(pools):
+        try:
+            get_gpu(
+                pool.gpu_type,
+                load_gpu_file(scenario.hardware_file) if scenario.hardware_file else None,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"node_pools[{i}].gpu_type: {exc}") from None
+
+
+def _extra_slots(scenario: Scenario, specs: list[DeploymentSpec]) -> dict[str, int]:
+    """Slots beyond the initial instances: autoscaler headroom and add_instance events."""
+    extra = {d.name: 0 for d in specs}
+    first = specs[0].name
+    for a in scenario.autoscaler:
+        name = a.deployment or first
+        initial = next(d.num_instances for d in specs if d.name == name)
+        extra[name] += max(0, a.max_instances - initial)
+    for e in scenario.events:
+        if e.action == "add_instance":
+            extra[e.deployment or first] += 1
+    return extra
+
+
+def _check_event_targets(scenario: Scenario, plan: FleetPlan) -> None:
+    ids = [s.instance_id for s in plan.slots]
+    for i, e in enumerate(scenario.events):
+        if e.target is not None and e.target not in ids:
+            raise ConfigError(
+                f"events[{i}].target: unknown instance {e.target!r}; instances are "
+                f"{ids[0]} .. {ids[-1]}"
+            )
+        if e.node is not None:
+            if not scenario.node_pools:
+                raise ConfigError(
+                    f"events[{i}].node: {e.node!r}, but the scenario has no node_pools"
+                )
+            pool = e.node.rsplit("-", 1)[0]
+            known = {p.name: p for p in scenario.node_pools}
+            if pool not in known or not e.node.rsplit("-", 1)[-1].isdigit():
+                raise ConfigError(
+                    f"events[{i}].node: unknown node {e.node!r}; nodes are named "
+                    "<pool>-<index>, e.g. "
+                    f"{scenario.node_pools[0].name}-0"
+                )
+
+
 def _validate_cluster(scenario: Scenario) -> None:
     """Reject unknown policies, scorers and fitness keys before anything runs."""
     import numpy as np
@@ -258,13 +471,16 @@ def simulate(
     info = sc.model_dump(mode="json")
     info["resolved"] = deployment.describe()
     sessions = stream.sessions if stream is not None and stream.spec.has_sessions else None
-    setups = instance_setups(sc, deployment)
+    setups, fleet, sc = plan_fleet(sc, deployment)
     info["resolved"]["roles"] = [s.role for s in setups]
+    if fleet is not None and len(fleet.model_aliases) > 1:
+        info["resolved"]["models"] = sorted(fleet.model_aliases)
     result = run_simulation(
         requests,
         horizon_us=_horizon(sc, stream),
         scenario=info,
         sessions=sessions,
+        fleet=fleet,
         cluster=sc.cluster,
         seed=sc.seed,
         model_name=deployment.model.name,

@@ -34,6 +34,7 @@ _CL = "Cluster"
 _WL = "Workload"
 _PD = "Prefill/decode disaggregation"
 _OUT = "Output"
+_FL = "Fleet (node pools, lifecycle, autoscaling)"
 
 
 def _opt(flag: str, panel: str, help: str | None = None) -> typer.models.OptionInfo:  # noqa: A002
@@ -97,6 +98,11 @@ SCENARIO_FIELDS = {
     "decode_max_model_len": "cluster.pd.decode.max_model_len",
     "prefill_routing_scorers": "cluster.pd.prefill.routing_scorers",
     "decode_routing_scorers": "cluster.pd.decode.routing_scorers",
+    "drain_policy": "instance_lifecycle.drain_policy",
+    "retry_on_failure": "instance_lifecycle.retry_on_failure",
+    "warm_up_requests": "instance_lifecycle.warm_up_request_count",
+    "warm_up_ttft_factor": "instance_lifecycle.warm_up_ttft_factor",
+    "loading_delay": "instance_lifecycle.loading_delay.mean_s",
 }
 WORKLOAD_FIELDS = {
     "rate": "workload.rate",
@@ -232,6 +238,27 @@ def _common_flags(
     decode_max_model_len: Annotated[int | None, _opt("--decode-max-model-len", _PD)] = None,
     prefill_routing_scorers: Annotated[str | None, _opt("--prefill-routing-scorers", _PD)] = None,
     decode_routing_scorers: Annotated[str | None, _opt("--decode-routing-scorers", _PD)] = None,
+    drain_policy: Annotated[
+        str | None, _opt("--drain-policy", _FL, "immediate | wait | redirect")
+    ] = None,
+    retry_on_failure: Annotated[
+        bool | None, _opt("--retry-on-failure", _FL, "re-route requests of failed nodes")
+    ] = None,
+    warm_up_requests: Annotated[
+        int | None, _opt("--warm-up-requests", _FL, "slow first requests per instance")
+    ] = None,
+    warm_up_ttft_factor: Annotated[
+        float | None, _opt("--warm-up-ttft-factor", _FL, "prefill cost factor (>= 1)")
+    ] = None,
+    loading_delay: Annotated[
+        float | None, _opt("--loading-delay", _FL, "s to load an instance's weights")
+    ] = None,
+    no_autoscaler: Annotated[
+        bool, _opt("--no-autoscaler", _FL, "ignore the scenario's autoscaler")
+    ] = False,
+    timeline_path: Annotated[
+        Path | None, _opt("--timeline-path", _OUT, "lifecycle transitions (CSV)")
+    ] = None,
     fitness_weights: Annotated[
         str | None, _opt("--fitness-weights", _OUT, '"key:weight,..."')
     ] = None,
@@ -329,6 +356,8 @@ def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
                 f"--pd-transfer-contention: invalid value {contention!r}; valid: on, off"
             )
         overrides["cluster.pd.transfer_contention"] = contention.lower() in ("on", "true")
+    if flags.get("no_autoscaler"):
+        overrides["autoscaler"] = []
     if "cluster.trace.path" in overrides and "cluster.trace.level" not in overrides:
         overrides["cluster.trace.level"] = "decisions"
     return overrides
@@ -374,11 +403,13 @@ def _execute(
     workload_overrides: dict[str, Any] | None = None,
     trace_output: str | None = None,
     quiet: bool = False,
+    timeline_path: Path | None = None,
 ) -> None:
     from .api import as_scenario, simulate, with_overrides
     from .scenario import Scenario
 
     _check_writable("--results-path", results_path)
+    _check_writable("--timeline-path", timeline_path)
     _check_writable("--decisions-path", overrides.get("cluster.trace.path"))
     if trace_output is not None:
         _check_writable("--trace-output", Path(f"{trace_output}.csv"))
@@ -394,6 +425,20 @@ def _execute(
     if trace_output is not None:
         yaml_path, csv_path = result.write_trace(trace_output)
         logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
+    if timeline_path is not None:
+        _write_csv_atomically(timeline_path, result.timeline)
+
+
+def _write_csv_atomically(path: Path, frame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            frame.to_csv(handle, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _simulate_with_progress(sc):
@@ -453,6 +498,7 @@ def run(
             workload,
             flags["trace_output"],
             flags["quiet"],
+            flags["timeline_path"],
         )
 
     _guarded(go)
@@ -481,7 +527,13 @@ def replay(
         overrides["workload"] = None
         overrides["workload_spec"] = None
         overrides["trace"] = {"header": trace_header, "data": trace_data}
-        _execute(scenario, overrides, flags["results_path"], quiet=flags["quiet"])
+        _execute(
+            scenario,
+            overrides,
+            flags["results_path"],
+            quiet=flags["quiet"],
+            timeline_path=flags["timeline_path"],
+        )
 
     _guarded(go)
 

@@ -21,6 +21,13 @@ from pydantic import (
     model_validator,
 )
 
+from .cluster.infra_spec import (
+    AutoscalerSpec,
+    DeploymentSpec,
+    EventSpec,
+    LifecycleSpec,
+    NodePoolSpec,
+)
 from .errors import ConfigError
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
 from .workload.spec import format_spec_error
@@ -239,6 +246,12 @@ class Scenario(_Strict):
     workload: WorkloadField | None = None
     workload_spec: Path | None = None
     trace: TraceSpec | None = None
+    # The fleet (SPEC §8, A6, A7); see docs/infrastructure.md.
+    deployments: list[DeploymentSpec] = Field(default_factory=list)
+    node_pools: list[NodePoolSpec] = Field(default_factory=list)
+    instance_lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec)
+    events: list[EventSpec] = Field(default_factory=list)
+    autoscaler: list[AutoscalerSpec] = Field(default_factory=list)
 
     @field_validator("model")
     @classmethod
@@ -257,6 +270,52 @@ class Scenario(_Strict):
         if len(given) > 1:
             raise ValueError(f"give one traffic source, not {' and '.join(given)}")
         return self
+
+    @model_validator(mode="after")
+    def _fleet(self) -> Scenario:
+        """Names the fleet refers to must exist; checks that need the resolved fleet (GPU
+        types, instance and node ids) run when the deployment is resolved."""
+        pools = [p.name for p in self.node_pools]
+        _unique("node_pools", pools)
+        names = [d.name for d in self.deployments]
+        _unique("deployments", names)
+        for i, d in enumerate(self.deployments):
+            if d.pool is not None and d.pool not in pools:
+                raise ValueError(
+                    f"deployments[{i}].pool: unknown node pool {d.pool!r}; known: "
+                    f"{', '.join(pools) or 'none (no node_pools)'}"
+                )
+        for i, e in enumerate(self.events):
+            if e.pool is not None and e.pool not in pools:
+                raise ValueError(
+                    f"events[{i}].pool: unknown node pool {e.pool!r}; known: "
+                    f"{', '.join(pools) or 'none (no node_pools)'}"
+                )
+            if e.deployment is not None and e.deployment not in names:
+                raise ValueError(
+                    f"events[{i}].deployment: unknown deployment {e.deployment!r}; known: "
+                    f"{', '.join(names) or 'none (no deployments)'}"
+                )
+        for i, a in enumerate(self.autoscaler):
+            if a.deployment is not None and a.deployment not in names:
+                raise ValueError(
+                    f"autoscaler[{i}].deployment: unknown deployment {a.deployment!r}; "
+                    f"known: {', '.join(names) or 'none (no deployments)'}"
+                )
+        if self.deployments and self.cluster.num_instances != 1:
+            raise ValueError(
+                f"cluster.num_instances: {self.cluster.num_instances}, but with `deployments` "
+                "each deployment sets its own num_instances; remove cluster.num_instances"
+            )
+        return self
+
+
+def _unique(field: str, names: list[str]) -> None:
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{field}: name {name!r} is used twice; names must be unique")
+        seen.add(name)
 
 
 def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:

@@ -25,9 +25,10 @@ from ..workload.generator import SessionManager
 from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
 from .disaggregation import PDDecider, make_decider
+from .infrastructure import FleetPlan, Infrastructure
 from .kv_transfer import KVTransferLink
 from .pd import Disaggregator, Pools
-from .router import Router
+from .router import Router, ServedModels
 from .routing import RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
 
@@ -40,6 +41,7 @@ class _Source:
         self.horizon_us = horizon_us
         self.injected: list[Request] = []
         self.not_arrived = 0
+        self.exhausted = False  # every request of the stream has been injected
         self.finished = 0  # user-facing requests that left the system (any final state)
         self.deliver: Callable[[Request], None] = lambda _r: None
 
@@ -60,6 +62,7 @@ class _Source:
             if delay > 0:
                 yield env.timeout(delay)
             self.inject(req)
+        self.exhausted = True
 
     def inject(self, req: Request) -> None:
         self.injected.append(req)
@@ -139,6 +142,7 @@ def run_simulation(
     setups: list[InstanceSetup] | None = None,
     pd_kv_bytes_per_token: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
+    fleet: FleetPlan | None = None,
 ) -> Result:
     """Simulate `requests` on a cluster until all finish or the horizon passes.
 
@@ -146,7 +150,9 @@ def run_simulation(
     copies of (`engine_config`, `step_model`). A list of requests is sorted by arrival first;
     any other iterable must already be in arrival order (the workload generator's streams
     are). `sessions` receives every finished user-facing request and may answer with a
-    follow-up round, which re-enters through the router at its arrival time.
+    follow-up round, which re-enters through the router at its arrival time. `fleet` makes
+    the fleet change while traffic flows (node pools, lifecycle, events, autoscaling, several
+    models); without it every instance serves `model_name` and is routable from t = 0.
     """
     cluster = cluster or ClusterSpec()
     if setups is None:
@@ -155,7 +161,16 @@ def run_simulation(
         requests = sorted(requests, key=lambda r: (r.arrival_us, r.index))
     env = simpy.Environment()
     n = len(setups)
-    instance_ids = [f"instance_{i}" for i in range(n)]
+    if fleet is not None:
+        instance_ids = [slot.instance_id for slot in fleet.slots]
+        served = ServedModels(fleet.slots[0].model_key)
+        for key, aliases in fleet.model_aliases.items():
+            served.add_model(key, *aliases)
+        instance_models = [slot.model_key for slot in fleet.slots]
+    else:
+        instance_ids = [f"instance_{i}" for i in range(n)]
+        served = ServedModels.fixed(model_name, n)
+        instance_models = [model_name] * n
     engines = [
         VLLMEngine(
             s.engine,
@@ -172,7 +187,7 @@ def run_simulation(
         return len(engines[index].kv.cached_prefix_blocks(req, req.input_tokens))
 
     trace = DecisionTrace(cluster.trace.level, cluster.trace.counterfactual_k)
-    live = [_live_snapshot(i, instance_ids[i], engines[i], model_name) for i in range(n)]
+    live = [_live_snapshot(i, instance_ids[i], engines[i], instance_models[i]) for i in range(n)]
     instances: list[Instance] = []
     admission, routing = build_policies(
         cluster, subsystem_rng(seed, "router"), block_size, kv_probe
@@ -186,11 +201,11 @@ def run_simulation(
             cluster.routing.snapshot_refresh_interval_us,
             lambda i: live[i](),
             lambda i: router.in_flight[i],
-            [(iid, model_name) for iid in instance_ids],
+            list(zip(instance_ids, instance_models, strict=True)),
         ),
         [lambda r, i=i: instances[i].inbox.put(r) for i in range(n)],
         instance_ids,
-        model_name,
+        served,
         finished,
         trace,
         cluster.admission.latency_us,
@@ -206,10 +221,13 @@ def run_simulation(
         router.in_flight[index] -= 1
         return False
 
+    infra: Infrastructure | None = None
     for i, (engine, setup) in enumerate(zip(engines, setups, strict=True)):
 
         def on_instance_finished(req: Request, index: int = i) -> None:
             router.finished(index)
+            if infra is not None and req.state is RequestState.COMPLETED:
+                infra.on_completed(index)
             if req.pd_role:
                 pd.on_sub_finished(req, env.now, deliver_decode, finished)
             else:
@@ -227,6 +245,21 @@ def run_simulation(
                 index=i,
             )  # fmt: skip
         )
+    if fleet is not None and fleet.dynamic:
+        infra = Infrastructure(
+            env,
+            fleet,
+            instances,
+            router,
+            seed,
+            lambda inst, req: inst.on_finished(req),
+            lambda: (source.exhausted, source.finished == len(source.injected)),
+            check_invariants,
+        )
+        infra.start()
+    elif fleet is not None:
+        for index in range(n):
+            served.make_routable(instance_models[index], index)
     source.deliver = router.inbox.put
     env.process(source.run(env))
     if progress is None:
@@ -251,7 +284,9 @@ def run_simulation(
         served.extend(s for s in (parent.prefill_sub, parent.decode_sub) if s is not None)
     per_instance = []
     if n > 1:
-        for iid, engine in zip(instance_ids, engines, strict=True):
+        for i, (iid, engine) in enumerate(zip(instance_ids, engines, strict=True)):
+            if infra is not None and infra.records[i].state is None:
+                continue  # a slot the fleet never used
             mine = [r for r in served if r.instance_id == iid]
             per_instance.append(compute_summary(iid, mine, [engine], end_of(engine)))
     return Result(
@@ -271,6 +306,10 @@ def run_simulation(
         decisions=trace,
         pd=pd,
         instance_roles=[s.role for s in setups],
+        infrastructure=infra,
+        instance_models=instance_models,
+        parked_at_end=router.parked_now,
+        fleet=fleet,
     )
 
 

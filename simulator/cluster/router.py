@@ -8,6 +8,7 @@ own bookkeeping: +1 when a request is routed, −1 when its instance finishes it
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import simpy
@@ -21,6 +22,51 @@ from .routing import RoutingPolicy
 from .snapshot import InstanceSnapshot, SnapshotCache
 
 
+class ServedModels:
+    """Which instances serve which model, and which of those are routable right now (SPEC A6).
+
+    A model is known by any of its aliases (the name the scenario gives, the catalog's name),
+    case-insensitively; an untagged request asks for the default model. Routable indices stay
+    in index order so that candidate lists look the same as for a fixed fleet.
+    """
+
+    def __init__(self, default_model: str) -> None:
+        self.default_model = default_model.lower()
+        self.aliases: dict[str, str] = {self.default_model: self.default_model}
+        self.routable: dict[str, list[int]] = {self.default_model: []}
+
+    @classmethod
+    def fixed(cls, model: str, count: int) -> ServedModels:
+        served = cls(model)
+        served.routable[served.default_model] = list(range(count))
+        return served
+
+    def add_model(self, model: str, *aliases: str) -> str:
+        key = model.lower()
+        self.routable.setdefault(key, [])
+        for name in (model, *aliases):
+            if name:
+                self.aliases.setdefault(name.lower(), key)
+        return key
+
+    def key_for(self, req: Request) -> str | None:
+        """The served model `req` asks for, or None when nobody serves it."""
+        if not req.model:
+            return self.default_model
+        return self.aliases.get(req.model.lower())
+
+    def make_routable(self, key: str, index: int) -> None:
+        indices = self.routable[key]
+        if index not in indices:
+            indices.append(index)
+            indices.sort()
+
+    def make_unroutable(self, key: str, index: int) -> None:
+        indices = self.routable[key]
+        if index in indices:
+            indices.remove(index)
+
+
 class Router:
     def __init__(
         self,
@@ -30,7 +76,7 @@ class Router:
         snapshots: SnapshotCache,
         deliver: list[Callable[[Request], None]],
         instance_ids: list[str],
-        model_name: str,
+        served: ServedModels,
         on_rejected: Callable[[Request], None],
         trace: DecisionTrace,
         admission_latency_us: int = 0,
@@ -43,7 +89,11 @@ class Router:
         self.snapshots = snapshots
         self.deliver = deliver
         self.instance_ids = instance_ids
-        self.model_name = model_name.lower()
+        self.served = served
+        # Requests for a served model while none of its instances is routable (all loading,
+        # say) wait here and are routed when one becomes routable.
+        self.parked: dict[str, deque[Request]] = {}
+        self.parked_total = 0
         self.on_rejected = on_rejected
         self.trace = trace
         self.admission_latency_us = admission_latency_us
@@ -68,12 +118,12 @@ class Router:
             action(req)
 
     def candidates(self, req: Request) -> list[InstanceSnapshot]:
-        """Snapshots of the instances that may serve `req` (all of them, unless its model tag
-        names another model)."""
-        if req.model and req.model.lower() != self.model_name:
+        """Snapshots of the routable instances serving the model `req` asks for."""
+        key = self.served.key_for(req)
+        if key is None:
             return []
         now = self.env.now
-        return [self.snapshots.get(i, now) for i in range(len(self.instance_ids))]
+        return [self.snapshots.get(i, now) for i in self.served.routable[key]]
 
     def _admit(self, req: Request) -> None:
         now = self.env.now
@@ -87,7 +137,8 @@ class Router:
         self._after(self.routing_latency_us, self._route, req)
 
     def _route(self, req: Request) -> None:
-        if req.model and req.model.lower() != self.model_name:
+        key = self.served.key_for(req)
+        if key is None:
             self.routing_rejections += 1
             self._reject(req)
             return
@@ -96,6 +147,10 @@ class Router:
             self.pd.route(
                 req, lambda i: self.snapshots.get(i, now), now, self.dispatch, self.routing
             )
+            return
+        if not self.served.routable[key]:
+            self.parked.setdefault(key, deque()).append(req)
+            self.parked_total += 1
             return
         candidates = self.candidates(req)
         decision = self.routing.route(req, candidates, now)
@@ -110,6 +165,21 @@ class Router:
         self.routed[index] += 1
         req.instance_id = self.instance_ids[index]
         self.deliver[index](req)
+
+    def unpark(self, key: str) -> None:
+        """An instance of model `key` became routable: route the requests waiting for one."""
+        waiting = self.parked.get(key)
+        while waiting and self.served.routable[key]:
+            self._route(waiting.popleft())
+
+    def reinject(self, req: Request) -> None:
+        """A request taken back from an instance (redirect, retry) re-enters the pipeline
+        now: admission, then routing, as if it had just arrived (SPEC §8.4)."""
+        self.inbox.put(req)
+
+    @property
+    def parked_now(self) -> int:
+        return sum(len(q) for q in self.parked.values())
 
     def _reject(self, req: Request) -> None:
         req.state = RequestState.REJECTED

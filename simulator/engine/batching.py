@@ -185,6 +185,32 @@ class VLLMEngine:
         self.timed_out += 1
         return True
 
+    def evict_all(self) -> list[Request]:
+        """Remove every queued and running request, freeing their KV blocks (the instance is
+        going away). The caller settles each request's fate."""
+        evicted = [*self.running, *self.waiting]
+        for req in evicted:
+            if req.block_ids:
+                self.kv.release(req)
+            req.num_new_tokens = 0
+        self.running = []
+        self.waiting = deque()
+        return evicted
+
+    def take_unstarted(self) -> list[Request]:
+        """Remove the queued requests that were never scheduled (a redirecting drain); their
+        input tokens are counted where they are served instead."""
+        keep: deque[Request] = deque()
+        taken: list[Request] = []
+        for req in self.waiting:
+            if req.first_schedule_us < 0 and not req.block_ids:
+                taken.append(req)
+                self.total_input_tokens -= req.input_tokens
+            else:
+                keep.append(req)
+        self.waiting = keep
+        return taken
+
     # ------------------------------------------------------------------ one step
     def plan_step(self, now_us: int) -> StepBatch | None:
         """Form the batch for a step starting at `now_us` (SPEC §1.4 phase A, §1.5)."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import simpy
 
-from ..latency.base import StepTimeModel
+from ..latency.base import StepBatch, StepTimeModel
 from .batching import EnqueueOutcome, VLLMEngine
 from .events import (
     ARRIVAL,
@@ -54,6 +54,17 @@ class Instance:
         self._idle: simpy.Event | None = None
         self.host_link = None  # created on the first CPU-tier reload
         self._reload_ids = 0
+        # Fleet lifecycle (all inert for a fixed fleet). A request reaching an instance that no
+        # longer accepts work goes to `on_orphan`; `on_idle` hears when the step loop runs dry.
+        self.accepting = True
+        self.terminated = False
+        self.on_orphan: Callable[[Request], None] | None = None
+        self.on_idle: Callable[[Instance], None] | None = None
+        # Warm-up: the first requests this instance receives pay `warm_up_factor` times the
+        # cost of their prefill (cold caches, lazy kernel compilation).
+        self.warm_up_left = 0
+        self.warm_up_factor = 1.0
+        self.warm_requests: set[Request] = set()
         env.process(self._intake())
         env.process(self._step_loop())
 
@@ -62,13 +73,19 @@ class Instance:
         queueing = self.step_model.queueing_time_us
         while True:
             req = yield self.inbox.get()
+            if not self.accepting:
+                self.on_orphan(req)
+                continue
             req.instance_id = self.instance_id
+            if self.warm_up_left > 0:
+                self.warm_up_left -= 1
+                self.warm_requests.add(req)
             delay = queueing(req.input_tokens)
             if delay > 0:
                 # The alpha overhead: the request is at the instance but not yet schedulable.
                 self.pending_enqueue.add(req)
                 event_after(env, delay, self._arrival_priority).callbacks.append(
-                    lambda _ev, r=req: self._enqueue(r)
+                    lambda _ev, r=req: self._enqueue_pending(r)
                 )
             else:
                 self._enqueue(req)
@@ -83,8 +100,12 @@ class Instance:
         self._after_enqueue(req, outcome)
         return True
 
+    def _enqueue_pending(self, req: Request) -> None:
+        if req in self.pending_enqueue:  # else a drain or failure took it meanwhile
+            self.pending_enqueue.discard(req)
+            self._enqueue(req)
+
     def _enqueue(self, req: Request) -> None:
-        self.pending_enqueue.discard(req)
         self._after_enqueue(req, self.engine.enqueue(req, self.env.now))
 
     def _after_enqueue(self, req: Request, outcome: EnqueueOutcome) -> None:
@@ -99,6 +120,8 @@ class Instance:
             self.on_finished(req)
 
     def _timeout(self, req: Request) -> None:
+        if req.instance_id != self.instance_id:
+            return  # re-routed to another instance, which keeps its own deadline
         if self.engine.cancel(req, self.env.now):
             self.on_finished(req)
 
@@ -133,6 +156,55 @@ class Instance:
             self.host_link.start(f"reload-{self._reload_ids}", size_bytes, done)
         self.engine.new_reloads.clear()
 
+    def _warm_up_extra_us(self, batch) -> int:
+        """(factor − 1) × the part of the step's time that the warm-up requests' prefill
+        chunks cost: the step priced with and without them."""
+        warm = self.warm_requests
+        chunks = [r for r in self.engine.running if r.num_new_tokens and r.in_prefill]
+        if not any(r in warm for r in chunks):
+            return 0
+        cold = StepBatch(
+            [c for c, r in zip(batch.prefill_chunks, chunks, strict=True) if r not in warm],
+            batch.decode_count,
+            batch.decode_context_sum,
+            [p for p, r in zip(batch.prefill_prompt_tokens, chunks, strict=True) if r not in warm]
+            if batch.prefill_prompt_tokens
+            else [],
+        )
+        step_time = self.step_model.step_time_us
+        warm_cost_us = step_time(batch) - (step_time(cold) if cold.batch_size else 0)
+        for r in chunks:
+            if r in warm and r.computed_tokens + r.num_new_tokens >= r.prefill_target:
+                warm.discard(r)  # its last prefill chunk: warm-up is over for it
+        return max(0, round((self.warm_up_factor - 1.0) * warm_cost_us))
+
+    def evict(self) -> list[Request]:
+        """Take every request this instance holds (queued, running, still in its arrival
+        delay or its inbox) and stop it for good; the caller settles each one."""
+        self.accepting = False
+        self.terminated = True
+        taken = self.engine.evict_all()
+        taken += sorted(self.pending_enqueue, key=lambda r: (r.arrival_us, r.index))
+        self.pending_enqueue.clear()
+        taken += list(self.inbox.items)
+        self.inbox.items.clear()
+        self.warm_requests.clear()
+        if self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()  # lets the step loop see `terminated` and end
+        return taken
+
+    def take_unstarted(self) -> list[Request]:
+        """Stop accepting work and hand back every request not yet started here."""
+        self.accepting = False
+        taken = self.engine.take_unstarted()
+        taken += sorted(self.pending_enqueue, key=lambda r: (r.arrival_us, r.index))
+        self.pending_enqueue.clear()
+        taken += list(self.inbox.items)
+        self.inbox.items.clear()
+        for r in taken:
+            self.warm_requests.discard(r)
+        return taken
+
     def _step_loop(self):
         env = self.env
         engine = self.engine
@@ -140,6 +212,10 @@ class Instance:
         on_finished = self.on_finished
         while True:
             if not engine.has_work:
+                if self.on_idle is not None:
+                    self.on_idle(self)
+                if self.terminated:
+                    return
                 self._idle = env.event()
                 yield self._idle
                 self._idle = None
@@ -156,7 +232,11 @@ class Instance:
                 self._idle = None
                 continue
             step_us = step_time(batch) + batch.extra_us
+            if self.warm_requests:
+                step_us += self._warm_up_extra_us(batch)
             yield event_after(env, step_us, self._step_priority)
+            if self.terminated:
+                return  # the instance went away mid-step; its requests were settled then
             for req in engine.finish_step(step_us):
                 on_finished(req)
             if self.check_invariants:

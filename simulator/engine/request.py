@@ -22,6 +22,8 @@ class RequestState(StrEnum):
     TIMED_OUT = "timed_out"
     DROPPED = "dropped_unservable"
     REJECTED = "rejected"
+    DROPPED_ON_DRAIN = "dropped_on_drain"  # its instance was drained with policy immediate
+    FAILED = "failed"  # its instance's node failed and the router does not retry
 
 
 class Request:
@@ -86,6 +88,8 @@ class Request:
         "reload_pending",
         "reload_ticket",
         "kv_reload_us",
+        # fleet changes: times this request was re-routed after a redirect or a failure
+        "reroutes",
     )
 
     def __init__(
@@ -170,6 +174,7 @@ class Request:
         self.reload_pending = False
         self.reload_ticket = 0
         self.kv_reload_us = 0
+        self.reroutes = 0
 
     def __repr__(self) -> str:
         return (
@@ -189,6 +194,29 @@ class Request:
     def kv_resident(self) -> bool:
         """A decode sub-request waiting with its prompt's KV already transferred in."""
         return not self.in_prefill and bool(self.block_ids)
+
+    def restart(self) -> None:
+        """Back to the state of a request that has just arrived, keeping its arrival time, so
+        another instance can serve it from scratch (a redirect, or a retry after a failure:
+        the client sees the new attempt's tokens, so TTFT counts from the original arrival)."""
+        self.state = RequestState.CREATED
+        self.instance_id = ""
+        self.computed_tokens = 0
+        self.prefill_target = self.input_tokens
+        self.generated_tokens = 0
+        self.num_new_tokens = 0
+        self.in_prefill = True
+        self.block_ids = []
+        self.enqueue_us = -1
+        self.schedule_us = -1
+        self.first_schedule_us = -1
+        self.first_token_us = -1
+        self.last_token_us = -1
+        self.completion_us = -1
+        self.cached_tokens = 0
+        self.length_capped = False
+        self.reload_pending = False
+        self.reroutes += 1
 
     def sub_request(self, role: str) -> Request:
         """The prefill (prompt only, no output) or decode sub-request of this parent."""
@@ -268,5 +296,12 @@ class Request:
 
 
 _FINAL_STATES = frozenset(
-    {RequestState.COMPLETED, RequestState.TIMED_OUT, RequestState.DROPPED, RequestState.REJECTED}
+    {
+        RequestState.COMPLETED,
+        RequestState.TIMED_OUT,
+        RequestState.DROPPED,
+        RequestState.REJECTED,
+        RequestState.DROPPED_ON_DRAIN,
+        RequestState.FAILED,
+    }
 )

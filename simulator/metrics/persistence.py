@@ -28,8 +28,14 @@ if TYPE_CHECKING:
 SUMMARY_FILE = "summary.json"
 FORMAT_NAME = "servesim-result"
 FORMAT_VERSION = 1
-FRAME_NAMES = ("requests", "steps", "instances", "transfers")
-DICT_NAMES = ("per_slo", "kv_metrics", "anomalies", "pd_metrics", "session_counts", "scenario")
+FRAME_NAMES = (
+    "requests", "steps", "instances", "transfers", "timeline", "fleet_instances", "nodes",
+    "per_model",
+)  # fmt: skip
+DICT_NAMES = (
+    "per_slo", "kv_metrics", "anomalies", "pd_metrics", "session_counts", "scenario",
+    "fleet_metrics",
+)  # fmt: skip
 
 
 @dataclass
@@ -41,11 +47,16 @@ class SavedResult:
     steps: pd.DataFrame = field(repr=False)
     instances: pd.DataFrame = field(repr=False)
     transfers: pd.DataFrame = field(repr=False)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    fleet_instances: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    nodes: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    per_model: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     per_slo: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     kv_metrics: dict[str, float] = field(default_factory=dict, repr=False)
     anomalies: dict[str, int] = field(default_factory=dict, repr=False)
     pd_metrics: dict[str, Any] | None = field(default=None, repr=False)
     session_counts: dict[str, int] = field(default_factory=dict, repr=False)
+    fleet_metrics: dict[str, Any] | None = field(default=None, repr=False)
     scenario: dict[str, Any] = field(default_factory=dict, repr=False)
     path: Path | None = None
 
@@ -165,6 +176,11 @@ def load_result(directory: str | Path) -> SavedResult:
         steps=frames["steps"],
         instances=frames["instances"],
         transfers=frames["transfers"],
+        timeline=frames["timeline"],
+        fleet_instances=frames["fleet_instances"],
+        nodes=frames["nodes"],
+        per_model=frames["per_model"],
+        fleet_metrics=dicts["fleet_metrics"],
         per_slo=dicts["per_slo"] or {},
         kv_metrics=dicts["kv_metrics"] or {},
         anomalies=dicts["anomalies"] or {},

@@ -27,6 +27,8 @@ KV_HEADER = "=== KV Cache Metrics ==="
 TENANT_HEADER = "=== Per-Tenant Metrics ==="
 PD_HEADER = "=== PD Metrics ==="
 SESSION_HEADER = "=== Session Metrics ==="
+FLEET_HEADER = "=== Fleet Metrics ==="
+MODEL_HEADER = "=== Per-Model Metrics ==="
 # BLIS's MetricsOutput fields (SPEC §10.2), in BLIS's order; kv_allocation_failures is omitted
 # when zero. servesim adds the *_p50_ms fields.
 BLIS_SUMMARY_FIELDS = (
@@ -135,6 +137,15 @@ def compute_summary(
     summary["dropped_unservable"] = dropped
     summary["length_capped_requests"] = sum(e.length_capped for e in engines)
     summary["timed_out_requests"] = timed_out
+    # Fleet changes (only present when they happened, so fixed-fleet summaries keep BLIS's
+    # field list).
+    for state, name in (
+        (RequestState.DROPPED_ON_DRAIN, "dropped_on_drain"),
+        (RequestState.FAILED, "failed_requests"),
+    ):
+        if counts[state]:
+            summary[name] = counts[state]
+            summary["injected_requests"] += counts[state]
     return summary
 
 
@@ -319,6 +330,10 @@ class Result:
     decisions: Any = field(default=None, repr=False)
     pd: Any = field(default=None, repr=False)
     instance_roles: list[str] = field(default_factory=list, repr=False)
+    infrastructure: Any = field(default=None, repr=False)
+    instance_models: list[str] = field(default_factory=list, repr=False)
+    parked_at_end: int = 0
+    fleet: Any = field(default=None, repr=False)
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -343,6 +358,64 @@ class Result:
         from .persistence import save_result
 
         return save_result(self, directory)
+
+    @property
+    def run_end_us(self) -> int:
+        return round(self.summary["vllm_estimated_duration_s"] * 1e6)
+
+    @cached_property
+    def timeline(self) -> pd.DataFrame:
+        """Lifecycle transitions of nodes and instances: time, id, from, to, reason."""
+        from .fleet import timeline_frame
+
+        return timeline_frame(self.infrastructure)
+
+    @cached_property
+    def fleet_instances(self) -> pd.DataFrame:
+        """Per instance the fleet created: node, GPUs, uptime, GPU-seconds and cost."""
+        from .fleet import uptime_frame
+
+        return uptime_frame(self.infrastructure, self.run_end_us)
+
+    @cached_property
+    def nodes(self) -> pd.DataFrame:
+        """Per node: pool, GPUs, uptime and cost."""
+        from .fleet import node_frame
+
+        return node_frame(self.infrastructure, self.run_end_us)
+
+    @cached_property
+    def fleet_metrics(self) -> dict[str, Any] | None:
+        """Instance-seconds, GPU cost and the requests the fleet's changes touched."""
+        if self.infrastructure is None:
+            return None
+        from .fleet import fleet_summary
+
+        return fleet_summary(self.infrastructure, self.run_end_us)
+
+    @cached_property
+    def per_model(self) -> pd.DataFrame:
+        """TTFT / E2E / ITL, throughput and counts per served model (SPEC A6)."""
+        from .fleet import per_model_frame
+
+        aliases = {}
+        if self.fleet is not None:
+            for key, names in self.fleet.model_aliases.items():
+                aliases[key] = key
+                aliases.update({n.lower(): key for n in names})
+        models = self.instance_models or [""] * len(self.engines)
+        return per_model_frame(
+            self.request_records,
+            self.engines,
+            models,
+            aliases,
+            models[0] if models else "",
+            self.summary["vllm_estimated_duration_s"],
+        )
+
+    @property
+    def multi_model(self) -> bool:
+        return len(set(self.instance_models)) > 1
 
     @cached_property
     def per_slo(self) -> dict[str, dict[str, Any]]:
@@ -542,6 +615,14 @@ class Result:
             blocks.append(f"{PD_HEADER}\n{json.dumps(self.pd_metrics, indent=2)}")
         if self.session_counts:
             blocks.append(f"{SESSION_HEADER}\n{json.dumps(self.session_counts, indent=2)}")
+        if self.multi_model:
+            table = self.per_model.set_index("model").round(3).to_dict(orient="index")
+            blocks.append(f"{MODEL_HEADER}\n{json.dumps(table, indent=2)}")
+        if self.fleet_metrics is not None:
+            fleet = {
+                k: round(v, 3) if isinstance(v, float) else v for k, v in self.fleet_metrics.items()
+            }
+            blocks.append(f"{FLEET_HEADER}\n{json.dumps(fleet, indent=2)}")
         if self.decisions is not None and self.scenario.get("cluster", {}).get("trace", {}).get(
             "summarize"
         ):
@@ -612,5 +693,9 @@ class Result:
             doc["fitness"] = {"score": self.fitness[0], "components": self.fitness[1]}
         if self.pd_metrics is not None:
             doc["pd"] = self.pd_metrics
+        if self.multi_model:
+            doc["per_model"] = self.per_model.to_dict(orient="records")
+        if self.fleet_metrics is not None:
+            doc["fleet"] = self.fleet_metrics
         doc["requests"] = self.blis_request_records()
         return doc

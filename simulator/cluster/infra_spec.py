@@ -1,0 +1,141 @@
+"""Scenario schema of the fleet: node pools, instance lifecycle, events, autoscaling and
+multi-model deployments (SPEC §8, A6, A7).
+
+Everything here is optional: a scenario that names none of it runs the fixed fleet of
+`cluster.num_instances` instances, all routable from t = 0, exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DelaySpec(_Strict):
+    """A delay in seconds: Gaussian(mean, stddev) clamped at 0; constant when stddev is 0."""
+
+    mean_s: float = Field(0.0, ge=0)
+    stddev_s: float = Field(0.0, ge=0)
+
+
+class NodePoolSpec(_Strict):
+    """A group of identical GPU nodes (SPEC §8.1). Cost is per node and hour."""
+
+    name: str = Field(min_length=1)
+    gpu_type: str = Field(min_length=1)
+    gpus_per_node: int = Field(8, ge=1)
+    gpu_memory_gib: float = Field(80.0, gt=0)
+    initial_nodes: int = Field(1, ge=0)
+    min_nodes: int = Field(0, ge=0)
+    max_nodes: int = Field(1, ge=0)
+    provisioning_delay: DelaySpec = Field(default_factory=DelaySpec)
+    cost_per_hour: float = Field(0.0, ge=0, description="per node, in dollars")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> NodePoolSpec:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(
+                f"min_nodes ({self.min_nodes}) must be <= max_nodes ({self.max_nodes})"
+            )
+        if self.initial_nodes > self.max_nodes:
+            raise ValueError(
+                f"initial_nodes ({self.initial_nodes}) must be <= max_nodes ({self.max_nodes})"
+            )
+        return self
+
+
+DrainPolicyName = Literal["immediate", "wait", "redirect"]
+
+
+class LifecycleSpec(_Strict):
+    """How instances come up and go away (SPEC §8.3, §8.4)."""
+
+    loading_delay: DelaySpec = Field(default_factory=DelaySpec)
+    # Loading can also be priced as weight bytes over a load bandwidth (0 = off): the two add.
+    load_bandwidth_gb_per_s: float = Field(0.0, ge=0)
+    warm_up_request_count: int = Field(0, ge=0)
+    warm_up_ttft_factor: float = Field(1.0, ge=1.0)
+    drain_policy: DrainPolicyName = "wait"
+    retry_on_failure: bool = False
+    # The fleet the scenario starts with is already loaded and serving at t = 0.
+    initial_instances_loaded: bool = False
+
+
+EventAction = Literal[
+    "drain_instance", "add_instance", "add_node", "drain_node", "fail_node", "fail_instance"
+]
+
+
+class EventSpec(_Strict):
+    """One scheduled change to the fleet."""
+
+    at_s: float = Field(ge=0)
+    action: EventAction
+    target: str | None = Field(None, description="instance id (drain/fail_instance)")
+    node: str | None = Field(None, description="node id (drain_node, fail_node)")
+    pool: str | None = Field(None, description="node pool (add_node)")
+    deployment: str | None = Field(None, description="deployment (add_instance)")
+    drain_policy: DrainPolicyName | None = Field(None, description="overrides the lifecycle's")
+
+    @model_validator(mode="after")
+    def _needs(self) -> EventSpec:
+        needed = {
+            "drain_instance": "target",
+            "fail_instance": "target",
+            "drain_node": "node",
+            "fail_node": "node",
+            "add_node": "pool",
+        }.get(self.action)
+        if needed is not None and getattr(self, needed) is None:
+            raise ValueError(f"action {self.action!r} needs `{needed}`")
+        return self
+
+
+class AutoscalerSpec(_Strict):
+    """Scale one deployment between min and max instances on a load signal."""
+
+    deployment: str | None = Field(None, description="None = the first deployment")
+    signal: Literal["kv_utilization", "queue_depth", "in_flight"] = "in_flight"
+    scale_up_threshold: float = Field(gt=0)
+    scale_down_threshold: float = Field(0.0, ge=0)
+    min_instances: int = Field(1, ge=0)
+    max_instances: int = Field(ge=1)
+    interval_s: float = Field(15.0, gt=0)
+    scrape_delay_s: float = Field(0.0, ge=0)
+    scale_up_stabilization_s: float = Field(0.0, ge=0)
+    scale_down_stabilization_s: float = Field(300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalerSpec:
+        if self.min_instances > self.max_instances:
+            raise ValueError(
+                f"min_instances ({self.min_instances}) must be <= max_instances "
+                f"({self.max_instances})"
+            )
+        if self.scale_down_threshold >= self.scale_up_threshold:
+            raise ValueError(
+                f"scale_down_threshold ({self.scale_down_threshold}) must be < "
+                f"scale_up_threshold ({self.scale_up_threshold})"
+            )
+        return self
+
+
+class DeploymentSpec(_Strict):
+    """One model served by a group of identical instances (SPEC A6). Unset fields inherit
+    the scenario's top-level model / hardware / tp / latency / engine."""
+
+    name: str = Field(min_length=1)
+    model: str | None = None
+    hardware: str | None = None
+    tp: int | None = Field(None, gt=0)
+    num_instances: int = Field(1, ge=0)
+    role: Literal["unified", "prefill", "decode"] = "unified"
+    pool: str | None = Field(None, description="node pool its instances are placed on")
+    latency_model: str | None = None
+    total_kv_blocks: int | None = Field(None, gt=0)
+    max_model_len: int | None = Field(None, ge=0)

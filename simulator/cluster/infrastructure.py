@@ -1,0 +1,545 @@
+"""A fleet that changes while traffic flows (SPEC §8, A6, A7): node pools, GPU placement,
+instance lifecycle, drains, failures, scheduled events and the autoscaler.
+
+The rules live in plain objects (`lifecycle.py`: states, legal edges, first-fit placement;
+`autoscaler.py`: the scaling decision). This module wires them to simulated time: delays are
+SimPy events, and every change of routability goes through the router's `ServedModels`.
+
+Request conservation across fleet changes:
+- a drained (immediate) instance's requests end `dropped_on_drain`; a failed node's end
+  `failed`, or are retried through the router when `retry_on_failure` is set;
+- a redirected request leaves its first instance without a trace there (its input tokens are
+  uncounted) and is counted once, where it finally ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from ..engine.events import ROUTER, event_after
+from ..engine.instance import Instance
+from ..engine.request import Request, RequestState
+from ..errors import ConfigError
+from ..rng import subsystem_rng
+from .autoscaler import Autoscaler
+from .infra_spec import AutoscalerSpec, DelaySpec, EventSpec, LifecycleSpec, NodePoolSpec
+from .lifecycle import InstanceRecord, InstanceState, Node, NodeState, Timeline, first_fit
+from .router import Router
+
+US_PER_S = 1_000_000
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """One instance the fleet may run: which deployment, model and GPUs, and whether it
+    exists from the start (autoscaler headroom and add_instance targets do not)."""
+
+    index: int
+    instance_id: str
+    deployment: str
+    model_key: str
+    gpu_type: str
+    gpus_needed: int
+    pool: str | None
+    initial: bool
+    weight_bytes: float = 0.0
+
+
+@dataclass
+class FleetPlan:
+    """Everything the infrastructure needs from the scenario, resolved."""
+
+    slots: list[SlotPlan]
+    node_pools: list[NodePoolSpec] = field(default_factory=list)
+    lifecycle: LifecycleSpec = field(default_factory=LifecycleSpec)
+    events: list[EventSpec] = field(default_factory=list)
+    autoscalers: list[AutoscalerSpec] = field(default_factory=list)
+    # served model key -> other names requests may use for it
+    model_aliases: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def dynamic(self) -> bool:
+        """Anything beyond a fixed fleet routable from t = 0?"""
+        lc = self.lifecycle
+        return bool(
+            self.node_pools
+            or self.events
+            or self.autoscalers
+            or lc.warm_up_request_count
+            or lc.loading_delay.mean_s
+            or lc.load_bandwidth_gb_per_s
+            or any(not s.initial for s in self.slots)
+        )
+
+
+def _sample_delay_us(delay: DelaySpec, rng: np.random.Generator) -> int:
+    if delay.stddev_s <= 0:
+        return round(delay.mean_s * US_PER_S)
+    return max(0, round(rng.normal(delay.mean_s, delay.stddev_s) * US_PER_S))
+
+
+class Infrastructure:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        plan: FleetPlan,
+        instances: list[Instance],
+        router: Router,
+        seed: int,
+        settle: Callable[[Instance, Request], None],
+        is_done: Callable[[], tuple[bool, bool]],
+        check_invariants: bool = False,
+    ) -> None:
+        self.env = env
+        self.plan = plan
+        self.lifecycle = plan.lifecycle
+        self.instances = instances
+        self.router = router
+        self.settle = settle  # ends a request's life at its instance (counts, sessions)
+        self.is_done = is_done
+        self.check = check_invariants
+        self.timeline = Timeline()
+        self.records = [
+            InstanceRecord(s.instance_id, s.deployment, s.model_key, s.gpus_needed, s.pool)
+            for s in plan.slots
+        ]
+        self.pools = {p.name: p for p in plan.node_pools}
+        self.nodes: list[Node] = []
+        self._pool_counts = {p.name: 0 for p in plan.node_pools}
+        self._pending: list[InstanceRecord] = []  # Scheduling: waiting for GPUs
+        self._provision_rng = subsystem_rng(seed, "node-provisioning")
+        self._loading_rng = subsystem_rng(seed, "instance-loading")
+        self.dropped_on_drain = 0
+        self.failed = 0
+        self.retried = 0
+        self.redirected = 0
+        # Why each instance stopped taking work: "immediate" | "redirect" | "wait" | "failure".
+        self._end_cause: dict[int, str] = {}
+        self.autoscalers = [
+            Autoscaler(spec, self._deployment_of(spec)) for spec in plan.autoscalers
+        ]
+        for inst in instances:
+            inst.on_orphan = lambda req, i=inst: self._orphan(i, req)
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> None:
+        now = self.env.now
+        for pool in self.plan.node_pools:
+            for _ in range(pool.initial_nodes):
+                node = self._new_node(pool, "initial")
+                node.move(NodeState.READY, now, self.timeline, "initial")
+        for slot in self.plan.slots:
+            if slot.initial:
+                self._create(self.records[slot.index], "initial")
+        for event in sorted(self.plan.events, key=lambda e: e.at_s):
+            delay = round(event.at_s * US_PER_S) - now
+            event_after(self.env, max(0, delay), ROUTER).callbacks.append(
+                lambda _e, ev=event: self._apply(ev)
+            )
+        for scaler in self.autoscalers:
+            self.env.process(self._autoscale(scaler))
+
+    def _deployment_of(self, spec: AutoscalerSpec) -> str:
+        names = list(dict.fromkeys(s.deployment for s in self.plan.slots))
+        name = spec.deployment or names[0]
+        if name not in names:
+            raise ConfigError(
+                f"autoscaler.deployment: unknown deployment {name!r}; known: {', '.join(names)}"
+            )
+        return name
+
+    # ------------------------------------------------------------------ nodes
+    def _new_node(self, pool: NodePoolSpec, reason: str) -> Node:
+        index = self._pool_counts[pool.name]
+        self._pool_counts[pool.name] += 1
+        node = Node(
+            f"{pool.name}-{index}",
+            pool.name,
+            pool.gpu_type,
+            [None] * pool.gpus_per_node,
+            pool.cost_per_hour,
+            created_us=self.env.now,
+        )
+        self.nodes.append(node)
+        self.timeline.record(self.env.now, "node", node.node_id, "", node.state.value, reason)
+        return node
+
+    def _nodes_in(self, pool: str) -> list[Node]:
+        return [n for n in self.nodes if n.pool == pool and n.state is not NodeState.TERMINATED]
+
+    def add_node(self, pool_name: str, reason: str) -> Node | None:
+        """Provision one node of `pool_name` (None when the pool is at max_nodes)."""
+        pool = self.pools[pool_name]
+        if len(self._nodes_in(pool_name)) >= pool.max_nodes:
+            return None
+        node = self._new_node(pool, reason)
+        delay = _sample_delay_us(pool.provisioning_delay, self._provision_rng)
+        event_after(self.env, delay, ROUTER).callbacks.append(lambda _e: self._node_ready(node))
+        return node
+
+    def _node_ready(self, node: Node) -> None:
+        if node.state is not NodeState.PROVISIONING:
+            return
+        node.move(NodeState.READY, self.env.now, self.timeline, "provisioned")
+        self._place_pending()
+
+    def _retire_node(self, node: Node, reason: str) -> None:
+        if node.state is not NodeState.TERMINATED:
+            node.move(NodeState.TERMINATED, self.env.now, self.timeline, reason)
+
+    def _maybe_release_node(self, node: Node) -> None:
+        """An empty node goes away when it is draining, or when the autoscaler manages its
+        pool and the pool is above min_nodes."""
+        if node.allocated_gpus or node.state is NodeState.TERMINATED:
+            return
+        if node.state is NodeState.DRAINING:
+            self._retire_node(node, "drained")
+            return
+        pool = self.pools[node.pool]
+        if (
+            self.autoscalers
+            and node.state is NodeState.READY
+            and len(self._nodes_in(pool.name)) > pool.min_nodes
+            and not any(self._fits_pool(r, pool.name) for r in self._pending)
+        ):
+            self._retire_node(node, "scale-down: idle node")
+
+    # ------------------------------------------------------------------ instances
+    def _create(self, rec: InstanceRecord, reason: str) -> None:
+        rec.move(InstanceState.SCHEDULING, self.env.now, self.timeline, reason)
+        self._pending.append(rec)
+        self._place_pending()
+        if rec in self._pending and self.autoscalers:
+            self._provision_for(rec)
+
+    def _fits_pool(self, rec: InstanceRecord, pool_name: str) -> bool:
+        slot = self.plan.slots[self.records.index(rec)]
+        pool = self.pools[pool_name]
+        return (rec.pool is None or rec.pool == pool_name) and (
+            pool.gpu_type.lower() == slot.gpu_type.lower()
+        )
+
+    def _provision_for(self, rec: InstanceRecord) -> None:
+        """Scale-up found no free GPUs: provision a node, unless one already on its way has
+        room for every instance waiting for that pool."""
+        for pool in self.plan.node_pools:
+            if not self._fits_pool(rec, pool.name):
+                continue
+            coming = sum(
+                n.free_gpus for n in self._nodes_in(pool.name) if n.state is NodeState.PROVISIONING
+            )
+            waiting = sum(r.gpus_needed for r in self._pending if self._fits_pool(r, pool.name))
+            if coming >= waiting or self.add_node(pool.name, "scale-up") is not None:
+                return
+
+    def _place_pending(self) -> None:
+        if not self.plan.node_pools:
+            for rec in list(self._pending):
+                self._pending.remove(rec)
+                self._load(rec)
+            return
+        for rec in list(self._pending):
+            slot = self.plan.slots[self.records.index(rec)]
+            node = first_fit(self.nodes, slot.gpu_type, rec.gpus_needed, rec.pool)
+            if node is None:
+                continue
+            node.allocate(rec.instance_id, rec.gpus_needed)
+            rec.node = node
+            self._pending.remove(rec)
+            self._load(rec)
+
+    def _load(self, rec: InstanceRecord) -> None:
+        now = self.env.now
+        rec.move(InstanceState.LOADING, now, self.timeline, f"placed on {self._where(rec)}")
+        slot = self.plan.slots[self.records.index(rec)]
+        lc = self.lifecycle
+        if slot.initial and lc.initial_instances_loaded and now == 0:
+            self._loaded(rec)
+            return
+        delay = _sample_delay_us(lc.loading_delay, self._loading_rng)
+        if lc.load_bandwidth_gb_per_s > 0:
+            delay += round(slot.weight_bytes / (lc.load_bandwidth_gb_per_s * 1e9) * US_PER_S)
+        if delay <= 0:
+            self._loaded(rec)
+            return
+        event_after(self.env, delay, ROUTER).callbacks.append(lambda _e: self._loaded(rec))
+
+    def _where(self, rec: InstanceRecord) -> str:
+        return rec.node.node_id if rec.node is not None else "fleet"
+
+    def _loaded(self, rec: InstanceRecord) -> None:
+        if rec.state is not InstanceState.LOADING:
+            return  # terminated while loading
+        now = self.env.now
+        rec.loaded_us = now
+        inst = self._instance(rec)
+        warm = self.lifecycle.warm_up_request_count
+        if warm > 0:
+            rec.warm_up_left = warm
+            inst.warm_up_left = warm
+            inst.warm_up_factor = self.lifecycle.warm_up_ttft_factor
+            rec.move(InstanceState.WARMING_UP, now, self.timeline, "loaded")
+        else:
+            rec.move(InstanceState.ACTIVE, now, self.timeline, "loaded")
+        self.router.served.make_routable(rec.model, self._index(rec))
+        self.router.unpark(rec.model)
+
+    def on_completed(self, index: int) -> None:
+        """A request completed on instance `index`: K completions end its warm-up."""
+        rec = self.records[index]
+        if rec.state is InstanceState.WARMING_UP:
+            rec.warm_up_left -= 1
+            if rec.warm_up_left <= 0:
+                rec.move(InstanceState.ACTIVE, self.env.now, self.timeline, "warmed up")
+
+    def _index(self, rec: InstanceRecord) -> int:
+        return self.records.index(rec)
+
+    def _instance(self, rec: InstanceRecord) -> Instance:
+        return self.instances[self._index(rec)]
+
+    def add_instance(self, deployment: str, reason: str) -> InstanceRecord | None:
+        """Bring up the next unused slot of `deployment` (None when none is left)."""
+        for slot, rec in zip(self.plan.slots, self.records, strict=True):
+            if slot.deployment == deployment and rec.state is None:
+                self._create(rec, reason)
+                return rec
+        return None
+
+    # ------------------------------------------------------------------ going away
+    def drain(self, rec: InstanceRecord, policy: str, reason: str) -> None:
+        now = self.env.now
+        if rec.state in (InstanceState.SCHEDULING, InstanceState.LOADING):
+            self._terminate(rec, f"{reason} (before serving)")
+            return
+        if rec.state not in (InstanceState.WARMING_UP, InstanceState.ACTIVE):
+            return  # already draining or gone
+        rec.move(InstanceState.DRAINING, now, self.timeline, f"{reason} ({policy})")
+        index = self._index(rec)
+        self._end_cause[index] = policy
+        self.router.served.make_unroutable(rec.model, index)
+        inst = self.instances[index]
+        if policy == "immediate":
+            for req in inst.evict():
+                self._end(inst, req, RequestState.DROPPED_ON_DRAIN)
+            self._terminate(rec, "drained (immediate)")
+            return
+        if policy == "redirect":
+            for req in inst.take_unstarted():
+                self._reroute(index, req)
+                self.redirected += 1
+        inst.on_idle = lambda i, r=rec: self._idle(r)
+        self._idle(rec)
+
+    def _idle(self, rec: InstanceRecord) -> None:
+        """A draining instance with nothing left (queued, running or arriving) terminates."""
+        inst = self._instance(rec)
+        if rec.state is not InstanceState.DRAINING:
+            return
+        if inst.engine.has_work or inst.pending_enqueue or inst.inbox.items:
+            return
+        inst.accepting = False
+        inst.terminated = True
+        if inst._idle is not None and not inst._idle.triggered:  # noqa: SLF001
+            inst._idle.succeed()  # noqa: SLF001
+        self._terminate(rec, "drained")
+
+    def fail(self, rec: InstanceRecord, reason: str) -> None:
+        if rec.state in (None, InstanceState.TERMINATED):
+            return
+        index = self._index(rec)
+        self._end_cause[index] = "failure"
+        if rec.routable:
+            self.router.served.make_unroutable(rec.model, index)
+        inst = self.instances[index]
+        retry = self.lifecycle.retry_on_failure
+        for req in inst.evict():
+            if retry:
+                self._reroute(index, req)
+                self.retried += 1
+            else:
+                self._end(inst, req, RequestState.FAILED)
+        self._terminate(rec, reason)
+
+    def _terminate(self, rec: InstanceRecord, reason: str) -> None:
+        inst = self._instance(rec)
+        if not inst.terminated:
+            inst.evict()  # nothing left in it by now; stops its processes
+        if rec in self._pending:
+            self._pending.remove(rec)
+        rec.move(InstanceState.TERMINATED, self.env.now, self.timeline, reason)
+        node = rec.node
+        if node is not None:
+            node.release(rec.instance_id)
+            self._maybe_release_node(node)
+        self._place_pending()
+
+    def _end(self, inst: Instance, req: Request, state: RequestState) -> None:
+        req.state = state
+        req.completion_us = self.env.now
+        req.num_new_tokens = 0
+        if state is RequestState.DROPPED_ON_DRAIN:
+            self.dropped_on_drain += 1
+        else:
+            self.failed += 1
+        self.settle(inst, req)
+
+    def _reroute(self, index: int, req: Request) -> None:
+        self.router.finished(index)
+        req.restart()
+        self.router.reinject(req)
+
+    def _orphan(self, inst: Instance, req: Request) -> None:
+        """A request reached an instance that had stopped taking work in the same instant
+        (it was routed there just before): it shares the fate of that instance's requests."""
+        cause = self._end_cause.get(inst.index, "wait")
+        if cause == "immediate":
+            self._end(inst, req, RequestState.DROPPED_ON_DRAIN)
+        elif cause == "failure" and not self.lifecycle.retry_on_failure:
+            self._end(inst, req, RequestState.FAILED)
+        else:
+            self._reroute(inst.index, req)
+            if cause == "failure":
+                self.retried += 1
+            else:
+                self.redirected += 1
+
+    # ------------------------------------------------------------------ events
+    def _apply(self, event: EventSpec) -> None:
+        self._apply_event(event)
+        if self.check:
+            self.check_invariants()
+
+    def _apply_event(self, event: EventSpec) -> None:
+        policy = event.drain_policy or self.lifecycle.drain_policy
+        action = event.action
+        reason = f"event {action} at {event.at_s:g} s"
+        if action == "drain_instance":
+            self.drain(self.record(event.target), policy, reason)
+        elif action == "fail_instance":
+            self.fail(self.record(event.target), reason)
+        elif action == "add_instance":
+            deployment = event.deployment or self.plan.slots[0].deployment
+            self.add_instance(deployment, reason)
+        elif action == "add_node":
+            self.add_node(event.pool, reason)
+        elif action in ("drain_node", "fail_node"):
+            node = self.node(event.node)
+            if node is None or node.state is NodeState.TERMINATED:
+                return
+            if action == "drain_node" and node.state is NodeState.READY:
+                node.move(NodeState.DRAINING, self.env.now, self.timeline, reason)
+            for rec in self.records:
+                if rec.node is node and rec.state is not InstanceState.TERMINATED:
+                    if action == "fail_node":
+                        self.fail(rec, reason)
+                    else:
+                        self.drain(rec, policy, reason)
+            if action == "fail_node":
+                self._retire_node(node, reason)
+            else:
+                self._maybe_release_node(node)
+
+    def record(self, instance_id: str) -> InstanceRecord:
+        for rec in self.records:
+            if rec.instance_id == instance_id:
+                return rec
+        raise KeyError(instance_id)
+
+    def node(self, node_id: str) -> Node | None:
+        return next((n for n in self.nodes if n.node_id == node_id), None)
+
+    # ------------------------------------------------------------------ autoscaling
+    def _autoscale(self, scaler: Autoscaler):
+        spec = scaler.spec
+        interval_us = round(spec.interval_s * US_PER_S)
+        delay_us = round(spec.scrape_delay_s * US_PER_S)
+        while not self._nothing_left_to_scale(scaler):
+            yield event_after(self.env, interval_us, ROUTER)
+            value = self.signal(scaler.deployment, spec.signal)
+            if delay_us > 0:
+                event_after(self.env, delay_us, ROUTER).callbacks.append(
+                    lambda _e, v=value: self._scale(scaler, v)
+                )
+            else:
+                self._scale(scaler, value)
+
+    def _nothing_left_to_scale(self, scaler: Autoscaler) -> bool:
+        """Stop ticking once the traffic is over and the fleet is at rest: everything has
+        finished, or nothing runs, loads or provisions and the scaler just declined to act
+        (so a run cannot go on forever waiting for capacity that never comes)."""
+        exhausted, all_finished = self.is_done()
+        if not exhausted:
+            return False
+        if all_finished:
+            return True
+        busy = any(i.engine.has_work or i.pending_enqueue for i in self.instances)
+        loading = any(r.state is InstanceState.LOADING for r in self.records)
+        provisioning = any(n.state is NodeState.PROVISIONING for n in self.nodes)
+        return not (busy or loading or provisioning) and scaler.last_step == 0
+
+    def _live(self, deployment: str) -> list[InstanceRecord]:
+        return [
+            r
+            for s, r in zip(self.plan.slots, self.records, strict=True)
+            if s.deployment == deployment and r.live
+        ]
+
+    def _scale(self, scaler: Autoscaler, value: float) -> None:
+        now = self.env.now
+        live = self._live(scaler.deployment)
+        step = scaler.decide(now, value, len(live))
+        scaler.last_step = step
+        if self.check:
+            self.check_invariants()
+        scaler.samples.append((now, value, len(live)))
+        if step > 0:
+            self.add_instance(scaler.deployment, f"scale-up: {scaler.spec.signal}={value:.3g}")
+        elif step < 0:
+            # The newest serving instance goes first; one still coming up is cancelled first.
+            victim = max(live, key=lambda r: (r.state is not InstanceState.ACTIVE, r.created_us))
+            self.drain(victim, self.lifecycle.drain_policy, f"scale-down: {scaler.spec.signal}")
+
+    def signal(self, deployment: str, name: str) -> float:
+        """Mean per routable instance of the deployment; with none routable, the requests
+        waiting for one (so a fleet scaled to zero still sees demand)."""
+        indices = [
+            s.index
+            for s, r in zip(self.plan.slots, self.records, strict=True)
+            if s.deployment == deployment and r.routable
+        ]
+        if not indices:
+            model = self.plan.slots[
+                next(s.index for s in self.plan.slots if s.deployment == deployment)
+            ].model_key
+            return float(len(self.router.parked.get(model, ())))
+        values = []
+        for i in indices:
+            engine = self.instances[i].engine
+            if name == "kv_utilization":
+                values.append(engine.kv.used_blocks / engine.kv.total_blocks)
+            elif name == "queue_depth":
+                values.append(len(engine.waiting))
+            else:
+                values.append(self.router.in_flight[i])
+        return float(np.mean(values))
+
+    # ------------------------------------------------------------------ invariants
+    def check_invariants(self) -> None:
+        for node in self.nodes:
+            assert node.allocated_gpus + node.free_gpus == len(node.gpus), node
+            holders = {g for g in node.gpus if g is not None}
+            for holder in holders:
+                rec = self.record(holder)
+                assert rec.node is node and rec.state is not InstanceState.TERMINATED, rec
+        served = self.router.served
+        for key, indices in served.routable.items():
+            for i in indices:
+                assert self.records[i].routable and self.records[i].model == key, i
+        for scaler in self.autoscalers:
+            live = len(self._live(scaler.deployment))
+            assert live <= scaler.spec.max_instances, (scaler.deployment, live)
