@@ -29,6 +29,7 @@ from .latency.kv_capacity import (
 )
 from .metrics.results import Result
 from .scenario import (
+    PDSpec,
     Scenario,
     SyntheticWorkload,
     TraceSpec,
@@ -209,6 +210,7 @@ def plan_fleet(
             "deployments: prefill/decode disaggregation serves one model; these deployments "
             f"serve {', '.join(sorted(models))}"
         )
+    _check_pool_gpus(scenario)
     _check_pools(scenario, specs, resolved)
     extra = _extra_slots(scenario, specs)
     setups: list[InstanceSetup] = []
@@ -259,6 +261,8 @@ def plan_fleet(
         scenario = apply_overrides(
             scenario,
             {
+                "deployments": [],  # now described by the fleet plan
+                "cluster.num_instances": len(slots),
                 "cluster.pd.prefill_instances": counts["prefill"],
                 "cluster.pd.decode_instances": counts["decode"],
             },
@@ -282,7 +286,13 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
     }
     # The deployment is resolved as a single-model scenario of its own.
     base = scenario.model_copy(
-        update={"deployments": [], "events": [], "autoscaler": [], "node_pools": []}
+        update={
+            "deployments": [],
+            "events": [],
+            "autoscaler": [],
+            "node_pools": [],
+            "cluster": scenario.cluster.model_copy(update={"pd": PDSpec()}),
+        }
     )
     try:
         return resolve_deployment(
@@ -322,12 +332,13 @@ def _check_pools(
                 f"deployments[{d.name}]: tp {dep.tp} needs {dep.tp} GPUs on one node but "
                 f"{where} has at most {max(p.gpus_per_node for p in fitting)} per node"
             )
-    for i, pool in enumerate(pools):
+
+
+def _check_pool_gpus(scenario: Scenario) -> None:
+    extra = load_gpu_file(scenario.hardware_file) if scenario.hardware_file else None
+    for i, pool in enumerate(scenario.node_pools):
         try:
-            get_gpu(
-                pool.gpu_type,
-                load_gpu_file(scenario.hardware_file) if scenario.hardware_file else None,
-            )
+            get_gpu(pool.gpu_type, extra)
         except ConfigError as exc:
             raise ConfigError(f"node_pools[{i}].gpu_type: {exc}") from None
 

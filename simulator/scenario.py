@@ -218,11 +218,6 @@ class ClusterSpec(_Strict):
                     f"{pd.prefill_instances + pd.decode_instances} exceeds num_instances "
                     f"({self.num_instances})"
                 )
-        elif pd.decider != "never":
-            raise ValueError(
-                f"pd.decider {pd.decider!r} needs both pools: set prefill_instances and "
-                "decode_instances"
-            )
         return self
 
 
@@ -302,6 +297,13 @@ class Scenario(_Strict):
                     f"autoscaler[{i}].deployment: unknown deployment {a.deployment!r}; "
                     f"known: {', '.join(names) or 'none (no deployments)'}"
                 )
+        pd = self.cluster.pd
+        pd_roles = any(d.role != "unified" for d in self.deployments)
+        if pd.decider != "never" and not pd.enabled and not pd_roles:
+            raise ValueError(
+                f"cluster.pd.decider {pd.decider!r} needs both pools: set prefill_instances "
+                "and decode_instances (or deployments with role prefill and decode)"
+            )
         if self.deployments and self.cluster.num_instances != 1:
             raise ValueError(
                 f"cluster.num_instances: {self.cluster.num_instances}, but with `deployments` "

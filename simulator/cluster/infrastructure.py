@@ -186,6 +186,8 @@ class Infrastructure:
             return
         node.move(NodeState.READY, self.env.now, self.timeline, "provisioned")
         self._place_pending()
+        if self.check:
+            self.check_invariants()
 
     def _retire_node(self, node: Node, reason: str) -> None:
         if node.state is not NodeState.TERMINATED:
@@ -287,6 +289,8 @@ class Infrastructure:
             rec.move(InstanceState.ACTIVE, now, self.timeline, "loaded")
         self.router.served.make_routable(rec.model, self._index(rec))
         self.router.unpark(rec.model)
+        if self.check:
+            self.check_invariants()
 
     def on_completed(self, index: int) -> None:
         """A request completed on instance `index`: K completions end its warm-up."""
@@ -377,6 +381,8 @@ class Infrastructure:
             node.release(rec.instance_id)
             self._maybe_release_node(node)
         self._place_pending()
+        if self.check:
+            self.check_invariants()
 
     def _end(self, inst: Instance, req: Request, state: RequestState) -> None:
         req.state = state

@@ -1,0 +1,660 @@
+"""The changing fleet (SPEC §8, A6, A7): node pools, lifecycle, drains, failures, events,
+autoscaling and multi-model serving.
+
+Laws first (conservation of requests and GPUs, legal lifecycle edges, routability, autoscaler
+bounds), then timelines with known delays, then behaviour, then bad input."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import simulator
+from simulator.api import as_scenario, build_traffic, plan_fleet, resolve_deployment
+from simulator.cli import app
+from simulator.cluster.cluster import run_simulation
+from simulator.cluster.lifecycle import (
+    INSTANCE_EDGES,
+    NODE_EDGES,
+    IllegalTransition,
+    InstanceRecord,
+    InstanceState,
+    Node,
+    NodeState,
+    Timeline,
+    first_fit,
+)
+from simulator.engine.request import RequestState
+from simulator.errors import ConfigError
+from simulator.latency.base import StepBatch
+
+ROOT = Path(__file__).parents[2]
+US = 1_000_000
+
+
+def constant_workload(rate: float, n: int, prompt: int = 512, output: int = 64) -> dict:
+    return {
+        "rate": rate,
+        "num_requests": n,
+        "prompt_tokens": {"distribution": "constant", "value": prompt},
+        "output_tokens": {"distribution": "constant", "value": output},
+    }
+
+
+def run_checked(scenario: dict) -> simulator.Result:
+    """simulate(), with every engine, KV and fleet invariant asserted during the run. The KV
+    cache is kept small (the KV check walks every block each step)."""
+    scenario = {**scenario, "engine": {"total_kv_blocks": 1500, **scenario.get("engine", {})}}
+    sc = as_scenario(scenario)
+    deployment = resolve_deployment(sc)
+    setups, fleet, sc = plan_fleet(sc, deployment)
+    requests, _ = build_traffic(sc)
+    return run_simulation(
+        requests,
+        horizon_us=sc.horizon_us,
+        scenario=sc.model_dump(mode="json"),
+        cluster=sc.cluster,
+        seed=sc.seed,
+        model_name=deployment.model.name,
+        setups=setups,
+        fleet=fleet,
+        check_invariants=True,
+    )
+
+
+def assert_conserved(result: simulator.Result) -> None:
+    """Every request that arrived is in exactly one counted state, once."""
+    records = result.request_records
+    ids = [r.request_id for r in records]
+    assert len(ids) == len(set(ids))
+    states = Counter(r.state for r in records)
+    s = result.summary
+    rejected = states[RequestState.REJECTED]
+    assert s["injected_requests"] + rejected == len(records)
+    assert s["completed_requests"] == states[RequestState.COMPLETED]
+    assert s.get("dropped_on_drain", 0) == states[RequestState.DROPPED_ON_DRAIN]
+    assert s.get("failed_requests", 0) == states[RequestState.FAILED]
+    assert s["still_queued"] == states[RequestState.QUEUED] + states[RequestState.CREATED]
+    if result.fleet_metrics is not None:
+        assert result.fleet_metrics["dropped_on_drain"] == states[RequestState.DROPPED_ON_DRAIN]
+        assert result.fleet_metrics["failed_requests"] == states[RequestState.FAILED]
+
+
+def assert_legal_timeline(result: simulator.Result) -> None:
+    """Every recorded transition is an edge of the state machines, in time order."""
+    timeline = result.timeline
+    assert timeline.time_us.is_monotonic_increasing
+    for row in timeline.itertuples():
+        if row.from_state == "":
+            expected = "provisioning" if row.kind == "node" else "scheduling"
+            assert row.to_state == expected, row
+            continue
+        edges = NODE_EDGES if row.kind == "node" else INSTANCE_EDGES
+        kind = NodeState if row.kind == "node" else InstanceState
+        assert kind(row.to_state) in edges[kind(row.from_state)], row
+
+
+def assert_served_only_while_routable(result: simulator.Result) -> None:
+    """A request is scheduled on an instance only after it was loaded (routable) and before
+    it terminated, and only on an instance serving the request's model."""
+    fleet = result.fleet_instances.set_index("instance_id")
+    for r in result.request_records:
+        if r.first_schedule_us < 0:
+            continue
+        row = fleet.loc[r.instance_id]
+        assert r.first_schedule_us >= round(row.routable_s * US), r
+        if row.terminated_s == row.terminated_s:  # not NaN
+            assert r.completion_us <= round(row.terminated_s * US), r
+
+
+# ---------------------------------------------------------------------- plain state machines
+def test_lifecycle_refuses_illegal_edges():
+    timeline = Timeline()
+    rec = InstanceRecord("i0", "d", "m", 1, None)
+    with pytest.raises(IllegalTransition):
+        rec.move(InstanceState.ACTIVE, 0, timeline, "born active")
+    rec.move(InstanceState.SCHEDULING, 0, timeline, "created")
+    with pytest.raises(IllegalTransition):
+        rec.move(InstanceState.DRAINING, 1, timeline, "drain before loading")
+    rec.move(InstanceState.LOADING, 1, timeline, "placed")
+    rec.move(InstanceState.ACTIVE, 2, timeline, "loaded")
+    rec.move(InstanceState.DRAINING, 3, timeline, "drain")
+    with pytest.raises(IllegalTransition):
+        rec.move(InstanceState.ACTIVE, 4, timeline, "undrain")
+    rec.move(InstanceState.TERMINATED, 5, timeline, "drained")
+    assert [row.to_state for row in timeline.rows] == [
+        "scheduling", "loading", "active", "draining", "terminated"
+    ]  # fmt: skip
+
+
+def test_first_fit_takes_lowest_free_gpus_of_the_first_ready_node_that_fits():
+    timeline = Timeline()
+    a = Node("p-0", "p", "H100", [None] * 4, 0.0)
+    b = Node("p-1", "p", "H100", [None] * 4, 0.0)
+    for n in (a, b):
+        n.move(NodeState.READY, 0, timeline, "initial")
+    a.allocate("x", 3)
+    assert first_fit([a, b], "H100", 2, None) is b  # a has 1 free GPU
+    assert first_fit([a, b], "h100", 1, None) is a  # GPU type compared case-insensitively
+    assert first_fit([a, b], "A100", 1, None) is None
+    assert b.allocate("y", 2) == [0, 1]
+    assert b.gpu_ids("y") == ["p-1-gpu-0", "p-1-gpu-1"]
+    assert b.release("y") == 2 and b.free_gpus == 4
+    with pytest.raises(IllegalTransition):
+        a.allocate("z", 2)
+
+
+# ---------------------------------------------------------------------- timelines
+def test_instance_becomes_routable_exactly_after_provisioning_plus_loading():
+    """add_node at 10 s (30 s to provision) and add_instance at 10 s (5 s to load): the
+    instance waits in Scheduling until 40 s, is placed then, and is routable at 45 s."""
+    result = run_checked(
+        {
+            "node_pools": [
+                {
+                    "name": "p",
+                    "gpu_type": "H100",
+                    "gpus_per_node": 1,
+                    "initial_nodes": 1,
+                    "max_nodes": 2,
+                    "provisioning_delay": {"mean_s": 30},
+                }
+            ],  # fmt: skip
+            "deployments": [{"name": "d", "num_instances": 1}],
+            "instance_lifecycle": {"loading_delay": {"mean_s": 5}},
+            "events": [
+                {"at_s": 10, "action": "add_node", "pool": "p"},
+                {"at_s": 10, "action": "add_instance", "deployment": "d"},
+            ],
+            "workload": constant_workload(5, 300),
+        }
+    )
+    tl = result.timeline
+    late = tl[tl.id == "instance_1"]
+    assert list(zip(late.to_state, late.time_us, strict=True)) == [
+        ("scheduling", 10 * US),
+        ("loading", 40 * US),
+        ("active", 45 * US),
+    ]
+    first = tl[tl.id == "instance_0"]
+    assert first[first.to_state == "active"].time_us.item() == 5 * US  # loaded at 0 + 5 s
+    # Nothing is scheduled before an instance is routable: the first requests waited.
+    assert result.fleet_metrics["requests_waited_for_instance"] > 0
+    served_late = [r for r in result.request_records if r.instance_id == "instance_1"]
+    assert served_late and min(r.first_schedule_us for r in served_late) >= 45 * US
+    assert_conserved(result)
+    assert_legal_timeline(result)
+    assert_served_only_while_routable(result)
+
+
+def test_wait_drain_terminates_exactly_when_its_last_request_completes():
+    result = run_checked(
+        {
+            "cluster": {"num_instances": 2},
+            "instance_lifecycle": {"drain_policy": "wait"},
+            "events": [{"at_s": 10, "action": "drain_instance", "target": "instance_1"}],
+            "workload": constant_workload(20, 400),
+        }
+    )
+    tl = result.timeline
+    end = tl[(tl.id == "instance_1") & (tl.to_state == "terminated")].time_us.item()
+    mine = [r for r in result.request_records if r.instance_id == "instance_1"]
+    assert end == max(r.completion_us for r in mine)
+    assert end > 10 * US  # it had work when the drain began
+    assert all(r.state is RequestState.COMPLETED for r in result.request_records)
+    assert_conserved(result)
+
+
+def test_immediate_drain_counts_what_it_held_as_dropped_on_drain():
+    result = run_checked(
+        {
+            "cluster": {"num_instances": 2},
+            "instance_lifecycle": {"drain_policy": "immediate"},
+            "events": [{"at_s": 10, "action": "drain_instance", "target": "instance_1"}],
+            "workload": constant_workload(20, 400),
+        }
+    )
+    dropped = [r for r in result.request_records if r.state is RequestState.DROPPED_ON_DRAIN]
+    assert dropped and result.summary["dropped_on_drain"] == len(dropped)
+    assert all(r.instance_id == "instance_1" and r.completion_us == 10 * US for r in dropped)
+    tl = result.timeline
+    assert tl[(tl.id == "instance_1") & (tl.to_state == "terminated")].time_us.item() == 10 * US
+    assert_conserved(result)
+
+
+def test_redirect_hands_queued_requests_back_and_counts_each_once():
+    """A batch cap of 4 keeps a queue on the drained instance: those requests are re-routed
+    to instance_0 and complete there, counted once."""
+    result = run_checked(
+        {
+            "cluster": {"num_instances": 2},
+            "engine": {"max_num_running_reqs": 4},
+            "instance_lifecycle": {"drain_policy": "redirect"},
+            "events": [{"at_s": 5, "action": "drain_instance", "target": "instance_1"}],
+            "workload": constant_workload(40, 400),
+        }
+    )
+    moved = [r for r in result.request_records if r.reroutes]
+    assert moved and len(moved) == result.fleet_metrics["redirected_requests"]
+    assert all(r.instance_id == "instance_0" for r in moved)
+    assert all(r.state is RequestState.COMPLETED for r in result.request_records)
+    # Input tokens are counted where requests are served, so once each.
+    served = sum(r.input_tokens for r in result.request_records)
+    assert result.summary["total_input_tokens"] == served
+    assert_conserved(result)
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_failed_node_loses_or_retries_its_in_flight_requests(retry):
+    result = run_checked(
+        {
+            "node_pools": [
+                {
+                    "name": "p",
+                    "gpu_type": "H100",
+                    "gpus_per_node": 1,
+                    "initial_nodes": 2,
+                    "max_nodes": 2,
+                }
+            ],  # fmt: skip
+            "cluster": {"num_instances": 2},
+            "instance_lifecycle": {"retry_on_failure": retry},
+            "events": [{"at_s": 10, "action": "fail_node", "node": "p-1"}],
+            "workload": constant_workload(20, 400),
+        }
+    )
+    tl = result.timeline
+    assert tl[(tl.id == "p-1") & (tl.to_state == "terminated")].time_us.item() == 10 * US
+    states = Counter(r.state for r in result.request_records)
+    if retry:
+        assert states[RequestState.FAILED] == 0
+        assert result.fleet_metrics["retried_requests"] > 0
+        assert states[RequestState.COMPLETED] == 400
+    else:
+        assert states[RequestState.FAILED] == result.summary["failed_requests"] > 0
+    assert_conserved(result)
+    assert_served_only_while_routable(result)
+
+
+def test_warm_up_multiplies_the_prefill_cost_of_the_first_requests():
+    """One request alone on a fresh instance: its prefill is the whole step, so the step
+    costs factor × t(prefill) and TTFT grows by exactly round((factor − 1) × t)."""
+    base = {"workload": constant_workload(1, 1, prompt=1000, output=4)}
+    cold = simulator.simulate(base)
+    lifecycle = {"warm_up_request_count": 1, "warm_up_ttft_factor": 3.0}
+    warm = simulator.simulate({**base, "instance_lifecycle": lifecycle})
+    model = resolve_deployment(as_scenario(base)).step_model
+    prefill_us = model.step_time_us(StepBatch([(0, 1000)], 0, 0, [1000]))
+    cold_ttft = cold.request_records[0].first_token_us - cold.request_records[0].arrival_us
+    warm_ttft = warm.request_records[0].first_token_us - warm.request_records[0].arrival_us
+    assert warm_ttft - cold_ttft == round(2.0 * prefill_us)
+    # Decode steps are not slowed: the gap from first to last token is the same.
+    c, w = cold.request_records[0], warm.request_records[0]
+    assert c.last_token_us - c.first_token_us == w.last_token_us - w.first_token_us
+    tl = warm.timeline
+    assert list(tl[tl.kind == "instance"].to_state) == [
+        "scheduling", "loading", "warming_up", "active"
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------- multi-model
+def client(
+    client_id: str, model: str, fraction: float, start_s: float = 0, end_s: float = 0
+) -> dict:
+    """A Poisson client of 512 → 128-token requests; active only from start_s to end_s when
+    end_s is given."""
+    spec = {
+        "id": client_id,
+        "model": model,
+        "rate_fraction": fraction,
+        "arrival": {"process": "poisson"},
+        "input_distribution": {"type": "constant", "params": {"value": 512}},
+        "output_distribution": {"type": "constant", "params": {"value": 128}},
+    }
+    if end_s:
+        spec["lifecycle"] = {"windows": [{"start_us": start_s * US, "end_us": end_s * US}]}
+    return spec
+
+
+def two_models(**extra) -> dict:
+    return {
+        "deployments": [
+            {"name": "small", "model": "meta-llama/llama-3.1-8b-instruct", "num_instances": 2},
+            {"name": "qwen", "model": "qwen/qwen3-14b", "tp": 2, "num_instances": 1},
+        ],
+        "workload": {
+            "version": "2",
+            "seed": 3,
+            "aggregate_rate": 20,
+            "num_requests": 400,
+            "clients": [
+                client("a", "meta-llama/llama-3.1-8b-instruct", 0.5),
+                client("b", "Qwen/Qwen3-14B", 0.4),  # model names match case-insensitively
+                client("c", "nobody/serves-this", 0.1),
+            ],  # fmt: skip
+        },
+        **extra,
+    }
+
+
+def test_requests_go_only_to_instances_serving_their_model():
+    result = run_checked(two_models())
+    models = dict(zip(result.instance_ids, result.instance_models, strict=True))
+    assert models == {
+        "instance_0": "meta-llama/llama-3.1-8b-instruct",
+        "instance_1": "meta-llama/llama-3.1-8b-instruct",
+        "instance_2": "qwen/qwen3-14b",
+    }
+    for r in result.request_records:
+        if r.client_id == "c":
+            assert r.state is RequestState.REJECTED
+        else:
+            assert models[r.instance_id] == r.model.lower(), r
+    rejected = sum(r.client_id == "c" for r in result.request_records)
+    assert result.routing_rejections == rejected > 0
+    table = result.per_model.set_index("model")
+    assert table.requests.sum() == len(result.request_records)
+    assert table.completed.sum() == result.summary["completed_requests"]
+    assert table.loc["nobody/serves-this", "rejected"] == rejected
+    assert table.loc["qwen/qwen3-14b", "instances"] == 1
+    assert "=== Per-Model Metrics ===" in result.report_text()
+    assert_conserved(result)
+
+
+def test_untagged_requests_go_to_the_first_deployment():
+    result = simulator.simulate(
+        {
+            "deployments": [
+                {"name": "a", "model": "qwen/qwen3-14b", "tp": 2, "num_instances": 1},
+                {"name": "b", "model": "meta-llama/llama-3.1-8b-instruct", "num_instances": 1},
+            ],
+            "workload": constant_workload(5, 50),
+        }
+    )
+    assert {r.instance_id for r in result.request_records} == {"instance_0"}
+
+
+def test_pd_roles_come_from_deployments():
+    result = simulator.simulate(
+        {
+            "deployments": [
+                {"name": "dec", "role": "decode", "num_instances": 1},
+                {"name": "pre", "role": "prefill", "num_instances": 1},
+            ],
+            "cluster": {"pd": {"decider": "always"}},
+            "workload": constant_workload(10, 100),
+        }
+    )
+    assert result.instance_roles == ["prefill", "decode"]  # prefill pool first
+    assert result.pd_metrics["disaggregated_requests"] == 100
+
+
+# ---------------------------------------------------------------------- autoscaler
+SPIKE = {
+    "seed": 7,
+    # A batch cap of 16 makes one instance's capacity small (about 14 req/s here), so the
+    # spike (5 → 30 req/s from 15 s to 55 s) overloads it and the test stays quick.
+    "engine": {"max_num_running_reqs": 16},
+    "node_pools": [
+        {
+            "name": "h100",
+            "gpu_type": "H100",
+            "gpus_per_node": 2,
+            "initial_nodes": 1,
+            "min_nodes": 1,
+            "max_nodes": 2,
+            "provisioning_delay": {"mean_s": 5},
+            "cost_per_hour": 24.0,
+        }
+    ],  # fmt: skip
+    "deployments": [{"name": "llama", "num_instances": 1}],
+    "instance_lifecycle": {
+        "initial_instances_loaded": True,
+        "loading_delay": {"mean_s": 3},
+        "warm_up_request_count": 4,
+        "warm_up_ttft_factor": 2.0,
+    },
+    "autoscaler": [
+        {
+            "signal": "in_flight",
+            "scale_up_threshold": 12,
+            "scale_down_threshold": 3,
+            "min_instances": 1,
+            "max_instances": 4,
+            "interval_s": 2,
+            "scrape_delay_s": 1,
+            "scale_down_stabilization_s": 10,
+        }
+    ],  # fmt: skip
+    "workload": {
+        "version": "2",
+        "seed": 7,
+        "aggregate_rate": 30,
+        "horizon": 90 * US,
+        "clients": [
+            client("steady", "", 1 / 6),
+            client("spike", "", 5 / 6, start_s=15, end_s=55),
+        ],  # fmt: skip
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def spike():
+    # Unchecked runs: the per-step engine checks would dominate this longer run; the laws are
+    # asserted on the outcome instead.
+    return simulator.simulate(SPIKE), simulator.simulate({**SPIKE, "autoscaler": []})
+
+
+def p99_ttft(result, start_s: float, end_s: float) -> float:
+    df = result.requests
+    window = df[(df.arrival_us >= start_s * US) & (df.arrival_us < end_s * US)]
+    return float(window.ttft_ms.quantile(0.99))
+
+
+def test_autoscaled_fleet_recovers_from_a_spike_and_pays_for_it(spike):
+    scaled, fixed = spike
+    tl = scaled.timeline
+    ready = tl[(tl.kind == "instance") & (tl.to_state == "active")]
+    last_ready_s = ready.time_s.max()
+    assert 15 < last_ready_s < 45  # the added instances were warm well before the spike ended
+    # Late in the spike the scaled fleet serves promptly; the fixed one is drowning.
+    late = p99_ttft(scaled, last_ready_s + 5, 55)
+    assert late < 500
+    assert p99_ttft(fixed, last_ready_s + 5, 55) > 10 * late
+    assert p99_ttft(scaled, 15, last_ready_s) > late  # before recovery it was worse
+    assert scaled.fleet_metrics["gpu_cost_usd"] > fixed.fleet_metrics["gpu_cost_usd"]
+    assert scaled.fleet_metrics["autoscaler_llama_scale_ups"] >= 1
+    assert scaled.fleet_metrics["autoscaler_llama_scale_downs"] >= 1  # after the spike
+    assert_conserved(scaled)
+    assert_legal_timeline(scaled)
+    assert_served_only_while_routable(scaled)
+
+
+def test_autoscaler_stays_within_min_and_max(spike):
+    scaled, _ = spike
+    live = 0
+    most = 0
+    for row in scaled.timeline[scaled.timeline.kind == "instance"].itertuples():
+        if row.from_state == "":
+            live += 1
+        elif row.to_state in ("draining", "terminated") and row.from_state not in ("draining",):
+            live -= 1
+        most = max(most, live)
+        assert live >= 0
+    assert most <= 4
+    nodes = scaled.nodes
+    assert len(nodes) <= 3
+
+
+def test_fleet_runs_are_deterministic():
+    a = simulator.simulate(SPIKE)
+    b = simulator.simulate(SPIKE)
+    assert json.dumps(a.summary) == json.dumps(b.summary)
+    assert a.timeline.equals(b.timeline)
+
+
+# ---------------------------------------------------------------------- random fleets
+events = st.lists(
+    st.tuples(
+        st.integers(0, 30),
+        st.sampled_from(
+            [
+                "drain_instance",
+                "fail_instance",
+                "add_instance",
+                "add_node",
+                "fail_node",
+                "drain_node",
+            ]
+        ),  # fmt: skip
+        st.integers(0, 3),
+        st.sampled_from(["immediate", "wait", "redirect"]),
+    ),
+    max_size=5,
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    events=events,
+    retry=st.booleans(),
+    rate=st.sampled_from([10, 40]),
+    loading_s=st.sampled_from([0, 3]),
+    warm=st.integers(0, 3),
+)
+def test_random_fleet_changes_keep_every_law(events, retry, rate, loading_s, warm):
+    spec = []
+    for at_s, action, k, policy in events:
+        e = {"at_s": at_s, "action": action}
+        if action in ("drain_instance", "fail_instance"):
+            e["target"] = f"instance_{k % 3}"
+            e["drain_policy"] = policy
+        elif action == "add_node":
+            e["pool"] = "p"
+        elif action in ("fail_node", "drain_node"):
+            e["node"] = f"p-{k % 2}"
+            e["drain_policy"] = policy
+        else:
+            e["deployment"] = "d"
+        spec.append(e)
+    result = run_checked(
+        {
+            "node_pools": [
+                {
+                    "name": "p",
+                    "gpu_type": "H100",
+                    "gpus_per_node": 2,
+                    "initial_nodes": 2,
+                    "max_nodes": 3,
+                    "provisioning_delay": {"mean_s": 2},
+                }
+            ],  # fmt: skip
+            "deployments": [{"name": "d", "num_instances": 3}],
+            "engine": {"max_num_running_reqs": 8},
+            "instance_lifecycle": {
+                "retry_on_failure": retry,
+                "loading_delay": {"mean_s": loading_s},
+                "warm_up_request_count": warm,
+                "warm_up_ttft_factor": 1.5,
+            },
+            "events": spec,
+            "workload": constant_workload(rate, 150, prompt=256, output=16),
+        }
+    )
+    assert_conserved(result)
+    assert_legal_timeline(result)
+    assert_served_only_while_routable(result)
+    for node in result.nodes.itertuples():
+        assert node.gpus == 2
+
+
+# ---------------------------------------------------------------------- scenarios and CLI
+FLEET_SCENARIOS = ["autoscale_spike", "rolling_drain", "node_failure", "multi_model"]
+
+
+@pytest.mark.parametrize("name", FLEET_SCENARIOS)
+def test_shipped_fleet_scenarios_plan(name):
+    sc = simulator.load_scenario(ROOT / "scenarios" / f"{name}.yaml")
+    _, fleet, _ = plan_fleet(sc, resolve_deployment(sc))
+    assert fleet is not None
+
+
+def test_cli_writes_the_timeline(tmp_path):
+    out = tmp_path / "timeline.csv"
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(ROOT / "scenarios" / "node_failure.yaml"),
+            "--num-requests",
+            "200",
+            "--timeline-path",
+            str(out),
+            "--quiet",
+        ],  # fmt: skip
+    )
+    assert res.exit_code == 0, res.output
+    assert "=== Fleet Metrics ===" in res.output
+    lines = out.read_text().splitlines()
+    assert lines[0] == "time_us,time_s,kind,id,from_state,to_state,reason"
+    assert any("fail_node" in line for line in lines)
+
+
+BAD = [
+    ({"node_pools": [{"name": "p", "gpu_type": "X9", "max_nodes": 1}]}, "unknown GPU 'X9'"),
+    (
+        {"node_pools": [{"name": "p", "gpu_type": "A100-80", "max_nodes": 1}]},
+        "runs on GPU 'H100' but any node pool has gpu_type A100-80",
+    ),
+    (
+        {"node_pools": [{"name": "p", "gpu_type": "H100", "min_nodes": 3, "max_nodes": 2}]},
+        "min_nodes (3) must be <= max_nodes (2)",
+    ),
+    (
+        {"events": [{"at_s": 1, "action": "drain_instance", "target": "instance_9"}]},
+        "events[0].target: unknown instance 'instance_9'",
+    ),
+    (
+        {"events": [{"at_s": 1, "action": "fail_node", "node": "p-0"}]},
+        "events[0].node: 'p-0', but the scenario has no node_pools",
+    ),
+    (
+        {"deployments": [{"name": "x", "model": "acme/no-such-model"}]},
+        "deployments[x]:",
+    ),
+    (
+        {"autoscaler": [{"scale_up_threshold": 5, "min_instances": 3, "max_instances": 2}]},
+        "min_instances (3) must be <= max_instances (2)",
+    ),
+    (
+        {"deployments": [{"name": "a", "pool": "nope"}]},
+        "deployments[0].pool: unknown node pool 'nope'",
+    ),
+    (
+        {"deployments": [{"name": "a"}], "cluster": {"num_instances": 3}},
+        "cluster.num_instances: 3, but with `deployments`",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), BAD, ids=[m for _, m in BAD])
+def test_bad_fleet_input_is_one_line_and_exit_2(extra, message, tmp_path):
+    path = tmp_path / "bad.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump({"workload": constant_workload(5, 10), **extra}))
+    res = CliRunner().invoke(app, ["run", str(path), "--results-path", str(tmp_path / "r.json")])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r.json").exists()
+    with pytest.raises(ConfigError):
+        simulator.simulate(str(path))
