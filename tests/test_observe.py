@@ -130,7 +130,12 @@ def test_recorded_timing_matches_the_servers_clock(stub):
 
 def test_request_body_forces_the_output_length_and_asks_for_usage(stub):
     stub.configure()
-    observe(traffic(n=1, output=7), server_url=stub.url, model=MODEL)
+    reports: list[dict] = []
+    observe(traffic(n=1, output=7), server_url=stub.url, model=MODEL, progress=reports.append)
+    # Progress: once when the request is sent, once when it finished.
+    assert reports[0]["sent"] == 1 and reports[0]["ok"] == 0
+    assert reports[-1] == {"sent": 1, "ok": 1, "error": 0, "timeout": 0, "incomplete": 0,
+                           "in_flight": 0}  # fmt: skip
     body = stub.log()[0]["body"]
     assert body["max_tokens"] == body["min_tokens"] == 7
     assert body["ignore_eos"] is True

@@ -295,6 +295,7 @@ class _Dispatcher:
         m = Measurement()
         opts = self.options
         self.counts["sent"] += 1
+        self._report()
         headers = {"X-Request-Id": f"servesim-{request_id}"}
         if req.tenant_id:
             headers["x-gateway-inference-fairness-id"] = req.tenant_id
@@ -331,6 +332,9 @@ class _Dispatcher:
         # Leave the in-flight set before waking the dispatcher, which ends when it is empty.
         self.in_flight.discard(asyncio.current_task())
         self._wake()
+        self._report()
+
+    def _report(self) -> None:
         if self.progress is not None:
             self.progress(dict(self.counts, in_flight=len(self.in_flight)))
 
