@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from simulator.api import build_requests
+from simulator.api import build_requests, replay
 from simulator.cli import app
 from simulator.errors import ConfigError
 from simulator.observe import observe
@@ -176,7 +176,7 @@ def test_chat_and_non_streaming_responses(stub, api_format, streaming):
 # ------------------------------------------------------------------------------- faults
 
 
-def test_errors_and_timeouts_are_recorded_not_lost(stub):
+def test_errors_and_timeouts_are_recorded_not_lost(stub, tmp_path):
     stub.configure(
         ttft_ms=5,
         itl_ms=2,
@@ -203,6 +203,9 @@ def test_errors_and_timeouts_are_recorded_not_lost(stub):
     assert by_id["4"].status == "timeout" and by_id["4"].num_chunks == 0
     assert all("\n" not in r.error_message for r in obs.rows)
     assert obs.counts() == {"ok": 2, "error": 3, "timeout": 1, "incomplete": 0}
+    # Failed rows still replay: the server saw their load (output = tokens it produced).
+    obs.write_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert len(replay(tmp_path / "t.yaml", tmp_path / "t.csv").requests) == 6
 
 
 def test_max_concurrency_queues_requests_at_the_client(stub):
@@ -449,3 +452,22 @@ def test_ctrl_c_writes_what_was_measured_marked_incomplete(stub, tmp_path):
     assert 6 <= len(rows) < 1000
     assert [r.request_id for r in rows] == [str(i) for i in range(len(rows))]
     assert_causal(rows)
+
+
+def test_workload_spec_file_with_num_requests_override(stub, tmp_path):
+    stub.configure(ttft_ms=5, itl_ms=1)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "version: '2'\naggregate_rate: 50\nnum_requests: 100\nclients:\n"
+        "  - id: a\n    rate_fraction: 1\n    arrival: {process: poisson}\n"
+        "    input_distribution: {type: constant, params: {value: 12}}\n"
+        "    output_distribution: {type: constant, params: {value: 2}}\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    args = observe_args(stub, out, "--workload-spec", spec, "--num-requests", 3, "--quiet")
+    result = invoke(args)
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out / "trace.csv")
+    assert len(rows) == 3 and all(r.client_id == "a" and r.input_tokens == 12 for r in rows)
+    assert read_header(out / "trace.yaml")["workload_spec"] == str(spec)
