@@ -64,28 +64,15 @@ async def observe_async(
 
 
 def observe(
-    scenario: Scenario | dict | str | Path,
-    *,
-    server_url: str,
-    model: str,
-    progress: Progress | None = None,
-    handle_interrupt: bool = True,
-    **options: Any,
+    scenario: Scenario | dict | str | Path, *, server_url: str, model: str, **options: Any
 ) -> Observation:
     """Send the scenario's traffic to `server_url` and record every request.
 
     Keyword options are the fields of `ObserveOptions` (api_format, streaming,
     max_concurrency, warmup_requests, api_key, rtt_ms, force_output, record_itl,
-    request_timeout_s, server_type). A server that is down, not OpenAI-compatible or does not
-    serve `model` raises ConfigError before anything is sent.
+    request_timeout_s, server_type), plus `progress` (called with counts after each send and
+    each finish) and `handle_interrupt` (Ctrl-C returns what was measured; default on). A
+    server that is down, not OpenAI-compatible or does not serve `model` raises ConfigError
+    before anything is sent.
     """
-    return run_observation(
-        observe_async(
-            scenario,
-            server_url=server_url,
-            model=model,
-            progress=progress,
-            handle_interrupt=handle_interrupt,
-            **options,
-        )
-    )
+    return run_observation(observe_async(scenario, server_url=server_url, model=model, **options))
