@@ -224,6 +224,7 @@ class _Dispatcher:
         self.next_planned: Request | None = next(self.planned, None)
         self.follow_ups: list[tuple[int, int, Request]] = []  # heap by arrival
         self.follow_up_order = itertools.count()
+        self.request_ids = itertools.count()
         self.sessions = sessions
         self.server = server
         self.options = options
@@ -269,7 +270,6 @@ class _Dispatcher:
             self.waiter = None
 
     async def dispatch(self) -> None:
-        request_ids = itertools.count()
         prepared: tuple[Request, dict] | None = None
         while True:
             req = self._peek()
@@ -287,11 +287,14 @@ class _Dispatcher:
                 continue  # re-check: a follow-up may now come first
             self._pop(req)
             await self.slots.acquire()
-            task = asyncio.create_task(self._one(req, next(request_ids), prepared[1]))
+            task = asyncio.create_task(self._one(req, prepared[1]))
             self.in_flight.add(task)
             task.add_done_callback(self.in_flight.discard)
 
-    async def _one(self, req: Request, request_id: int, body: dict[str, Any]) -> None:
+    async def _one(self, req: Request, body: dict[str, Any]) -> None:
+        # Numbered when it starts (tasks start in creation order), so a request cancelled
+        # before it ran leaves no gap in the ids.
+        request_id = next(self.request_ids)
         m = Measurement()
         opts = self.options
         self.counts["sent"] += 1
