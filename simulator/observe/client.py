@@ -215,14 +215,15 @@ class OpenAIServer:
 
     async def send(
         self,
-        body: dict[str, Any],
+        content: bytes,
         headers: dict[str, str],
         clock: Clock,
         m: Measurement,
         record_chunks: bool = False,
     ) -> None:
-        """POST one request and record into `m`; never raises for a failed request (the
-        failure is the record), except cancellation, which the caller records."""
+        """POST one request (`content`: the encoded JSON body) and record into `m`; never
+        raises for a failed request (the failure is the record), except cancellation, which
+        the caller records."""
         url = self.base_url + API_FORMATS[self.api_format]
         m.send_us = clock.now_us()
 
@@ -234,7 +235,11 @@ class OpenAIServer:
 
         try:
             async with self.client.stream(
-                "POST", url, json=body, headers=headers, extensions={"trace": on_wire}
+                "POST",
+                url,
+                content=content,
+                headers={**headers, "Content-Type": "application/json"},
+                extensions={"trace": on_wire},
             ) as response:
                 if response.status_code != 200:
                     m.fail(

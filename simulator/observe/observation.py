@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import heapq
 import itertools
+import json
 import math
 import os
 import signal
@@ -270,7 +271,7 @@ class _Dispatcher:
             self.waiter = None
 
     async def dispatch(self) -> None:
-        prepared: tuple[Request, dict] | None = None
+        prepared: tuple[Request, bytes] | None = None
         while True:
             req = self._peek()
             if req is None:
@@ -280,7 +281,8 @@ class _Dispatcher:
                 continue
             if prepared is None or prepared[0] is not req:
                 # Build the body while waiting, not after the request is due.
-                prepared = (req, self.server.body(prompt_text(req), req.output_tokens))
+                body = self.server.body(prompt_text(req), req.output_tokens)
+                prepared = (req, json.dumps(body).encode("utf-8"))
             delay_us = req.arrival_us - self.clock.now_us()
             if delay_us > 0:
                 await self._wait_wake(delay_us / 1e6)
@@ -291,7 +293,7 @@ class _Dispatcher:
             self.in_flight.add(task)
             task.add_done_callback(self.in_flight.discard)
 
-    async def _one(self, req: Request, body: dict[str, Any]) -> None:
+    async def _one(self, req: Request, content: bytes) -> None:
         # Numbered when it starts (tasks start in creation order), so a request cancelled
         # before it ran leaves no gap in the ids.
         request_id = next(self.request_ids)
@@ -310,7 +312,7 @@ class _Dispatcher:
             timeout_s = opts.request_timeout_s
         try:
             async with asyncio.timeout(timeout_s):
-                await self.server.send(body, headers, self.clock, m, opts.record_itl)
+                await self.server.send(content, headers, self.clock, m, opts.record_itl)
         except TimeoutError:
             m.fail("timeout", f"no complete response within {timeout_s:.3f} s")
         except asyncio.CancelledError:
