@@ -247,6 +247,7 @@ def test_prefix_groups_share_prompt_text_and_replay_with_their_length(stub, tmp_
     assert all((r.prefix_group, r.prefix_length, r.input_tokens) == ("docs", 30, 10)
                for r in obs.rows)  # fmt: skip
     obs.write_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert read_rows(tmp_path / "t.csv") == obs.rows  # the file holds exactly the record
     _, replayed = load_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
     assert all(r.input_tokens == 40 for r in replayed)
 

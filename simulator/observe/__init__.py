@@ -8,6 +8,7 @@ simulates and `servesim calibrate` compares against.
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ def _describe(sc: Scenario) -> str:
     workload = sc.workload
     if workload is None:
         return "distribution defaults"
-    return "inline workload: " + str(workload.model_dump(mode="json", exclude_none=True))
+    return "inline workload: " + json.dumps(workload.model_dump(mode="json", exclude_none=True))
 
 
 async def observe_async(

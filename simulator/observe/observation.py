@@ -35,6 +35,7 @@ from ..workload.trace import (
     TRACE_V3_COLUMNS,
     TraceRow,
     atomic_target,
+    format_float,
     group_prefix_tokens,
     write_trace_files,
 )
@@ -169,10 +170,17 @@ def write_chunk_times(path: Path, rows: Iterable[tuple[str, int, int]]) -> None:
 
 
 def _csv_fields(row: TraceRow) -> list[str]:
-    return [
-        str(getattr(row, name)).lower() if name == "streaming" else str(getattr(row, name))
-        for name in TRACE_V3_COLUMNS
-    ]
+    """The row's CSV fields, formatted as the simulator's own trace export formats them."""
+    fields = []
+    for name in TRACE_V3_COLUMNS:
+        value = getattr(row, name)
+        if isinstance(value, bool):
+            fields.append("true" if value else "false")
+        elif isinstance(value, float):
+            fields.append(format_float(value))
+        else:
+            fields.append(str(value))
+    return fields
 
 
 def _row(request_id: int, req: Request, m: Measurement, streaming: bool) -> TraceRow:

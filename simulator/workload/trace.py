@@ -525,7 +525,7 @@ def group_prefix_tokens(req: Request) -> int:
     return length
 
 
-def _fmt_float(value: float) -> str:
+def format_float(value: float) -> str:
     # Like Go's FormatFloat(v, 'f', -1): shortest round-trip digits, never an exponent.
     return np.format_float_positional(float(value), trim="-")
 
@@ -566,7 +566,7 @@ def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[s
         str(req.image_tokens),
         str(req.audio_tokens),
         str(req.video_tokens),
-        _fmt_float(req.reason_ratio),
+        format_float(req.reason_ratio),
         req.model,
         str(req.deadline_us),
         str(req.input_tokens),
