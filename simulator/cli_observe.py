@@ -173,6 +173,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(observation.summary_text())
             interrupted = observation.interrupted
 
-        _guarded(go)
+        try:
+            _guarded(go)
+        except KeyboardInterrupt:
+            # Ctrl-C before the first request could be sent (the pre-flight check).
+            typer.echo("interrupted before any request was sent; nothing written", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         if interrupted:
             raise typer.Exit(EXIT_INTERRUPTED)

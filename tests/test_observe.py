@@ -294,11 +294,11 @@ def test_closed_loop_sessions_send_the_next_round_after_the_previous_one(stub):
 # ------------------------------------------------------------------------------- CLI
 
 
-def observe_args(stub, tmp_path, *extra) -> list:
+def observe_args(stub, tmp_path, *extra, url: str | None = None) -> list:
     return [
         "observe",
         "--server-url",
-        stub.url,
+        url or stub.url,
         "--model",
         MODEL,
         "--trace-header",
@@ -472,3 +472,19 @@ def test_workload_spec_file_with_num_requests_override(stub, tmp_path):
     rows = read_rows(out / "trace.csv")
     assert len(rows) == 3 and all(r.client_id == "a" and r.input_tokens == 12 for r in rows)
     assert read_header(out / "trace.yaml")["workload_spec"] == str(spec)
+
+
+def test_ctrl_c_during_the_preflight_check_writes_nothing(tmp_path):
+    """A server that accepts the connection but never answers; Ctrl-C while waiting."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        args = observe_args(None, tmp_path, *TRAFFIC_FLAGS, url=url)
+        result = invoke(args)
+        timer.join()
+    assert result.exit_code == 130, result.output
+    assert "interrupted before any request was sent" in result.stderr
+    assert not list(tmp_path.iterdir())
