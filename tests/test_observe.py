@@ -464,8 +464,7 @@ def test_workload_spec_file_with_num_requests_override(stub, tmp_path):
         "    input_distribution: {type: constant, params: {value: 12}}\n"
         "    output_distribution: {type: constant, params: {value: 2}}\n"
     )
-    out = tmp_path / "out"
-    out.mkdir()
+    out = tmp_path / "new" / "folder"  # created when the trace is written
     args = observe_args(stub, out, "--workload-spec", spec, "--num-requests", 3, "--quiet")
     result = invoke(args)
     assert result.exit_code == 0, result.output

@@ -144,6 +144,9 @@ class Observation:
         header_text = yaml.safe_dump(self.header, sort_keys=False, allow_unicode=True)
         rows = (_csv_fields(row) for row in self.rows)
         header_path, data_path = Path(header_path), Path(data_path)
+        for path in (header_path, data_path, itl_path):
+            if path is not None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_trace_files(header_path, data_path, header_text, TRACE_V3_COLUMNS, rows)
         written = [header_path, data_path]
         if itl_path is not None:
