@@ -50,15 +50,13 @@ class Measurement:
 
     def fail(self, status: str, message: str) -> None:
         self.status = status
-        self.error_message = " ".join(message.split())[:MAX_ERROR_CHARS]
+        self.error_message = _one_line(message)
 
     def output_tokens(self) -> int:
         """Tokens the server produced: its own count, else the text chunks received."""
-        return (
-            self.server_output_tokens
-            if self.server_output_tokens is not None
-            else (self.num_chunks)
-        )
+        if self.server_output_tokens is not None:
+            return self.server_output_tokens
+        return self.num_chunks
 
 
 def normalize_server_url(url: str) -> str:
