@@ -294,11 +294,23 @@ def _workload_flags(
         Path | None, _opt("--workload-spec", _WL, "BLIS v2 workload YAML")
     ] = None,
     prefix_tokens: Annotated[int | None, _opt("--prefix-tokens", _WL, "shared prefix")] = None,
+) -> None:
+    """Template: the traffic flags of `run` (and `observe`)."""
+
+
+def _trace_output_flag(
     trace_output: Annotated[
         str | None, _opt("--trace-output", _OUT, "write TraceV2 PREFIX.yaml + PREFIX.csv")
     ] = None,
 ) -> None:
-    """Template: the flags of `run` only."""
+    """Template: `run`'s trace export."""
+
+
+def workload_overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    """Synthetic-workload overrides (`workload.rate`, ...) from the traffic flags given."""
+    return {
+        path: flags[name] for name, path in WORKLOAD_FIELDS.items() if flags.get(name) is not None
+    }
 
 
 def _with_flags(*templates: Callable) -> Callable:
@@ -472,7 +484,7 @@ def _guarded(fn: Callable[[], None]) -> None:
 
 
 @app.command()
-@_with_flags(_common_flags, _workload_flags)
+@_with_flags(_common_flags, _workload_flags, _trace_output_flag)
 def run(
     scenario: Annotated[
         Path | None, typer.Argument(help="scenario YAML (flags override its fields)")
@@ -486,11 +498,7 @@ def run(
         overrides = _overrides(flags)
         if flags.get("workload_spec") is not None:
             overrides["workload_spec"] = flags["workload_spec"]
-        workload = {
-            path: flags[name]
-            for name, path in WORKLOAD_FIELDS.items()
-            if flags.get(name) is not None
-        }
+        workload = workload_overrides(flags)
         _execute(
             scenario,
             overrides,
@@ -697,12 +705,14 @@ def validate_cmd(
 
 def _register_extras() -> None:
     from .cli_extras import register as register_plot
+    from .cli_observe import register as register_observe
     from .cli_plan import register as register_plan
     from .cli_sweep import register as register_sweep
 
     register_plot(app)
     register_sweep(app)
     register_plan(app)
+    register_observe(app)
 
 
 _register_extras()

@@ -515,7 +515,7 @@ def trace_status(req: Request) -> tuple[str, str, str]:
     return "incomplete", "", ""
 
 
-def _prefix_tokens(req: Request) -> int:
+def group_prefix_tokens(req: Request) -> int:
     """Length of the request's shared group prefix, 0 if its segments do not start with it."""
     if not req.prefix_group or not req.segments:
         return 0
@@ -525,7 +525,7 @@ def _prefix_tokens(req: Request) -> int:
     return length
 
 
-def _fmt_float(value: float) -> str:
+def format_float(value: float) -> str:
     # Like Go's FormatFloat(v, 'f', -1): shortest round-trip digits, never an exponent.
     return np.format_float_positional(float(value), trim="-")
 
@@ -555,7 +555,7 @@ def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[s
     ]
     if keep_prefix_groups:
         # v3: input_tokens counts what follows the prefix, so replay rebuilds the same prompt.
-        prefix_tokens = _prefix_tokens(req) if group else 0
+        prefix_tokens = group_prefix_tokens(req) if group else 0
         input_tokens -= prefix_tokens
         row.append(str(prefix_tokens))
     row += [
@@ -566,7 +566,7 @@ def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[s
         str(req.image_tokens),
         str(req.audio_tokens),
         str(req.video_tokens),
-        _fmt_float(req.reason_ratio),
+        format_float(req.reason_ratio),
         req.model,
         str(req.deadline_us),
         str(req.input_tokens),
@@ -583,7 +583,7 @@ def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[s
 
 
 @contextlib.contextmanager
-def _atomic_target(target: Path) -> Iterator[Any]:
+def atomic_target(target: Path) -> Iterator[Any]:
     """A temporary file next to `target`; yields its handle; the caller replaces it later."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -591,6 +591,29 @@ def _atomic_target(target: Path) -> Iterator[Any]:
             yield handle, Path(tmp)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_trace_files(
+    header_path: Path, data_path: Path, header_text: str, columns: list[str], rows: Iterable
+) -> None:
+    """Write a trace's header text and CSV rows, each to a temporary file renamed into place
+    only once both are complete: a failure never leaves half a trace."""
+    temps: list[Path] = []
+    try:
+        with atomic_target(data_path) as (handle, data_tmp):
+            temps.append(data_tmp)
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow(columns)
+            writer.writerows(rows)
+        with atomic_target(header_path) as (handle, header_tmp):
+            temps.append(header_tmp)
+            handle.write(header_text)
+        os.replace(data_tmp, data_path)
+        os.replace(header_tmp, header_path)
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -638,21 +661,7 @@ def write_trace(
     header_text = yaml.safe_dump(header, sort_keys=False, allow_unicode=True)
 
     ordered = sorted(requests, key=lambda r: (r.arrival_us, r.index))
-    temps: list[Path] = []
-    try:
-        with _atomic_target(data_path) as (handle, data_tmp):
-            temps.append(data_tmp)
-            writer = csv.writer(handle, lineterminator="\n")
-            writer.writerow(TRACE_V3_COLUMNS if keep_prefix_groups else TRACE_COLUMNS)
-            for i, req in enumerate(ordered):
-                writer.writerow(_trace_row(i, req, keep_prefix_groups))
-        with _atomic_target(header_path) as (handle, header_tmp):
-            temps.append(header_tmp)
-            handle.write(header_text)
-        os.replace(data_tmp, data_path)
-        os.replace(header_tmp, header_path)
-    except BaseException:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
-        raise
+    columns = TRACE_V3_COLUMNS if keep_prefix_groups else TRACE_COLUMNS
+    rows = (_trace_row(i, req, keep_prefix_groups) for i, req in enumerate(ordered))
+    write_trace_files(header_path, data_path, header_text, columns, rows)
     return header_path, data_path

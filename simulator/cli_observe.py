@@ -1,0 +1,183 @@
+"""`servesim observe`: measure a real OpenAI-compatible server with a servesim workload and
+record a TraceV2 pair; registered onto the main typer app by `register(app)`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .errors import ConfigError
+
+_SRV = "Server"
+_REC = "Recording"
+# Shell convention for a run stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+def _opt(flag: str, panel: str, help: str | None = None) -> typer.models.OptionInfo:  # noqa: A002
+    return typer.Option(flag, help=help, rich_help_panel=panel)
+
+
+def chunk_times_path(trace_data: Path) -> Path:
+    """Where `--record-itl` writes per-chunk times: beside the trace data, `.itl.csv`."""
+    return trace_data.with_name(trace_data.stem + ".itl.csv")
+
+
+def _observe_flags(
+    server_url: Annotated[str, _opt("--server-url", _SRV, "e.g. http://localhost:8000")],
+    model: Annotated[str, _opt("--model", _SRV, "model name the server serves")],
+    trace_header: Annotated[Path, _opt("--trace-header", _REC, "TraceV2 header YAML to write")],
+    trace_data: Annotated[Path, _opt("--trace-data", _REC, "TraceV2 CSV to write")],
+    api_format: Annotated[str, _opt("--api-format", _SRV, "completions | chat")] = "completions",
+    api_key: Annotated[str | None, _opt("--api-key", _SRV, "Bearer token")] = None,
+    server_type: Annotated[
+        str, _opt("--server-type", _SRV, "recorded in the header (vllm, sglang, ...)")
+    ] = "vllm",
+    max_concurrency: Annotated[
+        int, _opt("--max-concurrency", _SRV, "most requests in flight")
+    ] = 256,
+    no_streaming: Annotated[
+        bool, _opt("--no-streaming", _SRV, "one JSON response per request")
+    ] = False,
+    unconstrained_output: Annotated[
+        bool,
+        _opt("--unconstrained-output", _SRV, "output length is only a cap (no min_tokens)"),
+    ] = False,
+    request_timeout_s: Annotated[
+        float, _opt("--request-timeout-s", _SRV, "deadline of requests without one")
+    ] = 300.0,
+    warmup_requests: Annotated[
+        int, _opt("--warmup-requests", _REC, "first N requests are warm-up (header)")
+    ] = 0,
+    rtt_ms: Annotated[
+        float | None, _opt("--rtt-ms", _REC, "network RTT to record (default: measured)")
+    ] = None,
+    record_itl: Annotated[
+        bool, _opt("--record-itl", _REC, "also write per-chunk times to DATA.itl.csv")
+    ] = False,
+    seed: Annotated[int | None, _opt("--seed", "Workload")] = None,
+    horizon: Annotated[int | None, _opt("--horizon", "Workload", "end of arrivals, µs")] = None,
+    quiet: Annotated[bool, _opt("--quiet", _REC, "no progress display")] = False,
+    log: Annotated[str, _opt("--log", _REC, "log level on stderr")] = "warning",
+) -> None:
+    """Template: the flags of `observe` besides the traffic flags."""
+
+
+def _progress_display():
+    """A live line on stderr (terminals only): sent, finished by status, in flight."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .cli import _stderr_console
+
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        transient=True,
+        console=_stderr_console(),
+    )
+    task = bar.add_task("connecting", start=True)
+
+    def report(counts: dict[str, int]) -> None:
+        bar.update(
+            task,
+            description=(
+                f"sent {counts['sent']:,}: {counts['ok']:,} ok, {counts['error']:,} error, "
+                f"{counts['timeout']:,} timeout, {counts['in_flight']:,} in flight"
+            ),
+        )
+
+    return bar, report
+
+
+def _scenario(flags: dict[str, Any]):
+    from .api import with_overrides
+    from .cli import workload_overrides
+    from .scenario import Scenario
+
+    workload = workload_overrides(flags)
+    if flags.get("workload_spec") is None and not workload:
+        raise ConfigError(
+            "observe: no workload; give --workload-spec FILE, --workload PRESET or --rate R "
+            "(with --num-requests N and the length flags)"
+        )
+    overrides: dict[str, Any] = {}
+    if flags.get("workload_spec") is not None:
+        overrides["workload_spec"] = flags["workload_spec"]
+    if flags.get("seed") is not None:
+        overrides["seed"] = flags["seed"]
+    if flags.get("horizon") is not None:
+        overrides["horizon_us"] = flags["horizon"]
+    return with_overrides(Scenario(), overrides, workload)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `observe --server-url URL --model M --trace-header H --trace-data D [traffic]`."""
+    from .cli import _check_writable, _guarded, _setup_logging, _with_flags, _workload_flags
+
+    @app.command("observe")
+    @_with_flags(_observe_flags, _workload_flags)
+    def observe_cmd(**flags: Any) -> None:
+        """Send a workload to a real OpenAI-compatible server at its scheduled arrival times
+        and record every request as a TraceV2 pair (for replay and calibrate)."""
+        interrupted = False
+
+        def go() -> None:
+            nonlocal interrupted
+            from .observe import observe
+
+            _setup_logging(flags["log"])
+            header_path, data_path = flags["trace_header"], flags["trace_data"]
+            _check_writable("--trace-header", header_path)
+            _check_writable("--trace-data", data_path)
+            if header_path.resolve() == data_path.resolve():
+                raise ConfigError(
+                    f"--trace-data: invalid value {str(data_path)!r}; it is also --trace-header"
+                )
+            itl_path = chunk_times_path(data_path) if flags["record_itl"] else None
+            sc = _scenario(flags)
+            options = {
+                "api_format": flags["api_format"],
+                "api_key": flags["api_key"],
+                "server_type": flags["server_type"],
+                "max_concurrency": flags["max_concurrency"],
+                "streaming": not flags["no_streaming"],
+                "force_output": not flags["unconstrained_output"],
+                "request_timeout_s": flags["request_timeout_s"],
+                "warmup_requests": flags["warmup_requests"],
+                "rtt_ms": flags["rtt_ms"],
+                "record_itl": flags["record_itl"],
+            }
+            if flags.get("workload_spec") is not None:
+                options["workload_description"] = str(flags["workload_spec"])
+            show = not flags["quiet"] and sys.stderr.isatty()
+            bar, report = _progress_display() if show else (None, None)
+            if bar is not None:
+                bar.start()
+            try:
+                observation = observe(
+                    sc,
+                    server_url=flags["server_url"],
+                    model=flags["model"],
+                    progress=report,
+                    **options,
+                )
+            finally:
+                if bar is not None:
+                    bar.stop()
+            for path in observation.write_trace(header_path, data_path, itl_path):
+                typer.echo(f"wrote {path}", err=True)
+            typer.echo(observation.summary_text())
+            interrupted = observation.interrupted
+
+        try:
+            _guarded(go)
+        except KeyboardInterrupt:
+            # Ctrl-C before the first request could be sent (the pre-flight check).
+            typer.echo("interrupted before any request was sent; nothing written", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        if interrupted:
+            raise typer.Exit(EXIT_INTERRUPTED)

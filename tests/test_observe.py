@@ -1,0 +1,489 @@
+"""`servesim observe` against a local OpenAI-compatible stub server (SPEC §12.2).
+
+Laws: every dispatched request yields exactly one trace row with a status; send ≥ scheduled
+arrival, first chunk ≥ send, last chunk ≥ first chunk; the recorded TTFT/E2E can only exceed
+the server's own timing, and by little; errors and timeouts are rows, not losses. Bad input
+(server down, not OpenAI, unknown model) is one `error:` line, exit 2, nothing written.
+
+The stub runs in its own process on 127.0.0.1; nothing is sent anywhere else. Tolerances are
+medians over requests, because this machine's scheduling noise (a 2-core box shared with
+other jobs) puts single sleeps several ms late.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from simulator.api import build_requests, replay
+from simulator.cli import app
+from simulator.errors import ConfigError
+from simulator.observe import observe
+from simulator.scenario import Scenario
+from simulator.workload.trace import STATUSES, load_trace, read_header, read_rows
+from tests.observe_stub_server import StubServer
+
+runner = CliRunner()
+MODEL = "stub-model"
+# Median allowances, sized for a 2-core machine at load ~10 (measured medians there: about
+# 3 ms accuracy and 5 ms excess).
+# Recorded minus actual server timing (loopback transits only):
+ACCURACY_MEDIAN_MS = 5.0
+# Recorded minus configured timing: adds the stub's own timer lateness under load.
+MEDIAN_EXCESS_MS = 10.0
+# Dispatch lateness: event-loop wake-up plus httpx building the request, which on a loaded
+# 2-core machine is several ms (measured 2-12 ms per request at load 7).
+SEND_LAG_MEDIAN_MS = 10.0
+# A chunk can never arrive before the server sends it; allow timer granularity only.
+EARLY_MS = 0.5
+
+
+@pytest.fixture(scope="module")
+def stub():
+    server = StubServer()
+    yield server
+    server.stop()
+
+
+def traffic(n: int = 10, rate: float = 40.0, prompt: int = 40, output: int = 6, **extra):
+    """A constant-rate synthetic workload (exact lengths) as a scenario dict."""
+    workload = {
+        "rate": rate,
+        "arrival": "constant",
+        "num_requests": n,
+        "prompt_tokens": {"mean": prompt, "stdev": 0},
+        "output_tokens": {"mean": output, "stdev": 0},
+        **extra,
+    }
+    return {"workload": workload}
+
+
+def invoke(args: list) -> object:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_causal(rows) -> None:
+    for row in rows:
+        assert row.status in STATUSES
+        assert row.send_time_us >= row.arrival_time_us, row
+        if row.num_chunks:
+            assert row.first_chunk_time_us >= row.send_time_us, row
+            assert row.last_chunk_time_us >= row.first_chunk_time_us, row
+
+
+# ------------------------------------------------------------------------------- timing
+
+
+def test_recorded_timing_matches_the_servers_clock(stub):
+    ttft_ms, itl_ms, output = 30.0, 3.0, 8
+    stub.configure(ttft_ms=ttft_ms, itl_ms=itl_ms)
+    scenario = traffic(n=12, rate=40, output=output)
+    obs = observe(scenario, server_url=stub.url, model=MODEL)
+    scheduled = build_requests(Scenario.model_validate(scenario))
+
+    # Conservation: one ok row per scheduled request, in dispatch (= arrival) order.
+    assert [r.request_id for r in obs.rows] == [str(i) for i in range(len(scheduled))]
+    assert [r.arrival_time_us for r in obs.rows] == [r.arrival_us for r in scheduled]
+    assert all(r.status == "ok" for r in obs.rows), obs.summary_text()
+    assert_causal(obs.rows)
+    assert all(r.num_chunks == output and r.output_tokens == output for r in obs.rows)
+    assert all(r.server_input_tokens == r.input_tokens == 40 for r in obs.rows)
+    assert all(r.finish_reason == "length" for r in obs.rows)
+
+    frame = obs.frame()
+    log = {int(entry["request"]): entry for entry in stub.log()}
+    # Accuracy: what the client recorded against what the server actually did (its own
+    # monotonic stamps). The client's TTFT adds only the two loopback transits.
+    server_ttft_ms = np.array(
+        [(log[i]["first_token_sent_us"] - log[i]["received_us"]) / 1000 for i in range(12)]
+    )
+    server_stream_ms = np.array(
+        [(log[i]["last_token_sent_us"] - log[i]["first_token_sent_us"]) / 1000 for i in range(12)]
+    )
+    ttft_error = frame.ttft_ms.to_numpy() - server_ttft_ms
+    stream_error = (frame.e2e_ms - frame.ttft_ms).to_numpy() - server_stream_ms
+    assert ttft_error.min() >= 0, ttft_error
+    assert np.median(ttft_error) <= ACCURACY_MEDIAN_MS, ttft_error
+    assert np.median(np.abs(stream_error)) <= ACCURACY_MEDIAN_MS, stream_error
+    # Against the configured timing, which the stub itself keeps only as well as its timers.
+    ttft_excess = frame.ttft_ms - ttft_ms
+    e2e_excess = frame.e2e_ms - (ttft_ms + (output - 1) * itl_ms)
+    assert ttft_excess.min() >= -EARLY_MS and e2e_excess.min() >= -EARLY_MS
+    assert ttft_excess.median() <= MEDIAN_EXCESS_MS, ttft_excess.describe()
+    assert e2e_excess.median() <= MEDIAN_EXCESS_MS, e2e_excess.describe()
+    # Sent on schedule, as the client measured it ...
+    assert frame.send_lag_ms.median() <= SEND_LAG_MEDIAN_MS, frame.send_lag_ms.describe()
+    # ... and as the server saw it: arrival gaps at the server follow the schedule.
+    received = np.array([log[i]["received_us"] for i in range(12)])
+    planned = np.array([r.arrival_us for r in scheduled])
+    drift_ms = ((received - received[0]) - (planned - planned[0])) / 1000
+    assert np.median(np.abs(drift_ms)) <= SEND_LAG_MEDIAN_MS, drift_ms
+
+
+def test_request_body_forces_the_output_length_and_asks_for_usage(stub):
+    stub.configure()
+    reports: list[dict] = []
+    observe(traffic(n=1, output=7), server_url=stub.url, model=MODEL, progress=reports.append)
+    # Progress: once when the request is sent, once when it finished.
+    assert reports[0]["sent"] == 1 and reports[0]["ok"] == 0
+    assert reports[-1] == {"sent": 1, "ok": 1, "error": 0, "timeout": 0, "incomplete": 0,
+                           "in_flight": 0}  # fmt: skip
+    body = stub.log()[0]["body"]
+    assert body["max_tokens"] == body["min_tokens"] == 7
+    assert body["ignore_eos"] is True
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["model"] == MODEL and len(body["prompt"].split()) == 40
+
+
+def test_unconstrained_output_lets_the_model_stop_early(stub):
+    stub.configure(natural_output_tokens=3)
+    obs = observe(traffic(n=2, output=9), server_url=stub.url, model=MODEL, force_output=False)
+    assert "min_tokens" not in stub.log()[0]["body"]
+    assert [r.output_tokens for r in obs.rows] == [3, 3]
+
+
+@pytest.mark.parametrize(
+    ("api_format", "streaming"), [("chat", True), ("chat", False), ("completions", False)]
+)
+def test_chat_and_non_streaming_responses(stub, api_format, streaming):
+    stub.configure(ttft_ms=10, itl_ms=2)
+    obs = observe(
+        traffic(n=3, output=5),
+        server_url=stub.url,
+        model=MODEL,
+        api_format=api_format,
+        streaming=streaming,
+    )
+    assert all(r.status == "ok" for r in obs.rows), obs.summary_text()
+    assert_causal(obs.rows)
+    assert all(r.output_tokens == 5 and r.server_input_tokens == 40 for r in obs.rows)
+    # A chat stream's role announcement is not a token chunk; a whole response is one chunk.
+    assert all(r.num_chunks == (5 if streaming else 1) for r in obs.rows)
+    assert all(r.streaming is streaming for r in obs.rows)
+    if not streaming:
+        # Everything arrives at the end: TTFT ≈ E2E ≈ server's total time (10 + 4·2 ms).
+        assert obs.frame().ttft_ms.min() >= 18 - EARLY_MS
+
+
+# ------------------------------------------------------------------------------- faults
+
+
+def test_errors_and_timeouts_are_recorded_not_lost(stub, tmp_path):
+    stub.configure(
+        ttft_ms=5,
+        itl_ms=2,
+        faults={
+            "1": {"kind": "http_500"},
+            "2": {"kind": "disconnect", "after_tokens": 3},
+            "3": {"kind": "error_event", "after_tokens": 2},
+            "4": {"kind": "slow_start", "extra_ms": 1500},
+        },
+    )
+    # Every request has a 400 ms client deadline: only the slow start misses it.
+    obs = observe(traffic(n=6, rate=50, output=6, timeout_us=400_000), server_url=stub.url,
+                  model=MODEL)  # fmt: skip
+    by_id = {r.request_id: r for r in obs.rows}
+    assert sorted(by_id) == [str(i) for i in range(6)]
+    assert_causal(obs.rows)
+    assert by_id["0"].status == by_id["5"].status == "ok"
+    assert by_id["1"].status == "error" and "HTTP 500" in by_id["1"].error_message
+    assert "injected failure" in by_id["1"].error_message
+    assert by_id["2"].status == "error" and by_id["2"].num_chunks == 3
+    assert "closed" in by_id["2"].error_message
+    assert by_id["3"].status == "error" and "mid-stream" in by_id["3"].error_message
+    assert by_id["3"].num_chunks == 2
+    assert by_id["4"].status == "timeout" and by_id["4"].num_chunks == 0
+    assert all("\n" not in r.error_message for r in obs.rows)
+    assert obs.counts() == {"ok": 2, "error": 3, "timeout": 1, "incomplete": 0}
+    # Failed rows still replay: the server saw their load (output = tokens it produced).
+    obs.write_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert len(replay(tmp_path / "t.yaml", tmp_path / "t.csv").requests) == 6
+
+
+def test_max_concurrency_queues_requests_at_the_client(stub):
+    stub.configure(ttft_ms=60, itl_ms=1)
+    obs = observe(traffic(n=4, rate=1000, output=2), server_url=stub.url, model=MODEL,
+                  max_concurrency=1)  # fmt: skip
+    rows = obs.rows
+    assert all(r.status == "ok" for r in rows)
+    # One at a time: each request is sent only after the previous one finished.
+    for prev, nxt in zip(rows, rows[1:], strict=False):
+        assert nxt.send_time_us >= prev.last_chunk_time_us
+
+
+# ------------------------------------------------------------------------------- workloads
+
+
+def test_prefix_groups_share_prompt_text_and_replay_with_their_length(stub, tmp_path):
+    stub.configure(ttft_ms=5, itl_ms=1)
+    spec = {
+        "version": "2",
+        "aggregate_rate": 50,
+        "num_requests": 6,
+        "clients": [
+            {
+                "id": "rag",
+                "rate_fraction": 1,
+                "prefix_group": "docs",
+                "prefix_length": 30,
+                "arrival": {"process": "constant"},
+                "input_distribution": {"type": "constant", "params": {"value": 10}},
+                "output_distribution": {"type": "constant", "params": {"value": 3}},
+            }
+        ],
+    }
+    obs = observe({"workload": spec}, server_url=stub.url, model=MODEL)
+    prompts = [entry["body"]["prompt"].split() for entry in stub.log()]
+    assert all(p[:30] == prompts[0][:30] for p in prompts)
+    assert len({" ".join(p[30:]) for p in prompts}) == len(prompts)
+    assert all((r.prefix_group, r.prefix_length, r.input_tokens) == ("docs", 30, 10)
+               for r in obs.rows)  # fmt: skip
+    obs.write_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert read_rows(tmp_path / "t.csv") == obs.rows  # the file holds exactly the record
+    _, replayed = load_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert all(r.input_tokens == 40 for r in replayed)
+
+
+def test_closed_loop_sessions_send_the_next_round_after_the_previous_one(stub):
+    stub.configure(ttft_ms=5, itl_ms=1)
+    think_us = 50_000
+    spec = {
+        "version": "2",
+        "aggregate_rate": 20,
+        "num_requests": 2,
+        "clients": [
+            {
+                "id": "agent",
+                "rate_fraction": 1,
+                "arrival": {"process": "constant"},
+                "input_distribution": {"type": "constant", "params": {"value": 20}},
+                "output_distribution": {"type": "constant", "params": {"value": 4}},
+                "reasoning": {
+                    "multi_turn": {
+                        "max_rounds": 3,
+                        "think_time_us": think_us,
+                        "context_growth": "accumulate",
+                    }
+                },
+            }  # fmt: skip
+        ],
+    }
+    obs = observe({"workload": spec}, server_url=stub.url, model=MODEL)
+    assert all(r.status == "ok" for r in obs.rows)
+    sessions: dict[str, list] = {}
+    for row in obs.rows:
+        sessions.setdefault(row.session_id, []).append(row)
+    assert len(sessions) == 2 and all(len(rounds) == 3 for rounds in sessions.values())
+    for rounds in sessions.values():
+        rounds.sort(key=lambda r: r.round_index)
+        assert [r.round_index for r in rounds] == [0, 1, 2]
+        for prev, nxt in zip(rounds, rounds[1:], strict=False):
+            assert nxt.arrival_time_us >= prev.last_chunk_time_us + think_us
+            # Accumulated context: the next prompt holds the previous prompt and answer.
+            assert nxt.input_tokens == prev.input_tokens + prev.output_tokens + 20
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def observe_args(stub, tmp_path, *extra, url: str | None = None) -> list:
+    return [
+        "observe",
+        "--server-url",
+        url or stub.url,
+        "--model",
+        MODEL,
+        "--trace-header",
+        tmp_path / "trace.yaml",
+        "--trace-data",
+        tmp_path / "trace.csv",
+        *extra,
+    ]
+
+
+TRAFFIC_FLAGS = [
+    "--rate", 40, "--arrival", "constant", "--num-requests", 8, "--prompt-tokens", 30,
+    "--prompt-tokens-stdev", 0, "--output-tokens", 5, "--output-tokens-stdev", 0,
+]  # fmt: skip
+
+
+def test_observe_then_replay_end_to_end(stub, tmp_path):
+    """observe → replay: the recorded pair replays request for request, and the replay's
+    per-request file joins the trace by request id (what calibrate consumes)."""
+    stub.configure(ttft_ms=15, itl_ms=2)
+    result = invoke(
+        observe_args(stub, tmp_path, *TRAFFIC_FLAGS, "--warmup-requests", 2, "--record-itl")
+    )
+    assert result.exit_code == 0, result.output
+    assert "8 ok" in result.stdout
+    header = read_header(tmp_path / "trace.yaml")
+    assert header["mode"] == "real" and header["warm_up_requests"] == 2
+    assert header["server"]["model"] == MODEL
+    assert header["network"]["measured_rtt_ms"] > 0
+    rows = read_rows(tmp_path / "trace.csv")
+    assert len(rows) == 8 and all(r.status == "ok" for r in rows)
+
+    # Per-chunk times: one line per chunk, between the row's first and last chunk.
+    chunks: dict[str, list[int]] = {}
+    lines = (tmp_path / "trace.itl.csv").read_text().splitlines()
+    assert lines[0] == "request_id,chunk_index,time_us"
+    for line in lines[1:]:
+        rid, _, t = line.split(",")
+        chunks.setdefault(rid, []).append(int(t))
+    for row in rows:
+        times = chunks[row.request_id]
+        assert len(times) == row.num_chunks == 5
+        assert times[0] == row.first_chunk_time_us and times[-1] == row.last_chunk_time_us
+        assert times == sorted(times)
+
+    results_path = tmp_path / "replay.json"
+    replay = invoke(
+        [
+            "replay",
+            "--trace-header",
+            tmp_path / "trace.yaml",
+            "--trace-data",
+            tmp_path / "trace.csv",
+            "--results-path",
+            results_path,
+        ]
+    )
+    assert replay.exit_code == 0, replay.output
+    simulated = json.loads(results_path.read_text())["requests"]
+    assert [s["requestID"] for s in simulated] == [f"request_{r.request_id}" for r in rows]
+    for sim, row in zip(simulated, rows, strict=True):
+        assert sim["num_prefill_tokens"] == row.input_tokens
+        assert sim["num_decode_tokens"] == row.output_tokens
+        assert sim["state"] == "completed" and sim["ttft_ms"] > 0 and sim["e2e_ms"] > 0
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("refused", "--server-url: cannot connect to http://127.0.0.1:"),
+        ("not_openai", "does not look like an OpenAI-compatible server"),
+        ("unknown_model", "unknown model at http://127.0.0.1:"),
+        ("bad_key", "--api-key: http://127.0.0.1:"),
+    ],
+)
+def test_unusable_server_is_one_error_line_and_exit_2(stub, tmp_path, case, expected):
+    stub.configure(openai=case != "not_openai", api_key="secret" if case == "bad_key" else None)
+    args = observe_args(stub, tmp_path, *TRAFFIC_FLAGS)
+    if case == "refused":
+        args[2] = f"http://127.0.0.1:{free_port()}"
+    if case == "unknown_model":
+        args[4] = "no-such-model"
+    if case == "bad_key":
+        args += ["--api-key", "wrong"]
+    result = invoke(args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert "Traceback" not in result.output
+    assert not list(tmp_path.iterdir())
+    assert stub.log() == []  # nothing was sent
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--api-format", "grpc"], "unknown API format (--api-format) 'grpc'"),
+        (["--max-concurrency", 0], "--max-concurrency: invalid value 0; must be >= 1"),
+        (["--warmup-requests", -1], "--warmup-requests: invalid value -1"),
+        (["--rtt-ms", -2], "--rtt-ms: invalid value -2.0"),
+        (["--server-url", "localhost:8000"], "--server-url: invalid value 'localhost:8000'"),
+    ],
+)
+def test_bad_flags_are_one_error_line(stub, tmp_path, extra, expected):
+    result = invoke(observe_args(stub, tmp_path, *TRAFFIC_FLAGS, *extra))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [f"error: {result.stderr.strip()[7:]}"]
+    assert expected in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_no_workload_is_an_error(stub, tmp_path):
+    result = invoke(observe_args(stub, tmp_path))
+    assert result.exit_code == 2
+    assert "observe: no workload; give --workload-spec FILE" in result.stderr
+
+
+def test_unknown_python_option_is_a_config_error(stub):
+    with pytest.raises(ConfigError, match="unknown observe option 'stream'"):
+        observe(traffic(n=1), server_url=stub.url, model=MODEL, stream=False)
+
+
+def test_ctrl_c_writes_what_was_measured_marked_incomplete(stub, tmp_path):
+    """SIGINT mid-run: exit 130, a readable trace whose in-flight requests are incomplete.
+    The signal goes to this process once the run is under way; observe's handler takes it."""
+    stub.configure(ttft_ms=5, itl_ms=1, faults={"3": {"kind": "slow_start", "extra_ms": 60_000}})
+    args = observe_args(stub, tmp_path, *TRAFFIC_FLAGS[:4], "--num-requests", 1000)
+
+    def interrupt_when_request_3_is_stuck() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(stub.log()) < 6:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    trigger = threading.Thread(target=interrupt_when_request_3_is_stuck)
+    trigger.start()
+    result = invoke(args)
+    trigger.join()
+    assert result.exit_code == 130, result.output
+    assert "interrupted" in result.stdout
+    rows = read_rows(tmp_path / "trace.csv")
+    read_header(tmp_path / "trace.yaml")
+    by_id = {r.request_id: r for r in rows}
+    assert by_id["3"].status == "incomplete" and by_id["3"].num_chunks == 0
+    assert 6 <= len(rows) < 1000
+    assert [r.request_id for r in rows] == [str(i) for i in range(len(rows))]
+    assert_causal(rows)
+
+
+def test_workload_spec_file_with_num_requests_override(stub, tmp_path):
+    stub.configure(ttft_ms=5, itl_ms=1)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "version: '2'\naggregate_rate: 50\nnum_requests: 100\nclients:\n"
+        "  - id: a\n    rate_fraction: 1\n    arrival: {process: poisson}\n"
+        "    input_distribution: {type: constant, params: {value: 12}}\n"
+        "    output_distribution: {type: constant, params: {value: 2}}\n"
+    )
+    out = tmp_path / "new" / "folder"  # created when the trace is written
+    args = observe_args(stub, out, "--workload-spec", spec, "--num-requests", 3, "--quiet")
+    result = invoke(args)
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out / "trace.csv")
+    assert len(rows) == 3 and all(r.client_id == "a" and r.input_tokens == 12 for r in rows)
+    assert read_header(out / "trace.yaml")["workload_spec"] == str(spec)
+
+
+def test_ctrl_c_during_the_preflight_check_writes_nothing(tmp_path):
+    """A server that accepts the connection but never answers; Ctrl-C while waiting."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        args = observe_args(None, tmp_path, *TRAFFIC_FLAGS, url=url)
+        result = invoke(args)
+        timer.join()
+    assert result.exit_code == 130, result.output
+    assert "interrupted before any request was sent" in result.stderr
+    assert not list(tmp_path.iterdir())
