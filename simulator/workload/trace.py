@@ -585,6 +585,7 @@ def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[s
 @contextlib.contextmanager
 def atomic_target(target: Path) -> Iterator[Any]:
     """A temporary file next to `target`; yields its handle; the caller replaces it later."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", newline="") as handle:
