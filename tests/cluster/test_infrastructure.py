@@ -638,6 +638,13 @@ BAD = [
         "deployments[0].pool: unknown node pool 'nope'",
     ),
     (
+        {
+            "cluster": {"num_instances": 2, "pd": {"prefill_instances": 1, "decode_instances": 1}},
+            "events": [{"at_s": 1, "action": "drain_instance", "target": "instance_1"}],
+        },
+        "prefill/decode pools run on a fixed fleet",
+    ),
+    (
         {"deployments": [{"name": "a"}], "cluster": {"num_instances": 3}},
         "cluster.num_instances: 3, but with `deployments`",
     ),
