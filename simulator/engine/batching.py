@@ -90,6 +90,9 @@ class VLLMEngine:
         self.total_output_tokens = 0
         self.preemption_count = 0
         self.dropped_unservable = 0
+        # Requests plan_step found unservable (e.g. a preempted request whose prompt plus
+        # output outgrew the whole cache); the instance reports them as finished.
+        self.dropped_while_planning: list[Request] = []
         self.timed_out = 0
         self.length_capped = 0
         self.kv_allocation_failures = 0
@@ -272,6 +275,7 @@ class VLLMEngine:
                 if -(-(target + decode_needs) // bs) > kv.total_blocks:
                     waiting.popleft()
                     self._drop(req, now_us)
+                    self.dropped_while_planning.append(req)
                     continue
                 cached = kv.cached_prefix_blocks(req, target - 1) if caching else []
                 reload = kv.cpu_prefix_blocks(req, len(cached), target - 1) if caching else 0

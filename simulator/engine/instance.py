@@ -144,6 +144,10 @@ class Instance:
                 yield self._idle
                 self._idle = None
             batch = engine.plan_step(env.now)
+            if engine.dropped_while_planning:
+                for req in engine.dropped_while_planning:
+                    on_finished(req)
+                engine.dropped_while_planning.clear()
             if batch is None:
                 continue
             if engine.new_reloads:
