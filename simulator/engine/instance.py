@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import simpy
 
+from ..invariants import check_step
 from ..latency.base import StepTimeModel
 from .batching import EnqueueOutcome, VLLMEngine
 from .events import (
@@ -164,4 +165,4 @@ class Instance:
             for req in engine.finish_step(step_us):
                 on_finished(req)
             if self.check_invariants:
-                engine.check_invariants()
+                check_step(engine, self.instance_id, env.now)

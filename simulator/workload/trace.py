@@ -8,10 +8,7 @@ them (SPEC §12.2). Version 3 — BLIS after March 2026 — adds a `prefix_lengt
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ..atomic_io import replacing
 from ..engine.request import Request, RequestState
 from ..errors import ConfigError
 from ..yamlfiles import read_yaml_mapping
@@ -582,18 +580,6 @@ def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[s
     return row
 
 
-@contextlib.contextmanager
-def _atomic_target(target: Path) -> Iterator[Any]:
-    """A temporary file next to `target`; yields its handle; the caller replaces it later."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            yield handle, Path(tmp)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_trace(
     prefix: str | Path,
     requests: Iterable[Request],
@@ -638,21 +624,12 @@ def write_trace(
     header_text = yaml.safe_dump(header, sort_keys=False, allow_unicode=True)
 
     ordered = sorted(requests, key=lambda r: (r.arrival_us, r.index))
-    temps: list[Path] = []
-    try:
-        with _atomic_target(data_path) as (handle, data_tmp):
-            temps.append(data_tmp)
+    # Both files are complete before either is renamed into place.
+    with replacing(data_path) as data_tmp, replacing(header_path) as header_tmp:
+        with open(data_tmp, "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(TRACE_V3_COLUMNS if keep_prefix_groups else TRACE_COLUMNS)
             for i, req in enumerate(ordered):
                 writer.writerow(_trace_row(i, req, keep_prefix_groups))
-        with _atomic_target(header_path) as (handle, header_tmp):
-            temps.append(header_tmp)
-            handle.write(header_text)
-        os.replace(data_tmp, data_path)
-        os.replace(header_tmp, header_path)
-    except BaseException:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
-        raise
+        header_tmp.write_text(header_text, encoding="utf-8")
     return header_path, data_path
