@@ -239,6 +239,9 @@ class Scenario(_Strict):
     workload: WorkloadField | None = None
     workload_spec: Path | None = None
     trace: TraceSpec | None = None
+    # Check the simulator's laws during the run and stop at the first broken one
+    # (simulator/invariants.py). Results are identical either way; only slower.
+    check_invariants: bool = False
 
     @field_validator("model")
     @classmethod

@@ -17,6 +17,7 @@ from ..engine.batching import EngineConfig, VLLMEngine
 from ..engine.events import ROUTER, event_after
 from ..engine.instance import Instance
 from ..engine.request import Request, RequestState
+from ..invariants import check_finished, check_run
 from ..latency.base import StepTimeModel
 from ..metrics.results import Result, compute_summary
 from ..rng import subsystem_rng
@@ -166,7 +167,7 @@ def run_simulation(
     ]
     block_size = setups[0].engine.block_size
     source = _Source(requests, horizon_us)
-    finished = _on_finished(env, sessions, source)
+    finished = _on_finished(env, sessions, source, check_invariants)
 
     def kv_probe(index: int, req: Request) -> int:
         return len(engines[index].kv.cached_prefix_blocks(req, req.input_tokens))
@@ -254,7 +255,7 @@ def run_simulation(
         for iid, engine in zip(instance_ids, engines, strict=True):
             mine = [r for r in served if r.instance_id == iid]
             per_instance.append(compute_summary(iid, mine, [engine], end_of(engine)))
-    return Result(
+    result = Result(
         summary=summary,
         request_records=arrived,
         engines=engines,
@@ -272,6 +273,9 @@ def run_simulation(
         pd=pd,
         instance_roles=[s.role for s in setups],
     )
+    if check_invariants:
+        check_run(result)
+    return result
 
 
 def _build_pd(
@@ -350,12 +354,19 @@ def _next_live_event_us(env: simpy.Environment) -> float:
     return min(live, default=float("inf"))
 
 
-def _on_finished(env: simpy.Environment, sessions: SessionManager | None, source: _Source):
+def _on_finished(
+    env: simpy.Environment,
+    sessions: SessionManager | None,
+    source: _Source,
+    check_invariants: bool = False,
+):
     """Callback for every request that leaves the system (completed, dropped, timed out or
     rejected): closed-loop sessions may answer with their next round (INV-10)."""
 
     def on_finished(req: Request) -> None:
         source.finished += 1
+        if check_invariants:
+            check_finished(req, env.now)
         if sessions is None:
             return
         finished_us = max(env.now, req.completion_us)
