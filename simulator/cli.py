@@ -386,6 +386,7 @@ def _execute(
         return f"the run was abandoned; not written: {', '.join(missing)}{kept}"
 
     with interruptible(lost):
+        logging.getLogger("servesim").info("simulating %s", scenario or "flags-only scenario")
         # A progress display only on a terminal: pipes and CI logs get clean stderr.
         show_progress = not quiet and sys.stderr.isatty()
         result = _simulate_with_progress(sc) if show_progress else simulate(sc)

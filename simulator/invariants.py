@@ -21,6 +21,7 @@ runs; large runs leave them off (see docs/robustness.md).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from .engine.request import Request, RequestState
@@ -28,6 +29,15 @@ from .engine.request import Request, RequestState
 if TYPE_CHECKING:
     from .engine.batching import VLLMEngine
     from .metrics.results import Result
+
+# Set to 1 to check every run in this process and its children (the test suite does).
+ENVIRONMENT_SWITCH = "SERVESIM_CHECK_INVARIANTS"
+
+
+def requested(flag: bool) -> bool:
+    """Whether to check this run: asked for explicitly, or switched on for the process."""
+    return flag or os.environ.get(ENVIRONMENT_SWITCH, "") not in ("", "0")
+
 
 CONSERVED_STATES = (
     "completed_requests",

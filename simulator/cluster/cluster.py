@@ -18,6 +18,7 @@ from ..engine.events import ROUTER, event_after
 from ..engine.instance import Instance
 from ..engine.request import Request, RequestState
 from ..invariants import check_finished, check_run
+from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
 from ..metrics.results import Result, compute_summary
 from ..rng import subsystem_rng
@@ -150,6 +151,7 @@ def run_simulation(
     follow-up round, which re-enters through the router at its arrival time.
     """
     cluster = cluster or ClusterSpec()
+    check_invariants = invariants_requested(check_invariants)
     if setups is None:
         setups = [InstanceSetup(engine_config, step_model)] * cluster.num_instances
     if isinstance(requests, Sequence):
