@@ -56,6 +56,7 @@ class EnqueueOutcome(StrEnum):
     DROPPED = "dropped_unservable"
     TIMED_OUT = "timed_out"
     IGNORED = "ignored"
+    COMPLETED = "completed"  # a decode sub-request with nothing left to generate
 
 
 class VLLMEngine:
@@ -152,6 +153,13 @@ class VLLMEngine:
         req.enqueue_us = now_us
         if self._past_deadline(req, now_us):
             return EnqueueOutcome.TIMED_OUT
+        if req.output_tokens == 0:
+            # The prefill was the whole request: done on arrival, no token, no KV needed.
+            req.state = RequestState.COMPLETED
+            req.first_token_us = req.last_token_us = req.completion_us = now_us
+            req.in_prefill = False
+            self.completed.append(req)
+            return EnqueueOutcome.COMPLETED
         prompt = req.input_tokens
         cached = (
             self.kv.cached_prefix_blocks(req, prompt) if self.config.enable_prefix_caching else []
