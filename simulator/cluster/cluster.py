@@ -367,6 +367,7 @@ def _on_finished(
 
     def on_finished(req: Request) -> None:
         source.finished += 1
+        req.forget_block_hashes()
         if check_invariants:
             check_finished(req, env.now)
         if sessions is None:
