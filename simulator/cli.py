@@ -444,7 +444,9 @@ def _guarded(fn: Callable[[], None]) -> None:
     try:
         fn()
     except ServesimError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        # Parsers write one-line messages; a line break that slips through is still shown
+        # on one line (the fuzz tests catch the parser that let it through).
+        typer.echo(f"error: {' '.join(str(exc).splitlines())}", err=True)
         raise typer.Exit(2) from None
     except InvariantViolation as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -76,6 +76,12 @@ def _dump(doc) -> str:
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
 
 
+def damaged_yaml(doc, text: str | None = None):
+    """YAML text of `doc` damaged structurally (`perturbed`), or `text` (default: the dump of
+    `doc`) damaged as text (`mutated_text`)."""
+    return st.one_of(perturbed(doc).map(_dump), mutated_text(text if text else _dump(doc)))
+
+
 # --- scenario YAML --------------------------------------------------------------------------
 
 
@@ -89,16 +95,11 @@ def _prepare_scenario(path: Path) -> None:
     list(itertools.islice(requests, 30))
 
 
-@fuzz_settings(ci_examples=60)
-@given(st.sampled_from(sorted(SCENARIO_DOCS)).flatmap(lambda n: perturbed(SCENARIO_DOCS[n])))
-def test_scenario_with_damaged_fields(scratch, doc):
-    path = _file(scratch, _dump(doc), ".yaml")
-    accepted_or_one_line_error(_prepare_scenario, path)
-
-
-@fuzz_settings(ci_examples=40)
-@given(st.sampled_from(SCENARIOS).flatmap(lambda p: mutated_text(p.read_text())))
-def test_scenario_with_damaged_text(scratch, text):
+@fuzz_settings(ci_examples=100)
+@given(
+    st.sampled_from(SCENARIOS).flatmap(lambda p: damaged_yaml(SCENARIO_DOCS[p.name], p.read_text()))
+)
+def test_scenario_file(scratch, text):
     accepted_or_one_line_error(_prepare_scenario, _file(scratch, text, ".yaml"))
 
 
@@ -114,30 +115,18 @@ def _prepare_workload(path: Path) -> None:
     list(itertools.islice(requests, 30))
 
 
-@fuzz_settings(ci_examples=60)
-@given(perturbed(WORKLOAD_DOC))
-def test_workload_spec_with_damaged_fields(scratch, doc):
-    accepted_or_one_line_error(_prepare_workload, _file(scratch, _dump(doc), ".yaml"))
-
-
-@fuzz_settings(ci_examples=30)
-@given(mutated_text(WORKLOAD.read_text()))
-def test_workload_spec_with_damaged_text(scratch, text):
+@fuzz_settings(ci_examples=90)
+@given(damaged_yaml(WORKLOAD_DOC, WORKLOAD.read_text()))
+def test_workload_spec_file(scratch, text):
     accepted_or_one_line_error(_prepare_workload, _file(scratch, text, ".yaml"))
 
 
 # --- TraceV2 header and CSV -----------------------------------------------------------------
 
 
-@fuzz_settings(ci_examples=40)
-@given(perturbed(yaml.safe_load(TRACE_HEADER.read_text())))
-def test_trace_header_with_damaged_fields(scratch, doc):
-    accepted_or_one_line_error(read_header, _file(scratch, _dump(doc), ".yaml"))
-
-
-@fuzz_settings(ci_examples=40)
-@given(mutated_text(TRACE_HEADER.read_text()))
-def test_trace_header_with_damaged_text(scratch, text):
+@fuzz_settings(ci_examples=80)
+@given(damaged_yaml(yaml.safe_load(TRACE_HEADER.read_text()), TRACE_HEADER.read_text()))
+def test_trace_header_file(scratch, text):
     accepted_or_one_line_error(read_header, _file(scratch, text, ".yaml"))
 
 
@@ -172,18 +161,10 @@ def test_groundtruth_csv_with_damaged_text(scratch, data):
 
 
 @needs_shared
-@fuzz_settings(ci_examples=30)
+@fuzz_settings(ci_examples=60)
 @given(st.data())
-def test_coefficient_yaml_with_damaged_fields(scratch, data):
-    doc = data.draw(perturbed(_defaults_doc()))
-    accepted_or_one_line_error(load_defaults_file, _file(scratch, _dump(doc), ".yaml"))
-
-
-@needs_shared
-@fuzz_settings(ci_examples=30)
-@given(st.data())
-def test_coefficient_yaml_with_damaged_text(scratch, data):
-    text = data.draw(mutated_text(_defaults_excerpt()))
+def test_coefficient_yaml_file(scratch, data):
+    text = data.draw(damaged_yaml(_defaults_doc()))
     accepted_or_one_line_error(load_defaults_file, _file(scratch, text, ".yaml"))
 
 
@@ -196,10 +177,6 @@ def _defaults_doc() -> dict:
         if isinstance(full.get(key), dict):
             small[key] = dict(itertools.islice(full[key].items(), 2))
     return small
-
-
-def _defaults_excerpt() -> str:
-    return _dump(_defaults_doc())
 
 
 @needs_shared
@@ -230,9 +207,9 @@ POLICY_BUNDLE = {
 
 
 @fuzz_settings(ci_examples=40)
-@given(perturbed(POLICY_BUNDLE))
-def test_policy_bundle_with_damaged_fields(scratch, doc):
-    accepted_or_one_line_error(load_policy_bundle, _file(scratch, _dump(doc), ".yaml"))
+@given(damaged_yaml(POLICY_BUNDLE))
+def test_policy_bundle_file(scratch, text):
+    accepted_or_one_line_error(load_policy_bundle, _file(scratch, text, ".yaml"))
 
 
 SWEEP = {
@@ -244,9 +221,9 @@ SWEEP = {
 
 
 @fuzz_settings(ci_examples=40)
-@given(perturbed(SWEEP))
-def test_sweep_file_with_damaged_fields(scratch, doc):
-    accepted_or_one_line_error(load_sweep_file, _file(scratch, _dump(doc), ".yaml"))
+@given(damaged_yaml(SWEEP))
+def test_sweep_file(scratch, text):
+    accepted_or_one_line_error(load_sweep_file, _file(scratch, text, ".yaml"))
 
 
 # --- flag strings ---------------------------------------------------------------------------

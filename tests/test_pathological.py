@@ -7,10 +7,6 @@ checked for conservation, KV blocks and causality while it runs.
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import sys
-
 import pytest
 
 import simulator
@@ -18,29 +14,11 @@ from simulator.cluster.cluster import run_simulation
 from simulator.engine.batching import EngineConfig
 from simulator.engine.request import Request, RequestState
 from simulator.latency.blackbox import BlackboxModel
+from tests.fuzzing import finishes_within
 
 # step = 1000 µs + 10 µs per prefill token + 5 µs per decode request: easy to reason about.
 STEP_MODEL = BlackboxModel([0, 0, 0], [1000, 10.0, 5.0])
 WALL_LIMIT_S = 60
-
-
-@contextlib.contextmanager
-def finishes_within(seconds: int):
-    """Fail (instead of hanging the suite) if the block runs longer than `seconds`."""
-    if sys.platform == "win32":
-        yield
-        return
-
-    def too_slow(_signum, _frame):
-        raise TimeoutError(f"still running after {seconds} s: livelock?")
-
-    previous = signal.signal(signal.SIGALRM, too_slow)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _states(records) -> dict[RequestState, int]:

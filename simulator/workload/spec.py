@@ -305,8 +305,12 @@ def _location(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
+            continue
+        # A user's key may hold anything, line breaks included: quote any odd one.
+        name = str(part)
+        if not name or not name.isprintable() or any(c in name for c in " .[]"):
+            name = repr(name)
+        out += f".{name}" if out else name
     return out
 
 
