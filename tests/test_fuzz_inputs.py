@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from simulator.api import as_scenario, build_traffic, instance_setups, resolve_deployment
 from simulator.catalog.defaults import load_defaults_file
 from simulator.catalog.hardware import load_gpu_file
+from simulator.catalog.models import load_model
 from simulator.cli import _coeffs, app
 from simulator.cluster.policy_bundle import load_policy_bundle
 from simulator.cluster.routing import parse_scorers
@@ -187,6 +188,18 @@ def test_hardware_file_with_damaged_fields(scratch, data):
     suffix = data.draw(st.sampled_from([".json", ".yaml"]))
     text = json.dumps(doc) if suffix == ".json" else _dump(doc)
     accepted_or_one_line_error(load_gpu_file, _file(scratch, text, suffix))
+
+
+MODEL_CONFIGS = sorted((ROOT / "simulator" / "catalog" / "data" / "model_configs").glob("*/"))
+
+
+@fuzz_settings(ci_examples=60)
+@given(st.data())
+def test_hf_config_json(scratch, data):
+    """`--model path/to/config.json`: a damaged HuggingFace config of a bundled model."""
+    source = data.draw(st.sampled_from(MODEL_CONFIGS)) / "config.json"
+    doc = data.draw(perturbed(json.loads(source.read_text())))
+    accepted_or_one_line_error(load_model, str(_file(scratch, json.dumps(doc), ".json")))
 
 
 # --- policy bundle and sweep files ----------------------------------------------------------
