@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -451,9 +452,11 @@ def _guarded(fn: Callable[[], None]) -> None:
     except InvariantViolation as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(INVARIANT_EXIT_CODE) from None
-    except Interrupted as exc:
-        typer.echo(f"error: {exc.message()}", err=True)
-        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt as exc:
+        # Commands without their own `interruptible` block (validate, plan, ...) too.
+        stopped = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        typer.echo(f"error: {stopped.message()}", err=True)
+        raise typer.Exit(stopped.exit_code) from None
 
 
 INVARIANT_EXIT_CODE = 3
