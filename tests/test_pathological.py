@@ -133,7 +133,7 @@ def test_all_instances_draining_at_once():
     (counted), in-flight ones finish, and conservation holds."""
 
 
-def _pd_replay(trace_rows: str, decode_kv_blocks: int | None, tmp_path=None):
+def _pd_replay(trace_rows: str, decode_kv_blocks: int | None, horizon_us: int | None = None):
     import tempfile
     from pathlib import Path
 
@@ -155,9 +155,20 @@ def _pd_replay(trace_rows: str, decode_kv_blocks: int | None, tmp_path=None):
         "engine": {"total_kv_blocks": 500},
         "latency": {"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [1000, 10, 5]},
         "cluster": {"num_instances": 2, "pd": pd},
+        "horizon_us": horizon_us,
     }
     with finishes_within(WALL_LIMIT_S):
         return simulator.simulate(scenario)
+
+
+def test_horizon_during_a_pd_prefill_leaves_the_parent_running_and_counted():
+    # Prefill of 2,000 tokens: 1000 + 10*2000 = 21,000 µs; the horizon cuts it at 10,000 µs.
+    rows = "0,c0,,,,0,,false,2000,8,0,0,0,0,0,,0,0,0,0,0,0,0,ok,,\n"
+    result = _pd_replay(rows, decode_kv_blocks=None, horizon_us=10_000)
+    (parent,) = result.request_records
+    assert parent.state is RequestState.RUNNING
+    assert parent.enqueue_us == parent.first_schedule_us == 0  # its prefill's, not "never"
+    assert result.summary["still_running"] == 1
 
 
 def test_decode_pool_with_no_kv_room_drops_every_parent_and_counts_it():
