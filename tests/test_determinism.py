@@ -23,12 +23,12 @@ from simulator.sweeps import sweep
 # where a block hash could leak into a decision.
 PREFIX_HEAVY = "scenarios/pd_prefix_threshold.yaml"
 CASES = {
-    "pd_prefix_threshold": ["run", PREFIX_HEAVY, "--num-requests", "150"],
+    "pd_prefix_threshold": ["run", PREFIX_HEAVY, "--num-requests", "100"],
     "rag_shared_prefix": [
         "run",
         "scenarios/rag_shared_prefix.yaml",
         "--num-requests",
-        "150",
+        "100",
         "--num-instances",
         "3",
         "--routing-policy",
@@ -36,7 +36,7 @@ CASES = {
         "--routing-scorers",
         "precise-prefix-cache:2,prefix-affinity:2,queue-depth:1",
     ],
-    "agent_sessions": ["run", "scenarios/agent_sessions.yaml", "--num-requests", "150"],
+    "agent_sessions": ["run", "scenarios/agent_sessions.yaml", "--num-requests", "100"],
 }
 HASH_SEEDS = ["0", "1", "4242"]
 
@@ -75,7 +75,7 @@ def test_summary_is_byte_identical_whatever_the_hash_seed(outputs, name):
 
 
 def test_fresh_process_matches_the_in_process_api(outputs):
-    in_process = simulator.simulate(PREFIX_HEAVY, workload__num_requests=150)
+    in_process = simulator.simulate(PREFIX_HEAVY, workload__num_requests=100)
     printed = outputs["pd_prefix_threshold"][HASH_SEEDS[0]].decode()
     assert printed.rstrip("\n") == in_process.report_text().rstrip("\n")
 

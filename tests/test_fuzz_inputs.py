@@ -9,6 +9,7 @@ strategies over the flag-string grammars. Budgets: tests/fuzzing.py (`make fuzz`
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import uuid
@@ -169,6 +170,7 @@ def test_coefficient_yaml_file(scratch, data):
     accepted_or_one_line_error(load_defaults_file, _file(scratch, text, ".yaml"))
 
 
+@functools.cache
 def _defaults_doc() -> dict:
     """A small but complete defaults.yaml: a few of each section of the shared file."""
     full = yaml.safe_load(SHARED_DEFAULTS.read_text())

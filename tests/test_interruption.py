@@ -76,7 +76,7 @@ def test_interrupted_run_writes_no_result_file(tmp_path, signal_number):
 
 def _sweep_file(tmp_path: Path) -> Path:
     doc = {
-        "base": {"workload": {"num_requests": 1500, "rate": 40}},
+        "base": {"workload": {"num_requests": 500, "rate": 40}},
         "grid": {"engine.max_num_running_reqs": [8, 16, 32, 64]},
         "seeds": [1],
     }
