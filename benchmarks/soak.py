@@ -100,7 +100,7 @@ def scenario(num_requests: int, instances: int, seed: int) -> dict:
         "model": "meta-llama/llama-3.1-8b-instruct",
         "hardware": "H100",
         "tp": 1,
-        "engine": {"total_kv_blocks": 6000, "max_num_running_reqs": 128},
+        "engine": {"total_kv_blocks": 1500, "max_num_running_reqs": 128},
         "cluster": {
             "num_instances": instances,
             "routing": {
