@@ -26,10 +26,13 @@ FUZZ_EXAMPLES = int(os.environ.get("SERVESIM_FUZZ_EXAMPLES", "2000"))
 PARSE_LIMIT_S = 30
 
 
-def fuzz_settings(ci_examples: int) -> settings:
+def fuzz_settings(ci_examples: int, long_cap: int | None = None) -> settings:
+    """`ci_examples` in the suite; FUZZ_EXAMPLES (at most `long_cap`, for tests that run
+    whole simulations) under `make fuzz`."""
     long_budget = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
+    long_examples = min(FUZZ_EXAMPLES, long_cap) if long_cap else FUZZ_EXAMPLES
     return settings(
-        max_examples=FUZZ_EXAMPLES if long_budget else ci_examples,
+        max_examples=long_examples if long_budget else ci_examples,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

@@ -297,7 +297,7 @@ RUN_FLAGS = [
 ]
 
 
-@fuzz_settings(ci_examples=25)
+@fuzz_settings(ci_examples=25, long_cap=500)
 @given(
     st.lists(
         st.tuples(st.sampled_from(RUN_FLAGS), st.text(FLAG_ALPHABET, min_size=1, max_size=16)),
@@ -319,7 +319,7 @@ def test_cli_run_with_odd_flag_values_exits_0_or_2_with_one_line(flags):
         assert "Traceback" not in res.output
 
 
-@fuzz_settings(ci_examples=8)
+@fuzz_settings(ci_examples=8, long_cap=200)
 @given(st.sampled_from(sorted(SCENARIO_DOCS)).flatmap(lambda n: perturbed(SCENARIO_DOCS[n], 2)))
 def test_cli_run_of_damaged_scenarios_exits_0_or_2(scratch, doc):
     path = _file(scratch, _dump(doc), ".yaml")
