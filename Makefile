@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: run test lint format bench clean
+.PHONY: run test fuzz lint format bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -26,6 +26,12 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check simulator tests benchmarks
 	$(BIN)/python -m pytest
 
+# The long fuzz budget (the suite runs the same tests with a small one). FUZZ_EXAMPLES per test.
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(VENV)/.installed-dev
+	HYPOTHESIS_PROFILE=fuzz SERVESIM_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
+		$(BIN)/python -m pytest tests/test_fuzz_inputs.py
+
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check simulator tests benchmarks
 	$(BIN)/ruff format --check simulator tests benchmarks
@@ -36,6 +42,10 @@ format: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_engine.py
+
+# 1,000,000 requests through a multi-instance cluster; memory must stay flat (minutes).
+soak: $(VENV)/.installed
+	$(BIN)/python benchmarks/soak.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -498,6 +498,7 @@ def simulate(
         setups=setups,
         pd_kv_bytes_per_token=kv_bytes_per_token(deployment.model),
         progress=progress,
+        check_invariants=sc.check_invariants,
     )
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)

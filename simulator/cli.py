@@ -10,18 +10,19 @@ once, as the parameters of template functions, and grafted onto each command's s
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
+import signal
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from .atomic_io import atomic_open, write_json_atomically, write_with
 from .errors import ConfigError, ServesimError
+from .interruption import interruptible
 
 app = typer.Typer(
     add_completion=False,
@@ -65,6 +66,7 @@ SCENARIO_FIELDS = {
     "kv_reload_blocking": "engine.kv_reload_blocking",
     "seed": "seed",
     "horizon": "horizon_us",
+    "check_invariants": "check_invariants",
     "num_instances": "cluster.num_instances",
     "admission_policy": "cluster.admission.policy",
     "admission_latency": "cluster.admission.latency_us",
@@ -170,6 +172,10 @@ def _common_flags(
     ] = None,
     seed: Annotated[int | None, _opt("--seed", _SIM)] = None,
     horizon: Annotated[int | None, _opt("--horizon", _SIM, "end time in µs")] = None,
+    check_invariants: Annotated[
+        bool | None,
+        _opt("--check-invariants", _OUT, "check conservation and causality laws during the run"),
+    ] = None,
     num_instances: Annotated[int | None, _opt("--num-instances", _CL)] = None,
     admission_policy: Annotated[
         str | None, _opt("--admission-policy", _CL, "always-admit | token-bucket | reject-all")
@@ -384,20 +390,6 @@ def _setup_logging(level: str) -> None:
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(message)s")
 
 
-def _write_json_atomically(path: Path, document: dict) -> None:
-    """Write to a temporary file beside `path`, then rename: never a half-written result."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(document, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _check_writable(flag: str, path: Path | None) -> None:
     if path is None:
         return
@@ -427,30 +419,48 @@ def _execute(
         _check_writable("--trace-output", Path(f"{trace_output}.csv"))
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = with_overrides(sc, overrides, workload_overrides)
-    # A progress display only on a terminal: pipes and CI logs get clean stderr.
-    show_progress = not quiet and sys.stderr.isatty()
-    result = _simulate_with_progress(sc) if show_progress else simulate(sc)
-    typer.echo(result.report_text())
-    if results_path is not None:
-        _write_json_atomically(results_path, result.results_document())
-        logging.getLogger("servesim").info("wrote %s", results_path)
-    if trace_output is not None:
-        yaml_path, csv_path = result.write_trace(trace_output)
-        logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
+    outputs = _planned_outputs(results_path, overrides.get("cluster.trace.path"), trace_output)
     if timeline_path is not None:
-        _write_csv_atomically(timeline_path, result.timeline)
+        outputs.append(str(timeline_path))
+    written: list[str] = []
+
+    def lost() -> str:
+        missing = [o for o in outputs if o not in written]
+        if not outputs:
+            return "the run was abandoned; no output files were requested"
+        kept = f"; complete: {', '.join(written)}" if written else ""
+        return f"the run was abandoned; not written: {', '.join(missing)}{kept}"
+
+    with interruptible(lost):
+        logging.getLogger("servesim").info("simulating %s", scenario or "flags-only scenario")
+        # A progress display only on a terminal: pipes and CI logs get clean stderr.
+        show_progress = not quiet and sys.stderr.isatty()
+        result = _simulate_with_progress(sc) if show_progress else simulate(sc)
+        if sc.cluster.trace.path is not None:
+            written.append(str(sc.cluster.trace.path))
+        typer.echo(result.report_text())
+        if results_path is not None:
+            write_json_atomically(results_path, result.results_document())
+            written.append(str(results_path))
+            logging.getLogger("servesim").info("wrote %s", results_path)
+        if trace_output is not None:
+            yaml_path, csv_path = result.write_trace(trace_output)
+            written.append(f"{trace_output}.yaml/.csv")
+            logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
+        if timeline_path is not None:
+            with atomic_open(timeline_path, newline="") as handle:
+                result.timeline.to_csv(handle, index=False)
+            written.append(str(timeline_path))
 
 
-def _write_csv_atomically(path: Path, frame) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            frame.to_csv(handle, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _planned_outputs(
+    results_path: Path | None, decisions_path: Path | None, trace_output: str | None
+) -> list[str]:
+    """The files a run was asked to write, named as its interruption message names them."""
+    outputs = [str(p) for p in (decisions_path, results_path) if p is not None]
+    if trace_output is not None:
+        outputs.append(f"{trace_output}.yaml/.csv")
+    return outputs
 
 
 def _simulate_with_progress(sc):
@@ -476,11 +486,29 @@ def _stderr_console():
 
 
 def _guarded(fn: Callable[[], None]) -> None:
+    """Run a command body; bad input, a broken invariant or an interrupt end it with one line
+    on stderr and exit status 2, 3, or 128 + the signal number."""
+    from .interruption import Interrupted
+    from .invariants import InvariantViolation
+
     try:
         fn()
     except ServesimError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        # Parsers write one-line messages; a line break that slips through is still shown
+        # on one line (the fuzz tests catch the parser that let it through).
+        typer.echo(f"error: {' '.join(str(exc).splitlines())}", err=True)
         raise typer.Exit(2) from None
+    except InvariantViolation as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(INVARIANT_EXIT_CODE) from None
+    except KeyboardInterrupt as exc:
+        # Commands without their own `interruptible` block (validate, plan, ...) too.
+        stopped = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        typer.echo(f"error: {stopped.message()}", err=True)
+        raise typer.Exit(stopped.exit_code) from None
+
+
+INVARIANT_EXIT_CODE = 3
 
 
 @app.command()
@@ -611,19 +639,6 @@ def list_hardware_cmd() -> None:
         )
 
 
-def _write_csv_atomically(path: Path, frame: Any) -> None:
-    """Temporary file beside `path`, then rename: never a half-written table."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            frame.to_csv(handle, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @app.command("validate")
 def validate_cmd(
     folder: Annotated[
@@ -696,7 +711,7 @@ def validate_cmd(
                 typer.echo(f"{metric:<20}{cells}")
         frame = pd.concat(frames, ignore_index=True)
         if output is not None:
-            _write_csv_atomically(output, frame)
+            write_with(output, lambda tmp: frame.to_csv(tmp, index=False))
             typer.echo(f"wrote {output}", err=True)
         typer.echo(f"wall time {time.perf_counter() - started_s:.1f} s", err=True)
 

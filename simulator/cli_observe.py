@@ -3,6 +3,7 @@ record a TraceV2 pair; registered onto the main typer app by `register(app)`."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from .errors import ConfigError
+from .interruption import Interrupted
 
 _SRV = "Server"
 _REC = "Recording"
@@ -165,6 +167,11 @@ def register(app: typer.Typer) -> None:
                     progress=report,
                     **options,
                 )
+            except KeyboardInterrupt as exc:
+                # observe() keeps what it measured once sending began; an interrupt that
+                # reaches here came during the pre-flight check, before any request.
+                number = getattr(exc, "signal_number", signal.SIGINT)
+                raise Interrupted(number, "no request was sent; nothing written") from None
             finally:
                 if bar is not None:
                     bar.stop()
@@ -173,11 +180,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(observation.summary_text())
             interrupted = observation.interrupted
 
-        try:
-            _guarded(go)
-        except KeyboardInterrupt:
-            # Ctrl-C before the first request could be sent (the pre-flight check).
-            typer.echo("interrupted before any request was sent; nothing written", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+        _guarded(go)
         if interrupted:
             raise typer.Exit(EXIT_INTERRUPTED)

@@ -101,8 +101,11 @@ def register(app: typer.Typer) -> None:
             )
             typer.echo(result.table())
             if plot is not None:
-                plot.parent.mkdir(parents=True, exist_ok=True)
-                result.plot().savefig(plot)
+                from .atomic_io import write_with
+
+                figure = result.plot()
+                suffix = plot.suffix.lstrip(".") or "png"
+                write_with(plot, lambda tmp: figure.savefig(tmp, format=suffix))
                 typer.echo(f"wrote {plot}", err=True)
 
         _guarded(go)

@@ -73,14 +73,20 @@ def register(app: typer.Typer) -> None:
         ray_address: Annotated[
             str | None, typer.Option("--ray-address", help="Ray cluster (default: start one)")
         ] = None,
+        check_invariants: Annotated[
+            bool, typer.Option("--check-invariants", help="check the laws in every run")
+        ] = False,
     ) -> None:
         """Simulate a grid of scenario overrides × seeds; print mean ± 95% CI per point."""
         from .cli import _guarded
+        from .interruption import interruptible
 
         def go() -> None:
             from .sweeps import load_sweep_file, sweep
 
             spec = load_sweep_file(sweep_yaml)
+            if check_invariants:
+                spec.base = spec.base.model_copy(update={"check_invariants": True})
 
             def progress(done: int, total: int, row: dict[str, Any]) -> None:
                 point = ", ".join(f"{k}={v}" for k, v in row.items() if k in spec.grid)
@@ -98,37 +104,56 @@ def register(app: typer.Typer) -> None:
                     ray_address=ray_address,
                 )
 
-            if quiet:
-                result = run(None)
-            elif sys.stderr.isatty():
-                # On a terminal: one rich progress bar instead of a line per run.
-                from rich.console import Console
-                from rich.progress import (
-                    BarColumn,
-                    MofNCompleteColumn,
-                    Progress,
-                    TextColumn,
-                    TimeRemainingColumn,
-                )
-
-                columns = (
-                    TextColumn("sweep"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeRemainingColumn(),
-                )
-                with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-                    task = bar.add_task("sweep", total=None)
-
-                    def report(done: int, total: int, _row: dict[str, Any]) -> None:
-                        bar.update(task, completed=done, total=total)
-
-                    result = run(report)
-            else:
-                result = run(progress)
+            with interruptible(lambda: _sweep_loss(out)):
+                result = _run_with_progress(run, progress, quiet)
             if not quiet and result.skipped:
                 typer.echo(f"resumed: {result.skipped} run(s) already in {out}", err=True)
             typer.echo(format_points_table(result))
             typer.echo(f"(95% CI half-width across seeds: {result.ci_method})")
 
         _guarded(go)
+
+
+def _sweep_loss(out: Path | None) -> str:
+    """What an interrupted sweep keeps: the runs already saved under --out resume later."""
+    from .sweeps import RUNS_DIR
+
+    if out is None:
+        return "no --out folder, so every finished run was lost"
+    saved = len(list((out / RUNS_DIR).glob("*.json")))
+    return (
+        f"{saved} finished run(s) are kept in {out / RUNS_DIR}; runs in progress were lost; "
+        "run the same command again to resume"
+    )
+
+
+def _run_with_progress(run, progress, quiet: bool) -> SweepResult:
+    """`run(report)` with per-run lines (pipes), a progress bar (terminals) or nothing."""
+    if quiet:
+        return run(None)
+    elif sys.stderr.isatty():
+        # On a terminal: one rich progress bar instead of a line per run.
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        columns = (
+            TextColumn("sweep"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("sweep", total=None)
+
+            def report(done: int, total: int, _row: dict[str, Any]) -> None:
+                bar.update(task, completed=done, total=total)
+
+            return run(report)
+    else:
+        return run(progress)

@@ -247,6 +247,9 @@ class Scenario(_Strict):
     instance_lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec)
     events: list[EventSpec] = Field(default_factory=list)
     autoscaler: list[AutoscalerSpec] = Field(default_factory=list)
+    # Check the simulator's laws during the run and stop at the first broken one
+    # (simulator/invariants.py). Results are identical either way; only slower.
+    check_invariants: bool = False
 
     @field_validator("model")
     @classmethod

@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -28,7 +27,9 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .atomic_io import write_text_atomically, write_with
 from .errors import ConfigError
+from .interruption import ignore_interrupts_in_worker
 from .scenario import Scenario, TraceSpec, scenario_from_dict
 from .workload.spec import format_spec_error
 from .yamlfiles import read_yaml_mapping
@@ -224,33 +225,20 @@ def _run_on_ray(ray, address: str | None, sc: Scenario, todo: list, finish) -> N
             finish(refs[ref], ray.get(ref))
 
 
+def _abandon(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool at once: cancel queued tasks and terminate the workers still running one.
+    The executor has no public call for the latter, hence its `_processes` map."""
+    workers = list((pool._processes or {}).values())  # noqa: SLF001
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.join()
+
+
 def _task(scenario: Scenario) -> dict[str, Any]:
     # Module-level so a process pool can pickle it; looks `_simulate_row` up at call time.
     return _simulate_row(scenario)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _load_done(runs_dir: Path) -> dict[str, dict[str, Any]]:
@@ -338,7 +326,7 @@ def sweep(
         metrics_by_key[key] = metrics
         if runs_dir is not None:
             doc = {"key": key, "params": point, "seed": seed, "metrics": metrics}
-            _atomic_write_text(runs_dir / f"{key}.json", json.dumps(doc, default=str))
+            write_text_atomically(runs_dir / f"{key}.json", json.dumps(doc, default=str))
         if progress is not None:
             row = {**{k: _jsonable(v) for k, v in point.items()}, "seed": seed, **metrics}
             progress(len(metrics_by_key) - skipped, len(todo), row)
@@ -350,15 +338,19 @@ def sweep(
         for t in todo:
             finish(t, _simulate_row(_point_scenario(sc, t[3], t[4])))
     elif todo:
-        with ProcessPoolExecutor(max_workers=min(n_workers, len(todo))) as pool:
+        pool = ProcessPoolExecutor(
+            max_workers=min(n_workers, len(todo)), initializer=ignore_interrupts_in_worker
+        )
+        try:
             futures = {pool.submit(_task, _point_scenario(sc, t[3], t[4])): t for t in todo}
-            try:
-                for fut in as_completed(futures):
-                    finish(futures[fut], fut.result())
-            except BaseException:
-                # Finished runs are already saved; don't wait for the queued ones.
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+            for fut in as_completed(futures):
+                finish(futures[fut], fut.result())
+        except BaseException:
+            # Finished runs are already saved; the queued and running ones are abandoned
+            # rather than waited for (an interrupt should stop the sweep now).
+            _abandon(pool)
+            raise
+        pool.shutdown(wait=True)
 
     rows = []
     for p, _si, key, point, seed in tasks:  # tasks are already in (point, seed) order
@@ -411,9 +403,9 @@ def summarize_points(
 def write_outputs(result: SweepResult, out_dir: Path) -> None:
     """runs.parquet, runs.csv and points.csv, each written to a temp file and renamed."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write_parquet(out_dir / "runs.parquet", result.runs)
-    _atomic_write_text(out_dir / "runs.csv", result.runs.to_csv(index=False))
-    _atomic_write_text(out_dir / "points.csv", result.points.to_csv(index=False))
+    write_with(out_dir / "runs.parquet", lambda tmp: result.runs.to_parquet(tmp, index=False))
+    write_text_atomically(out_dir / "runs.csv", result.runs.to_csv(index=False))
+    write_text_atomically(out_dir / "points.csv", result.points.to_csv(index=False))
 
 
 # --- sweep files ----------------------------------------------------------------------------

@@ -485,5 +485,5 @@ def test_ctrl_c_during_the_preflight_check_writes_nothing(tmp_path):
         result = invoke(args)
         timer.join()
     assert result.exit_code == 130, result.output
-    assert "interrupted before any request was sent" in result.stderr
+    assert "interrupted by SIGINT; no request was sent; nothing written" in result.stderr
     assert not list(tmp_path.iterdir())

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from simulator.errors import ConfigError, invalid
+from simulator.yamlfiles import yaml_problem
 
 _TOP_KEYS = {
     "defaults",
@@ -96,7 +97,7 @@ def normalize_vllm_version(version: str) -> str:
 def _check_keys(where: str, mapping: object, allowed: set[str], required: set[str]) -> dict:
     if not isinstance(mapping, dict):
         raise invalid(where, mapping, "must be a mapping")
-    unknown_keys = sorted(set(mapping) - allowed)
+    unknown_keys = sorted(str(k) for k in set(mapping) - allowed)
     if unknown_keys:
         raise invalid(where, unknown_keys, f"unknown keys; allowed: {', '.join(sorted(allowed))}")
     missing = sorted(required - set(mapping))
@@ -117,17 +118,38 @@ def _coeff_list(where: str, value: object, length: int | None) -> list[float]:
     return out
 
 
+def _section(top: dict, key: str, source: str) -> dict:
+    value = top.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(f"{source}: {key}", value, "must be a mapping")
+    return value
+
+
+def _whole_number(where: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise invalid(where, value, "must be a whole number > 0")
+    return value
+
+
+def _finite(where: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise invalid(where, value, "must be a finite number")
+    return float(value)
+
+
 def _parse(raw: object, source: str) -> DefaultsFile:
     top = _check_keys(source, raw, _TOP_KEYS, {"models"})
 
     model_defaults: dict[str, dict[str, Any]] = {}
-    for model_id, spec in (top.get("defaults") or {}).items():
+    for model_id, spec in _section(top, "defaults", source).items():
         where = f"{source}: defaults.{model_id}"
         spec = _check_keys(where, spec, _DEFAULT_KEYS, {"GPU", "tensor_parallelism"})
         model_defaults[str(model_id).lower()] = dict(spec)
 
     workloads: dict[str, dict[str, Any]] = {}
-    for name, spec in (top.get("workloads") or {}).items():
+    for name, spec in _section(top, "workloads", source).items():
         where = f"{source}: workloads.{name}"
         workloads[str(name)] = dict(_check_keys(where, spec, _WORKLOAD_KEYS, set()))
 
@@ -143,12 +165,20 @@ def _parse(raw: object, source: str) -> DefaultsFile:
             CoefficientEntry(
                 model_id=str(row["id"]),
                 gpu=str(row["GPU"]),
-                tp=int(row["tensor_parallelism"]),
+                tp=_whole_number(f"{where}.tensor_parallelism", row["tensor_parallelism"]),
                 vllm_version=str(row["vllm_version"]),
                 alpha=tuple(_coeff_list(f"{where}.alpha_coeffs", row["alpha_coeffs"], 3)),
                 beta=tuple(_coeff_list(f"{where}.beta_coeffs", row["beta_coeffs"], 3)),
-                total_kv_blocks=int(kv_blocks) if kv_blocks is not None else None,
-                best_loss=float(row["best_loss"]) if row.get("best_loss") is not None else None,
+                total_kv_blocks=(
+                    _whole_number(f"{where}.total_kv_blocks", kv_blocks)
+                    if kv_blocks is not None
+                    else None
+                ),
+                best_loss=(
+                    _finite(f"{where}.best_loss", row["best_loss"])
+                    if row.get("best_loss") is not None
+                    else None
+                ),
             )
         )
 
@@ -177,7 +207,9 @@ def load_defaults_file(path: str | Path) -> DefaultsFile:
     except OSError as exc:
         raise invalid("defaults file", str(path), f"cannot be read ({exc.strerror})") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"defaults file: invalid YAML in {str(path)!r}: {exc}") from exc
+        raise ConfigError(
+            f"defaults file: invalid YAML in {str(path)!r}: {yaml_problem(exc)}"
+        ) from None
     return _parse(raw, str(path))
 
 

@@ -17,6 +17,8 @@ from ..engine.batching import EngineConfig, VLLMEngine
 from ..engine.events import ROUTER, event_after
 from ..engine.instance import Instance
 from ..engine.request import Request, RequestState
+from ..invariants import check_finished, check_run
+from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
 from ..metrics.results import Result, compute_summary
 from ..rng import subsystem_rng
@@ -155,6 +157,7 @@ def run_simulation(
     models); without it every instance serves `model_name` and is routable from t = 0.
     """
     cluster = cluster or ClusterSpec()
+    check_invariants = invariants_requested(check_invariants)
     if setups is None:
         setups = [InstanceSetup(engine_config, step_model)] * cluster.num_instances
     if isinstance(requests, Sequence):
@@ -181,7 +184,7 @@ def run_simulation(
     ]
     block_size = setups[0].engine.block_size
     source = _Source(requests, horizon_us)
-    finished = _on_finished(env, sessions, source)
+    finished = _on_finished(env, sessions, source, check_invariants)
 
     def kv_probe(index: int, req: Request) -> int:
         return len(engines[index].kv.cached_prefix_blocks(req, req.input_tokens))
@@ -289,7 +292,7 @@ def run_simulation(
                 continue  # a slot the fleet never used
             mine = [r for r in served if r.instance_id == iid]
             per_instance.append(compute_summary(iid, mine, [engine], end_of(engine)))
-    return Result(
+    result = Result(
         summary=summary,
         request_records=arrived,
         engines=engines,
@@ -311,6 +314,9 @@ def run_simulation(
         parked_at_end=router.parked_now,
         fleet=fleet,
     )
+    if check_invariants:
+        check_run(result)
+    return result
 
 
 def _build_pd(
@@ -389,12 +395,20 @@ def _next_live_event_us(env: simpy.Environment) -> float:
     return min(live, default=float("inf"))
 
 
-def _on_finished(env: simpy.Environment, sessions: SessionManager | None, source: _Source):
+def _on_finished(
+    env: simpy.Environment,
+    sessions: SessionManager | None,
+    source: _Source,
+    check_invariants: bool = False,
+):
     """Callback for every request that leaves the system (completed, dropped, timed out or
     rejected): closed-loop sessions may answer with their next round (INV-10)."""
 
     def on_finished(req: Request) -> None:
         source.finished += 1
+        req.forget_block_hashes()
+        if check_invariants:
+            check_finished(req, env.now)
         if sessions is None:
             return
         finished_us = max(env.now, req.completion_us)

@@ -11,15 +11,14 @@ BLIS only summarises the trace; servesim can also write it as JSON Lines (`write
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ..atomic_io import atomic_open
 from ..engine.request import Request
 from ..errors import invalid
 from .routing import RoutingDecision
@@ -192,14 +191,7 @@ class DecisionTrace:
     def write(self, path: str | Path) -> Path:
         """Write every record as JSON Lines, atomically (temp file + os.replace)."""
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                for record in self.records():
-                    f.write(json.dumps(record, sort_keys=True) + "\n")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_open(target) as f:
+            for record in self.records():
+                f.write(json.dumps(record, sort_keys=True) + "\n")
         return target

@@ -396,6 +396,7 @@ class Infrastructure:
 
     def _reroute(self, index: int, req: Request) -> None:
         self.router.finished(index)
+        self.instances[index].engine.forget(req)
         req.restart()
         self.router.reinject(req)
 

@@ -198,7 +198,9 @@ class Disaggregator:
                     p.state if p.state is not RequestState.CREATED else RequestState.QUEUED
                 )
                 parent.instance_id = p.instance_id
+                parent.enqueue_us = p.enqueue_us
                 parent.schedule_us = p.schedule_us
+                parent.first_schedule_us = p.first_schedule_us
 
 
 def _take_decode_progress(parent: Request) -> None:

@@ -56,6 +56,7 @@ class EnqueueOutcome(StrEnum):
     DROPPED = "dropped_unservable"
     TIMED_OUT = "timed_out"
     IGNORED = "ignored"
+    COMPLETED = "completed"  # a decode sub-request with nothing left to generate
 
 
 class VLLMEngine:
@@ -90,6 +91,9 @@ class VLLMEngine:
         self.total_output_tokens = 0
         self.preemption_count = 0
         self.dropped_unservable = 0
+        # Requests plan_step found unservable (e.g. a preempted request whose prompt plus
+        # output outgrew the whole cache); the instance reports them as finished.
+        self.dropped_while_planning: list[Request] = []
         self.timed_out = 0
         self.length_capped = 0
         self.kv_allocation_failures = 0
@@ -149,6 +153,13 @@ class VLLMEngine:
         req.enqueue_us = now_us
         if self._past_deadline(req, now_us):
             return EnqueueOutcome.TIMED_OUT
+        if req.output_tokens == 0:
+            # The prefill was the whole request: done on arrival, no token, no KV needed.
+            req.state = RequestState.COMPLETED
+            req.first_token_us = req.last_token_us = req.completion_us = now_us
+            req.in_prefill = False
+            self.completed.append(req)
+            return EnqueueOutcome.COMPLETED
         prompt = req.input_tokens
         cached = (
             self.kv.cached_prefix_blocks(req, prompt) if self.config.enable_prefix_caching else []
@@ -198,18 +209,22 @@ class VLLMEngine:
         return evicted
 
     def take_unstarted(self) -> list[Request]:
-        """Remove the queued requests that were never scheduled (a redirecting drain); their
-        input tokens are counted where they are served instead."""
+        """Remove the queued requests that were never scheduled (a redirecting drain)."""
         keep: deque[Request] = deque()
         taken: list[Request] = []
         for req in self.waiting:
             if req.first_schedule_us < 0 and not req.block_ids:
                 taken.append(req)
-                self.total_input_tokens -= req.input_tokens
             else:
                 keep.append(req)
         self.waiting = keep
         return taken
+
+    def forget(self, req: Request) -> None:
+        """`req` leaves to be served from scratch elsewhere: its tokens are counted there."""
+        if req.enqueue_us >= 0:
+            self.total_input_tokens -= req.input_tokens
+        self.total_output_tokens -= req.generated_tokens
 
     # ------------------------------------------------------------------ one step
     def plan_step(self, now_us: int) -> StepBatch | None:
@@ -298,6 +313,7 @@ class VLLMEngine:
                 if -(-(target + decode_needs) // bs) > kv.total_blocks:
                     waiting.popleft()
                     self._drop(req, now_us)
+                    self.dropped_while_planning.append(req)
                     continue
                 cached = kv.cached_prefix_blocks(req, target - 1) if caching else []
                 reload = kv.cpu_prefix_blocks(req, len(cached), target - 1) if caching else 0

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import simpy
 
+from ..invariants import check_step
 from ..latency.base import StepBatch, StepTimeModel
 from .batching import EnqueueOutcome, VLLMEngine
 from .events import (
@@ -220,6 +221,10 @@ class Instance:
                 yield self._idle
                 self._idle = None
             batch = engine.plan_step(env.now)
+            if engine.dropped_while_planning:
+                for req in engine.dropped_while_planning:
+                    on_finished(req)
+                engine.dropped_while_planning.clear()
             if batch is None:
                 continue
             if engine.new_reloads:
@@ -240,4 +245,4 @@ class Instance:
             for req in engine.finish_step(step_us):
                 on_finished(req)
             if self.check_invariants:
-                engine.check_invariants()
+                check_step(engine, self.instance_id, env.now)

@@ -63,6 +63,12 @@ class KVCache:
         return self.total_blocks - self.used_blocks
 
     @property
+    def reusable_blocks(self) -> int:
+        """Blocks not in use, counted where they are: released (LRU) plus never used yet.
+        Equals `free_blocks` exactly when KV blocks are conserved (INV-4)."""
+        return len(self._free_lru) + self.total_blocks - self._fresh_next
+
+    @property
     def utilization(self) -> float:
         return self.used_blocks / self.total_blocks
 

@@ -256,6 +256,11 @@ class Request:
             segs.append((self.output_key, remaining))
         return segs
 
+    def forget_block_hashes(self) -> None:
+        """Drop the cached block hashes of a request that has left the system: nothing reads
+        them again, and they were a fifth of a long run's memory (benchmarks/soak.py)."""
+        self._block_hashes = None
+
     def block_hashes(self, full_blocks: int, block_size: int) -> list[int]:
         """Chained hashes of the first `full_blocks` full blocks of this request's content.
 

@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..atomic_io import write_with
 from ..errors import ConfigError
 
 PLOT_NAMES = ("latency_cdfs", "instance_timelines", "throughput", "per_class")
@@ -200,6 +201,6 @@ def write_plots(result: Any, directory: str | Path, dpi: int = 100) -> list[Path
     for name, make in zip(PLOT_NAMES, makers, strict=True):
         fig: Figure = make(result)
         path = folder / f"{name}.png"
-        fig.savefig(path, dpi=dpi)
+        write_with(path, lambda tmp, f=fig: f.savefig(tmp, dpi=dpi, format="png"))
         paths.append(path)
     return paths

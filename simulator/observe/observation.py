@@ -17,7 +17,6 @@ import heapq
 import itertools
 import json
 import math
-import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -28,13 +27,13 @@ from typing import Any
 
 import yaml
 
+from ..atomic_io import atomic_open
 from ..engine.request import Request, RequestState
 from ..errors import ConfigError, invalid
 from ..workload.generator import SessionManager
 from ..workload.trace import (
     TRACE_V3_COLUMNS,
     TraceRow,
-    atomic_target,
     format_float,
     group_prefix_tokens,
     write_trace_files,
@@ -165,11 +164,10 @@ CHUNK_COLUMNS = ["request_id", "chunk_index", "time_us"]
 
 def write_chunk_times(path: Path, rows: Iterable[tuple[str, int, int]]) -> None:
     """Per-chunk arrival times (µs, same axis as the trace), atomically like the trace."""
-    with atomic_target(path) as (handle, tmp):
+    with atomic_open(path, newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(CHUNK_COLUMNS)
         writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def _csv_fields(row: TraceRow) -> list[str]:

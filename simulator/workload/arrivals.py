@@ -27,9 +27,14 @@ WEIBULL_CV_RANGE = (0.01, 10.4)
 _WEIBULL_K_RANGE = (0.1, 200.0)
 
 
+# Gaps are capped here (about 146,000 years) so that a vanishing rate cannot overflow the
+# int64 conversion into a negative gap; any horizon or request count ends the stream first.
+MAX_GAP_US = 2**62
+
+
 def _floor_gaps(gaps_us: np.ndarray) -> np.ndarray:
     # Truncate (not round) like BLIS's int64 conversion; 1 µs floor keeps time strictly moving.
-    return np.maximum(gaps_us.astype(np.int64), 1)
+    return np.maximum(np.minimum(gaps_us, MAX_GAP_US).astype(np.int64), 1)
 
 
 class ArrivalProcess:

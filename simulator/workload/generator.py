@@ -352,7 +352,9 @@ class WorkloadStream:
             while pending and pending[0][0] <= t:
                 yield heapq.heappop(pending)
             if mt.single_session and started:
-                continue
+                # One session only: stop drawing arrivals (skipping them would never end
+                # without a horizon); its remaining rounds are yielded below.
+                break
             session_id = f"sess_{plan.key}_{started}"
             started += 1
             first = plan.new_request(t)

@@ -253,9 +253,13 @@ class WorkloadSpec(_Strict):
         if version in ("", "1"):
             data = dict(data)
             data["version"] = "2"
+            raw_clients = data.get("clients")
+            if not isinstance(raw_clients, list):
+                return data  # not a list of clients: validation names the field
             clients = []
-            for client in data.get("clients") or []:
-                if isinstance(client, dict) and client.get("slo_class") in V1_SLO_CLASSES:
+            for client in raw_clients:
+                old_class = client.get("slo_class") if isinstance(client, dict) else None
+                if isinstance(old_class, str) and old_class in V1_SLO_CLASSES:
                     old = client["slo_class"]
                     client = {**client, "slo_class": V1_SLO_CLASSES[old]}
                     log.warning("deprecated SLO class %r mapped to %r", old, client["slo_class"])
@@ -301,8 +305,12 @@ def _location(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
+            continue
+        # A user's key may hold anything, line breaks included: quote any odd one.
+        name = str(part)
+        if not name or not name.isprintable() or any(c in name for c in " .[]"):
+            name = repr(name)
+        out += f".{name}" if out else name
     return out
 
 

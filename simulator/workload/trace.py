@@ -8,10 +8,7 @@ them (SPEC §12.2). Version 3 — BLIS after March 2026 — adds a `prefix_lengt
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ..atomic_io import replacing
 from ..engine.request import Request, RequestState
 from ..errors import ConfigError
 from ..yamlfiles import read_yaml_mapping
@@ -582,40 +580,17 @@ def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[s
     return row
 
 
-@contextlib.contextmanager
-def atomic_target(target: Path) -> Iterator[Any]:
-    """A temporary file next to `target`; yields its handle; the caller replaces it later."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            yield handle, Path(tmp)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_trace_files(
     header_path: Path, data_path: Path, header_text: str, columns: list[str], rows: Iterable
 ) -> None:
-    """Write a trace's header text and CSV rows, each to a temporary file renamed into place
-    only once both are complete: a failure never leaves half a trace."""
-    temps: list[Path] = []
-    try:
-        with atomic_target(data_path) as (handle, data_tmp):
-            temps.append(data_tmp)
+    """Write a trace's header text and CSV rows; both files are complete before either is
+    renamed into place, so a failure never leaves half a trace."""
+    with replacing(data_path) as data_tmp, replacing(header_path) as header_tmp:
+        with open(data_tmp, "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(columns)
             writer.writerows(rows)
-        with atomic_target(header_path) as (handle, header_tmp):
-            temps.append(header_tmp)
-            handle.write(header_text)
-        os.replace(data_tmp, data_path)
-        os.replace(header_tmp, header_path)
-    except BaseException:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
-        raise
+        header_tmp.write_text(header_text, encoding="utf-8")
 
 
 def write_trace(

@@ -1,0 +1,210 @@
+"""Soak: 1,000,000 requests through a multi-instance cluster; memory must grow only by the
+per-request records the result keeps (a constant number of bytes per request), and every
+invariant must hold at the end.
+
+    .venv/bin/python benchmarks/soak.py [--num-requests N] [--instances K] [--check-during]
+
+The cluster: K instances of Llama-3.1-8B on H100 behind weighted routing (prefix-affinity,
+queue-depth, kv-utilization), a modest KV cache so preemptions happen, three clients (chat
+with a shared system prompt, RAG with long prompts, batch with client timeouts) at about
+80 % of capacity. Requests are generated lazily, so the workload itself takes no memory.
+
+Memory: the resident set size is sampled every `--sample-every` finished requests. What the
+run must keep is one record per request (the result's request table) and one per engine step,
+so memory grows linearly; a leak (state kept per finished request beyond its record, a queue
+that never drains, an index that never evicts) shows up as a growth rate per request that
+rises over the run. The check: the growth per finished request over the second half of the
+run is at most FLAT_TOLERANCE x the rate over the first half (after a warm-up window).
+
+Invariants: `check_run` at the end (request conservation per instance and cluster, states,
+in-flight counts, KV blocks of every engine, output tokens); `--check-during` also checks
+every step and every finished request (several times slower).
+
+Node failures and draining (issue #10, part 5) are not exercised yet: instance lifecycle is
+being built on another branch. The hook is `lifecycle_events()` below; see its TODO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import simulator
+from simulator.invariants import check_run
+
+# One H100 serving Llama-3.1-8B saturates near 60.8 req/s at 512 -> 128 tokens
+# (benchmarks/bench_cluster.py); this mix is longer on average, so aim a little lower.
+PER_INSTANCE_REQ_PER_S = 38.0
+FLAT_TOLERANCE = 1.5
+WARM_UP_FRACTION = 0.1
+
+
+def lifecycle_events(instances: int, horizon_hint_s: float) -> list[dict]:
+    """Scheduled node failures and drains for the soak.
+
+    TODO(instance lifecycle, issue #10 part 5): once the scenario schema has lifecycle
+    events (drain an instance, fail/remove a node, scale down; SPEC A7, §8.3-8.4), return a
+    schedule here, e.g. a node failure at 25 % of the run, a drain of another instance at
+    50 %, a replacement coming back at 75 %, and put it in the scenario built by `scenario()`
+    (the key the lifecycle work chooses). The end-of-run invariants then also cover requests
+    that were in flight on a failed or drained instance (they must end counted: completed
+    elsewhere, rejected, or dropped, never lost)."""
+    return []
+
+
+def scenario(num_requests: int, instances: int, seed: int) -> dict:
+    rate = PER_INSTANCE_REQ_PER_S * instances
+    clients = [
+        {
+            "id": "chat",
+            "rate_fraction": 0.6,
+            "arrival": {"process": "poisson"},
+            "prefix_group": "system-prompt",
+            "prefix_length": 256,
+            "input_distribution": {
+                "type": "gaussian",
+                "params": {"mean": 300, "std_dev": 120, "min": 16, "max": 1500},
+            },
+            "output_distribution": {"type": "exponential", "params": {"mean": 150}},
+        },
+        {
+            "id": "rag",
+            "rate_fraction": 0.25,
+            "arrival": {"process": "gamma", "cv": 2.0},
+            "prefix_group": "documents",
+            "prefix_length": 1024,
+            "input_distribution": {"type": "constant", "params": {"value": 256}},
+            "output_distribution": {"type": "exponential", "params": {"mean": 80}},
+        },
+        {
+            "id": "batch",
+            "rate_fraction": 0.15,
+            "arrival": {"process": "poisson"},
+            "timeout": 20_000_000,  # µs: some requests give up under bursts
+            "input_distribution": {
+                "type": "gaussian",
+                "params": {"mean": 800, "std_dev": 300, "min": 64, "max": 4000},
+            },
+            "output_distribution": {"type": "exponential", "params": {"mean": 300}},
+        },
+    ]
+    doc = {
+        "name": "soak",
+        "seed": seed,
+        "model": "meta-llama/llama-3.1-8b-instruct",
+        "hardware": "H100",
+        "tp": 1,
+        "engine": {"total_kv_blocks": 1500, "max_num_running_reqs": 128},
+        "cluster": {
+            "num_instances": instances,
+            "routing": {
+                "policy": "weighted",
+                "scorers": "prefix-affinity:3,queue-depth:2,kv-utilization:2",
+            },
+        },
+        "workload": {
+            "version": "2",
+            "aggregate_rate": rate,
+            "num_requests": num_requests,
+            "clients": clients,
+        },
+    }
+    events = lifecycle_events(instances, num_requests / rate)
+    if events:  # pragma: no cover - lights up with the lifecycle work
+        raise NotImplementedError("wire lifecycle events into the scenario (see TODO)")
+    return doc
+
+
+def rss_bytes() -> int:
+    """Current resident set size (Linux /proc; elsewhere the peak, which is what we have)."""
+    statm = Path("/proc/self/statm")
+    if statm.is_file():
+        return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def growth_per_request(samples: list[tuple[int, int]]) -> float:
+    (n0, m0), (n1, m1) = samples[0], samples[-1]
+    return (m1 - m0) / (n1 - n0) if n1 > n0 else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=1_000_000)
+    parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--sample-every", type=int, default=0, help="default: 2%% of the run")
+    parser.add_argument("--check-during", action="store_true", help="check every step too")
+    args = parser.parse_args()
+
+    sample_every = args.sample_every or max(1000, args.num_requests // 50)
+    samples: list[tuple[int, int]] = []  # (finished requests, RSS bytes)
+    next_sample = sample_every
+    started_s = time.perf_counter()
+
+    def progress(now_us: int, finished: int) -> None:
+        nonlocal next_sample
+        if finished >= next_sample:
+            gc.collect()
+            samples.append((finished, rss_bytes()))
+            wall_s = time.perf_counter() - started_s
+            print(
+                f"  {finished:>9,} finished  simulated {now_us / 1e6:>9,.0f} s  "
+                f"rss {samples[-1][1] / 2**20:>7.1f} MiB  wall {wall_s:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            next_sample = finished + sample_every
+
+    doc = scenario(args.num_requests, args.instances, args.seed)
+    gc.collect()
+    rss_start = rss_bytes()
+    result = simulator.simulate(doc, progress=progress, check_invariants=args.check_during)
+    wall_s = time.perf_counter() - started_s
+    check_run(result)  # every end-of-run law; raises InvariantViolation naming the first
+
+    warm = [s for s in samples if s[0] >= WARM_UP_FRACTION * args.num_requests]
+    half = len(warm) // 2
+    first_rate = growth_per_request(warm[: half + 1]) if half >= 1 else float("nan")
+    second_rate = growth_per_request(warm[half:]) if half >= 1 else float("nan")
+    flat = not half or second_rate <= FLAT_TOLERANCE * max(first_rate, 1.0)
+    s = result.summary
+    report = {
+        "requests": args.num_requests,
+        "instances": args.instances,
+        "wall_s": round(wall_s, 1),
+        "requests_per_wall_s": round(args.num_requests / wall_s, 1),
+        "simulated_s": round(s["vllm_estimated_duration_s"], 1),
+        "completed": s["completed_requests"],
+        "timed_out": s["timed_out_requests"],
+        "dropped_unservable": s["dropped_unservable"],
+        "rejected": result.admission_rejections + result.routing_rejections,
+        "preemptions": s["preemption_count"],
+        "rss_start_mib": round(rss_start / 2**20, 1),
+        "rss_end_mib": round(rss_bytes() / 2**20, 1),
+        "bytes_per_request_first_half": round(first_rate, 1),
+        "bytes_per_request_second_half": round(second_rate, 1),
+        "memory_flat": flat,
+        "invariants": "hold",
+        "lifecycle_events": len(lifecycle_events(args.instances, 0.0)),
+    }
+    print(json.dumps(report, indent=2))
+    if not flat:
+        print(
+            f"memory grows faster late in the run: {second_rate:.0f} B/request in the second "
+            f"half vs {first_rate:.0f} in the first (tolerance x{FLAT_TOLERANCE})",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

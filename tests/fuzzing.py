@@ -1,0 +1,166 @@
+"""Shared pieces of the fuzz tests: budgets, a wall-clock guard, input mutators and the one
+outcome every parser must have — it accepts the input, or raises a ServesimError whose
+message is one line.
+
+Budgets: the "ci" hypothesis profile (the default, tests/conftest.py) gives each fuzz test
+`ci_examples`; `make fuzz` (HYPOTHESIS_PROFILE=fuzz) gives each FUZZ_EXAMPLES.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from simulator.errors import ServesimError
+
+FUZZ_EXAMPLES = int(os.environ.get("SERVESIM_FUZZ_EXAMPLES", "2000"))
+# One parse must not take longer than this: a parser that loops on odd input is a bug.
+PARSE_LIMIT_S = 30
+
+
+def fuzz_settings(ci_examples: int, long_cap: int | None = None) -> settings:
+    """`ci_examples` in the suite; FUZZ_EXAMPLES (at most `long_cap`, for tests that run
+    whole simulations) under `make fuzz`."""
+    long_budget = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
+    long_examples = min(FUZZ_EXAMPLES, long_cap) if long_cap else FUZZ_EXAMPLES
+    return settings(
+        max_examples=long_examples if long_budget else ci_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+@contextlib.contextmanager
+def finishes_within(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) if the block runs longer than `seconds`."""
+    if sys.platform == "win32":
+        yield
+        return
+
+    def too_slow(_signum, _frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def accepted_or_one_line_error(parse: Callable[..., Any], *args: Any) -> Any:
+    """Call `parse`; bad input may only surface as a one-line ServesimError. Returns the
+    parse result, or None when the input was rejected. Any other exception fails the test."""
+    with finishes_within(PARSE_LIMIT_S):
+        try:
+            return parse(*args)
+        except ServesimError as exc:
+            message = str(exc)
+            assert message.strip(), f"empty error message from {parse.__name__}"
+            assert "\n" not in message, f"multi-line error: {message!r}"
+            return None
+
+
+# --- values and mutations -------------------------------------------------------------------
+
+WEIRD_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**15), 10**15),
+    st.sampled_from([0, -1, 1, 2**31, 2**63, -(2**63)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["", "nan", "inf", "-1", "1e400", "0x10", "true", "~", "H100", "fcfs"]),
+)
+WEIRD_VALUES = st.one_of(
+    WEIRD_SCALARS,
+    st.lists(WEIRD_SCALARS, max_size=3),
+    st.dictionaries(st.text(max_size=6), WEIRD_SCALARS, max_size=2),
+)
+
+
+def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path to a node of a nested dict/list document (the root excluded)."""
+    out: list[tuple] = []
+    if isinstance(doc, dict):
+        items = list(doc.items())
+    elif isinstance(doc, list):
+        items = list(enumerate(doc))
+    else:
+        return out
+    for key, value in items:
+        out.append((*prefix, key))
+        out.extend(_paths(value, (*prefix, key)))
+    return out
+
+
+@st.composite
+def perturbed(draw, doc: Any, max_edits: int = 3) -> Any:
+    """`doc` with 1..max_edits structural edits: a node replaced by an odd value (type
+    confusion, out-of-range numbers, NaN), a key deleted, or an unknown key added."""
+    doc = copy.deepcopy(doc)
+    for _ in range(draw(st.integers(1, max_edits))):
+        paths = _paths(doc)
+        if not paths:
+            return draw(WEIRD_VALUES)
+        path = draw(st.sampled_from(paths))
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        edit = draw(st.sampled_from(["replace", "replace", "replace", "delete", "add"]))
+        if edit == "replace":
+            parent[path[-1]] = draw(WEIRD_VALUES)
+        elif edit == "delete":
+            del parent[path[-1]]
+        elif isinstance(parent, dict):
+            parent[draw(st.text(min_size=1, max_size=8))] = draw(WEIRD_VALUES)
+        else:
+            parent.append(draw(WEIRD_VALUES))
+    return doc
+
+
+@st.composite
+def mutated_text(draw, text: str, max_edits: int = 4) -> str:
+    """`text` with byte-level damage: lines dropped, duplicated or cut short, characters
+    inserted or deleted, numbers replaced, the file truncated."""
+    lines = text.splitlines(keepends=True) or [""]
+    for _ in range(draw(st.integers(1, max_edits))):
+        if not lines:
+            lines = [""]
+        i = draw(st.integers(0, len(lines) - 1))
+        line = lines[i]
+        edit = draw(
+            st.sampled_from(["drop", "dup", "cut", "insert", "delete", "number", "truncate"])
+        )
+        if edit == "drop":
+            del lines[i]
+        elif edit == "dup":
+            lines.insert(i, line)
+        elif edit == "cut":
+            lines[i] = line[: draw(st.integers(0, len(line)))]
+        elif edit == "insert":
+            at = draw(st.integers(0, len(line)))
+            junk = draw(st.text(alphabet=st.sampled_from(list(":,-{}[]\"'#&*!|>%@ \t\n0aZ.")),
+                                min_size=1, max_size=4))  # fmt: skip
+            lines[i] = line[:at] + junk + line[at:]
+        elif edit == "delete" and line:
+            at = draw(st.integers(0, len(line) - 1))
+            lines[i] = line[:at] + line[at + 1 :]
+        elif edit == "number":
+            digits = [j for j, c in enumerate(line) if c.isdigit()]
+            if digits:
+                at = draw(st.sampled_from(digits))
+                value = draw(st.sampled_from(["-1", "0", "1e309", "nan", "99999999999999999999"]))
+                lines[i] = line[:at] + value + line[at + 1 :]
+        elif edit == "truncate":
+            lines = lines[: i + 1]
+    return "".join(lines)
