@@ -75,7 +75,7 @@ class ConstantArrivals(ArrivalProcess):
     name = "constant"
 
     def gaps_us(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        return np.full(count, max(1, int(self.mean_gap_us)), dtype=np.int64)
+        return np.full(count, max(1, int(min(self.mean_gap_us, MAX_GAP_US))), dtype=np.int64)
 
 
 class GammaArrivals(ArrivalProcess):
