@@ -229,7 +229,7 @@ class Scenario(_Strict):
 
     name: str = ""
     description: str = ""
-    seed: int = 42
+    seed: int = Field(42, ge=0)
     horizon_us: int | None = Field(None, gt=0)
     model: str = "meta-llama/llama-3.1-8b-instruct"
     hardware: str | None = None

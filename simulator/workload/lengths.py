@@ -64,11 +64,20 @@ def _need(condition: bool, field: str, value: object, allowed: str) -> None:
         raise ConfigError(f"{field}: invalid value {value!r}; {allowed}")
 
 
+# No model has a context anywhere near this; larger values are typos (and overflow int64).
+MAX_LENGTH_TOKENS = 1_000_000_000
+
+
 class ConstantLength(LengthDistribution):
     name = "constant"
 
     def __init__(self, value: int, *, floor: int = 1, where: str = "constant length") -> None:
-        _need(value >= 0, f"{where}.value", value, "must be >= 0")
+        _need(
+            0 <= value <= MAX_LENGTH_TOKENS,
+            f"{where}.value",
+            value,
+            f"must be between 0 and {MAX_LENGTH_TOKENS:,} tokens",
+        )
         self.value = int(value)
         self.floor = floor
 

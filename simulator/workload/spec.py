@@ -233,7 +233,7 @@ class WorkloadSpec(_Strict):
     """A whole v2 workload: clients (and cohorts) with their shares of an aggregate rate."""
 
     version: str = "2"
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0)
     category: Literal["", "language", "multimodal", "reasoning"] = ""
     aggregate_rate: float | None = Field(None, gt=0, description="req/s over all clients")
     horizon: int | None = Field(None, gt=0, description="µs")
