@@ -20,8 +20,10 @@ Invariants: `check_run` at the end (request conservation per instance and cluste
 in-flight counts, KV blocks of every engine, output tokens); `--check-during` also checks
 every step and every finished request (several times slower).
 
-Node failures and draining (issue #10, part 5) are not exercised yet: instance lifecycle is
-being built on another branch. The hook is `lifecycle_events()` below; see its TODO.
+The fleet changes during the run (`lifecycle_events()`): a node fails at 25 % of the run
+(its requests are retried elsewhere), an instance is drained with redirect at 50 %, a node is
+drained with wait at 75 %, and replacements are provisioned and loaded after each, so the
+end-of-run laws also cover requests that were on a failed or drained instance.
 """
 
 from __future__ import annotations
@@ -45,17 +47,50 @@ FLAT_TOLERANCE = 1.5
 WARM_UP_FRACTION = 0.1
 
 
-def lifecycle_events(instances: int, horizon_hint_s: float) -> list[dict]:
-    """Scheduled node failures and drains for the soak.
+def lifecycle_events(instances: int, run_s: float) -> list[dict]:
+    """Node failures, drains and replacements at fixed fractions of the run (one instance per
+    one-GPU node, nodes `soak-0` .. `soak-<instances-1>`)."""
+    if instances < 3 or run_s <= 0:
+        return []
+    return [
+        {"at_s": 0.25 * run_s, "action": "fail_node", "node": "soak-1"},
+        {"at_s": 0.25 * run_s, "action": "add_instance"},  # placed when a node is ready
+        {"at_s": 0.25 * run_s, "action": "add_node", "pool": "soak"},
+        {
+            "at_s": 0.50 * run_s,
+            "action": "drain_instance",
+            "target": "instance_2",
+            "drain_policy": "redirect",
+        },  # fmt: skip
+        {"at_s": 0.50 * run_s, "action": "add_instance"},
+        {"at_s": 0.75 * run_s, "action": "drain_node", "node": "soak-0", "drain_policy": "wait"},
+        {"at_s": 0.75 * run_s, "action": "add_instance"},
+    ]
 
-    TODO(instance lifecycle, issue #10 part 5): once the scenario schema has lifecycle
-    events (drain an instance, fail/remove a node, scale down; SPEC A7, §8.3-8.4), return a
-    schedule here, e.g. a node failure at 25 % of the run, a drain of another instance at
-    50 %, a replacement coming back at 75 %, and put it in the scenario built by `scenario()`
-    (the key the lifecycle work chooses). The end-of-run invariants then also cover requests
-    that were in flight on a failed or drained instance (they must end counted: completed
-    elsewhere, rejected, or dropped, never lost)."""
-    return []
+
+def fleet(instances: int, run_s: float) -> dict:
+    """One-GPU nodes for the instances plus room for the replacements."""
+    return {
+        "node_pools": [
+            {
+                "name": "soak",
+                "gpu_type": "H100",
+                "gpus_per_node": 1,
+                "initial_nodes": instances + 1,  # one spare: the redirect's replacement
+                "max_nodes": instances + 3,
+                "provisioning_delay": {"mean_s": 60, "stddev_s": 10},
+                "cost_per_hour": 4.0,
+            }
+        ],
+        "instance_lifecycle": {
+            "initial_instances_loaded": True,
+            "loading_delay": {"mean_s": 30, "stddev_s": 5},
+            "warm_up_request_count": 20,
+            "warm_up_ttft_factor": 1.5,
+            "retry_on_failure": True,
+        },
+        "events": lifecycle_events(instances, run_s),
+    }
 
 
 def scenario(num_requests: int, instances: int, seed: int) -> dict:
@@ -115,9 +150,7 @@ def scenario(num_requests: int, instances: int, seed: int) -> dict:
             "clients": clients,
         },
     }
-    events = lifecycle_events(instances, num_requests / rate)
-    if events:  # pragma: no cover - lights up with the lifecycle work
-        raise NotImplementedError("wire lifecycle events into the scenario (see TODO)")
+    doc.update(fleet(instances, num_requests / rate))
     return doc
 
 
@@ -193,7 +226,12 @@ def main() -> int:
         "bytes_per_request_second_half": round(second_rate, 1),
         "memory_flat": flat,
         "invariants": "hold",
-        "lifecycle_events": len(lifecycle_events(args.instances, 0.0)),
+        "lifecycle_events": len(doc["events"]),
+        "failed": s.get("failed_requests", 0),
+        "dropped_on_drain": s.get("dropped_on_drain", 0),
+        "retried": result.fleet_metrics["retried_requests"],
+        "redirected": result.fleet_metrics["redirected_requests"],
+        "gpu_cost_usd": round(result.fleet_metrics["gpu_cost_usd"], 2),
     }
     print(json.dumps(report, indent=2))
     if not flat:
