@@ -258,6 +258,17 @@ def _check_conserved(scope: str, counts: dict[str, Any], end_us: int) -> None:
 
 def _check_states(result: Result, end_us: int) -> None:
     unbounded = result.horizon_us is None
+    # Requests for a served model that never found a routable instance (a fleet drained or
+    # failed to zero) wait at the router: unfinished but counted (still_queued).
+    waiting_for_instance = sum(r.state is RequestState.CREATED for r in result.request_records)
+    _require(
+        waiting_for_instance >= result.parked_at_end,
+        "request conservation (INV-1)",
+        end_us,
+        f"router holds {result.parked_at_end} requests but only {waiting_for_instance} are "
+        "unrouted",
+    )
+    parked_ok = unbounded and waiting_for_instance == result.parked_at_end
     for req in result.request_records:
         _require(
             req.state is not RequestState.RUNNING or req.enqueue_us >= 0,
@@ -268,7 +279,7 @@ def _check_states(result: Result, end_us: int) -> None:
         )
         if unbounded:
             _require(
-                req.is_finished,
+                req.is_finished or (parked_ok and req.state is RequestState.CREATED),
                 "every request ends in a counted final state (INV-1)",
                 end_us,
                 f"still {req.state} at the end of a run without a horizon",

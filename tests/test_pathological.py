@@ -127,10 +127,39 @@ def test_requests_after_the_horizon_are_counted_as_not_arrived():
     assert result.not_arrived == 5
 
 
-@pytest.mark.skip(reason="instance draining is being built on another branch (issue: lifecycle)")
-def test_all_instances_draining_at_once():
-    """When draining lands: drain every instance at t; requests arriving after t are rejected
-    (counted), in-flight ones finish, and conservation holds."""
+@pytest.mark.parametrize("policy", ["wait", "redirect", "immediate"])
+def test_all_instances_draining_at_once(policy):
+    """Every instance drains at 5 s. What they held ends by the policy (finished, or
+    dropped_on_drain); requests arriving afterwards find nothing routable and wait at the
+    router to the end of the run, counted as still queued. Nothing is lost."""
+    events = [
+        {"at_s": 5, "action": "drain_instance", "target": f"instance_{i}", "drain_policy": policy}
+        for i in range(3)
+    ]
+    with finishes_within(WALL_LIMIT_S):
+        result = simulator.simulate(
+            {
+                "cluster": {"num_instances": 3},
+                "engine": {"max_num_running_reqs": 8},
+                "events": events,
+                "workload": {"rate": 30, "num_requests": 300},
+            }
+        )
+    states = _states(result.request_records)
+    arrived_late = sum(r.arrival_us > 5_000_000 for r in result.request_records)
+    waiting = states[RequestState.CREATED]
+    assert arrived_late > 0
+    assert result.parked_at_end == waiting
+    s = result.summary
+    assert s["injected_requests"] == len(result.request_records) == 300
+    if policy == "immediate":
+        assert states[RequestState.DROPPED_ON_DRAIN] == s["dropped_on_drain"] > 0
+        assert waiting == arrived_late
+    else:
+        # redirected requests come back to the router and wait with the late arrivals
+        assert waiting >= arrived_late
+        assert states[RequestState.COMPLETED] + waiting == 300
+    assert all(t == "terminated" for t in result.fleet_instances.final_state)
 
 
 def _pd_replay(trace_rows: str, decode_kv_blocks: int | None, horizon_us: int | None = None):
