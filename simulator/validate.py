@@ -309,16 +309,21 @@ def replay_overrides(run: RunSpec, latency_model: str) -> dict[str, Any]:
 
 
 def validate_run(
-    run: RunSpec, latency_model: str = "roofline", extra_overrides: dict[str, Any] | None = None
+    run: RunSpec,
+    latency_model: str = "roofline",
+    extra_overrides: dict[str, Any] | None = None,
+    trace: tuple[Path, Path] | None = None,
 ) -> dict[str, Any]:
     """Replay one run and score it. Returns the run's identity, counts, wall time and
-    `scores` (one dict per metric, see `score`)."""
+    `scores` (one dict per metric, see `score`). `trace` (header, data) replays those requests
+    instead of the run's CSV, in the same order (e.g. `shared_prefix_trace`)."""
     from .api import replay
 
     started_s = time.perf_counter()
     measured, positions, n_rows = _measured(run.requests_csv)
     overrides = replay_overrides(run, latency_model) | (extra_overrides or {})
-    result = replay(None, run.requests_csv, **overrides)
+    header, data = trace if trace is not None else (None, run.requests_csv)
+    result = replay(header, data, **overrides)
     predicted, n_predicted = _predicted(result.request_records, positions)
     return {
         "run": run.name,
@@ -334,16 +339,53 @@ def validate_run(
     }
 
 
+# README: the system prompt every request starts with, by workload.
+SYSTEM_PROMPT_TOKENS = {"general": 100, "codegen": 100, "roleplay": 150, "reasoning": 100}
+PREFIX_GROUPS = 10
+
+
+def shared_prefix_trace(
+    run: RunSpec, prefix: Path, groups: int = PREFIX_GROUPS
+) -> tuple[Path, Path]:
+    """The run's requests as a TraceV3 whose system prompt is shared by `groups` groups,
+    assigned round-robin (README step 2's sensitivity check: membership was not recorded)."""
+    from .engine.request import Request
+    from .workload.trace import prefix_key, read_groundtruth_csv, write_trace
+
+    system = SYSTEM_PROMPT_TOKENS.get(run.workload, 0)
+    requests = []
+    for req in read_groundtruth_csv(run.requests_csv):
+        group = f"system-{req.index % groups}"
+        shared = min(system, req.input_tokens)
+        segments = [(prefix_key(group), shared)]
+        if req.input_tokens > shared:
+            segments.append((("req", req.request_id), req.input_tokens - shared))
+        requests.append(
+            Request(
+                req.request_id,
+                req.arrival_us,
+                req.input_tokens,
+                req.output_tokens,
+                index=req.index,
+                segments=segments,
+                prefix_group=group,
+            )
+        )
+    return write_trace(prefix, requests, keep_prefix_groups=True)
+
+
 def validate_folder(
     folder: Path,
     latency_model: str = "roofline",
     runs: Sequence[str] | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
+    extra_overrides: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """One row per run × metric (FRAME_COLUMNS); `on_run` sees each run's result as it ends."""
+    """One row per run × metric (FRAME_COLUMNS); `on_run` sees each run's result as it ends.
+    `extra_overrides` (dotted with `__`) apply to every replay, e.g. latency__coeffs_file."""
     rows = []
     for spec in select_runs(discover_runs(Path(folder)), runs):
-        outcome = validate_run(spec, latency_model)
+        outcome = validate_run(spec, latency_model, extra_overrides)
         if on_run is not None:
             on_run(outcome)
         for s in outcome["scores"]:
