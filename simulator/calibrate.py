@@ -47,6 +47,7 @@ from .latency.physics import (
 # Coefficients the fit moves (all of PhysicsCoefficients).
 FITTED = (
     "bandwidth_efficiency",
+    "kv_bandwidth_efficiency",
     "prefill_compute_efficiency",
     "decode_compute_efficiency",
     "interconnect_efficiency",
@@ -209,7 +210,7 @@ class Recording:
 
     case: Case
     coefficients: PhysicsCoefficients
-    terms: np.ndarray  # (steps, 8), PhysicsTerms columns
+    terms: np.ndarray  # (steps, 9), PhysicsTerms columns
     start_us: np.ndarray
     end_us: np.ndarray
     # Per scored request: index of the step running when it reached the engine (-1 if none),
@@ -249,7 +250,7 @@ def record(case: Case, coefficients: PhysicsCoefficients) -> Recording:
     steps = result.steps
     if len(recorders) != 1 or len(result.engines) != 1:
         raise invalid("calibrate: instances", len(result.engines), "calibration replays one")
-    terms = np.asarray(recorders[0].terms, dtype=float).reshape(-1, 8)
+    terms = np.asarray(recorders[0].terms, dtype=float).reshape(-1, 9)
     start = steps["start_us"].to_numpy()
     end = start + steps["step_us"].to_numpy()
     lag_step = recorders[0].inner.lag_step_terms()

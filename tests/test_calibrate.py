@@ -236,3 +236,37 @@ def test_cli_latency_coeffs_with_another_model_is_an_error(tmp_path: Path) -> No
     )
     assert result.exit_code == 2
     assert "only latency model physics reads one" in result.output
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"max_num_seqs": None}, "missing key 'config.max_num_seqs'"),
+        (
+            {"model_id": "acme/unknown-model"},
+            "model_id 'acme/unknown-model' is not a bundled model",
+        ),
+    ],
+)
+def test_cli_calibrate_rejects_an_incomplete_run(
+    tmp_path: Path, change: dict, message: str
+) -> None:
+    import json
+
+    from tests.test_validate import DATASET, _write_run
+
+    dataset = tmp_path / DATASET
+    _write_run(
+        dataset, "20260101-000000-llama-2-7b-tp1-general", "general", [(0, 50, 5, 0, 0.03, 0.1)]
+    )
+    meta_path = next((dataset / "requests").glob("*.meta.json"))
+    meta = json.loads(meta_path.read_text())
+    for key, value in change.items():
+        if key in meta["config"]:
+            meta["config"][key] = value
+        else:
+            meta[key] = value
+    meta_path.write_text(json.dumps(meta))
+    result = CliRunner().invoke(app, ["calibrate", str(tmp_path)])
+    assert result.exit_code == 2
+    assert message in result.output and result.output.count("\n") == 1

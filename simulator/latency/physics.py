@@ -5,7 +5,8 @@ together) on each of the `tp` GPUs of the instance. Per GPU it costs
 
     step = per-step overhead + batch × per-sequence overhead + layers × per-layer overhead
          + collectives × (all-reduce latency + all-reduce bytes / (link bandwidth × link eff.))
-         + max(HBM bytes / (peak bandwidth × bandwidth eff.),
+         + max(weight bytes / (peak bandwidth × bandwidth eff.)
+               + KV bytes / (peak bandwidth × KV bandwidth eff.),
                prefill FLOPs / (peak × prefill eff.) + decode FLOPs / (peak × decode eff.))
 
 Bytes are the weights streamed once per step (attention, all three SwiGLU matrices, the MoE
@@ -58,6 +59,9 @@ class PhysicsCoefficients:
     # Sustained / datasheet HBM bandwidth for large streaming reads (H100 ~0.8 in STREAM-like
     # copies; BLIS's roofline experiment H1 measured 0.82).
     bandwidth_efficiency: float = 0.80
+    # Paged attention reads the KV cache in 16-token blocks scattered over HBM, which streams
+    # less efficiently than the contiguous weights.
+    kv_bandwidth_efficiency: float = 0.60
     # Large BF16 GEMMs reach ~60-70% of the dense tensor-core peak on Hopper.
     prefill_compute_efficiency: float = 0.60
     # Decode GEMMs have a handful of rows: tile quantisation wastes most of each MMA.
@@ -106,7 +110,7 @@ COEFFICIENT_NAMES = tuple(f.name for f in fields(PhysicsCoefficients))
 class PhysicsTerms(NamedTuple):
     """One step's work per GPU at peak rates (seconds), plus the counts overheads scale with."""
 
-    memory_s: float  # HBM bytes / peak bandwidth
+    memory_s: float  # weight (and embedding-row) bytes / peak bandwidth
     prefill_compute_s: float  # prefill FLOPs / peak FLOP rate
     decode_compute_s: float  # decode FLOPs / peak FLOP rate
     allreduce_transfer_s: float  # all-reduce bytes on the link / link bandwidth
@@ -114,6 +118,7 @@ class PhysicsTerms(NamedTuple):
     layers: int
     sequences: int  # requests that got tokens this step
     weight_row_compute_s: float  # FLOPs of one row through every weight matrix / peak
+    kv_memory_s: float  # KV cache bytes read and written / peak bandwidth
 
 
 def price_terms(
@@ -122,9 +127,9 @@ def price_terms(
     maximum: Callable[[Any, Any], Any] = max,
 ) -> Any:
     """Step time in seconds. Works element-wise on arrays when `maximum` is numpy.maximum."""
-    memory_s, prefill_s, decode_s, transfer_s, collectives, layers, sequences, row_s = terms
+    memory_s, prefill_s, decode_s, transfer_s, collectives, layers, sequences, row_s, kv_s = terms
     gpu_s = maximum(
-        memory_s / c.bandwidth_efficiency,
+        memory_s / c.bandwidth_efficiency + kv_s / c.kv_bandwidth_efficiency,
         (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
         + decode_s / c.decode_compute_efficiency,
     )
@@ -377,7 +382,7 @@ class PhysicsModel(StepTimeModel):
             shape.linear_flops_per_token + shape.lm_head_flops_per_sequence
         ) * decodes + shape.attention_flops_per_pair * pairs_decode
         return PhysicsTerms(
-            (weight_bytes + shape.embedding_row_bytes * tokens + kv_bytes) / self.peak_bytes_per_s,
+            (weight_bytes + shape.embedding_row_bytes * tokens) / self.peak_bytes_per_s,
             prefill_flops / self.peak_flops_per_s,
             decode_flops / self.peak_flops_per_s,
             self.allreduce_s_per_token * tokens,
@@ -385,6 +390,7 @@ class PhysicsModel(StepTimeModel):
             shape.layers,
             sequences,
             FLOPS_PER_MAC * weight_bytes / self.weight_bytes_per_param / self.peak_flops_per_s,
+            kv_bytes / self.peak_bytes_per_s,
         )
 
     def step_time_us(self, batch: StepBatch) -> int:

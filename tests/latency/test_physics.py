@@ -34,6 +34,7 @@ MIXTRAL = load_model("mixtral-8x7b-v0.1")
 # Zero overheads and unit efficiencies leave only the physical terms at peak rates.
 BARE = PhysicsCoefficients(
     bandwidth_efficiency=1.0,
+    kv_bandwidth_efficiency=1.0,
     prefill_compute_efficiency=1.0,
     decode_compute_efficiency=1.0,
     interconnect_efficiency=1.0,
@@ -125,7 +126,8 @@ def test_decode_step_by_hand() -> None:
     kv = 2 * 32 * 32 * 128 * 2 * (99 + 1)  # read 99, write 1
     memory_s = (weights + kv) / 3.35e12
     terms = m.terms(StepBatch([], 1, 99))
-    assert terms.memory_s == pytest.approx(memory_s)
+    assert terms.memory_s + terms.kv_memory_s == pytest.approx(memory_s)
+    assert terms.kv_memory_s == pytest.approx(kv / 3.35e12)
     flops = (
         m.shape.linear_flops_per_token + 2 * 32000 * 4096 + m.shape.attention_flops_per_pair * 100
     )
@@ -164,6 +166,18 @@ def test_step_is_the_slower_of_memory_and_compute() -> None:
     # Halving the compute efficiency doubles a compute-bound step.
     slow = replace(BARE, prefill_compute_efficiency=0.5)
     assert price_terms(prefill, slow) == pytest.approx(2 * prefill.prefill_compute_s)
+
+
+def test_kv_reads_stream_at_their_own_efficiency() -> None:
+    """Halving the KV bandwidth efficiency adds exactly the KV time once more (memory-bound)."""
+    m = PhysicsModel(LLAMA2_7B, H100, 1, BARE)
+    decode = m.terms(StepBatch([], 64, 64 * 1000))
+    slow_kv = replace(BARE, kv_bandwidth_efficiency=0.5)
+    assert price_terms(decode, slow_kv) - price_terms(decode, BARE) == pytest.approx(
+        decode.kv_memory_s
+    )
+    # 64 requests x 1001 tokens x 2 x 32 layers x 32 heads x 128 dims x 2 bytes.
+    assert decode.kv_memory_s == pytest.approx(64 * 1001 * 2 * 32 * 32 * 128 * 2 / 3.35e12)
 
 
 def test_gemm_fixed_rows_cost_one_row_through_every_touched_weight() -> None:
