@@ -111,9 +111,11 @@ def per_run_figures(ttft_ms: np.ndarray, e2e_ms: np.ndarray, output_tokens: np.n
 # ------------------------------------------------------------------------------ building cases
 
 
-def groundtruth_case(run: Any, prefix_caching: bool = False) -> Case:
-    """A case from a ground-truth run (simulator.validate.RunSpec), replayed as validate does."""
-    from .validate import replay_overrides
+def groundtruth_case(run: Any, prompt_reuse: bool = False, workdir: Path | None = None) -> Case:
+    """A case from a ground-truth run (simulator.validate.RunSpec), replayed as validate does;
+    with `prompt_reuse`, as `validate --prompt-reuse` does (the load generator's few distinct
+    prompts shared, prefix caching on; the replay trace is written under `workdir`)."""
+    from .validate import replay_overrides, reuse_trace
     from .workload.trace import read_groundtruth_rows
 
     rows = read_groundtruth_rows(run.requests_csv)
@@ -121,12 +123,15 @@ def groundtruth_case(run: Any, prefix_caching: bool = False) -> Case:
     if not ok:
         raise ConfigError(f"calibrate: {str(run.requests_csv)!r} has no successful request")
     overrides = replay_overrides(run, PhysicsModel.name)
-    overrides["engine__enable_prefix_caching"] = prefix_caching
+    header, data = None, run.requests_csv
+    if prompt_reuse:
+        header, data = reuse_trace(run, workdir)
+        overrides["engine__enable_prefix_caching"] = True
     return Case(
+        trace_header=header,
+        trace_data=data,
         name=run.name,
         model=run.model,
-        trace_header=None,
-        trace_data=run.requests_csv,
         scenario=None,
         overrides=overrides,
         positions=np.asarray(ok),

@@ -603,6 +603,13 @@ def validate_cmd(
         Path | None,
         typer.Option("--latency-coeffs", help="coefficients YAML for physics (from calibrate)"),
     ] = None,
+    prompt_reuse: Annotated[
+        bool,
+        typer.Option(
+            "--prompt-reuse",
+            help="share the load generator's few distinct prompts whole, prefix caching on",
+        ),
+    ] = False,
 ) -> None:
     """Replay the measured vLLM runs and score TTFT, E2E, ITL and throughput against them."""
     import time
@@ -632,7 +639,14 @@ def validate_cmd(
         medians = {}
         for model in models:
             extra = {"latency__coeffs_file": latency_coeffs} if latency_coeffs else None
-            frame = validate_folder(where, model, runs, on_run=progress, extra_overrides=extra)
+            frame = validate_folder(
+                where,
+                model,
+                runs,
+                on_run=progress,
+                extra_overrides=extra,
+                prompt_reuse=prompt_reuse,
+            )
             typer.echo(format_table(frame))
             typer.echo("")
             typer.echo(f"summary ({model}; error = |predicted - measured| / measured)")

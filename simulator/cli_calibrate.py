@@ -37,6 +37,14 @@ def register(app: typer.Typer) -> None:
         include_overloaded: Annotated[
             bool, typer.Option("--include-overloaded", help="also fit on overloaded runs")
         ] = False,
+        prompt_reuse: Annotated[
+            bool,
+            typer.Option(
+                "--prompt-reuse/--no-prompt-reuse",
+                help="replay the load generator's repeated prompts with prefix caching "
+                "(default on: that is how the runs were measured)",
+            ),
+        ] = True,
         trace_header: Annotated[
             Path | None, typer.Option("--trace-header", help="real TraceV2 header (YAML)")
         ] = None,
@@ -68,6 +76,9 @@ def register(app: typer.Typer) -> None:
         output: Annotated[
             Path | None, typer.Option("--output", help="write the fitted coefficients (YAML)")
         ] = None,
+        workers: Annotated[
+            int, typer.Option("--workers", help="processes replaying runs in parallel")
+        ] = 1,
         rtt_ms: Annotated[
             float | None, typer.Option("--rtt-ms", help="round trip (default: trace header)")
         ] = None,
@@ -106,7 +117,7 @@ def register(app: typer.Typer) -> None:
                     "engine__max_num_scheduled_tokens": max_num_scheduled_tokens,
                 }
                 case = cal.trace_case(trace_header, trace_data, scenario, **flags)
-                result = cal.fit([case], rounds=rounds, on_round=progress)
+                result = cal.fit([case], rounds=rounds, on_round=progress, workers=workers)
                 _print_fit(result)
                 replayed = cal.replay_case(case, result.coefficients)
                 report = calibration_report(
@@ -126,9 +137,15 @@ def register(app: typer.Typer) -> None:
                         )
                 specs = select_runs(discover_runs(where), runs)
                 specs = [s for s in specs if include_overloaded or not s.overloaded]
-                result = cal.fit(
-                    [cal.groundtruth_case(s) for s in specs], rounds=rounds, on_round=progress
-                )
+                import tempfile
+
+                with tempfile.TemporaryDirectory() as tmp:
+                    result = cal.fit(
+                        [cal.groundtruth_case(s, prompt_reuse, Path(tmp)) for s in specs],
+                        rounds=rounds,
+                        on_round=progress,
+                        workers=workers,
+                    )
                 _print_fit(result)
                 about = {"groundtruth": str(where)}
             typer.echo("coefficients:")

@@ -280,3 +280,28 @@ def test_validate_scores_physics_with_a_coefficients_file(
     )
     assert result.exit_code == 0, result.output
     assert "summary (physics" in result.output
+
+
+def test_prompt_reuse_shares_each_distinct_prompt_whole(
+    fake_groundtruth: Path, tmp_path: Path
+) -> None:
+    """The profile's 2 system prompts x 2 users = 4 prompts, cycled: request i reuses i mod 4."""
+    from simulator.validate import distinct_prompts, reuse_trace
+    from simulator.workload.trace import load_trace
+
+    run = discover_runs(fake_groundtruth)[0]
+    with pytest.raises(ConfigError, match="--prompt-reuse: .*profile.yaml"):
+        reuse_trace(run, tmp_path)
+    profile = fake_groundtruth / DATASET / "runs" / run.name / "profile.yaml"
+    profile.write_text(
+        '{"data": {"shared_prefix": {"num_unique_system_prompts": 2,'
+        ' "num_users_per_system_prompt": 2}}}'
+    )
+    assert distinct_prompts(run) == 4
+    _, requests = load_trace(*reuse_trace(run, tmp_path))
+    assert [r.prefix_group for r in requests] == [f"system-{i % 4}" for i in range(6)]
+    assert all(r.segments == [(("prefix", r.prefix_group), 500)] for r in requests)
+    reused = CliRunner().invoke(
+        app, ["validate", str(fake_groundtruth), "--runs", "general", "--prompt-reuse"]
+    )
+    assert reused.exit_code == 0, reused.output
