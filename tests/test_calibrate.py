@@ -78,14 +78,17 @@ def test_reprice_with_own_coefficients_reproduces_the_replay(real_trace) -> None
 
 
 def test_reprice_tracks_a_coefficient_change(real_trace) -> None:
-    """A larger per-step overhead raises E2E by that overhead times the steps a request spans."""
+    """A larger per-step overhead raises E2E by that overhead times the steps a request spans
+    (the one it arrived in counted by the fraction it still had to run)."""
     case = cal.trace_case(*real_trace)
     rec = cal.record(case, TRUE)
     slower = replace(TRUE, per_step_overhead_us=TRUE.per_step_overhead_us + 1000)
     delta_ms = cal.reprice(rec, slower)["e2e_mean_ms"] - rec.predicted["e2e_mean_ms"]
     done = rec.completed
     steps_per_request = rec.completion_step[done] - rec.wait_step[done] + rec.wait_fraction[done]
-    assert delta_ms == pytest.approx(1.0 * steps_per_request.mean(), rel=1e-3)
+    # ... plus once more per output-lag step, which is priced as a lone step.
+    expected_ms = 1.0 * (steps_per_request.mean() + TRUE.output_lag_steps)
+    assert delta_ms == pytest.approx(expected_ms, rel=1e-3)
 
 
 def test_fit_reproduces_the_recorded_figures(real_trace) -> None:
