@@ -47,7 +47,7 @@ log = logging.getLogger("servesim")
 
 FALLBACK_KV_BLOCKS = 1_000_000
 # Backends whose step time comes from the model's shape; they get an auto-derived context limit.
-ANALYTICAL_BACKENDS = frozenset({"roofline"})
+ANALYTICAL_BACKENDS = frozenset({"roofline", "physics"})
 
 
 @dataclass
@@ -92,7 +92,14 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     validate_tp(model, tp)
     lat = scenario.latency
     step_model = build_step_time_model(
-        lat.model, model, gpu, tp, lat.alpha_coeffs, lat.beta_coeffs, lat.vllm_version
+        lat.model,
+        model,
+        gpu,
+        tp,
+        lat.alpha_coeffs,
+        lat.beta_coeffs,
+        lat.vllm_version,
+        coeffs_file=lat.coeffs_file,
     )
     eng = scenario.engine
     make_scheduler(eng.scheduler)
@@ -470,14 +477,18 @@ def _horizon(scenario: Scenario, stream: WorkloadStream | None) -> int | None:
 def simulate(
     scenario: Scenario | dict | str | Path,
     progress: Callable[[int, int], None] | None = None,
+    on_deployment: Callable[[Deployment], None] | None = None,
     **overrides: Any,
 ) -> Result:
     """Run one scenario (object, dict or YAML path); keyword overrides use dotted paths with
-    `__` for dots, e.g. simulate("x.yaml", engine__scheduler="sjf")."""
+    `__` for dots, e.g. simulate("x.yaml", engine__scheduler="sjf"). `on_deployment` sees the
+    resolved deployment before instances are built (calibration wraps its step model)."""
     sc = as_scenario(scenario)
     if overrides:
         sc = apply_overrides(sc, {k.replace("__", "."): v for k, v in overrides.items()})
     deployment = resolve_deployment(sc)
+    if on_deployment is not None:
+        on_deployment(deployment)
     requests, stream = build_traffic(sc)
     info = sc.model_dump(mode="json")
     info["resolved"] = deployment.describe()

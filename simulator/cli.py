@@ -50,6 +50,7 @@ SCENARIO_FIELDS = {
     "tp": "tp",
     "latency_model": "latency.model",
     "vllm_version": "latency.vllm_version",
+    "latency_coeffs": "latency.coeffs_file",
     "total_kv_blocks": "engine.total_kv_blocks",
     "block_size_in_tokens": "engine.block_size_tokens",
     "gpu_memory_utilization": "engine.gpu_memory_utilization",
@@ -133,7 +134,15 @@ def _common_flags(
     tp: Annotated[int | None, _opt("--tp", _SIM, "tensor parallelism")] = None,
     latency_model: Annotated[
         str | None,
-        _opt("--latency-model", _SIM, "roofline | blackbox | crossmodel | trained-roofline"),
+        _opt(
+            "--latency-model",
+            _SIM,
+            "roofline | physics | blackbox | crossmodel | trained-roofline",
+        ),
+    ] = None,
+    latency_coeffs: Annotated[
+        Path | None,
+        _opt("--latency-coeffs", _SIM, "coefficients YAML from `servesim calibrate` (physics)"),
     ] = None,
     alpha_coeffs: Annotated[str | None, _opt("--alpha-coeffs", _SIM, "a0,a1,a2")] = None,
     beta_coeffs: Annotated[str | None, _opt("--beta-coeffs", _SIM, "b0,b1,b2")] = None,
@@ -364,6 +373,8 @@ def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
         overrides["latency.beta_coeffs"] = beta
         if flags.get("latency_model") is None:
             overrides["latency.model"] = "blackbox"  # BLIS: coefficients imply blackbox
+    if flags.get("latency_coeffs") is not None and flags.get("latency_model") is None:
+        overrides["latency.model"] = "physics"  # only physics reads a coefficients file
     for name, path in SCENARIO_FIELDS.items():
         if flags.get(name) is not None:
             overrides[path] = flags[name]
@@ -652,8 +663,8 @@ def validate_cmd(
         list[str] | None,
         typer.Option(
             "--latency-model",
-            help="step-time backend (repeat to compare several: roofline, blackbox, crossmodel, "
-            "trained-roofline)",
+            help="step-time backend (repeat to compare several: roofline, physics, blackbox, "
+            "crossmodel, trained-roofline)",
         ),
     ] = None,
     output: Annotated[
@@ -663,6 +674,17 @@ def validate_cmd(
         list[str] | None,
         typer.Option("--runs", help="only runs whose name contains NAME (repeatable)"),
     ] = None,
+    latency_coeffs: Annotated[
+        Path | None,
+        typer.Option("--latency-coeffs", help="coefficients YAML for physics (from calibrate)"),
+    ] = None,
+    prompt_reuse: Annotated[
+        bool,
+        typer.Option(
+            "--prompt-reuse",
+            help="share the load generator's few distinct prompts whole, prefix caching on",
+        ),
+    ] = False,
 ) -> None:
     """Replay the measured vLLM runs and score TTFT, E2E, ITL and throughput against them."""
     import time
@@ -691,7 +713,15 @@ def validate_cmd(
         frames = []
         medians = {}
         for model in models:
-            frame = validate_folder(where, model, runs, on_run=progress)
+            extra = {"latency__coeffs_file": latency_coeffs} if latency_coeffs else None
+            frame = validate_folder(
+                where,
+                model,
+                runs,
+                on_run=progress,
+                extra_overrides=extra,
+                prompt_reuse=prompt_reuse,
+            )
             typer.echo(format_table(frame))
             typer.echo("")
             typer.echo(f"summary ({model}; error = |predicted - measured| / measured)")
@@ -719,6 +749,7 @@ def validate_cmd(
 
 
 def _register_extras() -> None:
+    from .cli_calibrate import register as register_calibrate
     from .cli_extras import register as register_plot
     from .cli_observe import register as register_observe
     from .cli_plan import register as register_plan
@@ -728,6 +759,7 @@ def _register_extras() -> None:
     register_sweep(app)
     register_plan(app)
     register_observe(app)
+    register_calibrate(app)
 
 
 _register_extras()

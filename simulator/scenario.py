@@ -104,6 +104,8 @@ class LatencySpec(_Strict):
     alpha_coeffs: list[float] | None = None
     beta_coeffs: list[float] | None = None
     vllm_version: str | None = None
+    # Fitted coefficients written by `servesim calibrate` (latency model physics).
+    coeffs_file: Path | None = None
 
     @model_validator(mode="after")
     def _pair(self) -> LatencySpec:
@@ -344,6 +346,8 @@ def load_scenario(path: str | Path) -> Scenario:
         )
     if scenario.hardware_file is not None:
         scenario.hardware_file = _resolve(base, scenario.hardware_file)
+    if scenario.latency.coeffs_file is not None:
+        scenario.latency.coeffs_file = _resolve(base, scenario.latency.coeffs_file)
     if scenario.workload_spec is not None:
         scenario.workload_spec = _resolve(base, scenario.workload_spec)
     scenario._base_dir = base

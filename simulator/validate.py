@@ -309,16 +309,21 @@ def replay_overrides(run: RunSpec, latency_model: str) -> dict[str, Any]:
 
 
 def validate_run(
-    run: RunSpec, latency_model: str = "roofline", extra_overrides: dict[str, Any] | None = None
+    run: RunSpec,
+    latency_model: str = "roofline",
+    extra_overrides: dict[str, Any] | None = None,
+    trace: tuple[Path, Path] | None = None,
 ) -> dict[str, Any]:
     """Replay one run and score it. Returns the run's identity, counts, wall time and
-    `scores` (one dict per metric, see `score`)."""
+    `scores` (one dict per metric, see `score`). `trace` (header, data) replays those requests
+    instead of the run's CSV, in the same order (e.g. `shared_prefix_trace`)."""
     from .api import replay
 
     started_s = time.perf_counter()
     measured, positions, n_rows = _measured(run.requests_csv)
     overrides = replay_overrides(run, latency_model) | (extra_overrides or {})
-    result = replay(None, run.requests_csv, **overrides)
+    header, data = trace if trace is not None else (None, run.requests_csv)
+    result = replay(header, data, **overrides)
     predicted, n_predicted = _predicted(result.request_records, positions)
     return {
         "run": run.name,
@@ -334,16 +339,96 @@ def validate_run(
     }
 
 
+# README: the system prompt every request starts with, by workload.
+SYSTEM_PROMPT_TOKENS = {"general": 100, "codegen": 100, "roleplay": 150, "reasoning": 100}
+PREFIX_GROUPS = 10
+
+
+def distinct_prompts(run: RunSpec) -> int | None:
+    """System prompts x users per system prompt from the run's load-generator profile."""
+    profile = run.requests_csv.parent.parent / "runs" / run.name / "profile.yaml"
+    if not profile.is_file():
+        return None
+    try:
+        shared = (yaml.safe_load(profile.read_text()) or {})["data"]["shared_prefix"]
+        return int(shared["num_unique_system_prompts"]) * int(shared["num_users_per_system_prompt"])
+    except (KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None
+
+
+def shared_prefix_trace(
+    run: RunSpec, prefix: Path, groups: int = PREFIX_GROUPS, whole_prompt: bool = False
+) -> tuple[Path, Path]:
+    """The run's requests as a TraceV3 whose system prompt is shared by `groups` groups,
+    assigned round-robin (README step 2's sensitivity check: membership was not recorded).
+    `whole_prompt` shares the whole prompt instead: the load generator's profile.yaml shows
+    it cycled through a few dozen fixed prompts (system prompt x user), so vLLM's prefix cache
+    served almost all of every prompt after its first occurrence."""
+    from .engine.request import Request
+    from .workload.trace import prefix_key, read_groundtruth_csv, write_trace
+
+    system = SYSTEM_PROMPT_TOKENS.get(run.workload, 0)
+    requests = []
+    for req in read_groundtruth_csv(run.requests_csv):
+        group = f"system-{req.index % groups}"
+        shared = req.input_tokens if whole_prompt else min(system, req.input_tokens)
+        segments = [(prefix_key(group), shared)]
+        if req.input_tokens > shared:
+            segments.append((("req", req.request_id), req.input_tokens - shared))
+        requests.append(
+            Request(
+                req.request_id,
+                req.arrival_us,
+                req.input_tokens,
+                req.output_tokens,
+                index=req.index,
+                segments=segments,
+                prefix_group=group,
+            )
+        )
+    return write_trace(prefix, requests, keep_prefix_groups=True)
+
+
+def reuse_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path, Path]:
+    """The `--prompt-reuse` replay of a run: its profile's distinct prompts shared whole,
+    assigned round-robin (written under `workdir`, a new temporary folder if None)."""
+    import tempfile
+
+    prompts = distinct_prompts(run)
+    if prompts is None:
+        raise ConfigError(
+            f"--prompt-reuse: {run.name}: no runs/{run.name}/profile.yaml with "
+            "data.shared_prefix.num_unique_system_prompts and num_users_per_system_prompt"
+        )
+    folder = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="servesim-"))
+    return shared_prefix_trace(run, folder / f"{run.name}-reuse", prompts, whole_prompt=True)
+
+
 def validate_folder(
     folder: Path,
     latency_model: str = "roofline",
     runs: Sequence[str] | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
+    extra_overrides: dict[str, Any] | None = None,
+    prompt_reuse: bool = False,
 ) -> pd.DataFrame:
-    """One row per run × metric (FRAME_COLUMNS); `on_run` sees each run's result as it ends."""
+    """One row per run × metric (FRAME_COLUMNS); `on_run` sees each run's result as it ends.
+    `extra_overrides` (dotted with `__`) apply to every replay, e.g. latency__coeffs_file;
+    `prompt_reuse` replays the load generator's repeated prompts with prefix caching on."""
+    import tempfile
+
     rows = []
     for spec in select_runs(discover_runs(Path(folder)), runs):
-        outcome = validate_run(spec, latency_model)
+        if prompt_reuse:
+            with tempfile.TemporaryDirectory() as tmp:
+                outcome = validate_run(
+                    spec,
+                    latency_model,
+                    (extra_overrides or {}) | {"engine__enable_prefix_caching": True},
+                    reuse_trace(spec, Path(tmp)),
+                )
+        else:
+            outcome = validate_run(spec, latency_model, extra_overrides)
         if on_run is not None:
             on_run(outcome)
         for s in outcome["scores"]:

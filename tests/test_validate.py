@@ -233,3 +233,75 @@ def test_one_real_run() -> None:
     assert measured["ttft_mean_ms"] == pytest.approx(27.1288, abs=1e-3)
     assert measured["itl_ms"] == pytest.approx(9.9517, abs=1e-3)
     assert measured["output_tokens_per_s"] == pytest.approx(1236.7572, abs=1e-2)
+
+
+def test_shared_prefix_trace_groups_the_system_prompt_round_robin(
+    fake_groundtruth: Path, tmp_path: Path
+) -> None:
+    from simulator.validate import SYSTEM_PROMPT_TOKENS, shared_prefix_trace, validate_run
+    from simulator.workload.trace import load_trace
+
+    run = discover_runs(fake_groundtruth)[0]
+    header, data = shared_prefix_trace(run, tmp_path / "shared", groups=4)
+    _, requests = load_trace(header, data)
+    # Same prompts, same order; request i in group i mod 4, its first 100 tokens shared.
+    assert [r.input_tokens for r in requests] == [500] * 6
+    assert [r.prefix_group for r in requests] == [f"system-{i % 4}" for i in range(6)]
+    assert all(r.segments[0][1] == SYSTEM_PROMPT_TOKENS["general"] for r in requests)
+    baseline = validate_run(run)
+    shared = validate_run(
+        run, extra_overrides={"engine__enable_prefix_caching": True}, trace=(header, data)
+    )
+
+    def ttft(outcome: dict) -> float:
+        return next(s["predicted"] for s in outcome["scores"] if s["metric"] == "ttft_mean_ms")
+
+    # Requests 4 and 5 find their group's prefix cached: less to prefill, never slower.
+    assert ttft(shared) < ttft(baseline)
+
+
+def test_validate_scores_physics_with_a_coefficients_file(
+    fake_groundtruth: Path, tmp_path: Path
+) -> None:
+    coeffs = tmp_path / "c.yaml"
+    coeffs.write_text("latency_model: physics\ncoefficients: {per_step_overhead_us: 5000}\n")
+    result = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            str(fake_groundtruth),
+            "--latency-model",
+            "physics",
+            "--latency-coeffs",
+            str(coeffs),
+            "--runs",
+            "general",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "summary (physics" in result.output
+
+
+def test_prompt_reuse_shares_each_distinct_prompt_whole(
+    fake_groundtruth: Path, tmp_path: Path
+) -> None:
+    """The profile's 2 system prompts x 2 users = 4 prompts, cycled: request i reuses i mod 4."""
+    from simulator.validate import distinct_prompts, reuse_trace
+    from simulator.workload.trace import load_trace
+
+    run = discover_runs(fake_groundtruth)[0]
+    with pytest.raises(ConfigError, match="--prompt-reuse: .*profile.yaml"):
+        reuse_trace(run, tmp_path)
+    profile = fake_groundtruth / DATASET / "runs" / run.name / "profile.yaml"
+    profile.write_text(
+        '{"data": {"shared_prefix": {"num_unique_system_prompts": 2,'
+        ' "num_users_per_system_prompt": 2}}}'
+    )
+    assert distinct_prompts(run) == 4
+    _, requests = load_trace(*reuse_trace(run, tmp_path))
+    assert [r.prefix_group for r in requests] == [f"system-{i % 4}" for i in range(6)]
+    assert all(r.segments == [(("prefix", r.prefix_group), 500)] for r in requests)
+    reused = CliRunner().invoke(
+        app, ["validate", str(fake_groundtruth), "--runs", "general", "--prompt-reuse"]
+    )
+    assert reused.exit_code == 0, reused.output

@@ -13,13 +13,15 @@ CLI), and unknown names are rejected with the list of registered ones.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from simulator.catalog.types import GPUSpec, ModelConfig
-from simulator.errors import unknown
+from simulator.errors import invalid, unknown
 from simulator.latency.base import StepBatch, StepTimeModel
 from simulator.latency.blackbox import BlackboxModel
 from simulator.latency.crossmodel import CrossModel
+from simulator.latency.physics import PhysicsModel
 from simulator.latency.roofline import RooflineModel
 from simulator.latency.trained_roofline import TrainedRoofline
 
@@ -49,6 +51,7 @@ register_latency_model(RooflineModel)
 register_latency_model(BlackboxModel)
 register_latency_model(CrossModel)
 register_latency_model(TrainedRoofline)
+register_latency_model(PhysicsModel)
 
 
 def build_step_time_model(
@@ -59,6 +62,7 @@ def build_step_time_model(
     alpha: Sequence[float] | None = None,
     beta: Sequence[float] | None = None,
     vllm_version: str | None = None,
+    coeffs_file: str | Path | None = None,
 ) -> StepTimeModel:
     """Build the backend called `name` for one deployment.
 
@@ -66,12 +70,24 @@ def build_step_time_model(
     blackbox: explicit alpha+beta win; else the defaults.yaml row for
         (model.name, gpu.name, tp, vllm_version); none found -> ConfigError listing the
         GPU/TP combinations that do have coefficients for the model.
+    coeffs_file: a fitted-coefficients YAML, only for backends with `accepts_coeffs_file`.
     """
     cls = LATENCY_MODELS.get(name)
     if cls is None:
         raise unknown("latency model", name, LATENCY_MODELS)
+    if coeffs_file is None:
+        return cls.from_deployment(  # type: ignore[attr-defined]
+            model, gpu, tp, alpha=alpha, beta=beta, vllm_version=vllm_version
+        )
+    if not cls.accepts_coeffs_file:
+        takes = sorted(n for n, c in LATENCY_MODELS.items() if c.accepts_coeffs_file)
+        raise invalid(
+            "latency.coeffs_file",
+            str(coeffs_file),
+            f"only latency model {', '.join(takes)} reads one",
+        )
     return cls.from_deployment(  # type: ignore[attr-defined]
-        model, gpu, tp, alpha=alpha, beta=beta, vllm_version=vllm_version
+        model, gpu, tp, alpha=alpha, beta=beta, vllm_version=vllm_version, coeffs_file=coeffs_file
     )
 
 
@@ -79,6 +95,7 @@ __all__ = [
     "DEFAULT_LATENCY_MODEL",
     "LATENCY_MODELS",
     "BlackboxModel",
+    "PhysicsModel",
     "RooflineModel",
     "StepBatch",
     "StepTimeModel",

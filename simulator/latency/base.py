@@ -43,6 +43,8 @@ class StepTimeModel:
     """Base class. Subclasses set `name` and implement `step_time_us`."""
 
     name: str = ""
+    # True for backends whose from_deployment takes `coeffs_file` (a fitted-coefficients YAML).
+    accepts_coeffs_file: bool = False
 
     def step_time_us(self, batch: StepBatch) -> int:
         raise NotImplementedError

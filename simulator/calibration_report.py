@@ -1,0 +1,220 @@
+"""BLIS's calibration report (SPEC §12.2): a real TraceV2 trace against a simulation of it.
+
+Requests are joined by request_id, skipping the real trace's warm-up requests. Real TTFT is
+first chunk − send and real E2E last chunk − send, as the client saw them; the simulated
+values get what the client adds on top of the server: the network round trip and the time to
+upload the prompt and download the answer (4 bytes per token over the given bandwidth).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, invalid
+
+BYTES_PER_TOKEN = 4
+PERCENTILES = (50, 90, 95, 99)
+# (grade, MAPE below, Pearson r above), best first.
+QUALITY_GRADES = (("excellent", 0.10, 0.95), ("good", 0.20, 0.85), ("fair", 0.35, 0.70))
+# Mean signed error within this fraction of the real mean counts as unbiased.
+BIAS_TOLERANCE = 0.01
+KNOWN_LIMITATIONS = (
+    "token IDs are synthesised from lengths, so prefix-cache hits in the real server that "
+    "the trace does not record (prefix_group empty) are not reproduced",
+    "the network is modelled as a fixed round trip plus a constant bandwidth",
+    "sampling, detokenisation and HTTP framing costs are folded into the latency model",
+)
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Per matched request (same order): real and simulated TTFT and E2E in ms."""
+
+    real_ttft_ms: np.ndarray
+    sim_ttft_ms: np.ndarray
+    real_e2e_ms: np.ndarray
+    sim_e2e_ms: np.ndarray
+    info: dict[str, Any]
+
+
+def _sim_times_from_result(result: Any) -> dict[str, tuple[float, float, int, int]]:
+    """request_id -> (server TTFT µs, server E2E µs, input tokens, output tokens), completed."""
+    from .engine.request import RequestState
+
+    out = {}
+    for r in result.request_records:
+        if r.state is RequestState.COMPLETED:
+            rid = r.request_id.removeprefix("request_")
+            out[rid] = (
+                r.first_token_us - r.arrival_us,
+                r.completion_us - r.arrival_us,
+                r.input_tokens,
+                r.generated_tokens,
+            )
+    return out
+
+
+def _sim_times_from_trace(data: Path) -> dict[str, tuple[float, float, int, int]]:
+    from .workload.trace import read_rows
+
+    return {
+        r.request_id: (
+            r.first_chunk_time_us - r.arrival_time_us,
+            r.last_chunk_time_us - r.arrival_time_us,
+            r.input_tokens,
+            r.output_tokens,
+        )
+        for r in read_rows(data)
+        if r.status == "ok"
+    }
+
+
+def join(
+    real_header: Path,
+    real_data: Path,
+    simulated: Any,
+    rtt_ms: float | None = None,
+    network_bandwidth_mbps: float = 0.0,
+) -> Joined:
+    """Match real and simulated requests; `simulated` is a Result or a simulated TraceV2 CSV."""
+    from .workload.trace import read_header, read_rows
+
+    if rtt_ms is not None and not (math.isfinite(rtt_ms) and rtt_ms >= 0):
+        raise invalid("--rtt-ms", rtt_ms, "must be a number >= 0")
+    if not (math.isfinite(network_bandwidth_mbps) and network_bandwidth_mbps >= 0):
+        raise invalid("--network-bandwidth-mbps", network_bandwidth_mbps, "must be >= 0 (0 = off)")
+    header = read_header(real_header)
+    if header.get("mode", "generated") != "real":
+        raise invalid(
+            f"calibration report: {str(real_header)!r} mode",
+            header.get("mode"),
+            "the real side must be a trace recorded from a server (mode: real)",
+        )
+    warm_up = int(header.get("warm_up_requests") or 0)
+    if rtt_ms is None:
+        rtt_ms = float((header.get("network") or {}).get("measured_rtt_ms") or 0.0)
+    sim = (
+        _sim_times_from_trace(Path(simulated))
+        if isinstance(simulated, str | Path)
+        else _sim_times_from_result(simulated)
+    )
+    rows = read_rows(real_data)
+    real_ttft, sim_ttft, real_e2e, sim_e2e = [], [], [], []
+    skipped_status = unmatched = 0
+    bytes_per_ms = network_bandwidth_mbps * 1e6 / 8 / 1e3
+    for i, row in enumerate(rows):
+        if i < warm_up:
+            continue
+        if row.status != "ok" or row.first_chunk_time_us <= 0:
+            skipped_status += 1
+            continue
+        simulated_row = sim.get(row.request_id)
+        if simulated_row is None:
+            unmatched += 1
+            continue
+        ttft_us, e2e_us, n_in, n_out = simulated_row
+        upload_ms = n_in * BYTES_PER_TOKEN / bytes_per_ms if bytes_per_ms else 0.0
+        download_ms = n_out * BYTES_PER_TOKEN / bytes_per_ms if bytes_per_ms else 0.0
+        sent_us = row.send_time_us or row.arrival_time_us
+        real_ttft.append((row.first_chunk_time_us - sent_us) / 1e3)
+        real_e2e.append((row.last_chunk_time_us - sent_us) / 1e3)
+        sim_ttft.append(ttft_us / 1e3 + rtt_ms + upload_ms)
+        sim_e2e.append(e2e_us / 1e3 + rtt_ms + upload_ms + download_ms)
+    if not real_ttft:
+        raise ConfigError(
+            f"calibration report: no request of {str(real_data)!r} matches a completed "
+            "simulated request by request_id"
+        )
+    info = {
+        "real_requests": len(rows),
+        "warm_up_skipped": min(warm_up, len(rows)),
+        "not_ok_skipped": skipped_status,
+        "unmatched": unmatched,
+        "matched": len(real_ttft),
+        "rtt_ms": rtt_ms,
+        "network_bandwidth_mbps": network_bandwidth_mbps,
+    }
+    return Joined(
+        np.asarray(real_ttft), np.asarray(sim_ttft), np.asarray(real_e2e), np.asarray(sim_e2e), info
+    )
+
+
+def quality(mape: float, pearson_r: float) -> str:
+    for grade, max_mape, min_r in QUALITY_GRADES:
+        if mape < max_mape and pearson_r > min_r:
+            return grade
+    return "poor"
+
+
+def metric_report(real: np.ndarray, sim: np.ndarray) -> dict[str, Any]:
+    """count, MAPE (real = 0 skipped), Pearson r (n >= 3), percentiles, bias and quality."""
+    nonzero = real != 0
+    mape = (
+        float(np.mean(np.abs(sim[nonzero] - real[nonzero]) / real[nonzero]))
+        if nonzero.any()
+        else math.nan
+    )
+    if real.size >= 3 and np.std(real) > 0 and np.std(sim) > 0:
+        pearson_r = float(np.corrcoef(real, sim)[0, 1])
+    else:
+        pearson_r = math.nan
+    signed = float(np.mean(sim - real) / np.mean(real)) if np.mean(real) else math.nan
+    if not math.isfinite(signed) or abs(signed) < BIAS_TOLERANCE:
+        bias = "neutral"
+    else:
+        bias = "over-predicts" if signed > 0 else "under-predicts"
+    report: dict[str, Any] = {"count": int(real.size), "mape": mape, "pearson_r": pearson_r}
+    for p in PERCENTILES:
+        report[f"real_p{p}"] = float(np.percentile(real, p))
+        report[f"sim_p{p}"] = float(np.percentile(sim, p))
+    report["mean_signed_error"] = signed
+    report["bias"] = bias
+    report["quality"] = quality(mape, pearson_r if math.isfinite(pearson_r) else -1.0)
+    return report
+
+
+def calibration_report(
+    real_header: str | Path,
+    real_data: str | Path,
+    simulated: Any,
+    rtt_ms: float | None = None,
+    network_bandwidth_mbps: float = 0.0,
+) -> dict[str, Any]:
+    """The report as a dict: {"ttft": {...}, "e2e": {...}, "trace_info": {...},
+    "known_limitations": [...]}; `simulated` is a servesim Result or a simulated TraceV2 CSV."""
+    joined = join(Path(real_header), Path(real_data), simulated, rtt_ms, network_bandwidth_mbps)
+    return {
+        "ttft": metric_report(joined.real_ttft_ms, joined.sim_ttft_ms),
+        "e2e": metric_report(joined.real_e2e_ms, joined.sim_e2e_ms),
+        "trace_info": joined.info,
+        "known_limitations": list(KNOWN_LIMITATIONS),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = ["calibration report (simulated vs real, ms)"]
+    for metric in ("ttft", "e2e"):
+        m = report[metric]
+        lines.append(
+            f"  {metric.upper():<5} n={m['count']} MAPE {m['mape']:.1%}  Pearson r "
+            f"{m['pearson_r']:.3f}  bias {m['bias']} ({m['mean_signed_error']:+.1%})  "
+            f"quality {m['quality']}"
+        )
+        lines.append(
+            "        "
+            + "  ".join(
+                f"p{p} real {m[f'real_p{p}']:.1f} sim {m[f'sim_p{p}']:.1f}" for p in PERCENTILES
+            )
+        )
+    info = report["trace_info"]
+    lines.append("  trace: " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    lines.append("  known limitations: " + "; ".join(report["known_limitations"]))
+    return "\n".join(lines)
+
+
+__all__ = ["calibration_report", "format_report", "metric_report", "quality"]

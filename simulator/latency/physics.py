@@ -1,0 +1,435 @@
+"""`physics`: a first-principles step-time model with a few calibratable efficiencies.
+
+One engine step is one forward pass of a mixed batch (prefill chunks and decode tokens
+together) on each of the `tp` GPUs of the instance. Per GPU it costs
+
+    step = per-step overhead + batch × per-sequence overhead + layers × per-layer overhead
+         + collectives × (all-reduce latency + all-reduce bytes / (link bandwidth × link eff.))
+         + max(weight bytes / (peak bandwidth × bandwidth eff.)
+               + KV bytes / (peak bandwidth × KV bandwidth eff.),
+               prefill FLOPs / (peak × prefill eff.) + decode FLOPs / (peak × decode eff.))
+
+Bytes are the weights streamed once per step (attention, all three SwiGLU matrices, the MoE
+experts the step's tokens actually touch, the router, the LM head, the embedding rows looked
+up) plus the KV cache read and written. FLOPs are the GEMMs of the tokens computed plus causal
+attention over their context plus one LM-head row per sequence. Every GEMM also pays a fixed
+cost worth `gemm_fixed_rows` rows (tiles are 128 rows tall, so a GEMM's last tile is partly
+empty, and each kernel fills and drains the GPU): that is why an MoE step, which runs one small
+GEMM per touched expert, computes less efficiently than a dense one. Every term is in
+`PhysicsTerms` at *peak* rates; `PhysicsCoefficients` turns them into time. Because the
+terms do not depend on the coefficients, calibration records the terms of every step once and
+re-prices them for any coefficients without re-simulating (see simulator/calibrate.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from functools import cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from simulator.catalog.types import GPUSpec, ModelConfig
+from simulator.errors import ConfigError, invalid, is_finite_positive
+from simulator.latency.base import StepBatch, StepTimeModel
+from simulator.latency.roofline import validate_roofline_inputs
+
+# A SwiGLU MLP has three matrices: gate and up (d -> d_ff) and down (d_ff -> d).
+SWIGLU_MATRICES = 3
+# FLOPs of one multiply-accumulate.
+FLOPS_PER_MAC = 2
+# K and V.
+KV_TENSORS = 2
+# Tensor parallelism needs one all-reduce after attention's output projection and one after
+# the MLP's down projection (Megatron-style sharding) in every layer.
+ALLREDUCES_PER_LAYER = 2
+
+COEFFICIENTS_FILE_VERSION = 1
+_DATA = Path(__file__).resolve().parent.parent / "catalog" / "data" / "physics.yaml"
+
+
+@dataclass(frozen=True)
+class PhysicsCoefficients:
+    """The efficiencies and overheads that turn peak-rate terms into time.
+
+    Defaults are public hardware facts and common measurements, not fits (see
+    docs/latency-models.md); `calibrate` replaces them with values fitted to real runs."""
+
+    # Sustained / datasheet HBM bandwidth for large streaming reads (H100 ~0.8 in STREAM-like
+    # copies; BLIS's roofline experiment H1 measured 0.82).
+    bandwidth_efficiency: float = 0.80
+    # Paged attention reads the KV cache in 16-token blocks scattered over HBM, which streams
+    # less efficiently than the contiguous weights.
+    kv_bandwidth_efficiency: float = 0.60
+    # Large BF16 GEMMs reach ~60-70% of the dense tensor-core peak on Hopper.
+    prefill_compute_efficiency: float = 0.60
+    # Decode GEMMs have a handful of rows: tile quantisation wastes most of each MMA.
+    decode_compute_efficiency: float = 0.30
+    # NCCL / custom all-reduce reaches ~70% of the per-direction link bandwidth.
+    interconnect_efficiency: float = 0.70
+    # Fixed cost of one small all-reduce on NVLink (launch + synchronisation), µs.
+    allreduce_latency_us: float = 10.0
+    # Launch gaps and small kernels (norms, rotary, residual adds) per layer, µs.
+    per_layer_overhead_us: float = 10.0
+    # vLLM's CPU work per step (scheduling, input preparation, sampling, output handling), µs.
+    per_step_overhead_us: float = 1500.0
+    # CPU work per scheduled sequence per step (block tables, sampling, detokenising), µs.
+    per_sequence_overhead_us: float = 20.0
+    # Once per request before it reaches the engine (HTTP, tokenisation), µs.
+    request_overhead_us: float = 3000.0
+    # Fixed cost of every GEMM in rows: half of Hopper's 128-row output tile.
+    gemm_fixed_rows: float = 64.0
+    # vLLM V1 schedules step N+1 while step N runs and hands step N's tokens to the API server
+    # afterwards, so a token reaches the client about one forward pass after it is computed.
+    output_lag_steps: float = 1.0
+
+    def check(self, where: str = "physics coefficients") -> PhysicsCoefficients:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("efficiency"):
+                if not (is_finite_positive(value) and value <= 1.0):
+                    raise invalid(f"{where}: {f.name}", value, "must be a number in (0, 1]")
+            elif f.name in ("gemm_fixed_rows", "output_lag_steps") and not (
+                is_finite_positive(value) or value == 0
+            ):
+                raise invalid(f"{where}: {f.name}", value, "must be a number >= 0")
+            elif not (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value >= 0
+            ):
+                raise invalid(f"{where}: {f.name}", value, "must be a number >= 0 (µs)")
+        return self
+
+
+COEFFICIENT_NAMES = tuple(f.name for f in fields(PhysicsCoefficients))
+
+
+class PhysicsTerms(NamedTuple):
+    """One step's work per GPU at peak rates (seconds), plus the counts overheads scale with."""
+
+    memory_s: float  # weight (and embedding-row) bytes / peak bandwidth
+    prefill_compute_s: float  # prefill FLOPs / peak FLOP rate
+    decode_compute_s: float  # decode FLOPs / peak FLOP rate
+    allreduce_transfer_s: float  # all-reduce bytes on the link / link bandwidth
+    collectives: int  # all-reduces in the step (0 without TP)
+    layers: int
+    sequences: int  # requests that got tokens this step
+    weight_row_compute_s: float  # FLOPs of one row through every weight matrix / peak
+    kv_memory_s: float  # KV cache bytes read and written / peak bandwidth
+
+
+def price_terms(
+    terms: PhysicsTerms | Sequence[Any],
+    c: PhysicsCoefficients,
+    maximum: Callable[[Any, Any], Any] = max,
+) -> Any:
+    """Step time in seconds. Works element-wise on arrays when `maximum` is numpy.maximum."""
+    memory_s, prefill_s, decode_s, transfer_s, collectives, layers, sequences, row_s, kv_s = terms
+    gpu_s = maximum(
+        memory_s / c.bandwidth_efficiency + kv_s / c.kv_bandwidth_efficiency,
+        (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
+        + decode_s / c.decode_compute_efficiency,
+    )
+    communication_s = (
+        collectives * c.allreduce_latency_us * 1e-6 + transfer_s / c.interconnect_efficiency
+    )
+    overhead_s = (
+        c.per_step_overhead_us
+        + layers * c.per_layer_overhead_us
+        + sequences * c.per_sequence_overhead_us
+    ) * 1e-6
+    return overhead_s + communication_s + gpu_s
+
+
+def request_delay_s(lag_step: PhysicsTerms | Sequence[Any], c: PhysicsCoefficients) -> Any:
+    """Once per request: the client path (HTTP, tokenisation) plus the output lag. The engine
+    charges it before the request is queued: it delays TTFT and E2E alike, not ITL."""
+    return c.request_overhead_us * 1e-6 + c.output_lag_steps * price_terms(lag_step, c)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Per-GPU constants of one model under tensor parallelism (bytes, FLOPs, counts)."""
+
+    layers: int
+    attention_weight_bytes: float  # all layers, per GPU
+    expert_weight_bytes: float  # one expert (or the dense MLP), all layers, per GPU
+    router_weight_bytes: float  # MoE gate, all layers, per GPU
+    lm_head_bytes: float  # vocab × hidden, per GPU (vocab-parallel)
+    embedding_row_bytes: float  # one token's embedding row, per GPU
+    kv_bytes_per_token: float  # K and V of one token, all layers, per GPU
+    linear_flops_per_token: float  # attention projections + active experts + router, per GPU
+    lm_head_flops_per_sequence: float  # logits of one position, per GPU
+    attention_flops_per_pair: float  # QK^T and AV for one (query, key) pair, all layers, per GPU
+    allreduce_bytes_per_token: float  # one all-reduce's payload per token (hidden × bytes)
+    num_experts: int  # 0 for dense
+    experts_per_token: int
+
+
+def model_shape(model: ModelConfig, tp: int) -> ModelShape:
+    """Count bytes and FLOPs from the architecture; see the module docstring for the terms."""
+    layers = model.num_layers
+    d = float(model.hidden_dim)
+    heads = model.num_heads
+    head_dim = float(model.config_head_dim or d / heads)
+    kv_heads = model.effective_kv_heads
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    d_ff = float(model.intermediate_dim) if model.intermediate_dim > 0 else 4.0 * d
+    moe = model.is_moe
+    d_expert = float(model.moe_expert_ffn_dim) if moe and model.moe_expert_ffn_dim > 0 else d_ff
+    experts = model.num_local_experts if moe else 0
+    k = model.num_experts_per_tok if moe else 1
+    act_bytes = float(model.bytes_per_param)
+    w_bytes = float(model.effective_weight_bytes_per_param)
+    # Q, K, V and output projections.
+    attention_params = d * (q_dim + 2 * kv_dim) + q_dim * d
+    mlp_params = SWIGLU_MATRICES * d * d_expert
+    router_params = d * experts
+    # KV heads are split across GPUs; with fewer KV heads than GPUs each GPU keeps a replica.
+    kv_heads_per_gpu = max(kv_heads / tp, 1.0)
+    return ModelShape(
+        layers=layers,
+        attention_weight_bytes=layers * attention_params * w_bytes / tp,
+        expert_weight_bytes=layers * mlp_params * w_bytes / tp,
+        router_weight_bytes=layers * router_params * w_bytes,
+        lm_head_bytes=model.vocab_size * d * w_bytes / tp,
+        embedding_row_bytes=d * w_bytes,
+        kv_bytes_per_token=KV_TENSORS * layers * kv_heads_per_gpu * head_dim * act_bytes,
+        linear_flops_per_token=FLOPS_PER_MAC
+        * layers
+        * (attention_params + k * mlp_params + router_params)
+        / tp,
+        lm_head_flops_per_sequence=FLOPS_PER_MAC * model.vocab_size * d / tp,
+        # QK^T and AV each take head_dim MACs per head per (query, key) pair.
+        attention_flops_per_pair=2 * FLOPS_PER_MAC * layers * heads * head_dim / tp,
+        allreduce_bytes_per_token=d * act_bytes,
+        num_experts=experts,
+        experts_per_token=k if moe else 0,
+    )
+
+
+def causal_pairs(context_tokens: int, new_tokens: int) -> int:
+    """(query, key) pairs a chunk attends: every new token sees the context and the new
+    tokens up to itself."""
+    return new_tokens * context_tokens + new_tokens * (new_tokens + 1) // 2
+
+
+@cache
+def _hardware_table() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(_DATA.read_text())
+
+
+def interconnect_gb_per_s(gpu: GPUSpec) -> float:
+    """Per-direction GPU-to-GPU bandwidth (GB/s) from the bundled table; PCIe for unknown GPUs."""
+    table = _hardware_table()["interconnect_gb_per_s"]
+    return float(table.get(gpu.name, table["default"]))
+
+
+def default_coefficients(gpu: GPUSpec) -> tuple[PhysicsCoefficients, str]:
+    """The shipped calibration for this GPU if there is one, else the physical defaults."""
+    calibrated = _hardware_table().get("calibrated", {}).get(gpu.name)
+    if calibrated:
+        return coefficients_from_mapping(calibrated, f"physics.yaml calibrated.{gpu.name}"), (
+            "calibrated"
+        )
+    return PhysicsCoefficients(), "physical defaults"
+
+
+def coefficients_from_mapping(data: Mapping[str, Any], where: str) -> PhysicsCoefficients:
+    """Strict: unknown names are errors; missing names keep the physical defaults."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: coefficients must be a mapping of name: number")
+    extra = sorted(set(data) - set(COEFFICIENT_NAMES))
+    if extra:
+        raise ConfigError(
+            f"{where}: unknown coefficient {extra[0]!r}; valid: {', '.join(COEFFICIENT_NAMES)}"
+        )
+    return replace(PhysicsCoefficients(), **dict(data)).check(where)
+
+
+def load_coefficients_file(path: str | Path) -> PhysicsCoefficients:
+    """Read a file written by `servesim calibrate` (or by hand): `coefficients: {name: value}`."""
+    from simulator.yamlfiles import read_yaml_mapping
+
+    data = read_yaml_mapping(path, "latency coefficients file")
+    model = data.get("latency_model", PhysicsModel.name)
+    if model != PhysicsModel.name:
+        raise invalid(
+            f"latency coefficients file {str(path)!r}: latency_model", model, "must be 'physics'"
+        )
+    if "coefficients" not in data:
+        raise ConfigError(f"latency coefficients file {str(path)!r}: missing key 'coefficients'")
+    return coefficients_from_mapping(data["coefficients"], f"{str(path)!r} coefficients")
+
+
+def coefficients_document(c: PhysicsCoefficients, **about: Any) -> dict[str, Any]:
+    """The YAML document `load_coefficients_file` reads, with free-form provenance."""
+    return {
+        "version": COEFFICIENTS_FILE_VERSION,
+        "latency_model": PhysicsModel.name,
+        "coefficients": {k: float(v) for k, v in asdict(c).items()},
+        **about,
+    }
+
+
+class PhysicsModel(StepTimeModel):
+    """First-principles step time with calibrated efficiencies; see the module docstring."""
+
+    name = "physics"
+    accepts_coeffs_file = True
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        gpu: GPUSpec,
+        tp: int,
+        coefficients: PhysicsCoefficients | None = None,
+    ) -> None:
+        validate_roofline_inputs(model, gpu, tp)
+        if coefficients is None:
+            coefficients, self.coefficients_source = default_coefficients(gpu)
+        else:
+            self.coefficients_source = "given"
+        self.coefficients = coefficients.check()
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.shape = model_shape(model, tp)
+        bytes_weight = model.effective_weight_bytes_per_param
+        flops_tera = (
+            gpu.tflops_fp8 if bytes_weight == 1.0 and gpu.tflops_fp8 > 0 else gpu.tflops_peak
+        )
+        self.peak_flops_per_s = flops_tera * 1e12
+        self.weight_bytes_per_param = bytes_weight
+        self.peak_bytes_per_s = gpu.bw_peak_tbs * 1e12
+        link_bytes_per_s = interconnect_gb_per_s(gpu) * 1e9
+        # Ring all-reduce: each GPU sends and receives 2(tp-1)/tp of the payload.
+        self.allreduce_s_per_token = (
+            ALLREDUCES_PER_LAYER
+            * self.shape.layers
+            * 2
+            * (tp - 1)
+            / tp
+            * self.shape.allreduce_bytes_per_token
+            / link_bytes_per_s
+        )
+        self.collectives = ALLREDUCES_PER_LAYER * self.shape.layers if tp > 1 else 0
+        self.queueing_us = int(request_delay_s(self.lag_step_terms(), self.coefficients) * 1e6)
+
+    @classmethod
+    def from_deployment(
+        cls,
+        model: ModelConfig,
+        gpu: GPUSpec,
+        tp: int,
+        alpha: Sequence[float] | None = None,
+        beta: Sequence[float] | None = None,
+        vllm_version: str | None = None,
+        coeffs_file: str | Path | None = None,
+    ) -> PhysicsModel:
+        if alpha is not None or beta is not None:
+            raise invalid(
+                "alpha_coeffs/beta_coeffs",
+                {"alpha_coeffs": alpha, "beta_coeffs": beta},
+                "latency model 'physics' takes a coefficients file (latency.coeffs_file / "
+                "--latency-coeffs), not alpha/beta",
+            )
+        coefficients = load_coefficients_file(coeffs_file) if coeffs_file is not None else None
+        return cls(model, gpu, tp, coefficients)
+
+    def lag_step_terms(self) -> PhysicsTerms:
+        """The forward pass a token waits for before it is sent: one lone decode step."""
+        return self.terms(StepBatch([], 1, 0))
+
+    def expected_experts(self, step_tokens: int) -> float:
+        """Distinct experts per layer that `step_tokens` uniformly routed tokens touch."""
+        n, k = self.shape.num_experts, self.shape.experts_per_token
+        if n == 0:
+            return 1.0
+        return n * (1.0 - ((n - k) / n) ** step_tokens)
+
+    def terms(self, batch: StepBatch) -> PhysicsTerms:
+        shape = self.shape
+        pairs_prefill = 0
+        prefill_tokens = 0
+        context_read = 0
+        for context, new in batch.prefill_chunks:
+            pairs_prefill += causal_pairs(context, new)
+            prefill_tokens += new
+            context_read += context
+        decodes = batch.decode_count
+        # A decode token attends its whole context plus itself.
+        pairs_decode = batch.decode_context_sum + decodes
+        context_read += batch.decode_context_sum
+        tokens = prefill_tokens + decodes
+        sequences = len(batch.prefill_chunks) + decodes
+        weight_bytes = (
+            shape.attention_weight_bytes
+            + shape.expert_weight_bytes * self.expected_experts(tokens)
+            + shape.router_weight_bytes
+            + shape.lm_head_bytes
+        )
+        kv_bytes = shape.kv_bytes_per_token * (context_read + tokens)
+        prefill_flops = (
+            shape.linear_flops_per_token * prefill_tokens
+            + shape.attention_flops_per_pair * pairs_prefill
+            + shape.lm_head_flops_per_sequence * len(batch.prefill_chunks)
+        )
+        decode_flops = (
+            shape.linear_flops_per_token + shape.lm_head_flops_per_sequence
+        ) * decodes + shape.attention_flops_per_pair * pairs_decode
+        return PhysicsTerms(
+            (weight_bytes + shape.embedding_row_bytes * tokens) / self.peak_bytes_per_s,
+            prefill_flops / self.peak_flops_per_s,
+            decode_flops / self.peak_flops_per_s,
+            self.allreduce_s_per_token * tokens,
+            self.collectives,
+            shape.layers,
+            sequences,
+            FLOPS_PER_MAC * weight_bytes / self.weight_bytes_per_param / self.peak_flops_per_s,
+            kv_bytes / self.peak_bytes_per_s,
+        )
+
+    def step_time_us(self, batch: StepBatch) -> int:
+        if batch.batch_size == 0:
+            return 1
+        step_us = int(price_terms(self.terms(batch), self.coefficients) * 1e6)
+        return step_us if step_us > 1 else 1
+
+    def queueing_time_us(self, input_tokens: int) -> int:
+        return self.queueing_us
+
+
+class RecordingStepModel(StepTimeModel):
+    """Wraps a PhysicsModel and keeps every step's terms, in step order (for calibration)."""
+
+    def __init__(self, inner: PhysicsModel) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.terms: list[PhysicsTerms] = []
+
+    def step_time_us(self, batch: StepBatch) -> int:
+        # Every call is one row of the engine's step log, empty steps included.
+        self.terms.append(self.inner.terms(batch))
+        return self.inner.step_time_us(batch)
+
+    def queueing_time_us(self, input_tokens: int) -> int:
+        return self.inner.queueing_time_us(input_tokens)
+
+
+__all__ = [
+    "COEFFICIENT_NAMES",
+    "PhysicsCoefficients",
+    "PhysicsModel",
+    "PhysicsTerms",
+    "RecordingStepModel",
+    "causal_pairs",
+    "coefficients_document",
+    "load_coefficients_file",
+    "model_shape",
+    "price_terms",
+    "request_delay_s",
+]

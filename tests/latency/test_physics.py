@@ -1,0 +1,268 @@
+"""`physics` step-time model: every physical term by hand, and the laws the step time obeys.
+
+Shapes (HF config.json): Llama-2-70B L=80, d=8192, H=64, Hkv=8, dh=128, d_ff=28672,
+vocab=32000; Llama-2-7B L=32, d=4096, H=Hkv=32, dh=128, d_ff=11008, vocab=32000;
+Mixtral-8x7B L=32, d=4096, H=32, Hkv=8, d_ff=14336, 8 experts, 2 per token. BF16: 2 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from simulator.catalog.hardware import get_gpu
+from simulator.catalog.models import load_model
+from simulator.errors import ConfigError
+from simulator.latency import build_step_time_model
+from simulator.latency.base import StepBatch
+from simulator.latency.physics import (
+    PhysicsCoefficients,
+    PhysicsModel,
+    causal_pairs,
+    interconnect_gb_per_s,
+    load_coefficients_file,
+    model_shape,
+    price_terms,
+)
+
+H100 = get_gpu("H100")
+LLAMA2_70B = load_model("llama-2-70b-hf")
+LLAMA2_7B = load_model("llama-2-7b-hf")
+MIXTRAL = load_model("mixtral-8x7b-v0.1")
+# Zero overheads and unit efficiencies leave only the physical terms at peak rates.
+BARE = PhysicsCoefficients(
+    bandwidth_efficiency=1.0,
+    kv_bandwidth_efficiency=1.0,
+    prefill_compute_efficiency=1.0,
+    decode_compute_efficiency=1.0,
+    interconnect_efficiency=1.0,
+    allreduce_latency_us=0.0,
+    per_layer_overhead_us=0.0,
+    per_step_overhead_us=0.0,
+    per_sequence_overhead_us=0.0,
+    request_overhead_us=0.0,
+    gemm_fixed_rows=0.0,
+    output_lag_steps=0.0,
+)
+
+
+def test_llama2_70b_tp4_weight_bytes_per_gpu() -> None:
+    # Attention per layer: Q (8192x8192) + K, V (8192x1024 each) + O (8192x8192)
+    attention = 8192 * (8192 + 2 * 1024) + 8192 * 8192  # 150,994,944
+    # SwiGLU: gate, up (8192x28672) and down (28672x8192)
+    mlp = 3 * 8192 * 28672  # 704,643,072
+    lm_head = 32000 * 8192  # 262,144,000
+    per_gpu_bytes = (80 * (attention + mlp) + lm_head) * 2 / 4
+    assert per_gpu_bytes == 34_356_592_640
+    shape = model_shape(LLAMA2_70B, 4)
+    streamed = shape.attention_weight_bytes + shape.expert_weight_bytes + shape.lm_head_bytes
+    assert streamed == per_gpu_bytes
+    # The embedding table is not streamed: only the looked-up rows (8192 x 2 bytes each).
+    assert shape.embedding_row_bytes == 8192 * 2
+
+
+def test_llama2_7b_tp1_weight_bytes() -> None:
+    attention = 4 * 4096 * 4096
+    mlp = 3 * 4096 * 11008
+    shape = model_shape(LLAMA2_7B, 1)
+    assert shape.attention_weight_bytes + shape.expert_weight_bytes == 32 * (attention + mlp) * 2
+    assert shape.lm_head_bytes == 32000 * 4096 * 2  # untied LM head
+
+
+def test_llama2_70b_tp4_allreduce_bytes_per_layer() -> None:
+    # Two all-reduces per layer, each of one hidden vector per token: 2 x 8192 x 2 bytes.
+    shape = model_shape(LLAMA2_70B, 4)
+    assert 2 * shape.allreduce_bytes_per_token == 32_768
+    # Ring all-reduce moves 2(tp-1)/tp = 1.5 x the payload per GPU, over 450 GB/s NVLink.
+    m = PhysicsModel(LLAMA2_70B, H100, 4, BARE)
+    assert interconnect_gb_per_s(H100) == 450.0
+    assert m.allreduce_s_per_token == pytest.approx(80 * 32_768 * 1.5 / 450e9)
+    assert m.collectives == 160
+    assert PhysicsModel(LLAMA2_7B, H100, 1, BARE).collectives == 0
+
+
+def test_kv_bytes_per_token_per_gpu() -> None:
+    # K and V, 80 layers, 8 KV heads split over 4 GPUs, 128 dims, 2 bytes.
+    assert model_shape(LLAMA2_70B, 4).kv_bytes_per_token == 2 * 80 * 2 * 128 * 2
+    # With more GPUs than KV heads every GPU keeps one head's replica.
+    assert model_shape(LLAMA2_70B, 16).kv_bytes_per_token == 2 * 80 * 1 * 128 * 2
+
+
+def test_linear_and_attention_flops() -> None:
+    shape = model_shape(LLAMA2_7B, 1)
+    params = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    assert shape.linear_flops_per_token == 2 * params
+    # QK^T and AV: 2 x 2 FLOPs x 32 heads x 128 dims per (query, key) pair per layer.
+    assert shape.attention_flops_per_pair == 32 * 2 * 2 * 32 * 128
+    assert shape.lm_head_flops_per_sequence == 2 * 32000 * 4096
+
+
+def test_causal_pairs() -> None:
+    # 3 new tokens after 10 cached ones: each sees the 10, plus 1, 2, 3 of the new ones.
+    assert causal_pairs(10, 3) == 30 + 6
+    assert causal_pairs(0, 1) == 1
+
+
+def test_moe_touches_experts_the_tokens_route_to() -> None:
+    m = PhysicsModel(MIXTRAL, H100, 2, BARE)
+    # One token picks 2 of 8 experts; uniform routing of T tokens: 8(1 - (6/8)^T).
+    assert m.expected_experts(1) == pytest.approx(2.0)
+    assert m.expected_experts(2) == pytest.approx(8 * (1 - 0.75**2))
+    assert m.expected_experts(10_000) == pytest.approx(8.0)
+    # Only the 2 routed experts' MLP FLOPs are spent per token.
+    shape = model_shape(MIXTRAL, 2)
+    attention = 4096 * (4096 + 2 * 1024) + 4096 * 4096
+    assert (
+        shape.linear_flops_per_token == 2 * 32 * (attention + 2 * 3 * 4096 * 14336 + 4096 * 8) / 2
+    )
+
+
+def test_decode_step_by_hand() -> None:
+    """One decode token with 99 tokens of context on Llama-2-7B TP1, bare coefficients."""
+    m = PhysicsModel(LLAMA2_7B, H100, 1, BARE)
+    weights = 32 * (4 * 4096**2 + 3 * 4096 * 11008) * 2 + 32000 * 4096 * 2 + 4096 * 2
+    kv = 2 * 32 * 32 * 128 * 2 * (99 + 1)  # read 99, write 1
+    memory_s = (weights + kv) / 3.35e12
+    terms = m.terms(StepBatch([], 1, 99))
+    assert terms.memory_s + terms.kv_memory_s == pytest.approx(memory_s)
+    assert terms.kv_memory_s == pytest.approx(kv / 3.35e12)
+    flops = (
+        m.shape.linear_flops_per_token + 2 * 32000 * 4096 + m.shape.attention_flops_per_pair * 100
+    )
+    assert terms.decode_compute_s == pytest.approx(flops / 989.5e12)
+    # Decode is memory-bound: the step is the memory time.
+    assert m.step_time_us(StepBatch([], 1, 99)) == int(memory_s * 1e6)
+
+
+def test_overheads_add_to_the_gpu_time() -> None:
+    c = replace(
+        BARE, per_step_overhead_us=1000, per_layer_overhead_us=10, per_sequence_overhead_us=20
+    )
+    bare = PhysicsModel(LLAMA2_70B, H100, 4, BARE)
+    with_overheads = PhysicsModel(LLAMA2_70B, H100, 4, c)
+    batch = StepBatch([], 8, 8 * 500)
+    extra_us = 1000 + 80 * 10 + 8 * 20
+    assert with_overheads.step_time_us(batch) - bare.step_time_us(batch) == pytest.approx(
+        extra_us, abs=1
+    )
+
+
+def test_allreduce_latency_is_charged_per_collective() -> None:
+    c = replace(BARE, allreduce_latency_us=10)
+    batch = StepBatch([], 4, 400)
+    delta = PhysicsModel(LLAMA2_70B, H100, 4, c).step_time_us(batch) - PhysicsModel(
+        LLAMA2_70B, H100, 4, BARE
+    ).step_time_us(batch)
+    assert delta == pytest.approx(160 * 10, abs=1)
+
+
+def test_step_is_the_slower_of_memory_and_compute() -> None:
+    m = PhysicsModel(LLAMA2_7B, H100, 1, BARE)
+    prefill = m.terms(StepBatch([(0, 2048)], 0, 0))
+    assert prefill.prefill_compute_s > prefill.memory_s  # a full chunk is compute-bound
+    assert price_terms(prefill, BARE) == pytest.approx(prefill.prefill_compute_s)
+    # Halving the compute efficiency doubles a compute-bound step.
+    slow = replace(BARE, prefill_compute_efficiency=0.5)
+    assert price_terms(prefill, slow) == pytest.approx(2 * prefill.prefill_compute_s)
+
+
+def test_kv_reads_stream_at_their_own_efficiency() -> None:
+    """Halving the KV bandwidth efficiency adds exactly the KV time once more (memory-bound)."""
+    m = PhysicsModel(LLAMA2_7B, H100, 1, BARE)
+    decode = m.terms(StepBatch([], 64, 64 * 1000))
+    slow_kv = replace(BARE, kv_bandwidth_efficiency=0.5)
+    assert price_terms(decode, slow_kv) - price_terms(decode, BARE) == pytest.approx(
+        decode.kv_memory_s
+    )
+    # 64 requests x 1001 tokens x 2 x 32 layers x 32 heads x 128 dims x 2 bytes.
+    assert decode.kv_memory_s == pytest.approx(64 * 1001 * 2 * 32 * 32 * 128 * 2 / 3.35e12)
+
+
+def test_gemm_fixed_rows_cost_one_row_through_every_touched_weight() -> None:
+    """64 fixed rows cost what 64 tokens' GEMMs cost; MoE pays them on every touched expert."""
+    rows = replace(BARE, gemm_fixed_rows=64.0)
+    dense = PhysicsModel(LLAMA2_7B, H100, 1, rows)
+    prefill = dense.terms(StepBatch([(0, 2048)], 0, 0))
+    one_row_flops = 2 * (32 * (4 * 4096**2 + 3 * 4096 * 11008) + 32000 * 4096)
+    assert prefill.weight_row_compute_s == pytest.approx(one_row_flops / 989.5e12)
+    assert price_terms(prefill, rows) - price_terms(prefill, BARE) == pytest.approx(
+        64 * one_row_flops / 989.5e12
+    )
+    # Mixtral: a 2048-token step touches all 8 experts but computes only 2 per token, so the
+    # fixed rows weigh 4x more against its FLOPs than against a dense model's.
+    moe = PhysicsModel(MIXTRAL, H100, 2, rows).terms(StepBatch([(0, 2048)], 0, 0))
+    moe_share = moe.weight_row_compute_s / moe.prefill_compute_s
+    dense_share = prefill.weight_row_compute_s / prefill.prefill_compute_s
+    assert moe_share > 2.5 * dense_share
+
+
+def test_mixed_batch_streams_weights_once() -> None:
+    """Prefill and decode in one forward pass: less than pricing them as two steps."""
+    m = PhysicsModel(LLAMA2_7B, H100, 1)
+    mixed = m.step_time_us(StepBatch([(0, 64)], 16, 16 * 500))
+    apart = m.step_time_us(StepBatch([(0, 64)], 0, 0)) + m.step_time_us(StepBatch([], 16, 8000))
+    assert mixed < apart
+
+
+def test_step_time_grows_with_batch_and_context() -> None:
+    m = PhysicsModel(LLAMA2_70B, H100, 4)
+    assert m.step_time_us(StepBatch([], 8, 8000)) < m.step_time_us(StepBatch([], 16, 16000))
+    assert m.step_time_us(StepBatch([], 8, 800)) < m.step_time_us(StepBatch([], 8, 80_000))
+    assert m.step_time_us(StepBatch([(0, 100)], 0, 0)) < m.step_time_us(
+        StepBatch([(0, 1000)], 0, 0)
+    )
+
+
+def test_works_for_any_gpu_without_calibration() -> None:
+    for gpu in ("A100-SXM", "L40S", "H200", "B200"):
+        m = PhysicsModel(LLAMA2_7B, get_gpu(gpu), 1)
+        assert m.coefficients_source == "physical defaults"
+        assert m.step_time_us(StepBatch([], 4, 400)) > 1
+
+
+def test_coefficients_file_round_trip_and_errors(tmp_path: Path) -> None:
+    good = tmp_path / "c.yaml"
+    good.write_text("latency_model: physics\ncoefficients:\n  per_step_overhead_us: 123\n")
+    assert load_coefficients_file(good).per_step_overhead_us == 123
+    assert (
+        load_coefficients_file(good).bandwidth_efficiency
+        == PhysicsCoefficients().bandwidth_efficiency
+    )
+    bad_name = tmp_path / "n.yaml"
+    bad_name.write_text("coefficients:\n  bandwith_efficiency: 0.5\n")
+    with pytest.raises(ConfigError, match="unknown coefficient 'bandwith_efficiency'"):
+        load_coefficients_file(bad_name)
+    bad_value = tmp_path / "v.yaml"
+    bad_value.write_text("coefficients:\n  bandwidth_efficiency: 1.5\n")
+    with pytest.raises(
+        ConfigError, match=r"bandwidth_efficiency: invalid value 1.5; must be a number in \(0, 1\]"
+    ):
+        load_coefficients_file(bad_value)
+    missing = tmp_path / "m.yaml"
+    missing.write_text("latency_model: physics\n")
+    with pytest.raises(ConfigError, match="missing key 'coefficients'"):
+        load_coefficients_file(missing)
+
+
+def test_coeffs_file_only_for_physics(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("coefficients: {}\n")
+    m = build_step_time_model("physics", LLAMA2_7B, H100, 1, coeffs_file=path)
+    assert m.coefficients_source == "given"
+    with pytest.raises(ConfigError, match="latency.coeffs_file: .* only latency model physics"):
+        build_step_time_model("roofline", LLAMA2_7B, H100, 1, coeffs_file=path)
+    with pytest.raises(ConfigError, match="alpha_coeffs/beta_coeffs"):
+        build_step_time_model("physics", LLAMA2_7B, H100, 1, alpha=[1, 2, 3], beta=[1, 2, 3])
+
+
+def test_request_delay_is_client_path_plus_output_lag() -> None:
+    """Charged once before queueing: request overhead + lag x one lone decode step."""
+    c = replace(BARE, request_overhead_us=2500, output_lag_steps=1.0, per_step_overhead_us=1000)
+    m = PhysicsModel(LLAMA2_7B, H100, 1, c)
+    lone_decode_us = price_terms(m.terms(StepBatch([], 1, 0)), c) * 1e6
+    assert m.queueing_time_us(700) == int(2500 + lone_decode_us)
+    assert m.queueing_time_us(700) == m.queueing_time_us(10)  # independent of the prompt
+    no_lag = PhysicsModel(LLAMA2_7B, H100, 1, replace(c, output_lag_steps=0.0))
+    assert no_lag.queueing_time_us(700) == 2500
