@@ -35,7 +35,7 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix simulator tests benchmarks
 
 bench: $(VENV)/.installed
-	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/run.py --baseline benchmarks/baseline.csv --markdown docs/performance.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
