@@ -236,6 +236,8 @@ def run_simulation(
             env.run(until=horizon_us + 1)
     else:
         _run_reporting(env, horizon_us, lambda: source.finished, progress)
+    for engine in engines:
+        engine.sync_lazy_progress()
     if pd is not None:
         pd.finalize()
 
@@ -356,6 +358,7 @@ def _on_finished(env: simpy.Environment, sessions: SessionManager | None, source
 
     def on_finished(req: Request) -> None:
         source.finished += 1
+        req.forget_block_hashes()
         if sessions is None:
             return
         finished_us = max(env.now, req.completion_us)
