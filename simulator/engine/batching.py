@@ -106,7 +106,7 @@ class VLLMEngine:
         # the completion the client sees, never the GPU.
         self.post_decode_us = post_decode_overhead_us
         self.steps = StepLog()
-        self.irregular_itl_us = array("q")
+        self.irregular_itl_us = array("d")  # fractional only with blocking reloads
         self.completed: list[Request] = []
         self.step_count = 0
         self.total_input_tokens = 0

@@ -43,7 +43,7 @@ class KVCache:
         self._block_hash: list[int | None] = []
         # Released blocks in LRU order. An OrderedDict, not a dict: taking the head of a plain
         # dict with next(iter(...)) rescans the deleted slots left at its front, which made
-        # block reuse quadratic once the cache had cycled (seen in the PD case of benchmarks/run.py).
+        # block reuse quadratic once the cache had cycled (seen in the PD benchmark case).
         self._free_lru: OrderedDict[int, None] = OrderedDict()
         self._hash_to_block: dict[int, int] = {}
         self.used_blocks = 0

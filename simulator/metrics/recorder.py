@@ -31,9 +31,10 @@ class StepLog:
     )
 
     def __init__(self) -> None:
-        # "q": 64-bit (times, running totals); "i": 32-bit (per-step counts).
-        self.start_us = array("q")
-        self.step_us = array("q")
+        # "d" for times: integers (exact below 2**53) except with blocking CPU-tier reloads,
+        # whose durations are fractional; "q" for running totals; "i" for per-step counts.
+        self.start_us = array("d")
+        self.step_us = array("d")
         self.batch_size = array("i")
         self.prefill_tokens = array("i")
         self.decode_tokens = array("i")
@@ -45,7 +46,7 @@ class StepLog:
         self.preemptions = array("q")
         # Inter-token gaps: in a step every request that also got a token in the previous step
         # sees the same gap, so those are stored as (gap, count) per step, not per token.
-        self.itl_regular_gap_us = array("q")
+        self.itl_regular_gap_us = array("d")
         self.itl_regular_count = array("i")
 
     def __len__(self) -> int:
