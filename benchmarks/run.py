@@ -151,6 +151,7 @@ CSV_FIELDS = [
     "completed",
     "wall_s",
     "requests_per_wall_s",
+    "requests_per_cpu_s",
     "peak_rss_mib",
     "runs_requests_per_wall_s",
     "commit",
@@ -200,6 +201,7 @@ def run_case(name: str, repeat: int) -> dict:
     row = dict(runs[0])
     row["description"] = CASES[name][0]
     row["requests_per_wall_s"] = median
+    row["requests_per_cpu_s"] = statistics.median(r["requests_per_cpu_s"] for r in runs)
     row["wall_s"] = round(row["requests"] / median, 3)
     row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
     row["runs_requests_per_wall_s"] = " ".join(str(s) for s in speeds)
@@ -235,36 +237,29 @@ def read_csv(path: Path) -> dict[str, dict]:
 
 def markdown_table(rows: list[dict], baseline: dict[str, dict] | None) -> str:
     """The docs table: one line per case, before/after when a baseline is given."""
-    if baseline:
-        head = (
-            "| case | what | requests | before req/s | after req/s | speed-up "
-            "| before peak MiB | after peak MiB |\n|---|---|---:|---:|---:|---:|---:|---:|"
-        )
-    else:
-        head = "| case | what | requests | req/s | peak MiB |\n|---|---|---:|---:|---:|"
+    baseline = baseline or {}
+    head = (
+        "| case | requests | before req/s | after req/s | speed-up | before req/CPU s "
+        "| after req/CPU s | before peak MiB | after peak MiB |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     lines = [head]
     for row in rows:
-        name = row["case"]
-        speed = float(row["requests_per_wall_s"])
-        peak = float(row["peak_rss_mib"])
-        what = CASES[name][0] if name in CASES else row.get("description", "")
-        if baseline:
-            before = baseline.get(name)
-            if before is None or not before.get("requests_per_wall_s"):
-                old_speed, old_peak, ratio = "–", "–", "–"
-            else:
-                old = float(before["requests_per_wall_s"])
-                old_speed = f"{old:,.0f}"
-                old_peak = f"{float(before['peak_rss_mib']):,.0f}"
-                ratio = f"{speed / old:.1f}x"
-            lines.append(
-                f"| {name} | {what} | {int(row['requests']):,} | {old_speed} | {speed:,.0f} "
-                f"| {ratio} | {old_peak} | {peak:,.0f} |"
-            )
-        else:
-            lines.append(
-                f"| {name} | {what} | {int(row['requests']):,} | {speed:,.0f} | {peak:,.0f} |"
-            )
+        before = baseline.get(row["case"], {})
+
+        def figure(source: dict, key: str) -> str:
+            value = source.get(key)
+            return f"{float(value):,.0f}" if value not in (None, "") else "–"
+
+        old_speed = before.get("requests_per_wall_s")
+        ratio = f"{float(row['requests_per_wall_s']) / float(old_speed):.1f}x" if old_speed else "–"
+        lines.append(
+            f"| {row['case']} | {int(row['requests']):,} "
+            f"| {figure(before, 'requests_per_wall_s')} | {figure(row, 'requests_per_wall_s')} "
+            f"| {ratio} | {figure(before, 'requests_per_cpu_s')} "
+            f"| {figure(row, 'requests_per_cpu_s')} | {figure(before, 'peak_rss_mib')} "
+            f"| {figure(row, 'peak_rss_mib')} |"
+        )
     return "\n".join(lines)
 
 

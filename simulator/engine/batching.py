@@ -221,7 +221,7 @@ class VLLMEngine:
         req.state = RequestState.TIMED_OUT
         req.completion_us = now_us
         req.num_new_tokens = 0
-        req.forget_block_hashes()
+        _retire(req)
         self.timed_out += 1
         return True
 
@@ -675,7 +675,7 @@ class VLLMEngine:
                 req.state = RequestState.COMPLETED
                 req.completion_us = req.last_token_us + (post if req.generated_tokens else 0)
                 kv.release(req)
-                req.forget_block_hashes()
+                _retire(req)
             self.running = [r for r in self.running if r.state is RequestState.RUNNING]
             self.completed.extend(done)
         steps = self.steps
@@ -710,3 +710,11 @@ class VLLMEngine:
                 unsteady.append(req)
             self._unsteady = unsteady
         return done
+
+
+def _retire(req: Request) -> None:
+    """A request done with this engine keeps only what results read: its cached block hashes
+    and fast-path bookkeeping (large ints, one object each) go, as a million finished
+    requests would keep them all."""
+    req.forget_block_hashes()
+    req.run_seq = req.sync_step = req.wake_step = 0

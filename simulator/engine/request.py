@@ -258,31 +258,46 @@ class Request:
         done = len(hashes)
         if done >= full_blocks:
             return hashes
-        # Extend in place, walking the segments once from the first block not yet hashed.
+        # Extend in place, walking the segments once from the first block not yet hashed. A
+        # segment's key is hashed once per call, not once per block; a block inside one segment
+        # (nearly all of them) is named by (key hash, start, end), a block spanning segments by
+        # the tuple of its pieces.
         lo = done * block_size
         end = full_blocks * block_size
         prev = hashes[-1] if done else 0
-        pieces: list[tuple[object, int, int]] = []
+        pieces: list[tuple[int, int, int]] = []
         seg_start = 0
         for key, length in (*self.segments, (self.output_key, end)):
             if length <= 0:
                 if pieces:  # an empty segment inside a block is part of its name
-                    pieces.append((key, 0, 0))
+                    pieces.append((hash(key), 0, 0))
                 continue
             seg_end = seg_start + length
-            while lo < seg_end and lo < end:
-                hi = lo + block_size
-                offset = lo - seg_start if lo > seg_start else 0
-                if hi <= seg_end:
-                    pieces.append((key, offset, hi - seg_start))
+            if lo < seg_end and lo < end:
+                key_hash = hash(key)
+                if pieces:
+                    # Finish the block that started in an earlier segment.
+                    hi = lo + block_size
+                    if hi > seg_end:
+                        pieces.append((key_hash, 0, length))
+                        seg_start = seg_end
+                        continue
+                    pieces.append((key_hash, 0, hi - seg_start))
                     prev = hash((prev, tuple(pieces)))
                     hashes.append(prev)
                     pieces.clear()
                     lo = hi
-                else:
+                # Whole blocks inside this segment.
+                stop = min(seg_end, end)
+                offset = lo - seg_start
+                while lo + block_size <= stop:
+                    prev = hash((prev, key_hash, offset, offset + block_size))
+                    hashes.append(prev)
+                    lo += block_size
+                    offset += block_size
+                if lo < seg_end and lo < end:
                     # The block continues into the next segment.
-                    pieces.append((key, offset, length))
-                    break
+                    pieces.append((key_hash, offset, length))
             if lo >= end:
                 break
             seg_start = seg_end
