@@ -41,7 +41,7 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix simulator tests benchmarks
 
 bench: $(VENV)/.installed
-	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/run.py --baseline benchmarks/baseline.csv --markdown docs/performance.md
 
 # 1,000,000 requests through a multi-instance cluster; memory must stay flat (minutes).
 soak: $(VENV)/.installed

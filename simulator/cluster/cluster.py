@@ -272,6 +272,8 @@ def run_simulation(
             env.run(until=horizon_us + 1)
     else:
         _run_reporting(env, horizon_us, lambda: source.finished, progress)
+    for engine in engines:
+        engine.sync_lazy_progress()
     if pd is not None:
         pd.finalize()
 

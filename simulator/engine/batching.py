@@ -8,9 +8,12 @@ scheduling rules testable with nothing but integers.
 
 from __future__ import annotations
 
+import heapq
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import attrgetter
 
 from ..latency.base import StepBatch
 from ..metrics.recorder import StepLog
@@ -18,6 +21,12 @@ from .kv_cache import KVCache
 from .kv_tiers import CPUTier
 from .policies import make_priority_policy, make_scheduler
 from .request import Request, RequestState
+
+# The decode fast path (below): on by default; tests switch it off to check that results are
+# identical either way. Read when an engine is built.
+DECODE_FAST_PATH = True
+
+_run_seq_of = attrgetter("run_seq")
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,21 @@ class EnqueueOutcome(StrEnum):
 
 
 class VLLMEngine:
-    """Wait queue + running batch + KV cache of one instance."""
+    """Wait queue + running batch + KV cache of one instance.
+
+    Decode fast path. Most of a busy batch is requests decoding one token per step in which
+    nothing happens but counters moving: no KV block to take, no prompt block to hash, no
+    completion. Such a *steady* request is not touched step by step: its computed and generated
+    counts are exact as of step `sync_step` and advance by one per finished step; its
+    `wake_step` (kept in a heap) is the next step at which it needs individual attention, and
+    from then on it is handled like any other request until it is steady again. The step-time
+    model gets the steady requests as aggregates (their count and the sum of their contexts,
+    kept incrementally). A step takes the fast path only when nothing can differ from handling
+    every request: the token budget covers every running request's demand and the free KV
+    blocks cover every allocation, so no request is cut short or preempted; otherwise every
+    steady request is brought up to date and the step runs the plain per-request loop.
+    `sync_lazy_progress()` brings every request up to date (for readers outside the engine).
+    """
 
     def __init__(
         self,
@@ -84,7 +107,7 @@ class VLLMEngine:
         # the completion the client sees, never the GPU.
         self.post_decode_us = post_decode_overhead_us
         self.steps = StepLog()
-        self.irregular_itl_us: list[int] = []
+        self.irregular_itl_us = array("d")  # fractional only with blocking reloads
         self.completed: list[Request] = []
         self.step_count = 0
         self.total_input_tokens = 0
@@ -100,6 +123,18 @@ class VLLMEngine:
         self.clock_us = 0
         self._step_start_us = 0
         self._prev_step_end_us = -1
+        # Decode fast path state (see the class docstring).
+        self.fast_path = DECODE_FAST_PATH
+        self._finished_steps = 0
+        self.fast_path_steps = 0
+        self._steady_count = 0
+        # Sum over steady requests of (computed_tokens - sync_step): their context sum at a
+        # step start is this plus steady_count * finished steps.
+        self._steady_context_offset = 0
+        self._wake_heap: list[tuple[int, int, Request]] = []
+        self._unsteady: list[Request] = []  # running requests handled one by one, in order
+        self._active: list[Request] = []  # this step's one-by-one requests, in running order
+        self._run_seq = 0
 
     # ------------------------------------------------------------------ queries
     @property
@@ -185,6 +220,10 @@ class VLLMEngine:
             if req.block_ids:
                 self.kv.release(req)
         elif req.state is RequestState.RUNNING:
+            if req.steady:
+                self._unsteady_one(req)
+            elif req in self._unsteady:
+                self._unsteady.remove(req)
             self.running.remove(req)
             self.kv.release(req)
         else:
@@ -193,12 +232,14 @@ class VLLMEngine:
         req.state = RequestState.TIMED_OUT
         req.completion_us = now_us
         req.num_new_tokens = 0
+        _retire(req)
         self.timed_out += 1
         return True
 
     def evict_all(self) -> list[Request]:
         """Remove every queued and running request, freeing their KV blocks (the instance is
         going away). The caller settles each request's fate."""
+        self._unsteady_all()  # exact token counts for every running request first
         evicted = [*self.running, *self.waiting]
         for req in evicted:
             if req.block_ids:
@@ -206,7 +247,14 @@ class VLLMEngine:
             req.num_new_tokens = 0
         self.running = []
         self.waiting = deque()
+        self._active = []
+        self._unsteady = []
         return evicted
+
+    def prefill_requests(self) -> list[Request]:
+        """The requests of the planned step's prefill chunks, in `StepBatch.prefill_chunks`
+        order (steady requests only decode, so they are never among them)."""
+        return [r for r in self._active if r.num_new_tokens and r.in_prefill]
 
     def take_unstarted(self) -> list[Request]:
         """Remove the queued requests that were never scheduled (a redirecting drain)."""
@@ -240,63 +288,30 @@ class VLLMEngine:
             self._reorder_waiting(now_us)
 
         budget = cfg.max_num_scheduled_tokens
-        mml = cfg.max_model_len
         kv = self.kv
-        block_size = cfg.block_size
-        running = self.running
-        for req in running:
-            req.num_new_tokens = 0
-        preempted = False
-
-        # Phase 1: running requests, in admission order.
-        i = 0
-        while i < len(running):
-            if budget <= 0:
-                break
-            req = running[i]
-            if req.reload_pending:  # its prefix is still on the way from the CPU tier
-                i += 1
-                continue
-            computed = req.computed_tokens
-            if req.in_prefill:
-                chunk = self._prefill_chunk(req.prefill_target, computed, budget)
-                while not kv.try_allocate(req, computed, computed + chunk, []):
-                    preempted = True
-                    if self._preempt_last(req):
-                        break
-                if req.state is not RequestState.RUNNING:
-                    break
-            else:
-                if mml > 0 and computed + 1 > mml - 1:
-                    i += 1
-                    continue
-                chunk = 1
-                # Most decode tokens land inside a block that is neither new nor completed:
-                # no KV work at all, so skip the call (this loop runs once per token).
-                pos_in_block = computed % block_size
-                if 0 < pos_in_block < block_size - 1:
-                    req.num_new_tokens = 1
-                    budget -= 1
-                    i += 1
-                    continue
-                ok = kv.append_token(req, computed)
-                while not ok:
-                    preempted = True
-                    if self._preempt_last(req):
-                        break
-                    ok = kv.append_token(req, computed)
-                if not ok:
-                    break
-            req.num_new_tokens = chunk
-            budget -= chunk
-            i += 1
+        active = self._fast_path_requests(budget) if self.fast_path else None
+        if active is None:
+            # The plain loop over every running request (it may preempt).
+            self._unsteady_all()
+            active = self.running
+            for req in active:
+                req.num_new_tokens = 0
+            budget, preempted = self._schedule_running(active, budget)
+        else:
+            # Steady requests take one token each; nothing else of theirs changes.
+            self.fast_path_steps += 1
+            budget, preempted = self._schedule_running(active, budget - self._steady_count)
+            assert not preempted, "the fast path admitted a step that preempts"
+        self._active = active
 
         # Phase 2: admit from the head of the wait queue (no skipping: head-of-line blocking).
         if not preempted:
             waiting = self.waiting
+            running = self.running
             max_running = cfg.max_num_running_reqs
             bs = cfg.block_size
             caching = cfg.enable_prefix_caching
+            admitted_from = len(running)
             while waiting and budget > 0 and len(running) < max_running:
                 req = waiting[0]
                 if req.kv_resident:
@@ -332,13 +347,16 @@ class VLLMEngine:
                         req.num_new_tokens = 0
                         continue
                 budget -= chunk
+            if active is not running and len(running) > admitted_from:
+                active.extend(running[admitted_from:])
+        self._unsteady = active[:]
 
         # The batch the step-time model prices: only requests that got tokens this step.
         prefill_chunks: list[tuple[int, int]] = []
         prefill_prompts: list[int] = []
-        decode_count = 0
-        decode_context = 0
-        for req in running:
+        decode_count = self._steady_count
+        decode_context = self._steady_context_offset + decode_count * self._finished_steps
+        for req in active:
             n = req.num_new_tokens
             if n:
                 if req.in_prefill:
@@ -352,10 +370,185 @@ class VLLMEngine:
             prefill_chunks, decode_count, decode_context, prefill_prompts, step_extra_us
         )
 
+    def _schedule_running(self, order: list[Request], budget: int) -> tuple[int, bool]:
+        """Phase 1: tokens for running requests in `order` (admission order), within `budget`.
+
+        Returns the budget left and whether a request was preempted for KV room."""
+        mml = self.config.max_model_len
+        kv = self.kv
+        block_size = self.config.block_size
+        preempted = False
+        i = 0
+        while i < len(order):
+            if budget <= 0:
+                break
+            req = order[i]
+            if req.reload_pending:  # its prefix is still on the way from the CPU tier
+                i += 1
+                continue
+            computed = req.computed_tokens
+            if req.in_prefill:
+                chunk = self._prefill_chunk(req.prefill_target, computed, budget)
+                while not kv.try_allocate(req, computed, computed + chunk, []):
+                    preempted = True
+                    if self._preempt_last(req):
+                        break
+                if req.state is not RequestState.RUNNING:
+                    break
+            else:
+                if mml > 0 and computed + 1 > mml - 1:
+                    i += 1
+                    continue
+                chunk = 1
+                # Most decode tokens land inside a block that is neither new nor completed:
+                # no KV work at all, so skip the call.
+                pos_in_block = computed % block_size
+                if 0 < pos_in_block < block_size - 1:
+                    req.num_new_tokens = 1
+                    budget -= 1
+                    i += 1
+                    continue
+                ok = kv.append_token(req, computed)
+                while not ok:
+                    preempted = True
+                    if self._preempt_last(req):
+                        break
+                    ok = kv.append_token(req, computed)
+                if not ok:
+                    break
+            req.num_new_tokens = chunk
+            budget -= chunk
+            i += 1
+        return budget, preempted
+
+    # ------------------------------------------------------------------ decode fast path
+    def _fast_path_requests(self, budget: int) -> list[Request] | None:
+        """The running requests to handle one by one this step, in running order, when the
+        step can take the fast path; None when it cannot (see the class docstring)."""
+        step = self._finished_steps
+        heap = self._wake_heap
+        active = self._unsteady
+        woken = False
+        while heap and heap[0][0] <= step:
+            wake, _seq, req = heapq.heappop(heap)
+            if req.steady and req.wake_step == wake:
+                self._unsteady_one(req)
+                if not woken:
+                    active = active[:]
+                    woken = True
+                active.append(req)
+        if woken:
+            active.sort(key=_run_seq_of)
+        # Would the plain loop give every request its full demand without preempting?
+        tokens = self._steady_count
+        blocks = 0
+        mml = self.config.max_model_len
+        bs = self.config.block_size
+        for req in active:
+            if req.reload_pending:
+                continue
+            computed = req.computed_tokens
+            if req.in_prefill:
+                end = computed + self._prefill_chunk(req.prefill_target, computed, budget)
+                tokens += end - computed
+                needed = -(-end // bs) - len(req.block_ids)
+                if needed > 0:
+                    blocks += needed
+            elif not (mml > 0 and computed + 1 > mml - 1):
+                tokens += 1
+                if computed % bs == 0 or not req.block_ids:
+                    blocks += 1
+        if tokens > budget or blocks > self.kv.total_blocks - self.kv.used_blocks:
+            return None
+        for req in active:
+            req.num_new_tokens = 0
+        return active if woken else active[:]
+
+    def may_finish_requests(self) -> bool:
+        """Could the planned step complete a request? (False is certain; True may not be.)"""
+        mml = self.config.max_model_len
+        for req in self._active:
+            n = req.num_new_tokens
+            if not n:
+                continue
+            if req.in_prefill:
+                after = req.computed_tokens + n
+                if after < req.prefill_target:
+                    continue
+                if req.output_tokens == 0:
+                    return True
+            else:
+                after = req.computed_tokens + 1
+            if req.generated_tokens + 1 >= req.output_tokens or (mml > 0 and after >= mml - 1):
+                return True
+        return False
+
+    def _steady_wake_in(self, req: Request) -> int:
+        """Steps from the next one until `req`, decoding one token per step, needs attention:
+        a KV block to take, a prompt block to hash, or its last token (0 = at once)."""
+        bs = self.config.block_size
+        computed = req.computed_tokens
+        steps = -computed % bs  # next position at a block start: a new block
+        if steps == 0:
+            return 0
+        done_in = req.output_tokens - req.generated_tokens - 1
+        if done_in < steps:
+            steps = done_in
+        mml = self.config.max_model_len
+        if mml > 0:
+            capped_in = mml - 2 - computed
+            if capped_in < steps:
+                steps = capped_in
+        # The block holding the last prompt token is hashed once it fills up with output.
+        hash_at = computed + (bs - 1 - computed) % bs
+        if hash_at - computed < steps and hash_at + 1 <= -(-req.prefill_target // bs) * bs:
+            steps = hash_at - computed
+        return steps if steps > 0 else 0
+
+    def _make_steady(self, req: Request, wake_in: int) -> None:
+        step = self._finished_steps
+        req.steady = True
+        req.sync_step = step
+        req.wake_step = step + wake_in
+        self._steady_count += 1
+        self._steady_context_offset += req.computed_tokens - step
+        heapq.heappush(self._wake_heap, (req.wake_step, req.run_seq, req))
+
+    def _sync(self, req: Request) -> None:
+        behind = self._finished_steps - req.sync_step
+        if behind:
+            req.computed_tokens += behind
+            req.generated_tokens += behind
+            req.last_token_us = self._prev_step_end_us + req.generated_tokens * self.otp_us
+            req.sync_step = self._finished_steps
+
+    def _unsteady_one(self, req: Request) -> None:
+        """Bring a steady request up to date and hand it back to the one-by-one loop."""
+        self._sync(req)
+        req.steady = False
+        self._steady_count -= 1
+        self._steady_context_offset -= req.computed_tokens - req.sync_step
+
+    def _unsteady_all(self) -> None:
+        if self._steady_count:
+            for req in self.running:
+                if req.steady:
+                    self._unsteady_one(req)
+        self._wake_heap.clear()
+
+    def sync_lazy_progress(self) -> None:
+        """Bring every steady request's counters and last-token time up to date."""
+        if self._steady_count:
+            for req in self.running:
+                if req.steady:
+                    self._sync(req)
+
     def _admit_head(self, req: Request, new_tokens: int, now_us: int) -> None:
         """Move the head of the wait queue into the running batch for this step."""
         self.waiting.popleft()
         self.running.append(req)
+        self._run_seq += 1
+        req.run_seq = self._run_seq
         req.state = RequestState.RUNNING
         req.num_new_tokens = new_tokens
         req.schedule_us = now_us
@@ -436,6 +629,11 @@ class VLLMEngine:
 
     def check_invariants(self) -> None:
         """Assert the engine's laws (tests and debug runs): states, progress bounds, KV."""
+        self.sync_lazy_progress()
+        steady = [r for r in self.running if r.steady]
+        assert len(steady) == self._steady_count
+        assert sum(r.computed_tokens - r.sync_step for r in steady) == (self._steady_context_offset)
+        assert all(r.wake_step >= self._finished_steps for r in steady)
         for req in self.waiting:
             assert req.state is RequestState.QUEUED, req
             assert not req.block_ids or req.kv_resident, req
@@ -472,7 +670,8 @@ class VLLMEngine:
         decode_tokens = 0
         produced = 0
         served = 0
-        for req in self.running:
+        active = self._active
+        for req in active:
             n = req.num_new_tokens
             if not n:
                 continue
@@ -511,6 +710,13 @@ class VLLMEngine:
                 req.length_capped = True
                 self.length_capped += 1
                 done.append(req)
+        steady = self._steady_count
+        if steady:
+            # Each steady request decoded one token with the regular gap (see the class doc).
+            served += steady
+            decode_tokens += steady
+            produced += steady
+            regular += steady
         self.total_output_tokens += produced
         if done:
             kv = self.kv
@@ -519,6 +725,7 @@ class VLLMEngine:
                 req.state = RequestState.COMPLETED
                 req.completion_us = req.last_token_us + (post if req.generated_tokens else 0)
                 kv.release(req)
+                _retire(req)
             self.running = [r for r in self.running if r.state is RequestState.RUNNING]
             self.completed.extend(done)
         steps = self.steps
@@ -539,4 +746,25 @@ class VLLMEngine:
         steps.itl_regular_gap_us.append(regular_gap)
         steps.itl_regular_count.append(regular)
         self._prev_step_end_us = end
+        self._finished_steps += 1
+        if self.fast_path:
+            unsteady = []
+            for req in active:
+                if req.state is not RequestState.RUNNING:
+                    continue
+                if req.num_new_tokens and not req.in_prefill and not req.reload_pending:
+                    wake_in = self._steady_wake_in(req)
+                    if wake_in:
+                        self._make_steady(req, wake_in)
+                        continue
+                unsteady.append(req)
+            self._unsteady = unsteady
         return done
+
+
+def _retire(req: Request) -> None:
+    """A request done with this engine keeps only what results read: its cached block hashes
+    and fast-path bookkeeping (large ints, one object each) go, as a million finished
+    requests would keep them all."""
+    req.forget_block_hashes()
+    req.run_seq = req.sync_step = req.wake_step = 0

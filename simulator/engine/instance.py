@@ -22,6 +22,10 @@ from .events import (
 )
 from .request import Request
 
+# Step coalescing (see `_step_loop`): on by default; tests switch it off to check that
+# results are identical either way. Read when an instance is built.
+COALESCE_STEPS = True
+
 
 class Instance:
     """A vLLM replica: `inbox` receives routed requests; finished ones go to `on_finished`."""
@@ -66,6 +70,9 @@ class Instance:
         self.warm_up_left = 0
         self.warm_up_factor = 1.0
         self.warm_requests: set[Request] = set()
+        # Coalescing needs every step's effects to stay inside the engine; CPU-tier reloads
+        # start link transfers, so instances with a CPU tier step one event at a time.
+        self.coalesce_steps = COALESCE_STEPS and engine.kv.cpu is None
         env.process(self._intake())
         env.process(self._step_loop())
 
@@ -161,7 +168,7 @@ class Instance:
         """(factor − 1) × the part of the step's time that the warm-up requests' prefill
         chunks cost: the step priced with and without them."""
         warm = self.warm_requests
-        chunks = [r for r in self.engine.running if r.num_new_tokens and r.in_prefill]
+        chunks = self.engine.prefill_requests()
         if not any(r in warm for r in chunks):
             return 0
         cold = StepBatch(
@@ -211,6 +218,7 @@ class Instance:
         engine = self.engine
         step_time = self.step_model.step_time_us
         on_finished = self.on_finished
+        priority = self._step_priority
         while True:
             if not engine.has_work:
                 if self.on_idle is not None:
@@ -239,10 +247,45 @@ class Instance:
             step_us = step_time(batch) + batch.extra_us
             if self.warm_requests:
                 step_us += self._warm_up_extra_us(batch)
-            yield event_after(env, step_us, self._step_priority)
+            end_us = env.now + step_us
+            if self.coalesce_steps and not self.warm_requests:
+                end_us, step_us = self._run_ahead(end_us, step_us)
+            yield event_after(env, end_us - env.now, priority)
             if self.terminated:
                 return  # the instance went away mid-step; its requests were settled then
             for req in engine.finish_step(step_us):
                 on_finished(req)
             if self.check_invariants:
                 check_step(engine, self.instance_id, env.now)
+
+    def _run_ahead(self, end_us: int, step_us: int) -> tuple[int, int]:
+        """Run the planned step, and the ones after it, without a SimPy event each, for as long
+        as a step completes no request and ends before any other event in the simulation.
+
+        Nothing else can happen while such a step runs, so finishing it here, at once, gives
+        the same steps (times, log rows) and request timestamps as waiting for its event.
+        Returns the end and duration of the first step that does need its event.
+        """
+        env = self.env
+        engine = self.engine
+        queue = env._queue  # noqa: SLF001 - SimPy's event heap: (time, priority, id, event)
+        priority = self._step_priority
+        step_time = self.step_model.step_time_us
+        # No completion means the work left after the step is the work there is now.
+        # A plan may also drop a queued request that can never fit (reported as finished at
+        # that instant), so steps only run ahead while nothing waits.
+        while (
+            engine.has_work
+            and not engine.waiting
+            and not engine.may_finish_requests()
+            and (not queue or (end_us, priority) < (queue[0][0], queue[0][1]))
+        ):
+            finished = engine.finish_step(step_us)
+            assert not finished, "a coalesced step completed a request"
+            if self.check_invariants:
+                check_step(engine, self.instance_id, end_us)
+            batch = engine.plan_step(end_us)
+            assert batch is not None and not engine.new_reloads
+            step_us = step_time(batch) + batch.extra_us
+            end_us += step_us
+        return end_us, step_us

@@ -43,7 +43,7 @@ class KVCache:
         self._block_hash: list[int | None] = []
         # Released blocks in LRU order. An OrderedDict, not a dict: taking the head of a plain
         # dict with next(iter(...)) rescans the deleted slots left at its front, which made
-        # block reuse quadratic once the cache had cycled (seen in benchmarks/bench_pd.py).
+        # block reuse quadratic once the cache had cycled (seen in the PD benchmark case).
         self._free_lru: OrderedDict[int, None] = OrderedDict()
         self._hash_to_block: dict[int, int] = {}
         self.used_blocks = 0
@@ -148,26 +148,35 @@ class KVCache:
 
     def _take_new_blocks(self, req: Request, count: int) -> None:
         ids = req.block_ids
-        ref = self._ref_count
-        block_hash = self._block_hash
-        for _ in range(count):
-            if self._fresh_next < self.total_blocks:
-                b = self._fresh_next
-                self._fresh_next += 1
-                ref.append(1)
-                block_hash.append(None)
-            else:
-                b, _ = self._free_lru.popitem(last=False)
+        fresh = self.total_blocks - self._fresh_next
+        if fresh:
+            # Never-used blocks first, in ID order, all at once.
+            n = count if count < fresh else fresh
+            first = self._fresh_next
+            self._fresh_next = first + n
+            ids.extend(range(first, first + n))
+            self._ref_count.extend([1] * n)
+            self._block_hash.extend([None] * n)
+            reused = count - n
+        else:
+            reused = count
+        if reused:
+            ref = self._ref_count
+            block_hash = self._block_hash
+            popitem = self._free_lru.popitem
+            index = self._hash_to_block
+            for _ in range(reused):
+                b, _ = popitem(last=False)
                 old = block_hash[b]
                 if old is not None:
                     # Reusing a block erases the cached content it held.
-                    if self._hash_to_block.get(old) == b:
-                        del self._hash_to_block[old]
+                    if index.get(old) == b:
+                        del index[old]
                     block_hash[b] = None
                     if self.offload_on_evict:
                         self.cpu.store(old, self.now_us)
                 ref[b] = 1
-            ids.append(b)
+                ids.append(b)
         self.used_blocks += count
         self.cache_misses += count
         if self.used_blocks > self.peak_used_blocks:

@@ -90,6 +90,12 @@ class Request:
         "kv_reload_us",
         # fleet changes: times this request was re-routed after a redirect or a failure
         "reroutes",
+        # the engine's decode fast path (see VLLMEngine): a "steady" decoder's progress
+        # counters are brought up to date lazily, from the step they were last exact at
+        "steady",
+        "sync_step",
+        "wake_step",
+        "run_seq",
     )
 
     def __init__(
@@ -175,6 +181,10 @@ class Request:
         self.reload_ticket = 0
         self.kv_reload_us = 0
         self.reroutes = 0
+        self.steady = False
+        self.sync_step = 0
+        self.wake_step = 0
+        self.run_seq = 0
 
     def __repr__(self) -> str:
         return (
@@ -257,8 +267,8 @@ class Request:
         return segs
 
     def forget_block_hashes(self) -> None:
-        """Drop the cached block hashes of a request that has left the system: nothing reads
-        them again, and they were a fifth of a long run's memory (benchmarks/soak.py)."""
+        """Drop the cached block hashes of a request that is done with the KV cache: they are
+        most of a finished request's memory, and are recomputed if ever asked for again."""
         self._block_hashes = None
 
     def block_hashes(self, full_blocks: int, block_size: int) -> list[int]:
@@ -270,33 +280,55 @@ class Request:
         if self.parent is not None:
             # A PD sub-request has its parent's content: share one hash list.
             return self.parent.block_hashes(full_blocks, block_size)
-        cached = self._block_hashes
-        if cached is not None and len(cached) >= full_blocks:
-            return cached
-        hashes = list(cached) if cached else []
-        segs = self.content_segments(full_blocks * block_size)
-        # Walk segments to describe blocks len(hashes)..full_blocks-1.
-        seg_starts = []
-        pos = 0
-        for key, length in segs:
-            seg_starts.append((pos, key, length))
-            pos += length
-        prev = hashes[-1] if hashes else 0
-        seg_i = 0
-        for b in range(len(hashes), full_blocks):
-            lo = b * block_size
-            hi = lo + block_size
-            while seg_starts[seg_i][0] + seg_starts[seg_i][2] <= lo:
-                seg_i += 1
-            pieces = []
-            j = seg_i
-            while j < len(seg_starts) and seg_starts[j][0] < hi:
-                start, key, length = seg_starts[j]
-                pieces.append((key, max(lo, start) - start, min(hi, start + length) - start))
-                j += 1
-            prev = hash((prev, tuple(pieces)))
-            hashes.append(prev)
-        self._block_hashes = hashes
+        hashes = self._block_hashes
+        if hashes is None:
+            hashes = self._block_hashes = []
+        done = len(hashes)
+        if done >= full_blocks:
+            return hashes
+        # Extend in place, walking the segments once from the first block not yet hashed. A
+        # segment's key is hashed once per call, not once per block; a block inside one segment
+        # (nearly all of them) is named by (key hash, start, end), a block spanning segments by
+        # the tuple of its pieces.
+        lo = done * block_size
+        end = full_blocks * block_size
+        prev = hashes[-1] if done else 0
+        pieces: list[tuple[int, int, int]] = []
+        seg_start = 0
+        for key, length in (*self.segments, (self.output_key, end)):
+            if length <= 0:
+                if pieces:  # an empty segment inside a block is part of its name
+                    pieces.append((hash(key), 0, 0))
+                continue
+            seg_end = seg_start + length
+            if lo < seg_end and lo < end:
+                key_hash = hash(key)
+                if pieces:
+                    # Finish the block that started in an earlier segment.
+                    hi = lo + block_size
+                    if hi > seg_end:
+                        pieces.append((key_hash, 0, length))
+                        seg_start = seg_end
+                        continue
+                    pieces.append((key_hash, 0, hi - seg_start))
+                    prev = hash((prev, tuple(pieces)))
+                    hashes.append(prev)
+                    pieces.clear()
+                    lo = hi
+                # Whole blocks inside this segment.
+                stop = min(seg_end, end)
+                offset = lo - seg_start
+                while lo + block_size <= stop:
+                    prev = hash((prev, key_hash, offset, offset + block_size))
+                    hashes.append(prev)
+                    lo += block_size
+                    offset += block_size
+                if lo < seg_end and lo < end:
+                    # The block continues into the next segment.
+                    pieces.append((key_hash, offset, length))
+            if lo >= end:
+                break
+            seg_start = seg_end
         return hashes
 
 

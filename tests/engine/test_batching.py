@@ -357,9 +357,9 @@ def test_output_token_processing_time_is_charged_cumulatively():
     assert done == [r]
     assert r.last_token_us == r.completion_us == 3300
     # alpha2 does not stretch the GPU step: steps stay back to back.
-    assert eng.steps.start_us == [0, 1000, 2000]
+    assert list(eng.steps.start_us) == [0, 1000, 2000]
     # Each inter-token gap = step time + alpha2.
-    assert eng.steps.itl_regular_gap_us[1:] == [1100, 1100]
+    assert list(eng.steps.itl_regular_gap_us[1:]) == [1100, 1100]
 
 
 def test_zero_output_request_completes_at_end_of_prefill():
