@@ -552,7 +552,7 @@ def run(
 
 
 @app.command()
-@_with_flags(_common_flags)
+@_with_flags(_common_flags, _trace_output_flag)
 def replay(
     trace_data: Annotated[
         Path, typer.Option("--trace-data", help="TraceV2 CSV, or a plain request CSV")
@@ -578,6 +578,7 @@ def replay(
             scenario,
             overrides,
             flags["results_path"],
+            trace_output=flags["trace_output"],
             quiet=flags["quiet"],
             timeline_path=flags["timeline_path"],
         )

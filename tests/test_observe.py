@@ -364,6 +364,31 @@ def test_observe_then_replay_end_to_end(stub, tmp_path):
         assert sim["num_decode_tokens"] == row.output_tokens
         assert sim["state"] == "completed" and sim["ttft_ms"] > 0 and sim["e2e_ms"] > 0
 
+    # → calibrate: fit physics to the recorded trace (the stub's model name is not a real
+    # model, so the deployment's model is named), then report a replay with the fit.
+    coeffs = tmp_path / "coeffs.yaml"
+    fit = invoke(
+        ["calibrate", "--trace-header", tmp_path / "trace.yaml", "--trace-data",
+         tmp_path / "trace.csv", "--model", "meta-llama/llama-3.1-8b-instruct",
+         "--hardware", "H100", "--rounds", "1", "--output", coeffs]
+    )  # fmt: skip
+    assert fit.exit_code == 0, fit.output
+    assert coeffs.is_file() and "physics" in coeffs.read_text()
+    replayed = invoke(
+        ["replay", "--trace-header", tmp_path / "trace.yaml", "--trace-data",
+         tmp_path / "trace.csv", "--latency-coeffs", coeffs, "--trace-output", tmp_path / "sim"]
+    )  # fmt: skip
+    assert replayed.exit_code == 0, replayed.output
+    report = invoke(
+        ["calibrate", "--trace-header", tmp_path / "trace.yaml", "--trace-data",
+         tmp_path / "trace.csv", "--sim-trace", tmp_path / "sim.csv"]
+    )  # fmt: skip
+    assert report.exit_code == 0, report.output
+    assert "MAPE" in report.output or "mape" in report.output
+    # → run: the fitted file drives a simulation of new traffic.
+    run = invoke(["run", "--latency-coeffs", coeffs, "--num-requests", "20", "--quiet"])
+    assert run.exit_code == 0, run.output
+
 
 def free_port() -> int:
     """A port nothing listens on (bound, then released)."""
