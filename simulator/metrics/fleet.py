@@ -140,7 +140,7 @@ def per_model_frame(
     duration_s: float,
 ) -> pd.DataFrame:
     """TTFT, E2E, ITL, throughput and counts per model (ms; throughput per second)."""
-    from .results import _mean, _pct, pooled_itl_us
+    from .results import _stat_mean, _stat_pct, pooled_itl_us
 
     groups: dict[str, list[Request]] = {m: [] for m in dict.fromkeys(instance_models)}
     for r in requests:
@@ -165,8 +165,8 @@ def per_model_frame(
             "unfinished": sum(not r.is_finished for r in members),
         }
         for name, values in (("ttft", ttft), ("e2e", e2e), ("itl", itl)):
-            row[f"{name}_mean_ms"] = _mean(values) / 1000
-            row[f"{name}_p99_ms"] = _pct(values, 99) / 1000
+            row[f"{name}_mean_ms"] = _stat_mean(values) / 1000
+            row[f"{name}_p99_ms"] = _stat_pct(values, 99) / 1000
         row["responses_per_sec"] = len(done) / duration_s if duration_s > 0 else 0.0
         row["tokens_per_sec"] = output_tokens / duration_s if duration_s > 0 else 0.0
         rows.append(row)
