@@ -279,29 +279,15 @@ class Scenario(_Strict):
         _unique("node_pools", pools)
         names = [d.name for d in self.deployments]
         _unique("deployments", names)
+        no_pools = "none (no node_pools)"
+        no_deployments = "none (no deployments)"
         for i, d in enumerate(self.deployments):
-            if d.pool is not None and d.pool not in pools:
-                raise ValueError(
-                    f"deployments[{i}].pool: unknown node pool {d.pool!r}; known: "
-                    f"{', '.join(pools) or 'none (no node_pools)'}"
-                )
+            _known(f"deployments[{i}].pool", "node pool", d.pool, pools, no_pools)
         for i, e in enumerate(self.events):
-            if e.pool is not None and e.pool not in pools:
-                raise ValueError(
-                    f"events[{i}].pool: unknown node pool {e.pool!r}; known: "
-                    f"{', '.join(pools) or 'none (no node_pools)'}"
-                )
-            if e.deployment is not None and e.deployment not in names:
-                raise ValueError(
-                    f"events[{i}].deployment: unknown deployment {e.deployment!r}; known: "
-                    f"{', '.join(names) or 'none (no deployments)'}"
-                )
+            _known(f"events[{i}].pool", "node pool", e.pool, pools, no_pools)
+            _known(f"events[{i}].deployment", "deployment", e.deployment, names, no_deployments)
         for i, a in enumerate(self.autoscaler):
-            if a.deployment is not None and a.deployment not in names:
-                raise ValueError(
-                    f"autoscaler[{i}].deployment: unknown deployment {a.deployment!r}; "
-                    f"known: {', '.join(names) or 'none (no deployments)'}"
-                )
+            _known(f"autoscaler[{i}].deployment", "deployment", a.deployment, names, no_deployments)
         pd = self.cluster.pd
         pd_roles = any(d.role != "unified" for d in self.deployments)
         if pd.decider != "never" and not pd.enabled and not pd_roles:
@@ -315,6 +301,12 @@ class Scenario(_Strict):
                 "each deployment sets its own num_instances; remove cluster.num_instances"
             )
         return self
+
+
+def _known(field: str, kind: str, value: str | None, known: list[str], none: str) -> None:
+    """A reference to a pool or deployment must name one the scenario defines."""
+    if value is not None and value not in known:
+        raise ValueError(f"{field}: unknown {kind} {value!r}; known: {', '.join(known) or none}")
 
 
 def _unique(field: str, names: list[str]) -> None:

@@ -104,7 +104,7 @@ class Infrastructure:
         self.check = check_invariants
         self.timeline = Timeline()
         self.records = [
-            InstanceRecord(s.instance_id, s.deployment, s.model_key, s.gpus_needed, s.pool)
+            InstanceRecord(s.index, s.instance_id, s.deployment, s.model_key, s.gpus_needed, s.pool)
             for s in plan.slots
         ]
         self.pools = {p.name: p for p in plan.node_pools}
@@ -219,7 +219,7 @@ class Infrastructure:
             self._provision_for(rec)
 
     def _fits_pool(self, rec: InstanceRecord, pool_name: str) -> bool:
-        slot = self.plan.slots[self.records.index(rec)]
+        slot = self.plan.slots[rec.index]
         pool = self.pools[pool_name]
         return (rec.pool is None or rec.pool == pool_name) and (
             pool.gpu_type.lower() == slot.gpu_type.lower()
@@ -245,7 +245,7 @@ class Infrastructure:
                 self._load(rec)
             return
         for rec in list(self._pending):
-            slot = self.plan.slots[self.records.index(rec)]
+            slot = self.plan.slots[rec.index]
             node = first_fit(self.nodes, slot.gpu_type, rec.gpus_needed, rec.pool)
             if node is None:
                 continue
@@ -257,7 +257,7 @@ class Infrastructure:
     def _load(self, rec: InstanceRecord) -> None:
         now = self.env.now
         rec.move(InstanceState.LOADING, now, self.timeline, f"placed on {self._where(rec)}")
-        slot = self.plan.slots[self.records.index(rec)]
+        slot = self.plan.slots[rec.index]
         lc = self.lifecycle
         if slot.initial and lc.initial_instances_loaded and now == 0:
             self._loaded(rec)
@@ -287,7 +287,7 @@ class Infrastructure:
             rec.move(InstanceState.WARMING_UP, now, self.timeline, "loaded")
         else:
             rec.move(InstanceState.ACTIVE, now, self.timeline, "loaded")
-        self.router.served.make_routable(rec.model, self._index(rec))
+        self.router.served.make_routable(rec.model, rec.index)
         self.router.unpark(rec.model)
         if self.check:
             self.check_invariants()
@@ -300,11 +300,8 @@ class Infrastructure:
             if rec.warm_up_left <= 0:
                 rec.move(InstanceState.ACTIVE, self.env.now, self.timeline, "warmed up")
 
-    def _index(self, rec: InstanceRecord) -> int:
-        return self.records.index(rec)
-
     def _instance(self, rec: InstanceRecord) -> Instance:
-        return self.instances[self._index(rec)]
+        return self.instances[rec.index]
 
     def add_instance(self, deployment: str, reason: str) -> InstanceRecord | None:
         """Bring up the next unused slot of `deployment` (None when none is left)."""
@@ -323,7 +320,7 @@ class Infrastructure:
         if rec.state not in (InstanceState.WARMING_UP, InstanceState.ACTIVE):
             return  # already draining or gone
         rec.move(InstanceState.DRAINING, now, self.timeline, f"{reason} ({policy})")
-        index = self._index(rec)
+        index = rec.index
         self._end_cause[index] = policy
         self.router.served.make_unroutable(rec.model, index)
         inst = self.instances[index]
@@ -346,16 +343,12 @@ class Infrastructure:
             return
         if inst.engine.has_work or inst.pending_enqueue or inst.inbox.items:
             return
-        inst.accepting = False
-        inst.terminated = True
-        if inst._idle is not None and not inst._idle.triggered:  # noqa: SLF001
-            inst._idle.succeed()  # noqa: SLF001
-        self._terminate(rec, "drained")
+        self._terminate(rec, "drained")  # stops the (empty) instance
 
     def fail(self, rec: InstanceRecord, reason: str) -> None:
         if rec.state in (None, InstanceState.TERMINATED):
             return
-        index = self._index(rec)
+        index = rec.index
         self._end_cause[index] = "failure"
         if rec.routable:
             self.router.served.make_unroutable(rec.model, index)
@@ -520,9 +513,7 @@ class Infrastructure:
             if s.deployment == deployment and r.routable
         ]
         if not indices:
-            model = self.plan.slots[
-                next(s.index for s in self.plan.slots if s.deployment == deployment)
-            ].model_key
+            model = next(s.model_key for s in self.plan.slots if s.deployment == deployment)
             return float(len(self.router.parked.get(model, ())))
         values = []
         for i in indices:

@@ -150,6 +150,7 @@ def first_fit(nodes: list[Node], gpu_type: str, gpus_needed: int, pool: str | No
 class InstanceRecord:
     """Lifecycle bookkeeping of one instance slot."""
 
+    index: int  # the instance's position in the fleet (its slot and its engine)
     instance_id: str
     deployment: str
     model: str

@@ -116,7 +116,7 @@ def assert_served_only_while_routable(result: simulator.Result) -> None:
 # ---------------------------------------------------------------------- plain state machines
 def test_lifecycle_refuses_illegal_edges():
     timeline = Timeline()
-    rec = InstanceRecord("i0", "d", "m", 1, None)
+    rec = InstanceRecord(0, "i0", "d", "m", 1, None)
     with pytest.raises(IllegalTransition):
         rec.move(InstanceState.ACTIVE, 0, timeline, "born active")
     rec.move(InstanceState.SCHEDULING, 0, timeline, "created")
