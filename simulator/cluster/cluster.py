@@ -105,7 +105,7 @@ def decider_for(spec: PDSpec, block_size: int) -> PDDecider:
 
 
 def _live_snapshot(index: int, instance_id: str, engine: VLLMEngine, model: str):
-    def read() -> InstanceSnapshot:
+    def read(in_flight: int) -> InstanceSnapshot:
         kv = engine.kv
         return InstanceSnapshot(
             instance_id=instance_id,
@@ -115,6 +115,7 @@ def _live_snapshot(index: int, instance_id: str, engine: VLLMEngine, model: str)
             kv_utilization=kv.used_blocks / kv.total_blocks,
             free_kv_blocks=kv.total_blocks - kv.used_blocks,
             cache_hit_rate=kv.hit_rate,
+            in_flight=in_flight,
             model=model,
         )
 
@@ -202,7 +203,7 @@ def run_simulation(
         routing,
         SnapshotCache(
             cluster.routing.snapshot_refresh_interval_us,
-            lambda i: live[i](),
+            lambda i, in_flight: live[i](in_flight),
             lambda i: router.in_flight[i],
             list(zip(instance_ids, instance_models, strict=True)),
         ),

@@ -40,7 +40,7 @@ class SnapshotCache:
     def __init__(
         self,
         interval_us: int,
-        read_live: Callable[[int], InstanceSnapshot],
+        read_live: Callable[[int, int], InstanceSnapshot],
         read_in_flight: Callable[[int], int],
         instances: list[tuple[str, str]],
     ) -> None:
@@ -54,8 +54,8 @@ class SnapshotCache:
 
     def get(self, index: int, now_us: int) -> InstanceSnapshot:
         if self.interval_us <= 0:
-            return self.read_live(index)
+            return self.read_live(index, self.read_in_flight(index))
         if now_us - self._refreshed_us[index] >= self.interval_us:
-            self._cached[index] = self.read_live(index)
+            self._cached[index] = self.read_live(index, 0)
             self._refreshed_us[index] = now_us
         return replace(self._cached[index], in_flight=self.read_in_flight(index))

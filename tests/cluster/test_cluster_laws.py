@@ -155,6 +155,29 @@ def test_least_loaded_never_picks_a_strictly_busier_instance_from_fresh_signals(
     assert busy_choices > 100  # the law was exercised under real contention
 
 
+def test_fresh_snapshots_carry_the_in_flight_count():
+    """SPEC §6.4-6.5: InFlightRequests (routed, not yet finished) is always synchronous, also
+    with immediate snapshots, so it counts at least every request the instance holds."""
+    result = simulator.simulate(
+        {
+            "workload": _workload(400, 150),
+            "cluster": {
+                "num_instances": 3,
+                "routing": {"policy": "least-loaded"},
+                "trace": {"level": "decisions", "counterfactual_k": 3},
+            },
+        }
+    )
+    held_somewhere = 0
+    for record in result.decisions.routings:
+        for c in record["candidates"]:
+            held = c["queue_depth"] + c["batch_size"]
+            assert c["in_flight"] >= held
+            assert c["effective_load"] == held + c["in_flight"]
+            held_somewhere += held > 0
+    assert held_somewhere > 100  # the law was exercised with requests on the instances
+
+
 def _prefix_heavy(policy: str, scorers: str | None):
     clients = [
         {
