@@ -127,6 +127,7 @@ class VLLMEngine:
         self.fast_path = DECODE_FAST_PATH
         self._finished_steps = 0
         self.fast_path_steps = 0
+        self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
         self._steady_count = 0
         # Sum over steady requests of (computed_tokens - sync_step): their context sum at a
         # step start is this plus steady_count * finished steps.
@@ -279,6 +280,10 @@ class VLLMEngine:
         """Form the batch for a step starting at `now_us` (SPEC §1.4 phase A, §1.5)."""
         if not self.running and not self.waiting:
             return None
+        if not self.waiting and not self._unsteady and self.fast_path:
+            batch = self._plan_steady_step(now_us)
+            if batch is not None:
+                return batch
         self.clock_us = now_us
         self.kv.now_us = now_us
         self.step_count += 1
@@ -370,6 +375,42 @@ class VLLMEngine:
             prefill_chunks, decode_count, decode_context, prefill_prompts, step_extra_us
         )
 
+    def _plan_steady_step(self, now_us: int) -> StepBatch | None:
+        """The plan when every running request is steady and nothing waits: one token each,
+        plus the KV blocks of those reaching a block start. None when the step needs the
+        general plan (a request needs more than a block, or the budget or the blocks run
+        short); nothing has changed then."""
+        n = self._steady_count
+        if n > self.config.max_num_scheduled_tokens:
+            return None
+        step = self._finished_steps
+        heap = self._wake_heap
+        kv = self.kv
+        if heap and heap[0][0] <= step:
+            wakers = []
+            while heap and heap[0][0] <= step:
+                entry = heapq.heappop(heap)
+                req = entry[2]
+                if req.steady and req.wake_step == entry[0]:
+                    wakers.append(entry)
+            if len(wakers) > kv.total_blocks - kv.used_blocks or not all(
+                entry[2].wake_for_block for entry in wakers
+            ):
+                for entry in wakers:
+                    heapq.heappush(heap, entry)
+                return None
+            kv.now_us = now_us
+            for entry in wakers:
+                self._take_block_steady(entry[2], step)
+            self.steady_block_takes += len(wakers)
+        self.clock_us = now_us
+        kv.now_us = now_us
+        self.step_count += 1
+        self.fast_path_steps += 1
+        self._active = []
+        self._step_start_us = now_us
+        return StepBatch([], n, self._steady_context_offset + n * step, [], 0)
+
     def _schedule_running(self, order: list[Request], budget: int) -> tuple[int, bool]:
         """Phase 1: tokens for running requests in `order` (admission order), within `budget`.
 
@@ -429,9 +470,13 @@ class VLLMEngine:
         heap = self._wake_heap
         active = self._unsteady
         woken = False
+        block_wakers: list[Request] = []
         while heap and heap[0][0] <= step:
             wake, _seq, req = heapq.heappop(heap)
             if req.steady and req.wake_step == wake:
+                if req.wake_for_block:
+                    block_wakers.append(req)  # in running order: the heap breaks ties so
+                    continue
                 self._unsteady_one(req)
                 if not woken:
                     active = active[:]
@@ -439,9 +484,36 @@ class VLLMEngine:
                 active.append(req)
         if woken:
             active.sort(key=_run_seq_of)
+        tokens, blocks, hashes = self._demand(active, budget)
+        free = self.kv.total_blocks - self.kv.used_blocks
+        if block_wakers:
+            if not blocks and not hashes and tokens <= budget and len(block_wakers) <= free:
+                # Nothing handled one by one takes or hashes a block this step, so the cache
+                # ends the same as if the per-request loop had handed these blocks out.
+                for req in block_wakers:
+                    self._take_block_steady(req, step)
+                free -= len(block_wakers)
+                self.steady_block_takes += len(block_wakers)
+            else:
+                for req in block_wakers:
+                    self._unsteady_one(req)
+                active = [*active, *block_wakers]
+                active.sort(key=_run_seq_of)
+                woken = True
+                tokens, blocks, hashes = self._demand(active, budget)
         # Would the plain loop give every request its full demand without preempting?
+        if tokens > budget or blocks > free:
+            return None
+        for req in active:
+            req.num_new_tokens = 0
+        return active if woken else active[:]
+
+    def _demand(self, active: list[Request], budget: int) -> tuple[int, int, bool]:
+        """Tokens this step's requests ask for (steady ones included), new KV blocks for the
+        ones handled one by one, and whether any of those may hash a full block."""
         tokens = self._steady_count
         blocks = 0
+        hashes = False
         mml = self.config.max_model_len
         bs = self.config.block_size
         for req in active:
@@ -454,15 +526,14 @@ class VLLMEngine:
                 needed = -(-end // bs) - len(req.block_ids)
                 if needed > 0:
                     blocks += needed
+                hashes = True
             elif not (mml > 0 and computed + 1 > mml - 1):
                 tokens += 1
                 if computed % bs == 0 or not req.block_ids:
                     blocks += 1
-        if tokens > budget or blocks > self.kv.total_blocks - self.kv.used_blocks:
-            return None
-        for req in active:
-            req.num_new_tokens = 0
-        return active if woken else active[:]
+                elif (computed + 1) % bs == 0:
+                    hashes = True  # possibly: the block holding prompt tokens fills up
+        return tokens, blocks, hashes
 
     def may_finish_requests(self) -> bool:
         """Could the planned step complete a request? (False is certain; True may not be.)"""
@@ -483,35 +554,54 @@ class VLLMEngine:
                 return True
         return False
 
-    def _steady_wake_in(self, req: Request) -> int:
-        """Steps from the next one until `req`, decoding one token per step, needs attention:
-        a KV block to take, a prompt block to hash, or its last token (0 = at once)."""
+    def _steady_wake(self, req: Request, computed: int, generated: int) -> tuple[int, bool]:
+        """Steps from the next one until `req` (at `computed` / `generated` tokens), decoding
+        one token per step, needs attention: a KV block to take, a prompt block to hash, or
+        its last token (0 = at once). The flag says the only need then is a new KV block."""
         bs = self.config.block_size
-        computed = req.computed_tokens
         steps = -computed % bs  # next position at a block start: a new block
         if steps == 0:
-            return 0
-        done_in = req.output_tokens - req.generated_tokens - 1
-        if done_in < steps:
+            return 0, False
+        block_only = True
+        # A need that falls on the block step too makes that step more than a block taking.
+        done_in = req.output_tokens - generated - 1
+        if done_in <= steps:
             steps = done_in
+            block_only = False
         mml = self.config.max_model_len
         if mml > 0:
             capped_in = mml - 2 - computed
-            if capped_in < steps:
+            if capped_in <= steps:
                 steps = capped_in
+                block_only = False
         # The block holding the last prompt token is hashed once it fills up with output.
         hash_at = computed + (bs - 1 - computed) % bs
-        if hash_at - computed < steps and hash_at + 1 <= -(-req.prefill_target // bs) * bs:
+        if hash_at - computed <= steps and hash_at + 1 <= -(-req.prefill_target // bs) * bs:
             steps = hash_at - computed
-        return steps if steps > 0 else 0
+            block_only = False
+        return (steps, block_only) if steps > 0 else (0, False)
 
-    def _make_steady(self, req: Request, wake_in: int) -> None:
+    def _make_steady(self, req: Request, wake_in: int, block_only: bool) -> None:
         step = self._finished_steps
         req.steady = True
         req.sync_step = step
         req.wake_step = step + wake_in
+        req.wake_for_block = block_only
         self._steady_count += 1
         self._steady_context_offset += req.computed_tokens - step
+        heapq.heappush(self._wake_heap, (req.wake_step, req.run_seq, req))
+
+    def _take_block_steady(self, req: Request, step: int) -> None:
+        """A steady request at a block start gets its block and stays steady: nothing else of
+        it changes this step, so the per-request loop has nothing to do for it."""
+        self.kv.take_block(req)  # the caller checked the room
+        behind = step - req.sync_step
+        # After this step's token it is one further on: when does it need attention next?
+        wake_in, block_only = self._steady_wake(
+            req, req.computed_tokens + behind + 1, req.generated_tokens + behind + 1
+        )
+        req.wake_step = step + 1 + wake_in
+        req.wake_for_block = block_only
         heapq.heappush(self._wake_heap, (req.wake_step, req.run_seq, req))
 
     def _sync(self, req: Request) -> None:
@@ -753,9 +843,11 @@ class VLLMEngine:
                 if req.state is not RequestState.RUNNING:
                     continue
                 if req.num_new_tokens and not req.in_prefill and not req.reload_pending:
-                    wake_in = self._steady_wake_in(req)
+                    wake_in, block_only = self._steady_wake(
+                        req, req.computed_tokens, req.generated_tokens
+                    )
                     if wake_in:
-                        self._make_steady(req, wake_in)
+                        self._make_steady(req, wake_in, block_only)
                         continue
                 unsteady.append(req)
             self._unsteady = unsteady

@@ -164,23 +164,46 @@ class KVCache:
             ref = self._ref_count
             block_hash = self._block_hash
             popitem = self._free_lru.popitem
-            index = self._hash_to_block
-            for _ in range(reused):
-                b, _ = popitem(last=False)
-                old = block_hash[b]
-                if old is not None:
-                    # Reusing a block erases the cached content it held.
-                    if index.get(old) == b:
-                        del index[old]
-                    block_hash[b] = None
-                    if self.offload_on_evict:
-                        self.cpu.store(old, self.now_us)
+            taken = [popitem(False)[0] for _ in range(reused)]
+            for b in taken:
+                if block_hash[b] is not None:
+                    self._erase_content(b)
                 ref[b] = 1
-                ids.append(b)
+            ids.extend(taken)
         self.used_blocks += count
         self.cache_misses += count
         if self.used_blocks > self.peak_used_blocks:
             self.peak_used_blocks = self.used_blocks
+
+    def take_block(self, req: Request) -> None:
+        """One new block for `req` (the caller checked there is room): `_take_new_blocks` for
+        a count of one, without its loops, as decoding requests need it every block_size steps."""
+        b = self._fresh_next
+        if b < self.total_blocks:
+            self._fresh_next = b + 1
+            self._ref_count.append(1)
+            self._block_hash.append(None)
+        else:
+            b, _ = self._free_lru.popitem(last=False)
+            if self._block_hash[b] is not None:
+                self._erase_content(b)
+            self._ref_count[b] = 1
+        req.block_ids.append(b)
+        self.cache_misses += 1
+        used = self.used_blocks + 1
+        self.used_blocks = used
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+
+    def _erase_content(self, b: int) -> None:
+        """Block `b` is being reused: the cached content it held is gone (to the CPU tier when
+        offloading on eviction)."""
+        old = self._block_hash[b]
+        if self._hash_to_block.get(old) == b:
+            del self._hash_to_block[old]
+        self._block_hash[b] = None
+        if self.offload_on_evict:
+            self.cpu.store(old, self.now_us)
 
     def _hash_full_blocks(self, req: Request, start_token: int, end_token: int) -> None:
         """Hash blocks that became full in [start_token, end_token) and hold prompt tokens.
@@ -212,7 +235,7 @@ class KVCache:
         if position % bs == 0 or not req.block_ids:
             if self.used_blocks >= self.total_blocks:
                 return False
-            self._take_new_blocks(req, 1)
+            self.take_block(req)
         end = position + 1
         if end % bs == 0 and end <= _hashable_limit(req, bs):
             self._hash_full_blocks(req, position, end)

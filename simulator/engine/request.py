@@ -95,6 +95,7 @@ class Request:
         "steady",
         "sync_step",
         "wake_step",
+        "wake_for_block",
         "run_seq",
     )
 
@@ -184,6 +185,7 @@ class Request:
         self.steady = False
         self.sync_step = 0
         self.wake_step = 0
+        self.wake_for_block = False
         self.run_seq = 0
 
     def __repr__(self) -> str:

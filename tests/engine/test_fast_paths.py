@@ -163,7 +163,11 @@ def test_the_speedups_are_on_by_default_and_do_take_effect():
     steps = len(result.engines[0].steps)
     # Light traffic: nearly every step takes the fast path.
     assert result.engines[0].fast_path_steps > 0.9 * steps
+    # 100 -> 300 tokens of context per request cross a 16-token block boundary 12 times while
+    # decoding; with room to spare, steady requests take most of those blocks without waking.
+    assert result.engines[0].steady_block_takes >= 20 * 10
     with speedups(False):
         plain = simulator.simulate(scenario)
     assert plain.engines[0].fast_path_steps == 0
+    assert plain.engines[0].steady_block_takes == 0
     _assert_same(result, plain)
