@@ -98,14 +98,21 @@ def _full_prompt_blocks(req: Request, block_size: int) -> int:
 
 
 def record_hashes(lru: OrderedDict, hashes: list[int], capacity_blocks: int) -> None:
-    """Insert or refresh block hashes in a router-side LRU index, evicting the oldest."""
-    for h in hashes:
-        if h in lru:
-            lru.move_to_end(h)
-        else:
-            lru[h] = None
-            if len(lru) > capacity_blocks:
-                lru.popitem(last=False)
+    """Insert or refresh block hashes in a router-side LRU index, evicting the oldest.
+
+    Refreshing or inserting each hash in turn and evicting whenever the index overflows
+    leaves the index's last `capacity_blocks` entries in that order; this does the same in
+    bulk: the refreshed hashes leave their places, all of them go to the end in order, and
+    the oldest go until the index fits."""
+    recorded = dict.fromkeys(hashes)
+    if len(recorded) < len(hashes):
+        # A repeated hash is refreshed again at its later position: keep the last ones.
+        recorded = dict.fromkeys(reversed(dict.fromkeys(reversed(hashes))))
+    for h in [h for h in recorded if h in lru]:
+        del lru[h]
+    lru.update(recorded)
+    for _ in range(len(lru) - capacity_blocks):
+        lru.popitem(last=False)
 
 
 class PrefixAffinityScorer(Scorer):

@@ -8,11 +8,13 @@ the boundary that keeps the control plane from peeking at a request's true outpu
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class InstanceSnapshot:
+class InstanceSnapshot(NamedTuple):
+    """Immutable, and a tuple rather than a frozen dataclass: the router builds one per
+    candidate instance per request, and a tuple is built several times faster."""
+
     instance_id: str
     index: int
     queue_depth: int = 0
@@ -58,4 +60,4 @@ class SnapshotCache:
         if now_us - self._refreshed_us[index] >= self.interval_us:
             self._cached[index] = self.read_live(index, 0)
             self._refreshed_us[index] = now_us
-        return replace(self._cached[index], in_flight=self.read_in_flight(index))
+        return self._cached[index]._replace(in_flight=self.read_in_flight(index))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from simulator.cluster.routing import (
     kv_probe_from_caches,
     make_routing_policy,
     parse_scorers,
+    record_hashes,
 )
 from simulator.cluster.snapshot import InstanceSnapshot
 from simulator.engine.kv_cache import KVCache
@@ -377,3 +379,31 @@ def test_make_routing_policy_accepts_pairs_and_validates_them():
     # A typo is caught even for policies that ignore scorers.
     with pytest.raises(ConfigError):
         make_routing_policy("round-robin", scorers="queue-dept:1", rng=rng())
+
+
+def _record_one_at_a_time(lru: OrderedDict, hashes: list[int], capacity_blocks: int) -> None:
+    """The index's rule stated plainly: refresh or insert each hash, evict on overflow."""
+    for h in hashes:
+        if h in lru:
+            lru.move_to_end(h)
+        else:
+            lru[h] = None
+            if len(lru) > capacity_blocks:
+                lru.popitem(last=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 30), max_size=25),
+    st.lists(st.lists(st.integers(0, 30), max_size=12), max_size=6),
+    st.integers(1, 20),
+)
+def test_bulk_recording_keeps_the_one_at_a_time_rule(start, batches, capacity):
+    bulk: OrderedDict = OrderedDict()
+    plain: OrderedDict = OrderedDict()
+    _record_one_at_a_time(bulk, start, capacity)
+    _record_one_at_a_time(plain, start, capacity)
+    for hashes in batches:
+        record_hashes(bulk, hashes, capacity)
+        _record_one_at_a_time(plain, hashes, capacity)
+        assert list(bulk) == list(plain)
