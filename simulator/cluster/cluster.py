@@ -20,6 +20,7 @@ from ..engine.request import Request, RequestState
 from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
+from ..metrics.request_table import RequestRecords, RequestTable
 from ..metrics.results import Result, compute_summary
 from ..rng import subsystem_rng
 from ..scenario import ClusterSpec, PDSpec
@@ -34,14 +35,27 @@ from .router import Router, ServedModels
 from .routing import RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
 
+# Finished requests become compact rows (metrics/request_table.py) unless PD is on: its
+# parents keep their sub-requests for the PD results anyway. Off only to test that the rows
+# read back exactly as the objects would have.
+COMPACT_FINISHED_REQUESTS = True
+
 
 class _Source:
     """Injects requests at their arrival times from a (possibly lazy) arrival-ordered stream."""
 
-    def __init__(self, requests: Iterable[Request], horizon_us: int | None) -> None:
+    def __init__(
+        self, requests: Iterable[Request], horizon_us: int | None, table: RequestTable | None
+    ) -> None:
         self.requests = requests
         self.horizon_us = horizon_us
+        # With a table, finished requests become rows there (`retire`) and only unfinished
+        # ones stay objects here, keyed by id with their injection ordinal; without one
+        # (PD: parents keep their sub-requests anyway) every request stays in `injected`.
+        self.table = table
         self.injected: list[Request] = []
+        self.injected_count = 0
+        self.live: dict[int, tuple[int, Request]] = {}
         self.not_arrived = 0
         self.exhausted = False  # every request of the stream has been injected
         self.finished = 0  # user-facing requests that left the system (any final state)
@@ -67,8 +81,25 @@ class _Source:
         self.exhausted = True
 
     def inject(self, req: Request) -> None:
-        self.injected.append(req)
+        if self.table is None:
+            self.injected.append(req)
+        else:
+            self.live[id(req)] = (self.injected_count, req)
+        self.injected_count += 1
         self.deliver(req)
+
+    def retire(self, req: Request) -> None:
+        """A request has left the system: keep it as a compact row from now on."""
+        if self.table is not None and req.is_finished:
+            entry = self.live.pop(id(req), None)
+            if entry is not None:
+                self.table.append(req, entry[0])
+
+    def records(self) -> list[Request] | RequestRecords:
+        """Every request that arrived, in injection order."""
+        if self.table is None:
+            return self.injected
+        return RequestRecords(self.table, list(self.live.values()))
 
 
 def build_policies(
@@ -184,7 +215,10 @@ def run_simulation(
         for s in setups
     ]
     block_size = setups[0].engine.block_size
-    source = _Source(requests, horizon_us)
+    compact = COMPACT_FINISHED_REQUESTS and not cluster.pd.enabled
+    source = _Source(requests, horizon_us, RequestTable() if compact else None)
+    for engine in engines:
+        engine.keep_completed = source.table is None
     finished = _on_finished(env, sessions, source, check_invariants)
 
     def kv_probe(index: int, req: Request) -> int:
@@ -257,7 +291,7 @@ def run_simulation(
             router,
             seed,
             lambda inst, req: inst.on_finished(req),
-            lambda: (source.exhausted, source.finished == len(source.injected)),
+            lambda: (source.exhausted, source.finished == source.injected_count),
             check_invariants,
         )
         infra.start()
@@ -281,20 +315,24 @@ def run_simulation(
     def end_of(engine: VLLMEngine) -> int:
         return engine.clock_us if horizon_us is None else min(engine.clock_us, horizon_us)
 
-    arrived = source.injected
+    arrived = source.records()
     handled = [r for r in arrived if r.state is not RequestState.REJECTED]
     summary = compute_summary("cluster", handled, engines, max(end_of(e) for e in engines))
-    # Instance-level views count what each engine served: sub-requests, not parents.
-    served = [r for r in handled if not r.disaggregated]
-    for parent in pd.parents if pd is not None else ():
-        served.extend(s for s in (parent.prefill_sub, parent.decode_sub) if s is not None)
     per_instance = []
     if n > 1:
+        # Instance-level views count what each engine served: sub-requests, not parents.
+        served: dict[str, list] = {iid: [] for iid in instance_ids}
+        for r in handled:
+            if not r.disaggregated and r.instance_id in served:
+                served[r.instance_id].append(r)
+        for parent in pd.parents if pd is not None else ():
+            for sub in (parent.prefill_sub, parent.decode_sub):
+                if sub is not None and sub.instance_id in served:
+                    served[sub.instance_id].append(sub)
         for i, (iid, engine) in enumerate(zip(instance_ids, engines, strict=True)):
             if infra is not None and infra.records[i].state is None:
                 continue  # a slot the fleet never used
-            mine = [r for r in served if r.instance_id == iid]
-            per_instance.append(compute_summary(iid, mine, [engine], end_of(engine)))
+            per_instance.append(compute_summary(iid, served[iid], [engine], end_of(engine)))
     result = Result(
         summary=summary,
         request_records=arrived,
@@ -412,13 +450,13 @@ def _on_finished(
         req.forget_block_hashes()
         if check_invariants:
             check_finished(req, env.now)
-        if sessions is None:
-            return
-        finished_us = max(env.now, req.completion_us)
-        nxt = sessions.on_finished(req, finished_us)
-        if nxt is not None:
-            event_after(env, nxt.arrival_us - env.now, ROUTER).callbacks.append(
-                lambda _e, r=nxt: source.inject(r)
-            )
+        if sessions is not None:
+            finished_us = max(env.now, req.completion_us)
+            nxt = sessions.on_finished(req, finished_us)
+            if nxt is not None:
+                event_after(env, nxt.arrival_us - env.now, ROUTER).callbacks.append(
+                    lambda _e, r=nxt: source.inject(r)
+                )
+        source.retire(req)
 
     return on_finished

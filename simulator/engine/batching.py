@@ -108,7 +108,11 @@ class VLLMEngine:
         self.post_decode_us = post_decode_overhead_us
         self.steps = StepLog()
         self.irregular_itl_us = array("d")  # fractional only with blocking reloads
+        # Completed requests, kept only with `keep_completed` (a cluster that compacts finished
+        # requests into rows turns it off, so the engine does not hold them all alive).
         self.completed: list[Request] = []
+        self.keep_completed = True
+        self.completed_count = 0
         self.step_count = 0
         self.total_input_tokens = 0
         self.total_output_tokens = 0
@@ -194,7 +198,9 @@ class VLLMEngine:
             req.state = RequestState.COMPLETED
             req.first_token_us = req.last_token_us = req.completion_us = now_us
             req.in_prefill = False
-            self.completed.append(req)
+            self.completed_count += 1
+            if self.keep_completed:
+                self.completed.append(req)
             return EnqueueOutcome.COMPLETED
         prompt = req.input_tokens
         cached = (
@@ -817,7 +823,9 @@ class VLLMEngine:
                 kv.release(req)
                 _retire(req)
             self.running = [r for r in self.running if r.state is RequestState.RUNNING]
-            self.completed.extend(done)
+            self.completed_count += len(done)
+            if self.keep_completed:
+                self.completed.extend(done)
         steps = self.steps
         steps.start_us.append(start)
         steps.step_us.append(step_us)

@@ -493,8 +493,8 @@ class Result:
             rows.append(
                 {
                     "instance_id": iid,
-                    "routed": self.routed[i] if self.routed else len(eng.completed),
-                    "completed": len(eng.completed),
+                    "routed": self.routed[i] if self.routed else eng.completed_count,
+                    "completed": eng.completed_count,
                     "input_tokens": eng.total_input_tokens,
                     "output_tokens": eng.total_output_tokens,
                     "steps": n_steps,

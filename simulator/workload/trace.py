@@ -515,6 +515,9 @@ def trace_status(req: Request) -> tuple[str, str, str]:
 
 def group_prefix_tokens(req: Request) -> int:
     """Length of the request's shared group prefix, 0 if its segments do not start with it."""
+    stored = getattr(req, "group_prefix_tokens", None)  # a finished request's compact row
+    if stored is not None:
+        return stored
     if not req.prefix_group or not req.segments:
         return 0
     key, length = req.segments[0]
