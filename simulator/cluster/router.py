@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import simpy
 
-from ..engine.events import ROUTER, event_after
+from ..engine.events import ROUTER, Mailbox, event_after
 from ..engine.request import Request, RequestState
 from .admission import AdmissionPolicy
 from .decisions import DecisionTrace
@@ -99,17 +99,14 @@ class Router:
         self.admission_latency_us = admission_latency_us
         self.routing_latency_us = routing_latency_us
         self.pd = pd
-        self.inbox: simpy.Store = simpy.Store(env)
+        self.inbox = Mailbox(env, self._arrive)
         self.in_flight = [0] * len(instance_ids)
         self.routed = [0] * len(instance_ids)
         self.admission_rejections = 0
         self.routing_rejections = 0
-        env.process(self._run())
 
-    def _run(self):
-        while True:
-            req = yield self.inbox.get()
-            self._after(self.admission_latency_us, self._admit, req)
+    def _arrive(self, req: Request) -> None:
+        self._after(self.admission_latency_us, self._admit, req)
 
     def _after(self, delay_us: int, action: Callable[[Request], None], req: Request) -> None:
         if delay_us > 0:

@@ -7,6 +7,8 @@ starts at the same microsecond, and client timeouts after it (a completion wins 
 
 from __future__ import annotations
 
+from collections import deque
+
 import simpy
 
 ROUTER = 0  # admission and routing decisions: before any instance event at the same time
@@ -36,3 +38,50 @@ def trigger_with_priority(env: simpy.Environment, event: simpy.Event, priority: 
     event._ok = True  # noqa: SLF001
     event._value = None  # noqa: SLF001
     env.schedule(event, priority, 0)
+
+
+class Mailbox:
+    """A `simpy.Store` with one consumer callback, delivering at exactly the same point in the
+    event order, without a process and the Store's per-item Put / Get event objects.
+
+    A Store schedules its put event at the current time (NORMAL priority); when that fires and
+    the consumer waits, a get event is scheduled the same way, and when that fires the consumer
+    runs and then asks for the next item, which is scheduled at once if one is there. This
+    schedules the same two plain events at the same moments, so the relative order of every
+    event in the simulation is unchanged (tests/engine/test_events.py compares the two).
+    """
+
+    __slots__ = ("env", "consumer", "items", "_waiting")
+
+    def __init__(self, env: simpy.Environment, consumer) -> None:
+        self.env = env
+        self.consumer = consumer
+        self.items: deque = deque()
+        self._waiting = True  # the consumer is ready for an item
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        event = simpy.Event(self.env)
+        event._ok = True  # noqa: SLF001
+        event._value = None  # noqa: SLF001
+        event.callbacks.append(self._on_put)
+        self.env.schedule(event, ARRIVAL, 0)
+
+    def _on_put(self, _event: simpy.Event) -> None:
+        if self._waiting and self.items:
+            self._waiting = False
+            self._schedule_delivery()
+
+    def _schedule_delivery(self) -> None:
+        event = simpy.Event(self.env)
+        event._ok = True  # noqa: SLF001
+        event._value = self.items.popleft()  # noqa: SLF001
+        event.callbacks.append(self._deliver)
+        self.env.schedule(event, ARRIVAL, 0)
+
+    def _deliver(self, event: simpy.Event) -> None:
+        self.consumer(event._value)  # noqa: SLF001
+        if self.items:
+            self._schedule_delivery()
+        else:
+            self._waiting = True

@@ -17,6 +17,7 @@ from .events import (
     INSTANCE_PRIORITY_STRIDE,
     STEP,
     TIMEOUT,
+    Mailbox,
     event_after,
     trigger_with_priority,
 )
@@ -54,7 +55,7 @@ class Instance:
         self._arrival_priority = ARRIVAL + offset
         self._step_priority = STEP + offset
         self._timeout_priority = TIMEOUT + offset
-        self.inbox: simpy.Store = simpy.Store(env)
+        self.inbox = Mailbox(env, self._take)
         self.pending_enqueue: set[Request] = set()
         self._idle: simpy.Event | None = None
         self.host_link = None  # created on the first CPU-tier reload
@@ -73,30 +74,26 @@ class Instance:
         # Coalescing needs every step's effects to stay inside the engine; CPU-tier reloads
         # start link transfers, so instances with a CPU tier step one event at a time.
         self.coalesce_steps = COALESCE_STEPS and engine.kv.cpu is None
-        env.process(self._intake())
         env.process(self._step_loop())
 
-    def _intake(self):
-        env = self.env
-        queueing = self.step_model.queueing_time_us
-        while True:
-            req = yield self.inbox.get()
-            if not self.accepting:
-                self.on_orphan(req)
-                continue
-            req.instance_id = self.instance_id
-            if self.warm_up_left > 0:
-                self.warm_up_left -= 1
-                self.warm_requests.add(req)
-            delay = queueing(req.input_tokens)
-            if delay > 0:
-                # The alpha overhead: the request is at the instance but not yet schedulable.
-                self.pending_enqueue.add(req)
-                event_after(env, delay, self._arrival_priority).callbacks.append(
-                    lambda _ev, r=req: self._enqueue_pending(r)
-                )
-            else:
-                self._enqueue(req)
+    def _take(self, req: Request) -> None:
+        """A routed request reaches the instance (delivered by `inbox`)."""
+        if not self.accepting:
+            self.on_orphan(req)
+            return
+        req.instance_id = self.instance_id
+        if self.warm_up_left > 0:
+            self.warm_up_left -= 1
+            self.warm_requests.add(req)
+        delay = self.step_model.queueing_time_us(req.input_tokens)
+        if delay > 0:
+            # The alpha overhead: the request is at the instance but not yet schedulable.
+            self.pending_enqueue.add(req)
+            event_after(self.env, delay, self._arrival_priority).callbacks.append(
+                lambda _ev, r=req: self._enqueue_pending(r)
+            )
+        else:
+            self._enqueue(req)
 
     def deliver_resident(self, req: Request) -> bool:
         """A decode sub-request arriving with its prompt KV (transfer done). False when the
