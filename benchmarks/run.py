@@ -8,6 +8,10 @@ pays per run and its peak memory is the process's peak resident set size (import
     .venv/bin/python benchmarks/run.py --cases a c --repeat 5
     .venv/bin/python benchmarks/run.py --baseline benchmarks/baseline.csv \
         --markdown docs/performance.md                      # rewrite the docs table
+    git worktree add /tmp/before c40218d
+    .venv/bin/python benchmarks/run.py --before-tree /tmp/before \
+        --baseline benchmarks/baseline.csv --markdown docs/performance.md
+                                        # before and after, alternating run by run
 
 Results go to a CSV (--csv, default benchmarks/results.csv). With --baseline (a CSV written
 by an earlier run, e.g. on the commit before a speed change) the markdown table shows both.
@@ -186,16 +190,37 @@ def run_case_here(name: str) -> dict:
     }
 
 
+def run_child(name: str, tree: Path | None = None) -> dict:
+    """One run of case `name` in a fresh process, on this checkout or on `tree` (another
+    checkout of servesim, imported first through PYTHONPATH)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_case(name: str, repeat: int) -> dict:
-    runs = []
+    return summarize_runs(name, [run_child(name) for _ in range(repeat)])
+
+
+def run_case_against(name: str, repeat: int, before_tree: Path) -> tuple[dict, dict]:
+    """Runs alternating between `before_tree` and this checkout, so that both see the same
+    machine load: (before row, after row)."""
+    before, after = [], []
     for _ in range(repeat):
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", name],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        before.append(run_child(name, before_tree))
+        after.append(run_child(name))
+    return summarize_runs(name, before), summarize_runs(name, after)
+
+
+def summarize_runs(name: str, runs: list[dict]) -> dict:
     speeds = [r["requests_per_wall_s"] for r in runs]
     median = statistics.median(speeds)
     row = dict(runs[0])
@@ -280,6 +305,14 @@ def update_markdown(path: Path, table: str) -> None:
     path.write_text(text)
 
 
+def _print_row(row: dict, label: str) -> None:
+    print(
+        f"({row['case']}) {row['requests']:>9,} requests  {row['requests_per_wall_s']:>9,.0f} req/s"
+        f"  peak {row['peak_rss_mib']:>7,.0f} MiB  [{row['runs_requests_per_wall_s']}] {label}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
@@ -287,21 +320,34 @@ def main() -> None:
     parser.add_argument("--csv", type=Path, default=HERE / "results.csv")
     parser.add_argument("--baseline", type=Path, default=None, help="CSV of an earlier run")
     parser.add_argument("--markdown", type=Path, default=None, help="rewrite the table here")
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        default=None,
+        help="another checkout (e.g. a git worktree of an older commit): run each case on it "
+        "and on this one alternately, write its figures to --baseline and compare",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_case_here(args.child)))
         return
-    rows = []
+    if args.before_tree is not None and args.baseline is None:
+        parser.error("--before-tree needs --baseline (the CSV its figures go to)")
+    rows, before_rows = [], []
     for name in args.cases:
-        row = run_case(name, args.repeat or CASES[name][2])
+        repeat = args.repeat or CASES[name][2]
+        if args.before_tree is not None:
+            before, row = run_case_against(name, repeat, args.before_tree)
+            before_rows.append(before)
+            _print_row(before, f"before {before['commit']}")
+        else:
+            row = run_case(name, repeat)
         rows.append(row)
-        print(
-            f"({name}) {row['requests']:>9,} requests  {row['requests_per_wall_s']:>9,.0f} req/s"
-            f"  peak {row['peak_rss_mib']:>7,.0f} MiB  [{row['runs_requests_per_wall_s']}]",
-            flush=True,
-        )
+        _print_row(row, "")
     write_csv(rows, args.csv)
+    if args.before_tree is not None:
+        write_csv(before_rows, args.baseline)
     baseline = read_csv(args.baseline) if args.baseline else None
     table = markdown_table(rows, baseline)
     if args.markdown:
