@@ -86,8 +86,10 @@ def test_reprice_tracks_a_coefficient_change(real_trace) -> None:
     delta_ms = cal.reprice(rec, slower)["e2e_mean_ms"] - rec.predicted["e2e_mean_ms"]
     done = rec.completed
     steps_per_request = rec.completion_step[done] - rec.wait_step[done] + rec.wait_fraction[done]
-    # ... plus once more per output-lag step, which is priced as a lone step.
-    expected_ms = 1.0 * (steps_per_request.mean() + TRUE.output_lag_steps)
+    # ... plus once more per output-lag step: the step in flight when it reached the engine,
+    # for the requests that found one running.
+    lagged = (rec.lag_step[done] >= 0).mean()
+    expected_ms = 1.0 * (steps_per_request.mean() + TRUE.output_lag_steps * lagged)
     assert delta_ms == pytest.approx(expected_ms, rel=1e-3)
 
 

@@ -57,6 +57,11 @@ class Instance:
         self._timeout_priority = TIMEOUT + offset
         self.inbox = Mailbox(env, self._take)
         self.pending_enqueue: set[Request] = set()
+        # The step in flight (end and duration, µs) and the scheduling lag it causes a request
+        # that reaches the engine meanwhile (StepTimeModel.scheduling_lag_steps).
+        self._inflight_end_us = 0
+        self._inflight_step_us = 0
+        self.scheduling_lag_steps = float(step_model.scheduling_lag_steps())
         self._idle: simpy.Event | None = None
         self.host_link = None  # created on the first CPU-tier reload
         self._reload_ids = 0
@@ -86,7 +91,16 @@ class Instance:
             self.warm_up_left -= 1
             self.warm_requests.add(req)
         delay = self.step_model.queueing_time_us(req.input_tokens)
-        if delay > 0:
+        if self.scheduling_lag_steps > 0:
+            # Client path first, then the step already scheduled when it reaches the engine.
+            self.pending_enqueue.add(req)
+            if delay > 0:
+                event_after(self.env, delay, self._arrival_priority).callbacks.append(
+                    lambda _ev, r=req: self._reach_engine(r)
+                )
+            else:
+                self._reach_engine(req)
+        elif delay > 0:
             # The alpha overhead: the request is at the instance but not yet schedulable.
             self.pending_enqueue.add(req)
             event_after(self.env, delay, self._arrival_priority).callbacks.append(
@@ -104,6 +118,24 @@ class Instance:
             return False
         self._after_enqueue(req, outcome)
         return True
+
+    def scheduling_lag_us(self) -> int:
+        """The wait of a request reaching the engine now: lag steps x the step in flight (0
+        while the instance is idle: the request is scheduled at once)."""
+        if self._inflight_end_us <= self.env.now:
+            return 0
+        return round(self.scheduling_lag_steps * self._inflight_step_us)
+
+    def _reach_engine(self, req: Request) -> None:
+        if req not in self.pending_enqueue:
+            return  # a drain or failure took it meanwhile
+        lag = self.scheduling_lag_us()
+        if lag > 0:
+            event_after(self.env, lag, self._arrival_priority).callbacks.append(
+                lambda _ev, r=req: self._enqueue_pending(r)
+            )
+        else:
+            self._enqueue_pending(req)
 
     def _enqueue_pending(self, req: Request) -> None:
         if req in self.pending_enqueue:  # else a drain or failure took it meanwhile
@@ -247,6 +279,7 @@ class Instance:
             end_us = env.now + step_us
             if self.coalesce_steps and not self.warm_requests:
                 end_us, step_us = self._run_ahead(end_us, step_us)
+            self._inflight_end_us, self._inflight_step_us = end_us, step_us
             yield event_after(env, end_us - env.now, priority)
             if self.terminated:
                 return  # the instance went away mid-step; its requests were settled then

@@ -3,8 +3,10 @@
 One engine step is one forward pass of a mixed batch (prefill chunks and decode tokens
 together) on each of the `tp` GPUs of the instance. Per GPU it costs
 
-    step = per-step overhead + batch × per-sequence overhead + layers × per-layer overhead
-         + collectives × (all-reduce latency + all-reduce bytes / (link bandwidth × link eff.))
+    step = per-step overhead (+ single-process overhead when tp == 1)
+         + batch × per-sequence overhead + layers × per-layer overhead
+         + all-reduces × (2(tp − 1) × all-reduce step latency
+                          + all-reduce bytes / (link bandwidth × link eff.))
          + max(weight bytes / (peak bandwidth × bandwidth eff.)
                + KV bytes / (peak bandwidth × KV bandwidth eff.),
                prefill FLOPs / (peak × prefill eff.) + decode FLOPs / (peak × decode eff.))
@@ -19,6 +21,10 @@ GEMM per touched expert, computes less efficiently than a dense one. Every term 
 `PhysicsTerms` at *peak* rates; `PhysicsCoefficients` turns them into time. Because the
 terms do not depend on the coefficients, calibration records the terms of every step once and
 re-prices them for any coefficients without re-simulating (see simulator/calibrate.py).
+
+Once per request: `request_overhead_us` (HTTP, tokenisation) before it reaches the engine, then
+`output_lag_steps` × the duration of the step in flight (the instance charges it: vLLM V1's
+async scheduler has already planned the next step, so the request misses it).
 """
 
 from __future__ import annotations
@@ -68,20 +74,32 @@ class PhysicsCoefficients:
     decode_compute_efficiency: float = 0.30
     # NCCL / custom all-reduce reaches ~70% of the per-direction link bandwidth.
     interconnect_efficiency: float = 0.70
-    # Fixed cost of one small all-reduce on NVLink (launch + synchronisation), µs.
-    allreduce_latency_us: float = 10.0
+    # Latency of one step of an all-reduce on NVLink (launch + synchronisation), µs. A ring
+    # all-reduce over tp GPUs takes 2(tp - 1) steps (reduce-scatter, then all-gather), the
+    # same count the bytes term uses, so one all-reduce costs 2(tp - 1) x this. A small
+    # all-reduce on 2 H100s takes ~6 µs (nccl-tests with CUDA graphs, NVIDIA/nccl#1259):
+    # 3 µs a step; 18 µs on 4 GPUs.
+    allreduce_latency_us: float = 3.0
     # Launch gaps and small kernels (norms, rotary, residual adds) per layer, µs.
     per_layer_overhead_us: float = 10.0
     # vLLM's CPU work per step (scheduling, input preparation, sampling, output handling), µs.
     per_step_overhead_us: float = 1500.0
     # CPU work per scheduled sequence per step (block tables, sampling, detokenising), µs.
     per_sequence_overhead_us: float = 20.0
+    # Extra CPU work per step when tp == 1, µs. vLLM V1 then runs the model runner inside the
+    # engine-core process (UniProcExecutor): the scheduler's and the runner's Python work
+    # (scheduling, input preparation, output bookkeeping) share one interpreter and add up,
+    # where with tp > 1 (MultiprocExecutor) the runner works in its own worker processes in
+    # parallel with the scheduler. Default: the scheduler's own step, ~1 ms of Python for
+    # tens of running requests.
+    single_process_overhead_us: float = 1000.0
     # Once per request before it reaches the engine (HTTP, tokenisation), µs.
     request_overhead_us: float = 3000.0
     # Fixed cost of every GEMM in rows: half of Hopper's 128-row output tile.
     gemm_fixed_rows: float = 64.0
-    # vLLM V1 schedules step N+1 while step N runs and hands step N's tokens to the API server
-    # afterwards, so a token reaches the client about one forward pass after it is computed.
+    # vLLM V1's async scheduling (the default since vllm#27614) plans step N+1 while step N runs,
+    # so a request reaching the engine during step N misses N+1: it waits this many times the
+    # duration of the step in flight (as loaded as it is), then for the next step boundary.
     output_lag_steps: float = 1.0
 
     def check(self, where: str = "physics coefficients") -> PhysicsCoefficients:
@@ -114,11 +132,12 @@ class PhysicsTerms(NamedTuple):
     prefill_compute_s: float  # prefill FLOPs / peak FLOP rate
     decode_compute_s: float  # decode FLOPs / peak FLOP rate
     allreduce_transfer_s: float  # all-reduce bytes on the link / link bandwidth
-    collectives: int  # all-reduces in the step (0 without TP)
+    collectives: int  # all-reduce latency steps: all-reduces x 2(tp - 1) (0 without TP)
     layers: int
     sequences: int  # requests that got tokens this step
     weight_row_compute_s: float  # FLOPs of one row through every weight matrix / peak
     kv_memory_s: float  # KV cache bytes read and written / peak bandwidth
+    single_process: int  # 1 when tp == 1 (scheduler and model runner in one process)
 
 
 def price_terms(
@@ -127,7 +146,18 @@ def price_terms(
     maximum: Callable[[Any, Any], Any] = max,
 ) -> Any:
     """Step time in seconds. Works element-wise on arrays when `maximum` is numpy.maximum."""
-    memory_s, prefill_s, decode_s, transfer_s, collectives, layers, sequences, row_s, kv_s = terms
+    (
+        memory_s,
+        prefill_s,
+        decode_s,
+        transfer_s,
+        collectives,
+        layers,
+        sequences,
+        row_s,
+        kv_s,
+        single_process,
+    ) = terms
     gpu_s = maximum(
         memory_s / c.bandwidth_efficiency + kv_s / c.kv_bandwidth_efficiency,
         (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
@@ -138,16 +168,19 @@ def price_terms(
     )
     overhead_s = (
         c.per_step_overhead_us
+        + single_process * c.single_process_overhead_us
         + layers * c.per_layer_overhead_us
         + sequences * c.per_sequence_overhead_us
     ) * 1e-6
     return overhead_s + communication_s + gpu_s
 
 
-def request_delay_s(lag_step: PhysicsTerms | Sequence[Any], c: PhysicsCoefficients) -> Any:
-    """Once per request: the client path (HTTP, tokenisation) plus the output lag. The engine
-    charges it before the request is queued: it delays TTFT and E2E alike, not ITL."""
-    return c.request_overhead_us * 1e-6 + c.output_lag_steps * price_terms(lag_step, c)
+def request_delay_s(c: PhysicsCoefficients) -> float:
+    """Once per request: the client path (HTTP, tokenisation), charged before the request
+    reaches the engine. The scheduling lag that follows (`output_lag_steps` x the step in
+    flight, `StepTimeModel.scheduling_lag_steps`) is charged by the instance, which knows the
+    step. Both delay TTFT and E2E alike, not ITL."""
+    return c.request_overhead_us * 1e-6
 
 
 @dataclass(frozen=True)
@@ -316,8 +349,9 @@ class PhysicsModel(StepTimeModel):
             * self.shape.allreduce_bytes_per_token
             / link_bytes_per_s
         )
-        self.collectives = ALLREDUCES_PER_LAYER * self.shape.layers if tp > 1 else 0
-        self.queueing_us = int(request_delay_s(self.lag_step_terms(), self.coefficients) * 1e6)
+        # Ring all-reduce: 2(tp - 1) latency steps each.
+        self.collectives = ALLREDUCES_PER_LAYER * self.shape.layers * 2 * (tp - 1)
+        self.queueing_us = int(request_delay_s(self.coefficients) * 1e6)
 
     @classmethod
     def from_deployment(
@@ -339,10 +373,6 @@ class PhysicsModel(StepTimeModel):
             )
         coefficients = load_coefficients_file(coeffs_file) if coeffs_file is not None else None
         return cls(model, gpu, tp, coefficients)
-
-    def lag_step_terms(self) -> PhysicsTerms:
-        """The forward pass a token waits for before it is sent: one lone decode step."""
-        return self.terms(StepBatch([], 1, 0))
 
     def expected_experts(self, step_tokens: int) -> float:
         """Distinct experts per layer that `step_tokens` uniformly routed tokens touch."""
@@ -391,6 +421,7 @@ class PhysicsModel(StepTimeModel):
             sequences,
             FLOPS_PER_MAC * weight_bytes / self.weight_bytes_per_param / self.peak_flops_per_s,
             kv_bytes / self.peak_bytes_per_s,
+            1 if self.tp == 1 else 0,
         )
 
     def step_time_us(self, batch: StepBatch) -> int:
@@ -401,6 +432,9 @@ class PhysicsModel(StepTimeModel):
 
     def queueing_time_us(self, input_tokens: int) -> int:
         return self.queueing_us
+
+    def scheduling_lag_steps(self) -> float:
+        return float(self.coefficients.output_lag_steps)
 
 
 class RecordingStepModel(StepTimeModel):
@@ -418,6 +452,9 @@ class RecordingStepModel(StepTimeModel):
 
     def queueing_time_us(self, input_tokens: int) -> int:
         return self.inner.queueing_time_us(input_tokens)
+
+    def scheduling_lag_steps(self) -> float:
+        return self.inner.scheduling_lag_steps()
 
 
 __all__ = [

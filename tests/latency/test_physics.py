@@ -42,6 +42,7 @@ BARE = PhysicsCoefficients(
     per_layer_overhead_us=0.0,
     per_step_overhead_us=0.0,
     per_sequence_overhead_us=0.0,
+    single_process_overhead_us=0.0,
     request_overhead_us=0.0,
     gemm_fixed_rows=0.0,
     output_lag_steps=0.0,
@@ -79,7 +80,8 @@ def test_llama2_70b_tp4_allreduce_bytes_per_layer() -> None:
     m = PhysicsModel(LLAMA2_70B, H100, 4, BARE)
     assert interconnect_gb_per_s(H100) == 450.0
     assert m.allreduce_s_per_token == pytest.approx(80 * 32_768 * 1.5 / 450e9)
-    assert m.collectives == 160
+    # 160 all-reduces (2 per layer), each 2 x (4 - 1) = 6 ring latency steps.
+    assert m.collectives == 160 * 6
     assert PhysicsModel(LLAMA2_7B, H100, 1, BARE).collectives == 0
 
 
@@ -149,13 +151,29 @@ def test_overheads_add_to_the_gpu_time() -> None:
     )
 
 
-def test_allreduce_latency_is_charged_per_collective() -> None:
+def test_single_process_overhead_only_without_tensor_parallelism() -> None:
+    """tp == 1 runs the model runner in the engine-core process: its step pays
+    `single_process_overhead_us` once (here 2000 µs: 2 ms); tp 2 and 4 do not."""
+    c = replace(BARE, single_process_overhead_us=2000)
+    batch = StepBatch([], 8, 8 * 500)
+    for model, tp, extra_us in ((LLAMA2_7B, 1, 2000), (MIXTRAL, 2, 0), (LLAMA2_70B, 4, 0)):
+        with_it, without = PhysicsModel(model, H100, tp, c), PhysicsModel(model, H100, tp, BARE)
+        assert with_it.terms(batch).single_process == (1 if tp == 1 else 0)
+        assert with_it.step_time_us(batch) - without.step_time_us(batch) == pytest.approx(
+            extra_us, abs=1
+        )
+
+
+def test_allreduce_latency_is_charged_per_ring_step() -> None:
+    """160 all-reduces (2 per layer x 80 layers); a ring over 4 GPUs takes 2 x (4 - 1) = 6
+    latency steps each: 960 x 10 µs = 9.6 ms. Mixtral on 2 GPUs: 64 x 2 x 1 x 10 µs."""
     c = replace(BARE, allreduce_latency_us=10)
     batch = StepBatch([], 4, 400)
-    delta = PhysicsModel(LLAMA2_70B, H100, 4, c).step_time_us(batch) - PhysicsModel(
-        LLAMA2_70B, H100, 4, BARE
-    ).step_time_us(batch)
-    assert delta == pytest.approx(160 * 10, abs=1)
+    for model, tp, steps in ((LLAMA2_70B, 4, 160 * 6), (MIXTRAL, 2, 64 * 2), (LLAMA2_7B, 1, 0)):
+        delta = PhysicsModel(model, H100, tp, c).step_time_us(batch) - PhysicsModel(
+            model, H100, tp, BARE
+        ).step_time_us(batch)
+        assert delta == pytest.approx(steps * 10, abs=1)
 
 
 def test_step_is_the_slower_of_memory_and_compute() -> None:
@@ -257,12 +275,58 @@ def test_coeffs_file_only_for_physics(tmp_path: Path) -> None:
         build_step_time_model("physics", LLAMA2_7B, H100, 1, alpha=[1, 2, 3], beta=[1, 2, 3])
 
 
-def test_request_delay_is_client_path_plus_output_lag() -> None:
-    """Charged once before queueing: request overhead + lag x one lone decode step."""
+def test_request_delay_is_the_client_path_and_the_lag_is_steps_in_flight() -> None:
+    """Before queueing only the client path (HTTP, tokenisation) is charged; the output lag is
+    handed to the instance as a number of in-flight steps (priced there, at the load then)."""
     c = replace(BARE, request_overhead_us=2500, output_lag_steps=1.0, per_step_overhead_us=1000)
     m = PhysicsModel(LLAMA2_7B, H100, 1, c)
-    lone_decode_us = price_terms(m.terms(StepBatch([], 1, 0)), c) * 1e6
-    assert m.queueing_time_us(700) == int(2500 + lone_decode_us)
+    assert m.queueing_time_us(700) == 2500
     assert m.queueing_time_us(700) == m.queueing_time_us(10)  # independent of the prompt
-    no_lag = PhysicsModel(LLAMA2_7B, H100, 1, replace(c, output_lag_steps=0.0))
-    assert no_lag.queueing_time_us(700) == 2500
+    assert m.scheduling_lag_steps() == 1.0
+    assert (
+        PhysicsModel(LLAMA2_7B, H100, 1, replace(c, output_lag_steps=0.0)).scheduling_lag_steps()
+        == 0
+    )
+
+
+def test_a_request_arriving_mid_step_misses_the_step_already_scheduled(tmp_path: Path) -> None:
+    """vLLM V1's async scheduler plans step N+1 while step N runs. Constant 10 ms steps, lag 1,
+    no client path. Request 0 arrives at 0 on an idle instance: no step in flight, so it runs
+    in the step [0, 10) and its first token is at 10 ms. Request 1 arrives at 3 ms, during
+    that step: it waits for the step in flight (10 ms) and reaches the scheduler at 13 ms,
+    during the step [10, 20); it joins the step [20, 30): TTFT = 30 - 3 = 27 ms, i.e. the
+    7 ms left of step N, the whole step N+1 and its own step. Without the lag it would join
+    [10, 20): TTFT 17 ms."""
+    from simulator.api import replay
+    from simulator.latency.base import StepTimeModel
+
+    class Constant(StepTimeModel):
+        name = "constant-lag-test"
+
+        def __init__(self, lag: float) -> None:
+            self.lag = lag
+
+        def step_time_us(self, batch: StepBatch) -> int:
+            return 10_000
+
+        def scheduling_lag_steps(self) -> float:
+            return self.lag
+
+    data = tmp_path / "r.csv"
+    data.write_text(
+        "index,arrival_time_us,input_tokens,output_tokens,prefix_group,has_error,ttft_s,e2e_s\n"
+        "0,0,16,20,,0,0.01,0.2\n1,3000,16,2,,0,0.01,0.1\n"
+    )
+    ttft_ms = {}
+    for lag in (1.0, 0.0):
+
+        def swap(deployment, lag=lag):
+            deployment.step_model = Constant(lag)
+
+        result = replay(None, data, on_deployment=swap, model="llama-2-7b-hf", hardware="H100")
+        by_index = {r.index: r for r in result.request_records}
+        ttft_ms[lag] = [
+            (r.first_token_us - r.arrival_us) / 1000 for r in (by_index[0], by_index[1])
+        ]
+    assert ttft_ms[1.0] == [10.0, 27.0]
+    assert ttft_ms[0.0] == [10.0, 17.0]
