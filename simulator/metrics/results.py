@@ -8,7 +8,7 @@ output-token totals include each request's first token (A3).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -376,7 +376,9 @@ class Result:
     """Outcome of one run. `summary` is the BLIS-compatible dict; DataFrames are built lazily."""
 
     summary: dict[str, Any]
-    request_records: list[Request] = field(repr=False)
+    # Every request that arrived, in arrival order: a RequestRow (metrics/request_table.py)
+    # per finished request of a compacting run, the Request object otherwise.
+    request_records: Sequence[Request] = field(repr=False)
     engines: list[VLLMEngine] = field(repr=False)
     instance_ids: list[str] = field(repr=False)
     scenario: dict[str, Any] = field(default_factory=dict, repr=False)
