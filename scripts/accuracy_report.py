@@ -356,6 +356,7 @@ def render(data: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    global WORKERS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groundtruth", type=Path, default=ROOT.parent / "shared" / "groundtruth")
     parser.add_argument("--rounds", type=int, default=cal.DEFAULT_ROUNDS)
@@ -367,7 +368,14 @@ def main() -> None:
         default=ROOT / "docs" / "physics-h100-fit.yaml",
         help="where to write the all-nine-runs fit (copy its coefficients into physics.yaml)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=WORKERS,
+        help="processes for the replays of each fit round (1 on a busy machine)",
+    )
     args = parser.parse_args()
+    WORKERS = args.workers
     if args.from_data:
         data = json.loads(args.data.read_text())
     else:

@@ -145,7 +145,7 @@ def groundtruth_case(run: Any, prompt_reuse: bool = False, workdir: Path | None 
     """A case from a ground-truth run (simulator.validate.RunSpec), replayed as validate does;
     with `prompt_reuse`, as `validate --prompt-reuse` does (the load generator's few distinct
     prompts shared, prefix caching on; the replay trace is written under `workdir`)."""
-    from .validate import replay_overrides, reuse_trace
+    from .validate import baseline_trace, replay_overrides, reuse_trace
     from .workload.trace import read_groundtruth_rows
 
     rows = read_groundtruth_rows(run.requests_csv)
@@ -153,10 +153,11 @@ def groundtruth_case(run: Any, prompt_reuse: bool = False, workdir: Path | None 
     if not ok:
         raise ConfigError(f"calibrate: {str(run.requests_csv)!r} has no successful request")
     overrides = replay_overrides(run, PhysicsModel.name)
-    header, data = None, run.requests_csv
     if prompt_reuse:
         header, data = reuse_trace(run, workdir)
         overrides["engine__enable_prefix_caching"] = True
+    else:
+        header, data = baseline_trace(run, workdir)
     return Case(
         trace_header=header,
         trace_data=data,

@@ -69,6 +69,12 @@ class RunSpec:
     block_size_tokens: int
     gpu_kv_blocks: int
     workload: str
+    # Output tokens the server generated for every successful request: the profile's
+    # `data.shared_prefix.output_len` when it ran with `server.ignore_eos` (None otherwise).
+    # The request files' `output_tokens` counts what the client re-counted from the streamed
+    # text, which for Llama-2-7B is far lower (p10 31-64 of 247-251) although E2E shows the
+    # full length was generated; see `forced_output_tokens`.
+    forced_output_tokens: int | None = None
 
     @property
     def overloaded(self) -> bool:
@@ -183,7 +189,33 @@ def _run_spec(dataset: Path, name: str, csv_path: Path) -> RunSpec:
         block_size_tokens=cfg("block_size"),
         gpu_kv_blocks=cfg("kv_blocks_total_gpu"),
         workload=workload,
+        forced_output_tokens=forced_output_tokens(dataset / "runs" / name / "profile.yaml"),
     )
+
+
+def forced_output_tokens(profile: Path) -> int | None:
+    """The output length the load generator forced, from a run's profile.yaml: its
+    `data.shared_prefix.output_len` when `server.ignore_eos` is set (vLLM then generates
+    exactly max_tokens), else None (also when the file or the keys are missing).
+
+    The request files' `output_tokens` is not that length: the client counted the tokens it
+    received, and for the Llama-2-7B runs about a fifth of the successful requests report
+    far fewer (p10 31-64 of 247-251; 76 report 0) while their E2E is the same as the
+    full-length ones' to within 1.5% in every load stage. So the server generated the full
+    length and the count is an artefact of the client; replaying the count would give those
+    requests a fraction of the real work."""
+    if not profile.is_file():
+        return None
+    try:
+        document = yaml.safe_load(profile.read_text()) or {}
+        if not (document.get("server") or {}).get("ignore_eos"):
+            return None
+        value = document["data"]["shared_prefix"]["output_len"]
+    except (KeyError, TypeError, AttributeError, OSError, yaml.YAMLError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
 
 
 def select_runs(runs: list[RunSpec], names: Sequence[str] | None) -> list[RunSpec]:
@@ -270,11 +302,24 @@ def _measured(path: Path) -> tuple[dict[str, float], list[int], int]:
     return metrics, ok, len(rows)
 
 
-def _predicted(records: list, positions: list[int]) -> tuple[dict[str, float], int]:
-    """Predicted figures of the same requests (by row position), over those the run finished."""
+def _reported_output_tokens(path: Path) -> list[int]:
+    """Per row, the output tokens the client reported (the count ITL and throughput use)."""
+    from .workload.trace import read_groundtruth_rows
+
+    return [r.output_tokens for r in read_groundtruth_rows(path)]
+
+
+def _predicted(
+    records: list, positions: list[int], reported: Sequence[int] | None = None
+) -> tuple[dict[str, float], int]:
+    """Predicted figures of the same requests (by row position), over those the run finished.
+
+    ITL and throughput count each request's output as `reported[position]` when given (the
+    client's count, as the measured figures do: the simulated client would have counted the
+    same text), else as the tokens the replay generated."""
     by_index = {r.index: r for r in records}
     done = [
-        by_index[i]
+        (i, by_index[i])
         for i in positions
         if i in by_index and by_index[i].state is RequestState.COMPLETED
     ]
@@ -282,9 +327,9 @@ def _predicted(records: list, positions: list[int]) -> tuple[dict[str, float], i
     start_us = min((r.arrival_us for r in records), default=0)
     end_us = max((r.completion_us for r in finished), default=start_us)
     metrics = run_metrics(
-        ((r.first_token_us - r.arrival_us) / 1e3 for r in done),
-        ((r.completion_us - r.arrival_us) / 1e3 for r in done),
-        (r.generated_tokens for r in done),
+        ((r.first_token_us - r.arrival_us) / 1e3 for _, r in done),
+        ((r.completion_us - r.arrival_us) / 1e3 for _, r in done),
+        (reported[i] if reported is not None else r.generated_tokens for i, r in done),
         (end_us - start_us) / 1e6,
     )
     return metrics, len(done)
@@ -317,14 +362,18 @@ def validate_run(
     """Replay one run and score it. Returns the run's identity, counts, wall time and
     `scores` (one dict per metric, see `score`). `trace` (header, data) replays those requests
     instead of the run's CSV, in the same order (e.g. `shared_prefix_trace`)."""
+    import tempfile
+
     from .api import replay
 
     started_s = time.perf_counter()
     measured, positions, n_rows = _measured(run.requests_csv)
     overrides = replay_overrides(run, latency_model) | (extra_overrides or {})
-    header, data = trace if trace is not None else (None, run.requests_csv)
-    result = replay(header, data, **overrides)
-    predicted, n_predicted = _predicted(result.request_records, positions)
+    with tempfile.TemporaryDirectory(prefix="servesim-") as tmp:
+        header, data = trace if trace is not None else baseline_trace(run, Path(tmp))
+        result = replay(header, data, **overrides)
+    reported = _reported_output_tokens(run.requests_csv)
+    predicted, n_predicted = _predicted(result.request_records, positions, reported)
     return {
         "run": run.name,
         "model": run.model,
@@ -365,11 +414,11 @@ def shared_prefix_trace(
     it cycled through a few dozen fixed prompts (system prompt x user), so vLLM's prefix cache
     served almost all of every prompt after its first occurrence."""
     from .engine.request import Request
-    from .workload.trace import prefix_key, read_groundtruth_csv, write_trace
+    from .workload.trace import prefix_key, write_trace
 
     system = SYSTEM_PROMPT_TOKENS.get(run.workload, 0)
     requests = []
-    for req in read_groundtruth_csv(run.requests_csv):
+    for req in replay_requests(run):
         group = f"system-{req.index % groups}"
         shared = req.input_tokens if whole_prompt else min(system, req.input_tokens)
         segments = [(prefix_key(group), shared)]
@@ -387,6 +436,40 @@ def shared_prefix_trace(
             )
         )
     return write_trace(prefix, requests, keep_prefix_groups=True)
+
+
+def replay_requests(run: RunSpec) -> list:
+    """The run's requests as README step 2 replays them (`read_groundtruth_csv`), except that
+    every successful request generates the run's `forced_output_tokens` when it has one (see
+    `forced_output_tokens`); failed requests keep max(1, the reported count)."""
+    from .engine.request import Request
+    from .workload.trace import read_groundtruth_csv, read_groundtruth_rows
+
+    requests = read_groundtruth_csv(run.requests_csv)
+    forced = run.forced_output_tokens
+    if forced is None:
+        return requests
+    rows = read_groundtruth_rows(run.requests_csv)
+    return [
+        req
+        if row.has_error
+        else Request(req.request_id, req.arrival_us, req.input_tokens, forced, index=req.index)
+        for req, row in zip(requests, rows, strict=True)
+    ]
+
+
+def baseline_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path | None, Path]:
+    """The README's baseline replay (no sharing, prefix caching off): the run's CSV itself,
+    or, when the run has `forced_output_tokens`, a trace of `replay_requests` written under
+    `workdir` (a new temporary folder if None)."""
+    import tempfile
+
+    from .workload.trace import write_trace
+
+    if run.forced_output_tokens is None:
+        return None, run.requests_csv
+    folder = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="servesim-"))
+    return write_trace(folder / f"{run.name}-baseline", replay_requests(run))
 
 
 def reuse_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path, Path]:

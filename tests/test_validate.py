@@ -305,3 +305,87 @@ def test_prompt_reuse_shares_each_distinct_prompt_whole(
         app, ["validate", str(fake_groundtruth), "--runs", "general", "--prompt-reuse"]
     )
     assert reused.exit_code == 0, reused.output
+
+
+def _force_output(fake_groundtruth: Path, run_name: str, text: str) -> None:
+    profile = fake_groundtruth / DATASET / "runs" / run_name / "profile.yaml"
+    profile.write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "forced"),
+    [
+        ('{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 24}}}', 24),
+        ('{"server": {"ignore_eos": false}, "data": {"shared_prefix": {"output_len": 24}}}', None),
+        ('{"data": {"shared_prefix": {"output_len": 24}}}', None),
+        ('{"server": {"ignore_eos": true}, "data": {"shared_prefix": {}}}', None),
+        ('{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 0}}}', None),
+        ("[1, 2", None),
+    ],
+)
+def test_forced_output_tokens_come_from_an_ignore_eos_profile(
+    fake_groundtruth: Path, text: str, forced: int | None
+) -> None:
+    run = discover_runs(fake_groundtruth)[0]
+    assert run.forced_output_tokens is None  # no profile.yaml
+    _force_output(fake_groundtruth, run.name, text)
+    assert discover_runs(fake_groundtruth)[0].forced_output_tokens == forced
+
+
+def test_forced_length_is_replayed_and_the_reported_count_scored(
+    fake_groundtruth: Path, tmp_path: Path
+) -> None:
+    """The client under-counted some outputs (3 of a forced 20): the replay generates 20 for
+    every successful request, failed ones keep their count, and ITL and throughput divide by
+    the reported counts on both sides."""
+    from simulator import calibrate as cal
+    from simulator.latency.physics import PhysicsCoefficients
+    from simulator.validate import baseline_trace, replay_requests, validate_run
+    from simulator.workload.trace import load_trace
+
+    dataset = fake_groundtruth / DATASET
+    name = "20260101-020000-llama-2-7b-tp1-codegen"
+    rows = [(i * 100_000, 500, 3 if i % 2 else 20, 0, 0.03, 0.25) for i in range(6)]
+    rows.append((700_000, 500, 2, 1, "", 240.0))  # failed: keeps its own count
+    _write_run(dataset, name, "codegen", rows)
+    run = select_runs(discover_runs(fake_groundtruth), ["codegen"])[0]
+    assert baseline_trace(run, tmp_path) == (None, run.requests_csv)
+    before = validate_run(run, "physics")
+    _force_output(
+        fake_groundtruth,
+        name,
+        '{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 20}}}',
+    )
+    run = select_runs(discover_runs(fake_groundtruth), ["codegen"])[0]
+    assert [r.output_tokens for r in replay_requests(run)] == [20] * 6 + [2]
+    _, baseline = load_trace(*baseline_trace(run, tmp_path))
+    assert [r.output_tokens for r in baseline] == [20] * 6 + [2]
+    assert [r.arrival_us for r in baseline] == [r[0] for r in rows]
+    after = validate_run(run, "physics")
+
+    def predicted(outcome: dict) -> dict[str, float]:
+        return {s["metric"]: s["predicted"] for s in outcome["scores"]}
+
+    b, a = predicted(before), predicted(after)
+    assert a["e2e_mean_ms"] > b["e2e_mean_ms"]  # three requests now generate 20, not 3
+    reported_mean = np.mean([r[2] for r in rows[:6]])
+    assert a["itl_ms"] == pytest.approx(
+        (a["e2e_mean_ms"] - a["ttft_mean_ms"]) / (reported_mean - 1)
+    )
+    measured = {s["metric"]: s["measured"] for s in after["scores"]}
+    assert measured == {s["metric"]: s["measured"] for s in before["scores"]}
+    # calibrate replays the same forced length (baseline and prompt-reuse cases alike).
+    for reuse in (False, True):
+        if reuse:
+            _force_output(
+                fake_groundtruth,
+                name,
+                '{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 20,'
+                ' "num_unique_system_prompts": 2, "num_users_per_system_prompt": 1}}}',
+            )
+            run = select_runs(discover_runs(fake_groundtruth), ["codegen"])[0]
+        case = cal.groundtruth_case(run, reuse, tmp_path / f"work-{reuse}")
+        result = cal.replay_case(case, PhysicsCoefficients())
+        generated = {r.index: r.generated_tokens for r in result.request_records}
+        assert [generated[i] for i in case.positions] == [20] * 6
+        assert list(case.output_tokens) == [r[2] for r in rows[:6]]
