@@ -95,8 +95,10 @@ def _score_with(runs: list, coeffs: Path | None, latency_model: str = "physics",
     return out
 
 
-def evaluate(groundtruth: Path, rounds: int, ship: Path) -> dict[str, Any]:
-    runs = [r for r in discover_runs(groundtruth) if not r.overloaded]
+def evaluate(
+    groundtruth: Path, rounds: int, ship: Path, forced_output: bool = False
+) -> dict[str, Any]:
+    runs = [r for r in discover_runs(groundtruth, forced_output) if not r.overloaded]
     models = sorted({r.model for r in runs})
     data: dict[str, Any] = {
         "runs": {r.name: {"model": r.model, "workload": r.workload} for r in runs}
@@ -374,12 +376,17 @@ def main() -> None:
         default=WORKERS,
         help="processes for the replays of each fit round (1 on a busy machine)",
     )
+    parser.add_argument(
+        "--forced-output-length",
+        action="store_true",
+        help="replay ignore_eos runs at their forced output length (validate's option)",
+    )
     args = parser.parse_args()
     WORKERS = args.workers
     if args.from_data:
         data = json.loads(args.data.read_text())
     else:
-        data = evaluate(args.groundtruth, args.rounds, args.ship)
+        data = evaluate(args.groundtruth, args.rounds, args.ship, args.forced_output_length)
         args.data.write_text(json.dumps(data, indent=1))
     text = DOC.read_text()
     section = render(data)

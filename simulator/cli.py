@@ -686,6 +686,14 @@ def validate_cmd(
             help="share the load generator's few distinct prompts whole, prefix caching on",
         ),
     ] = False,
+    forced_output_length: Annotated[
+        bool,
+        typer.Option(
+            "--forced-output-length",
+            help="replay the output length an ignore_eos profile forced, not the client's "
+            "(under-)count (docs/accuracy.md)",
+        ),
+    ] = False,
 ) -> None:
     """Replay the measured vLLM runs and score TTFT, E2E, ITL and throughput against them."""
     import time
@@ -722,6 +730,7 @@ def validate_cmd(
                 on_run=progress,
                 extra_overrides=extra,
                 prompt_reuse=prompt_reuse,
+                forced_output=forced_output_length,
             )
             typer.echo(format_table(frame))
             typer.echo("")

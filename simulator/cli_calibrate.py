@@ -45,6 +45,14 @@ def register(app: typer.Typer) -> None:
                 "(default on: that is how the runs were measured)",
             ),
         ] = True,
+        forced_output_length: Annotated[
+            bool,
+            typer.Option(
+                "--forced-output-length",
+                help="replay the output length an ignore_eos profile forced, not the "
+                "client's (under-)count (docs/accuracy.md)",
+            ),
+        ] = False,
         trace_header: Annotated[
             Path | None, typer.Option("--trace-header", help="real TraceV2 header (YAML)")
         ] = None,
@@ -135,7 +143,7 @@ def register(app: typer.Typer) -> None:
                         raise ConfigError(
                             f"calibrate: no ground truth at {str(where)!r}; pass FOLDER"
                         )
-                specs = select_runs(discover_runs(where), runs)
+                specs = select_runs(discover_runs(where, forced_output_length), runs)
                 specs = [s for s in specs if include_overloaded or not s.overloaded]
                 import tempfile
 

@@ -9,6 +9,7 @@ out-of-sample for the analytical backends.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -91,8 +92,12 @@ def _dataset_folders(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if (p / "requests").is_dir())
 
 
-def discover_runs(folder: Path) -> list[RunSpec]:
-    """Every `requests/<run>.requests.csv` with its meta.json, sorted by dataset and run."""
+def discover_runs(folder: Path, forced_output: bool = False) -> list[RunSpec]:
+    """Every `requests/<run>.requests.csv` with its meta.json, sorted by dataset and run.
+
+    With `forced_output`, a run whose profile forced its output length (ignore_eos) replays
+    every successful request at that length (`forced_output_tokens`); without it (the README's
+    replay, and the default until the shipped fit is redone with it) at the reported count."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"ground truth: {str(folder)!r} is not a folder")
@@ -106,7 +111,10 @@ def discover_runs(folder: Path) -> list[RunSpec]:
     for dataset in datasets:
         for csv_path in sorted((dataset / "requests").glob(f"*{REQUESTS_SUFFIX}")):
             name = csv_path.name.removesuffix(REQUESTS_SUFFIX)
-            runs.append(_run_spec(dataset, name, csv_path))
+            spec = _run_spec(dataset, name, csv_path)
+            if not forced_output:
+                spec = dataclasses.replace(spec, forced_output_tokens=None)
+            runs.append(spec)
     if not runs:
         raise ConfigError(f"ground truth: no *{REQUESTS_SUFFIX} files under {str(folder)!r}")
     return runs
@@ -372,7 +380,9 @@ def validate_run(
     with tempfile.TemporaryDirectory(prefix="servesim-") as tmp:
         header, data = trace if trace is not None else baseline_trace(run, Path(tmp))
         result = replay(header, data, **overrides)
-    reported = _reported_output_tokens(run.requests_csv)
+    # With a forced length, the simulated client counts what the real one reported.
+    forced = run.forced_output_tokens is not None
+    reported = _reported_output_tokens(run.requests_csv) if forced else None
     predicted, n_predicted = _predicted(result.request_records, positions, reported)
     return {
         "run": run.name,
@@ -494,14 +504,16 @@ def validate_folder(
     on_run: Callable[[dict[str, Any]], None] | None = None,
     extra_overrides: dict[str, Any] | None = None,
     prompt_reuse: bool = False,
+    forced_output: bool = False,
 ) -> pd.DataFrame:
     """One row per run × metric (FRAME_COLUMNS); `on_run` sees each run's result as it ends.
     `extra_overrides` (dotted with `__`) apply to every replay, e.g. latency__coeffs_file;
-    `prompt_reuse` replays the load generator's repeated prompts with prefix caching on."""
+    `prompt_reuse` replays the load generator's repeated prompts with prefix caching on;
+    `forced_output` replays forced output lengths (see `discover_runs`)."""
     import tempfile
 
     rows = []
-    for spec in select_runs(discover_runs(Path(folder)), runs):
+    for spec in select_runs(discover_runs(Path(folder), forced_output), runs):
         if prompt_reuse:
             with tempfile.TemporaryDirectory() as tmp:
                 outcome = validate_run(

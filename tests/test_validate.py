@@ -329,7 +329,9 @@ def test_forced_output_tokens_come_from_an_ignore_eos_profile(
     run = discover_runs(fake_groundtruth)[0]
     assert run.forced_output_tokens is None  # no profile.yaml
     _force_output(fake_groundtruth, run.name, text)
-    assert discover_runs(fake_groundtruth)[0].forced_output_tokens == forced
+    assert discover_runs(fake_groundtruth, forced_output=True)[0].forced_output_tokens == forced
+    # Opt-in: the README's replay (the reported counts) stays the default.
+    assert discover_runs(fake_groundtruth)[0].forced_output_tokens is None
 
 
 def test_forced_length_is_replayed_and_the_reported_count_scored(
@@ -356,7 +358,7 @@ def test_forced_length_is_replayed_and_the_reported_count_scored(
         name,
         '{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 20}}}',
     )
-    run = select_runs(discover_runs(fake_groundtruth), ["codegen"])[0]
+    run = select_runs(discover_runs(fake_groundtruth, forced_output=True), ["codegen"])[0]
     assert [r.output_tokens for r in replay_requests(run)] == [20] * 6 + [2]
     _, baseline = load_trace(*baseline_trace(run, tmp_path))
     assert [r.output_tokens for r in baseline] == [20] * 6 + [2]
@@ -383,9 +385,36 @@ def test_forced_length_is_replayed_and_the_reported_count_scored(
                 '{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 20,'
                 ' "num_unique_system_prompts": 2, "num_users_per_system_prompt": 1}}}',
             )
-            run = select_runs(discover_runs(fake_groundtruth), ["codegen"])[0]
+            run = select_runs(discover_runs(fake_groundtruth, forced_output=True), ["codegen"])[0]
         case = cal.groundtruth_case(run, reuse, tmp_path / f"work-{reuse}")
         result = cal.replay_case(case, PhysicsCoefficients())
         generated = {r.index: r.generated_tokens for r in result.request_records}
         assert [generated[i] for i in case.positions] == [20] * 6
         assert list(case.output_tokens) == [r[2] for r in rows[:6]]
+
+
+def test_cli_forced_output_length_replays_the_forced_length(
+    fake_groundtruth: Path, tmp_path: Path
+) -> None:
+    """`--forced-output-length` changes the prediction of a run whose client under-counted;
+    without it the README's replay (the reported counts) is used."""
+    dataset = fake_groundtruth / DATASET
+    name = "20260101-020000-llama-2-7b-tp1-codegen"
+    rows = [(i * 100_000, 500, 3 if i % 2 else 20, 0, 0.03, 0.25) for i in range(6)]
+    _write_run(dataset, name, "codegen", rows)
+    _force_output(
+        fake_groundtruth,
+        name,
+        '{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 20}}}',
+    )
+    e2e = {}
+    for flag in ([], ["--forced-output-length"]):
+        out = tmp_path / f"scores{len(flag)}.csv"
+        result = CliRunner().invoke(
+            app,
+            ["validate", str(fake_groundtruth), "--runs", "codegen", "--output", str(out), *flag],
+        )
+        assert result.exit_code == 0, result.output
+        frame = pd.read_csv(out)
+        e2e[bool(flag)] = frame.loc[frame.metric == "e2e_mean_ms", "predicted"].item()
+    assert e2e[True] > e2e[False]  # three requests generate 20 tokens, not 3
