@@ -96,7 +96,7 @@ def _score_with(runs: list, coeffs: Path | None, latency_model: str = "physics",
 
 
 def evaluate(
-    groundtruth: Path, rounds: int, ship: Path, forced_output: bool = False
+    groundtruth: Path, rounds: int, ship: Path, forced_output: bool = True
 ) -> dict[str, Any]:
     runs = [r for r in discover_runs(groundtruth, forced_output) if not r.overloaded]
     models = sorted({r.model for r in runs})
@@ -377,16 +377,17 @@ def main() -> None:
         help="processes for the replays of each fit round (1 on a busy machine)",
     )
     parser.add_argument(
-        "--forced-output-length",
+        "--reported-output-length",
         action="store_true",
-        help="replay ignore_eos runs at their forced output length (validate's option)",
+        help="replay the client's reported output counts, not the forced length (validate's "
+        "--reported-output-length)",
     )
     args = parser.parse_args()
     WORKERS = args.workers
     if args.from_data:
         data = json.loads(args.data.read_text())
     else:
-        data = evaluate(args.groundtruth, args.rounds, args.ship, args.forced_output_length)
+        data = evaluate(args.groundtruth, args.rounds, args.ship, not args.reported_output_length)
         args.data.write_text(json.dumps(data, indent=1))
     text = DOC.read_text()
     section = render(data)

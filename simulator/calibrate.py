@@ -48,7 +48,7 @@ from .latency.physics import (
     request_delay_s,
 )
 
-# Coefficients the fit moves (all of PhysicsCoefficients).
+# Coefficients the fit moves (all of PhysicsCoefficients but the two below).
 FITTED = (
     "bandwidth_efficiency",
     "kv_bandwidth_efficiency",
@@ -60,10 +60,10 @@ FITTED = (
     "per_layer_overhead_us",
     "per_step_overhead_us",
     "per_sequence_overhead_us",
-    "single_process_overhead_us",
     "request_overhead_us",
 )
-# Not fitted: `output_lag_steps` stays at 1, the one step vLLM V1's async scheduler runs
+# Not fitted: `single_process_overhead_us` stays at 0 (see PhysicsCoefficients), and
+# `output_lag_steps` stays at 1, the one step vLLM V1's async scheduler runs
 # ahead (see PhysicsCoefficients); fitting it as well left the folds disagreeing on how TTFT
 # splits between it and `request_overhead_us`.
 FIT_METRICS = ("e2e_mean_ms", "itl_ms", "ttft_mean_ms", "ttft_p99_ms")
@@ -89,7 +89,6 @@ PRIOR_SIGMA = {
     "per_layer_overhead_us": 1.0,
     "per_step_overhead_us": 1.0,
     "per_sequence_overhead_us": 1.0,
-    "single_process_overhead_us": 1.0,
     "request_overhead_us": 1.0,
 }
 PRIOR_WEIGHTS = np.asarray([PRIOR_DATA_SCALE / PRIOR_SIGMA[name] for name in FITTED])

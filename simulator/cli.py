@@ -689,11 +689,11 @@ def validate_cmd(
     forced_output_length: Annotated[
         bool,
         typer.Option(
-            "--forced-output-length",
-            help="replay the output length an ignore_eos profile forced, not the client's "
-            "(under-)count (docs/accuracy.md)",
+            "--forced-output-length/--reported-output-length",
+            help="replay the output length an ignore_eos profile forced (default), or the "
+            "count the client reported, which undercounts (docs/accuracy.md)",
         ),
-    ] = False,
+    ] = True,
 ) -> None:
     """Replay the measured vLLM runs and score TTFT, E2E, ITL and throughput against them."""
     import time

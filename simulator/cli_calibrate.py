@@ -48,11 +48,11 @@ def register(app: typer.Typer) -> None:
         forced_output_length: Annotated[
             bool,
             typer.Option(
-                "--forced-output-length",
-                help="replay the output length an ignore_eos profile forced, not the "
-                "client's (under-)count (docs/accuracy.md)",
+                "--forced-output-length/--reported-output-length",
+                help="replay the output length an ignore_eos profile forced (default), or "
+                "the count the client reported, which undercounts (docs/accuracy.md)",
             ),
-        ] = False,
+        ] = True,
         trace_header: Annotated[
             Path | None, typer.Option("--trace-header", help="real TraceV2 header (YAML)")
         ] = None,

@@ -92,12 +92,12 @@ def _dataset_folders(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if (p / "requests").is_dir())
 
 
-def discover_runs(folder: Path, forced_output: bool = False) -> list[RunSpec]:
+def discover_runs(folder: Path, forced_output: bool = True) -> list[RunSpec]:
     """Every `requests/<run>.requests.csv` with its meta.json, sorted by dataset and run.
 
-    With `forced_output`, a run whose profile forced its output length (ignore_eos) replays
-    every successful request at that length (`forced_output_tokens`); without it (the README's
-    replay, and the default until the shipped fit is redone with it) at the reported count."""
+    With `forced_output` (the default), a run whose profile forced its output length
+    (ignore_eos) replays every successful request at that length (`forced_output_tokens`);
+    without it (the README's replay) at the count the client reported, which undercounts."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"ground truth: {str(folder)!r} is not a folder")
@@ -504,7 +504,7 @@ def validate_folder(
     on_run: Callable[[dict[str, Any]], None] | None = None,
     extra_overrides: dict[str, Any] | None = None,
     prompt_reuse: bool = False,
-    forced_output: bool = False,
+    forced_output: bool = True,
 ) -> pd.DataFrame:
     """One row per run × metric (FRAME_COLUMNS); `on_run` sees each run's result as it ends.
     `extra_overrides` (dotted with `__`) apply to every replay, e.g. latency__coeffs_file;

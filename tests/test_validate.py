@@ -329,9 +329,9 @@ def test_forced_output_tokens_come_from_an_ignore_eos_profile(
     run = discover_runs(fake_groundtruth)[0]
     assert run.forced_output_tokens is None  # no profile.yaml
     _force_output(fake_groundtruth, run.name, text)
-    assert discover_runs(fake_groundtruth, forced_output=True)[0].forced_output_tokens == forced
-    # Opt-in: the README's replay (the reported counts) stays the default.
-    assert discover_runs(fake_groundtruth)[0].forced_output_tokens is None
+    assert discover_runs(fake_groundtruth)[0].forced_output_tokens == forced
+    # The README's replay (the reported counts) on request.
+    assert discover_runs(fake_groundtruth, forced_output=False)[0].forced_output_tokens is None
 
 
 def test_forced_length_is_replayed_and_the_reported_count_scored(
@@ -396,8 +396,8 @@ def test_forced_length_is_replayed_and_the_reported_count_scored(
 def test_cli_forced_output_length_replays_the_forced_length(
     fake_groundtruth: Path, tmp_path: Path
 ) -> None:
-    """`--forced-output-length` changes the prediction of a run whose client under-counted;
-    without it the README's replay (the reported counts) is used."""
+    """The forced length (the default) and `--reported-output-length` (the README's replay)
+    predict differently for a run whose client under-counted."""
     dataset = fake_groundtruth / DATASET
     name = "20260101-020000-llama-2-7b-tp1-codegen"
     rows = [(i * 100_000, 500, 3 if i % 2 else 20, 0, 0.03, 0.25) for i in range(6)]
@@ -408,7 +408,7 @@ def test_cli_forced_output_length_replays_the_forced_length(
         '{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 20}}}',
     )
     e2e = {}
-    for flag in ([], ["--forced-output-length"]):
+    for flag in (["--reported-output-length"], []):
         out = tmp_path / f"scores{len(flag)}.csv"
         result = CliRunner().invoke(
             app,
@@ -416,5 +416,5 @@ def test_cli_forced_output_length_replays_the_forced_length(
         )
         assert result.exit_code == 0, result.output
         frame = pd.read_csv(out)
-        e2e[bool(flag)] = frame.loc[frame.metric == "e2e_mean_ms", "predicted"].item()
-    assert e2e[True] > e2e[False]  # three requests generate 20 tokens, not 3
+        e2e[not flag] = frame.loc[frame.metric == "e2e_mean_ms", "predicted"].item()
+    assert e2e[True] > e2e[False]  # forced: three requests generate 20 tokens, not 3
