@@ -288,8 +288,9 @@ def score(measured: dict[str, float], predicted: dict[str, float]) -> list[dict[
     return rows
 
 
-def _measured(path: Path) -> tuple[dict[str, float], list[int], int]:
-    """Measured figures of the successful rows, their row positions, and the row count.
+def _measured(path: Path) -> tuple[dict[str, float], list[int], list[int]]:
+    """Measured figures of the successful rows, their row positions, and every row's output
+    tokens as the client reported them (the count ITL and throughput use).
 
     Throughput's window runs from the first arrival to the last response of any request
     (failed ones included), the way targets_summary.csv computes it."""
@@ -307,14 +308,7 @@ def _measured(path: Path) -> tuple[dict[str, float], list[int], int]:
         (rows[i].output_tokens for i in ok),
         end_s - start_us / 1e6,
     )
-    return metrics, ok, len(rows)
-
-
-def _reported_output_tokens(path: Path) -> list[int]:
-    """Per row, the output tokens the client reported (the count ITL and throughput use)."""
-    from .workload.trace import read_groundtruth_rows
-
-    return [r.output_tokens for r in read_groundtruth_rows(path)]
+    return metrics, ok, [r.output_tokens for r in rows]
 
 
 def _predicted(
@@ -375,22 +369,23 @@ def validate_run(
     from .api import replay
 
     started_s = time.perf_counter()
-    measured, positions, n_rows = _measured(run.requests_csv)
+    measured, positions, reported = _measured(run.requests_csv)
     overrides = replay_overrides(run, latency_model) | (extra_overrides or {})
     with tempfile.TemporaryDirectory(prefix="servesim-") as tmp:
         header, data = trace if trace is not None else baseline_trace(run, Path(tmp))
         result = replay(header, data, **overrides)
     # With a forced length, the simulated client counts what the real one reported.
     forced = run.forced_output_tokens is not None
-    reported = _reported_output_tokens(run.requests_csv) if forced else None
-    predicted, n_predicted = _predicted(result.request_records, positions, reported)
+    predicted, n_predicted = _predicted(
+        result.request_records, positions, reported if forced else None
+    )
     return {
         "run": run.name,
         "model": run.model,
         "workload": run.workload,
         "overloaded": run.overloaded,
         "latency_model": latency_model,
-        "n_requests": n_rows,
+        "n_requests": len(reported),
         "n_success": len(positions),
         "n_predicted": n_predicted,
         "wall_s": time.perf_counter() - started_s,

@@ -91,23 +91,20 @@ class Instance:
             self.warm_up_left -= 1
             self.warm_requests.add(req)
         delay = self.step_model.queueing_time_us(req.input_tokens)
-        if self.scheduling_lag_steps > 0:
-            # Client path first, then the step already scheduled when it reaches the engine.
-            self.pending_enqueue.add(req)
-            if delay > 0:
-                event_after(self.env, delay, self._arrival_priority).callbacks.append(
-                    lambda _ev, r=req: self._reach_engine(r)
-                )
-            else:
-                self._reach_engine(req)
-        elif delay > 0:
-            # The alpha overhead: the request is at the instance but not yet schedulable.
-            self.pending_enqueue.add(req)
+        lagged = self.scheduling_lag_steps > 0
+        if delay <= 0 and not lagged:
+            self._enqueue(req)
+            return
+        # The request is at the instance but not yet schedulable: the client path (the alpha
+        # overhead) first, then, with a scheduling lag, the step in flight when it gets there.
+        self.pending_enqueue.add(req)
+        then = self._reach_engine if lagged else self._enqueue_pending
+        if delay > 0:
             event_after(self.env, delay, self._arrival_priority).callbacks.append(
-                lambda _ev, r=req: self._enqueue_pending(r)
+                lambda _ev, r=req: then(r)
             )
         else:
-            self._enqueue(req)
+            then(req)
 
     def deliver_resident(self, req: Request) -> bool:
         """A decode sub-request arriving with its prompt KV (transfer done). False when the

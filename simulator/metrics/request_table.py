@@ -17,7 +17,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from simulator.engine.request import _FINAL_STATES, Request
+from simulator.engine.request import Request
 from simulator.workload.trace import group_prefix_tokens
 
 # Field -> array typecode: "q" for integers (µs timestamps exceed 32 bits), "d" for floats, "b"
@@ -170,15 +170,9 @@ class RequestRow:
     disaggregated = False
     steady = False
 
-    @property
-    def is_finished(self) -> bool:
-        return self.state in _FINAL_STATES
-
-    def __repr__(self) -> str:
-        return (
-            f"Request({self.request_id!r}, arrival_us={self.arrival_us}, "
-            f"in={self.input_tokens}, out={self.output_tokens}, state={self.state.value})"
-        )
+    # The object's own definitions, read through this row's attributes.
+    is_finished = Request.is_finished
+    __repr__ = Request.__repr__
 
 
 for _name in NUMERIC_FIELDS:
@@ -219,7 +213,4 @@ class RequestRecords(Sequence):
         return self._at(self._order[i])
 
     def __iter__(self) -> Iterator[Request | RequestRow]:
-        table = self.table
-        live = self._live
-        for p in self._order:
-            yield RequestRow(table, p) if p >= 0 else live[-p - 1]
+        return map(self._at, self._order)
