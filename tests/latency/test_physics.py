@@ -330,3 +330,32 @@ def test_a_request_arriving_mid_step_misses_the_step_already_scheduled(tmp_path:
         ]
     assert ttft_ms[1.0] == [10.0, 27.0]
     assert ttft_ms[0.0] == [10.0, 17.0]
+
+
+def test_physical_defaults_reproduce_the_public_batch_one_anchor() -> None:
+    """The default per-step overhead comes from one public measurement (docs/latency-models.md):
+    Llama-3.1-8B-Instruct, BF16, one H100-80GB, vLLM V1, one request at a time, short prompts:
+    6.48 ms per output token. The defaults must give it back (within the anchor's ~2 %).
+
+    By hand, a lone decode at 300 tokens of context (TP1, so no collectives):
+      weights streamed = 32 layers x (4096 x (4096 + 2 x 1024) + 4096 x 4096     attention
+                                      + 3 x 4096 x 14336)                     MLP
+                         + 128256 x 4096 LM head = 7.504e9 params x 2 B = 15.01 GB
+      + one embedding row 4096 x 2 B                        -> 15.01 GB / 3.35 TB/s = 4.480 ms
+      KV = 2 x 32 x 8 x 128 x 2 B = 128 KiB per token x 301 -> 39.5 MB / 3.35 TB/s = 0.0118 ms
+      step = 4.480 / 0.8 + 0.0118 / 0.8 + 500 µs + 32 x 10 µs + 1 x 5 µs = 6.440 ms
+    """
+    c = PhysicsCoefficients()
+    assert (c.bandwidth_efficiency, c.kv_bandwidth_efficiency) == (0.80, 0.80)
+    assert (c.per_step_overhead_us, c.per_layer_overhead_us, c.per_sequence_overhead_us) == (
+        500.0,
+        10.0,
+        5.0,
+    )
+    m = PhysicsModel(load_model("llama-3.1-8b-instruct"), H100, 1, c)
+    terms = m.terms(StepBatch([], 1, 300))
+    assert terms.memory_s == pytest.approx(15.01e9 / 3.35e12, rel=1e-3)
+    assert terms.kv_memory_s == pytest.approx(131072 * 301 / 3.35e12, rel=1e-9)
+    step_ms = m.step_time_us(StepBatch([], 1, 300)) / 1000
+    assert step_ms == pytest.approx(6.440, abs=0.002)
+    assert step_ms == pytest.approx(6.48, rel=0.02)  # the public measurement
