@@ -119,8 +119,7 @@ class Router:
         key = self.served.key_for(req)
         if key is None:
             return []
-        now = self.env.now
-        return [self.snapshots.get(i, now) for i in self.served.routable[key]]
+        return self.snapshots.get_many(self.served.routable[key], self.env.now)
 
     def _admit(self, req: Request) -> None:
         now = self.env.now
