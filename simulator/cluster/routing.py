@@ -11,7 +11,6 @@ scorers (the prefix-affinity index) learn where the request went.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +20,7 @@ import numpy as np
 from ..engine.kv_cache import KVCache
 from ..engine.request import Request
 from ..errors import ConfigError, invalid, unknown
+from .prefix_index import PrefixIndex
 from .snapshot import InstanceSnapshot
 
 # BLIS-Mar's default profile for `weighted` (BLIS later moved to precise-prefix-cache:2,
@@ -119,24 +119,6 @@ def _full_prompt_blocks(req: Request, block_size: int) -> int:
     return req.input_tokens // block_size
 
 
-def record_hashes(lru: OrderedDict, hashes: list[int], capacity_blocks: int) -> None:
-    """Insert or refresh block hashes in a router-side LRU index, evicting the oldest.
-
-    Refreshing or inserting each hash in turn and evicting whenever the index overflows
-    leaves the index's last `capacity_blocks` entries in that order; this does the same in
-    bulk: the refreshed hashes leave their places, all of them go to the end in order, and
-    the oldest go until the index fits."""
-    recorded = dict.fromkeys(hashes)
-    if len(recorded) < len(hashes):
-        # A repeated hash is refreshed again at its later position: keep the last ones.
-        recorded = dict.fromkeys(reversed(dict.fromkeys(reversed(hashes))))
-    for h in [h for h in recorded if h in lru]:
-        del lru[h]
-    lru.update(recorded)
-    for _ in range(len(lru) - capacity_blocks):
-        lru.popitem(last=False)
-
-
 class PrefixAffinityScorer(_ListScorer):
     """Router-side approximation of each instance's prefix cache (SPEC §6.4).
 
@@ -157,7 +139,7 @@ class PrefixAffinityScorer(_ListScorer):
             raise invalid("prefix index capacity", capacity_blocks, "must be > 0")
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
-        self._index: dict[str, OrderedDict[int, None]] = {}
+        self._index: dict[str, PrefixIndex] = {}
 
     @classmethod
     def build(cls, *, block_size: int, kv_probe: KVProbe | None) -> Scorer:
@@ -165,15 +147,8 @@ class PrefixAffinityScorer(_ListScorer):
 
     def cached_blocks(self, instance_id: str, hashes: Sequence[int]) -> int:
         """Consecutive leading hashes recorded for `instance_id` (does not touch recency)."""
-        lru = self._index.get(instance_id)
-        if not lru:
-            return 0
-        count = 0
-        for h in hashes:
-            if h not in lru:
-                break
-            count += 1
-        return count
+        index = self._index.get(instance_id)
+        return index.matched_blocks(hashes) if index is not None else 0
 
     def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
         n = _full_prompt_blocks(req, self.block_size)
@@ -187,8 +162,10 @@ class PrefixAffinityScorer(_ListScorer):
         n = _full_prompt_blocks(req, self.block_size)
         if n < 1:
             return
-        lru = self._index.setdefault(chosen.instance_id, OrderedDict())
-        record_hashes(lru, req.block_hashes(n, self.block_size)[:n], self.capacity_blocks)
+        index = self._index.get(chosen.instance_id)
+        if index is None:
+            index = self._index[chosen.instance_id] = PrefixIndex(self.capacity_blocks)
+        index.record(req.block_hashes(n, self.block_size)[:n])
 
     def index_size(self, instance_id: str) -> int:
         return len(self._index.get(instance_id, ()))

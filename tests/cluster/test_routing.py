@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator.cluster.prefix_index import PrefixIndex
 from simulator.cluster.routing import (
     DEFAULT_SCORERS,
     ROUTING_POLICIES,
@@ -25,7 +26,6 @@ from simulator.cluster.routing import (
     kv_probe_from_caches,
     make_routing_policy,
     parse_scorers,
-    record_hashes,
 )
 from simulator.cluster.snapshot import InstanceSnapshot
 from simulator.engine.kv_cache import KVCache
@@ -392,21 +392,49 @@ def _record_one_at_a_time(lru: OrderedDict, hashes: list[int], capacity_blocks: 
                 lru.popitem(last=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
-    st.lists(st.integers(0, 30), max_size=25),
-    st.lists(st.lists(st.integers(0, 30), max_size=12), max_size=6),
-    st.integers(1, 20),
+    st.lists(
+        st.lists(st.integers(0, 40), max_size=14)
+        | st.lists(st.integers(0, 40), max_size=14, unique=True)
+        | st.integers(0, 200).map(lambda first: list(range(first, first + 8))),
+        max_size=40,
+    ),
+    st.integers(1, 24),
 )
-def test_bulk_recording_keeps_the_one_at_a_time_rule(start, batches, capacity):
-    bulk: OrderedDict = OrderedDict()
+def test_bulk_recording_keeps_the_one_at_a_time_rule(batches, capacity):
+    """PrefixIndex records a prompt's hashes at once (runs, stale entries, bulk eviction);
+    its contents, order and matches equal refreshing / inserting / evicting hash by hash."""
+    index = PrefixIndex(capacity)
     plain: OrderedDict = OrderedDict()
-    _record_one_at_a_time(bulk, start, capacity)
-    _record_one_at_a_time(plain, start, capacity)
     for hashes in batches:
-        record_hashes(bulk, hashes, capacity)
+        index.record(hashes)
         _record_one_at_a_time(plain, hashes, capacity)
-        assert list(bulk) == list(plain)
+        assert list(index) == list(plain)
+        assert len(index) == len(plain)
+        assert all((h in index) == (h in plain) for h in range(-1, 250))
+        probe = [*hashes, *range(200, 204)]
+        assert index.matched_blocks(probe) == next(
+            (i for i, h in enumerate(probe) if h not in plain), len(probe)
+        )
+        # Stale entries stay bounded (refreshing a shared prefix must not grow the index).
+        held = sum(len(run.hashes) for run in index._runs) - index._front  # noqa: SLF001
+        assert held <= len(plain) + 2 * capacity + len(hashes)
+
+
+def test_prefix_index_refreshing_a_shared_prefix_stays_bounded():
+    """Refreshing hashes that never get evicted leaves stale entries behind; the index drops
+    them (keeping the order) instead of growing with every record."""
+    for capacity in (8, 20):  # with evictions, and without any (9 distinct hashes)
+        index = PrefixIndex(capacity)
+        plain: OrderedDict = OrderedDict()
+        for i in range(300):
+            hashes = [5, 1, 4, 2, 3] if i % 2 else [3, 2, 9, 100 + i % 3]
+            index.record(hashes)
+            _record_one_at_a_time(plain, hashes, capacity)
+            assert list(index) == list(plain)
+            held = sum(len(run.hashes) for run in index._runs) - index._front  # noqa: SLF001
+            assert held <= len(plain) + 2 * capacity + len(hashes)
 
 
 # ----------------------------------------------------------------------------- list scoring
