@@ -155,8 +155,8 @@ class PrefixAffinityScorer(_ListScorer):
         if n < 1:
             return [0.0] * len(candidates)
         hashes = req.block_hashes(n, self.block_size)[:n]
-        cached_blocks = self.cached_blocks
-        return [cached_blocks(c.instance_id, hashes) / n for c in candidates]
+        indexes = [self._index.get(c.instance_id) for c in candidates]
+        return [i.matched_blocks(hashes) / n if i is not None else 0.0 for i in indexes]
 
     def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
         n = _full_prompt_blocks(req, self.block_size)
