@@ -148,7 +148,7 @@ class Router:
             self.parked.setdefault(key, deque()).append(req)
             self.parked_total += 1
             return
-        candidates = self.candidates(req)
+        candidates = self.snapshots.get_many(self.served.routable[key], now)
         decision = self.routing.route(req, candidates, now)
         chosen = next(c for c in candidates if c.index == decision.target)
         self.routing.observe(req, chosen)
