@@ -229,10 +229,8 @@ class KVCache:
         block_hash = self._block_hash
         index = self._hash_to_block
         mirror = self.offload_on_hash
-        for i in range(first, last_full):
-            b = ids[i]
+        for b, h in zip(ids[first:last_full], hashes[first:last_full], strict=True):
             if block_hash[b] is None:
-                h = hashes[i]
                 block_hash[b] = h
                 index.setdefault(h, b)
                 if mirror:
