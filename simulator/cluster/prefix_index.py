@@ -8,10 +8,12 @@ least recently recorded one goes. Reading never refreshes.
 The router records a routed prompt's 30-odd hashes for every request, so the index records
 them in bulk with the same outcome. It keeps the recordings ("runs": a prompt's hashes, in
 order), oldest first, and maps each hash to the run that recorded it last; a hash refreshed
-by a later run is stale in the earlier one and skipped when eviction reaches it. Each run
-counts its live hashes, so eviction drops the oldest hashes of a run that has no stale ones
-with one dict deletion each and no check — with prompts that share nothing (the usual case)
-a record inserts its hashes and evicts one earlier run's, both in bulk.
+by a later run is stale in the earlier one and skipped when eviction reaches it. Whether a
+record refreshed anything shows in the dict's size (it grew by fewer than the hashes
+recorded), without a lookup per hash; a run recorded after the last refresh has no stale
+entries, so eviction drops its oldest hashes without checking each. With prompts that share
+nothing (the usual case) a record inserts its hashes and evicts an earlier run's, both in
+bulk.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from itertools import repeat
 
 
 class _Run:
-    """The hashes of one recording, in order, and how many of them are still live here."""
+    """The hashes of one recording, in order, and the index's refresh count after it."""
 
-    __slots__ = ("hashes", "live")
+    __slots__ = ("hashes", "refreshes")
 
-    def __init__(self, hashes: list[int]) -> None:
+    def __init__(self, hashes: list[int], refreshes: int) -> None:
         self.hashes = hashes
-        self.live = len(hashes)
+        self.refreshes = refreshes
 
 
 def _delete_all(table: dict, keys: Iterable) -> None:
@@ -44,6 +46,7 @@ class PrefixIndex:
         self._run_of: dict[int, _Run] = {}  # every hash held -> the run that recorded it last
         self._runs: deque[_Run] = deque()  # oldest first
         self._front = 0  # hashes of the oldest run already evicted or skipped
+        self._refreshes = 0  # hashes recorded while already held, ever
         # Stale entries in the runs; when they outnumber twice the capacity the runs are
         # rebuilt, so that refreshing without evicting (a prefix everyone shares) stays bounded.
         self._stale = 0
@@ -80,12 +83,14 @@ class PrefixIndex:
             ordered = list(reversed(dict.fromkeys(reversed(hashes))))
         if not ordered:
             return
-        run = _Run(ordered)
         run_of = self._run_of
-        for earlier in filter(None, map(run_of.get, ordered)):
-            earlier.live -= 1  # refreshed: its entry there is stale now
-            self._stale += 1
+        held = len(run_of)
+        run = _Run(ordered, 0)
         run_of.update(zip(ordered, repeat(run)))
+        refreshed = held + len(ordered) - len(run_of)  # their entries elsewhere are stale now
+        self._refreshes += refreshed
+        self._stale += refreshed
+        run.refreshes = self._refreshes
         self._runs.append(run)
         excess = len(run_of) - self.capacity_blocks
         if excess > 0:
@@ -101,12 +106,11 @@ class PrefixIndex:
         while excess > 0:
             run = runs[0]
             hashes = run.hashes
-            left = len(hashes) - start
-            if run.live == left:
-                # Nothing stale in what is left of this run: its oldest hashes go as they are.
-                stop = start + min(excess, left)
+            if run.refreshes == self._refreshes:
+                # Nothing was refreshed since this run was recorded, so nothing in it is stale:
+                # its oldest hashes go as they are.
+                stop = min(start + excess, len(hashes))
                 _delete_all(run_of, hashes[start:stop])
-                run.live -= stop - start
                 excess -= stop - start
                 start = stop
             else:
@@ -115,7 +119,6 @@ class PrefixIndex:
                     start += 1
                     if run_of.get(h) is run:
                         del run_of[h]
-                        run.live -= 1
                         excess -= 1
                     else:
                         self._stale -= 1
@@ -126,7 +129,7 @@ class PrefixIndex:
 
     def _rebuild(self) -> None:
         """One run of the live hashes, in order: the stale entries go."""
-        run = _Run(list(self))
+        run = _Run(list(self), self._refreshes)
         self._run_of = dict.fromkeys(run.hashes, run)
         self._runs = deque([run])
         self._front = 0
