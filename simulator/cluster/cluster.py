@@ -135,19 +135,24 @@ def decider_for(spec: PDSpec, block_size: int) -> PDDecider:
     )
 
 
-def _live_snapshot(index: int, instance_id: str, engine: VLLMEngine, model: str):
-    def read(in_flight: int) -> InstanceSnapshot:
+def _live_snapshots(instance_ids: list[str], engines: list[VLLMEngine], models: list[str]):
+    """read(index, in_flight): what instance `index` looks like now (the router calls this
+    for every candidate of every request, so it is one function, fields in order)."""
+
+    def read(index: int, in_flight: int) -> InstanceSnapshot:
+        engine = engines[index]
         kv = engine.kv
+        used, total = kv.used_blocks, kv.total_blocks
         return InstanceSnapshot(
-            instance_id=instance_id,
-            index=index,
-            queue_depth=len(engine.waiting),
-            batch_size=len(engine.running),
-            kv_utilization=kv.used_blocks / kv.total_blocks,
-            free_kv_blocks=kv.total_blocks - kv.used_blocks,
-            cache_hit_rate=kv.hit_rate,
-            in_flight=in_flight,
-            model=model,
+            instance_ids[index],
+            index,
+            len(engine.waiting),  # queue_depth
+            len(engine.running),  # batch_size
+            used / total,  # kv_utilization
+            total - used,  # free_kv_blocks
+            kv.hit_rate,
+            in_flight,
+            models[index],
         )
 
     return read
@@ -225,7 +230,6 @@ def run_simulation(
         return len(engines[index].kv.cached_prefix_blocks(req, req.input_tokens))
 
     trace = DecisionTrace(cluster.trace.level, cluster.trace.counterfactual_k)
-    live = [_live_snapshot(i, instance_ids[i], engines[i], instance_models[i]) for i in range(n)]
     instances: list[Instance] = []
     admission, routing = build_policies(
         cluster, subsystem_rng(seed, "router"), block_size, kv_probe
@@ -237,7 +241,7 @@ def run_simulation(
         routing,
         SnapshotCache(
             cluster.routing.snapshot_refresh_interval_us,
-            lambda i, in_flight: live[i](in_flight),
+            _live_snapshots(instance_ids, engines, instance_models),
             lambda i: router.in_flight[i],
             list(zip(instance_ids, instance_models, strict=True)),
         ),

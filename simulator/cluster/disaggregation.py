@@ -15,14 +15,14 @@ state), override `build` if it takes options, and register it with `@register_de
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..engine.request import Request
 from ..errors import ConfigError, invalid, unknown
-from .routing import PREFIX_INDEX_CAPACITY_BLOCKS, record_hashes
+from .prefix_index import PrefixIndex
+from .routing import PREFIX_INDEX_CAPACITY_BLOCKS
 
 PREFIX_THRESHOLD_FIELD = "pd.prefix_threshold"
 PREFIX_MODE_FIELD = "pd.prefix_mode"
@@ -136,32 +136,6 @@ class PromptLengthDecider(PDDecider):
         return False, f"input_tokens {n} < {t}"
 
 
-class _PrefixIndex:
-    """One LRU of block hashes (BLIS's virtual instance `__global__`)."""
-
-    def __init__(self, capacity_blocks: int) -> None:
-        self.capacity_blocks = capacity_blocks
-        self._lru: OrderedDict[int, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._lru
-
-    def matched_blocks(self, hashes: list[int]) -> int:
-        """Leading hashes present; reading does not refresh recency (as BLIS)."""
-        count = 0
-        for h in hashes:
-            if h not in self._lru:
-                break
-            count += 1
-        return count
-
-    def record(self, hashes: list[int]) -> None:
-        record_hashes(self._lru, hashes, self.capacity_blocks)
-
-
 @register_decider
 class PrefixThresholdDecider(PDDecider):
     """Disaggregate iff the prompt's non-cached tokens exceed a threshold (SPEC §7.3).
@@ -193,7 +167,7 @@ class PrefixThresholdDecider(PDDecider):
             raise invalid("prefix index capacity", capacity_blocks, "must be an integer > 0")
         if capacity_blocks <= 0:
             raise invalid("prefix index capacity", capacity_blocks, "must be an integer > 0")
-        self.index = _PrefixIndex(capacity_blocks)
+        self.index = PrefixIndex(capacity_blocks)
 
     @classmethod
     def build(

@@ -119,8 +119,7 @@ class Router:
         key = self.served.key_for(req)
         if key is None:
             return []
-        now = self.env.now
-        return [self.snapshots.get(i, now) for i in self.served.routable[key]]
+        return self.snapshots.get_many(self.served.routable[key], self.env.now)
 
     def _admit(self, req: Request) -> None:
         now = self.env.now
@@ -149,7 +148,7 @@ class Router:
             self.parked.setdefault(key, deque()).append(req)
             self.parked_total += 1
             return
-        candidates = self.candidates(req)
+        candidates = self.snapshots.get_many(self.served.routable[key], now)
         decision = self.routing.route(req, candidates, now)
         chosen = next(c for c in candidates if c.index == decision.target)
         self.routing.observe(req, chosen)

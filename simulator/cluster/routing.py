@@ -11,15 +11,16 @@ scorers (the prefix-affinity index) learn where the request went.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from ..engine.kv_cache import KVCache
 from ..engine.request import Request
 from ..errors import ConfigError, invalid, unknown
+from .prefix_index import PrefixIndex
 from .snapshot import InstanceSnapshot
 
 # BLIS-Mar's default profile for `weighted` (BLIS later moved to precise-prefix-cache:2,
@@ -47,7 +48,13 @@ class RoutingDecision:
 
 
 class Scorer:
-    """Scores every candidate in [0, 1] (higher = better); the weighted policy combines them."""
+    """Scores every candidate in [0, 1] (higher = better); the weighted policy combines them.
+
+    A scorer implements `score`, a dict keyed by instance id. The weighted policy combines
+    scores in candidate order (`score_list`); the built-in scorers compute that list directly
+    (`_ListScorer`), as the router asks every scorer for every request and a list is cheaper
+    than a dict built and then looked up per candidate.
+    """
 
     name = ""
 
@@ -58,64 +65,61 @@ class Scorer:
     def score(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> dict[str, float]:
         raise NotImplementedError
 
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        """The scores in candidate order; a candidate missing from `score` scores 0."""
+        scores = self.score(req, candidates)
+        return [scores.get(c.instance_id, 0.0) for c in candidates]
+
     def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
         """Called once the request is routed to `chosen`."""
         return None
 
 
-class QueueDepthScorer(Scorer):
+class _ListScorer(Scorer):
+    """A scorer that computes `score_list`; its `score` is that list keyed by instance id."""
+
+    def score(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> dict[str, float]:
+        ids = [c.instance_id for c in candidates]
+        return dict(zip(ids, self.score_list(req, candidates), strict=True))
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        raise NotImplementedError
+
+
+class QueueDepthScorer(_ListScorer):
     """Min-max normalised effective load: the least loaded scores 1, the most loaded 0."""
 
     name = "queue-depth"
 
-    def score(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> dict[str, float]:
-        loads = [c.effective_load for c in candidates]
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        # effective_load, without a property call per candidate.
+        loads = [c.queue_depth + c.batch_size + c.in_flight for c in candidates]
         lo, hi = min(loads), max(loads)
         if hi == lo:
-            return {c.instance_id: 1.0 for c in candidates}
+            return [1.0] * len(loads)
         span = hi - lo
-        return {
-            c.instance_id: (hi - load) / span for c, load in zip(candidates, loads, strict=True)
-        }
+        return [(hi - load) / span for load in loads]
 
 
-class KVUtilizationScorer(Scorer):
+class KVUtilizationScorer(_ListScorer):
     name = "kv-utilization"
 
-    def score(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> dict[str, float]:
-        return {c.instance_id: 1.0 - c.kv_utilization for c in candidates}
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        return [1.0 - c.kv_utilization for c in candidates]
 
 
-class LoadBalanceScorer(Scorer):
+class LoadBalanceScorer(_ListScorer):
     name = "load-balance"
 
-    def score(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> dict[str, float]:
-        return {c.instance_id: 1.0 / (1.0 + c.effective_load) for c in candidates}
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        return [1.0 / (1.0 + c.effective_load) for c in candidates]
 
 
 def _full_prompt_blocks(req: Request, block_size: int) -> int:
     return req.input_tokens // block_size
 
 
-def record_hashes(lru: OrderedDict, hashes: list[int], capacity_blocks: int) -> None:
-    """Insert or refresh block hashes in a router-side LRU index, evicting the oldest.
-
-    Refreshing or inserting each hash in turn and evicting whenever the index overflows
-    leaves the index's last `capacity_blocks` entries in that order; this does the same in
-    bulk: the refreshed hashes leave their places, all of them go to the end in order, and
-    the oldest go until the index fits."""
-    recorded = dict.fromkeys(hashes)
-    if len(recorded) < len(hashes):
-        # A repeated hash is refreshed again at its later position: keep the last ones.
-        recorded = dict.fromkeys(reversed(dict.fromkeys(reversed(hashes))))
-    for h in [h for h in recorded if h in lru]:
-        del lru[h]
-    lru.update(recorded)
-    for _ in range(len(lru) - capacity_blocks):
-        lru.popitem(last=False)
-
-
-class PrefixAffinityScorer(Scorer):
+class PrefixAffinityScorer(_ListScorer):
     """Router-side approximation of each instance's prefix cache (SPEC §6.4).
 
     Per instance, an LRU of the block hashes of prompts routed there. It never queries the
@@ -135,7 +139,7 @@ class PrefixAffinityScorer(Scorer):
             raise invalid("prefix index capacity", capacity_blocks, "must be > 0")
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
-        self._index: dict[str, OrderedDict[int, None]] = {}
+        self._index: dict[str, PrefixIndex] = {}
 
     @classmethod
     def build(cls, *, block_size: int, kv_probe: KVProbe | None) -> Scorer:
@@ -143,35 +147,31 @@ class PrefixAffinityScorer(Scorer):
 
     def cached_blocks(self, instance_id: str, hashes: Sequence[int]) -> int:
         """Consecutive leading hashes recorded for `instance_id` (does not touch recency)."""
-        lru = self._index.get(instance_id)
-        if not lru:
-            return 0
-        count = 0
-        for h in hashes:
-            if h not in lru:
-                break
-            count += 1
-        return count
+        index = self._index.get(instance_id)
+        return index.matched_blocks(hashes) if index is not None else 0
 
-    def score(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> dict[str, float]:
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
         n = _full_prompt_blocks(req, self.block_size)
         if n < 1:
-            return {c.instance_id: 0.0 for c in candidates}
+            return [0.0] * len(candidates)
         hashes = req.block_hashes(n, self.block_size)[:n]
-        return {c.instance_id: self.cached_blocks(c.instance_id, hashes) / n for c in candidates}
+        indexes = [self._index.get(c.instance_id) for c in candidates]
+        return [i.matched_blocks(hashes) / n if i is not None else 0.0 for i in indexes]
 
     def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
         n = _full_prompt_blocks(req, self.block_size)
         if n < 1:
             return
-        lru = self._index.setdefault(chosen.instance_id, OrderedDict())
-        record_hashes(lru, req.block_hashes(n, self.block_size)[:n], self.capacity_blocks)
+        index = self._index.get(chosen.instance_id)
+        if index is None:
+            index = self._index[chosen.instance_id] = PrefixIndex(self.capacity_blocks)
+        index.record(req.block_hashes(n, self.block_size)[:n])
 
     def index_size(self, instance_id: str) -> int:
         return len(self._index.get(instance_id, ()))
 
 
-class PrecisePrefixCacheScorer(Scorer):
+class PrecisePrefixCacheScorer(_ListScorer):
     """Scores by the prompt blocks actually present in each engine's prefix cache.
 
     Unlike `prefix-affinity` this is exact at the moment of the decision (it reads the engines
@@ -195,23 +195,21 @@ class PrecisePrefixCacheScorer(Scorer):
             )
         return cls(block_size, kv_probe)
 
-    def score(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> dict[str, float]:
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
         n = _full_prompt_blocks(req, self.block_size)
         if n < 1:
-            return {c.instance_id: 0.0 for c in candidates}
-        return {c.instance_id: min(self.kv_probe(c.index, req), n) / n for c in candidates}
+            return [0.0] * len(candidates)
+        return [min(self.kv_probe(c.index, req), n) / n for c in candidates]
 
 
-SCORERS: dict[str, type[Scorer]] = {
-    cls.name: cls
-    for cls in (
-        QueueDepthScorer,
-        KVUtilizationScorer,
-        LoadBalanceScorer,
-        PrefixAffinityScorer,
-        PrecisePrefixCacheScorer,
-    )
-}
+_BUILT_IN_SCORERS = (
+    QueueDepthScorer,
+    KVUtilizationScorer,
+    LoadBalanceScorer,
+    PrefixAffinityScorer,
+    PrecisePrefixCacheScorer,
+)
+SCORERS: dict[str, type[Scorer]] = {cls.name: cls for cls in _BUILT_IN_SCORERS}
 
 
 def make_scorer(name: str, *, block_size: int = 16, kv_probe: KVProbe | None = None) -> Scorer:
@@ -374,6 +372,13 @@ class Weighted(RoutingPolicy):
             raise ConfigError("weighted routing needs at least one scorer")
         total = sum(w for _, w in scorers)
         self.scorers = [(s, w / total) for s, w in scorers]
+        # How each scorer's scores are read in candidate order: a built-in scorer computes
+        # the list; any other (a user's scorer, or a subclass that may override `score`) is
+        # read through its `score` dict.
+        self._score_lists = [
+            s.score_list if type(s) in _BUILT_IN_SCORERS else partial(Scorer.score_list, s)
+            for s, _ in self.scorers
+        ]
         self.rng = rng
 
     @classmethod
@@ -388,16 +393,18 @@ class Weighted(RoutingPolicy):
         self, req: Request, candidates: Sequence[InstanceSnapshot], now_us: int
     ) -> RoutingDecision:
         _require(candidates)
-        composite = {c.instance_id: 0.0 for c in candidates}
-        for scorer, weight in self.scorers:
-            scores = scorer.score(req, candidates)
-            for iid in composite:
-                s = scores.get(iid, 0.0)
-                composite[iid] += weight * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
-        best = max(composite.values())
-        tied = [c for c in candidates if composite[c.instance_id] == best]
+        # Composite scores in candidate order (instance ids are unique among candidates).
+        composite = [0.0] * len(candidates)
+        for (_, weight), score_list in zip(self.scorers, self._score_lists, strict=True):
+            composite = [
+                total + weight * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
+                for total, s in zip(composite, score_list(req, candidates), strict=True)
+            ]
+        best = max(composite)
+        tied = [c for c, total in zip(candidates, composite, strict=True) if total == best]
         chosen = tied[int(self.rng.integers(len(tied)))] if len(tied) > 1 else tied[0]
-        return RoutingDecision(chosen.index, f"weighted (score={best:.4f})", composite)
+        scores = dict(zip([c.instance_id for c in candidates], composite, strict=True))
+        return RoutingDecision(chosen.index, f"weighted (score={best:.4f})", scores)
 
     def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
         for scorer, _ in self.scorers:

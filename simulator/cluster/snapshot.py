@@ -61,3 +61,10 @@ class SnapshotCache:
             self._cached[index] = self.read_live(index, 0)
             self._refreshed_us[index] = now_us
         return self._cached[index]._replace(in_flight=self.read_in_flight(index))
+
+    def get_many(self, indices: list[int], now_us: int) -> list[InstanceSnapshot]:
+        """`get` for each of `indices`, in order (the router's candidates for a request)."""
+        if self.interval_us <= 0:
+            read_live, read_in_flight = self.read_live, self.read_in_flight
+            return [read_live(i, read_in_flight(i)) for i in indices]
+        return [self.get(i, now_us) for i in indices]

@@ -301,11 +301,12 @@ class Instance:
         # No completion means the work left after the step is the work there is now.
         # A plan may also drop a queued request that can never fit (reported as finished at
         # that instant), so steps only run ahead while nothing waits.
+        # (In a cluster another instance's event is nearly always first: checked first.)
         while (
-            engine.has_work
+            (not queue or (end_us, priority) < (queue[0][0], queue[0][1]))
+            and engine.has_work
             and not engine.waiting
             and not engine.may_finish_requests()
-            and (not queue or (end_us, priority) < (queue[0][0], queue[0][1]))
         ):
             finished = engine.finish_step(step_us)
             assert not finished, "a coalesced step completed a request"

@@ -16,7 +16,9 @@ taken. That keeps a 1,000,000-block cache cheap.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from itertools import islice
 
 from .kv_tiers import CPUTier
 from .request import Request
@@ -161,14 +163,14 @@ class KVCache:
         else:
             reused = count
         if reused:
+            # The least recently freed blocks, off the LRU's head in bulk.
+            free = self._free_lru
+            taken = list(islice(free, reused))
+            deque(map(free.__delitem__, taken), maxlen=0)  # del free[b] for each, looping in C
             ref = self._ref_count
-            block_hash = self._block_hash
-            popitem = self._free_lru.popitem
-            taken = [popitem(False)[0] for _ in range(reused)]
             for b in taken:
-                if block_hash[b] is not None:
-                    self._erase_content(b)
                 ref[b] = 1
+            self._erase_contents(taken)
             ids.extend(taken)
         self.used_blocks += count
         self.cache_misses += count
@@ -186,7 +188,7 @@ class KVCache:
         else:
             b, _ = self._free_lru.popitem(last=False)
             if self._block_hash[b] is not None:
-                self._erase_content(b)
+                self._erase_contents((b,))
             self._ref_count[b] = 1
         req.block_ids.append(b)
         self.cache_misses += 1
@@ -195,15 +197,21 @@ class KVCache:
         if used > self.peak_used_blocks:
             self.peak_used_blocks = used
 
-    def _erase_content(self, b: int) -> None:
-        """Block `b` is being reused: the cached content it held is gone (to the CPU tier when
-        offloading on eviction)."""
-        old = self._block_hash[b]
-        if self._hash_to_block.get(old) == b:
-            del self._hash_to_block[old]
-        self._block_hash[b] = None
-        if self.offload_on_evict:
-            self.cpu.store(old, self.now_us)
+    def _erase_contents(self, blocks: Iterable[int]) -> None:
+        """`blocks` are being reused: the cached content they held is gone (to the CPU tier
+        when offloading on eviction)."""
+        block_hash = self._block_hash
+        index = self._hash_to_block
+        offload = self.offload_on_evict
+        for b in blocks:
+            old = block_hash[b]
+            if old is None:
+                continue
+            if index.get(old) == b:
+                del index[old]
+            block_hash[b] = None
+            if offload:
+                self.cpu.store(old, self.now_us)
 
     def _hash_full_blocks(self, req: Request, start_token: int, end_token: int) -> None:
         """Hash blocks that became full in [start_token, end_token) and hold prompt tokens.
@@ -220,13 +228,12 @@ class KVCache:
         ids = req.block_ids
         block_hash = self._block_hash
         index = self._hash_to_block
-        for i in range(first, last_full):
-            b = ids[i]
+        mirror = self.offload_on_hash
+        for b, h in zip(ids[first:last_full], hashes[first:last_full], strict=True):
             if block_hash[b] is None:
-                h = hashes[i]
                 block_hash[b] = h
                 index.setdefault(h, b)
-                if self.offload_on_hash:
+                if mirror:
                     self.cpu.store(h, self.now_us)
 
     def append_token(self, req: Request, position: int) -> bool:
@@ -269,8 +276,9 @@ class KVCache:
         free = self._free_lru
         freed = 0
         for b in reversed(req.block_ids):
-            ref[b] -= 1
-            if ref[b] == 0:
+            left = ref[b] - 1
+            ref[b] = left
+            if not left:
                 free[b] = None
                 freed += 1
         self.used_blocks -= freed

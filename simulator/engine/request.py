@@ -318,13 +318,14 @@ class Request:
                     pieces.clear()
                     lo = hi
                 # Whole blocks inside this segment.
-                stop = min(seg_end, end)
+                whole = (min(seg_end, end) - lo) // block_size
                 offset = lo - seg_start
-                while lo + block_size <= stop:
-                    prev = hash((prev, key_hash, offset, offset + block_size))
-                    hashes.append(prev)
-                    lo += block_size
-                    offset += block_size
+                append = hashes.append
+                for start in range(offset, offset + whole * block_size, block_size):
+                    prev = hash((prev, key_hash, start, start + block_size))
+                    append(prev)
+                lo += whole * block_size
+                offset += whole * block_size
                 if lo < seg_end and lo < end:
                     # The block continues into the next segment.
                     pieces.append((key_hash, offset, length))

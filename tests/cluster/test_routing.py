@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator.cluster.prefix_index import PrefixIndex
 from simulator.cluster.routing import (
     DEFAULT_SCORERS,
     ROUTING_POLICIES,
@@ -25,7 +26,6 @@ from simulator.cluster.routing import (
     kv_probe_from_caches,
     make_routing_policy,
     parse_scorers,
-    record_hashes,
 )
 from simulator.cluster.snapshot import InstanceSnapshot
 from simulator.engine.kv_cache import KVCache
@@ -392,18 +392,158 @@ def _record_one_at_a_time(lru: OrderedDict, hashes: list[int], capacity_blocks: 
                 lru.popitem(last=False)
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.integers(0, 40), max_size=14)
+        | st.lists(st.integers(0, 40), max_size=14, unique=True)
+        | st.integers(0, 200).map(lambda first: list(range(first, first + 8))),
+        max_size=40,
+    ),
+    st.integers(1, 24),
+)
+def test_bulk_recording_keeps_the_one_at_a_time_rule(batches, capacity):
+    """PrefixIndex records a prompt's hashes at once (runs, stale entries, bulk eviction);
+    its contents, order and matches equal refreshing / inserting / evicting hash by hash."""
+    index = PrefixIndex(capacity)
+    plain: OrderedDict = OrderedDict()
+    for hashes in batches:
+        index.record(hashes)
+        _record_one_at_a_time(plain, hashes, capacity)
+        assert list(index) == list(plain)
+        assert len(index) == len(plain)
+        assert all((h in index) == (h in plain) for h in range(-1, 250))
+        probe = [*hashes, *range(200, 204)]
+        assert index.matched_blocks(probe) == next(
+            (i for i, h in enumerate(probe) if h not in plain), len(probe)
+        )
+        # Stale entries stay bounded (refreshing a shared prefix must not grow the index).
+        held = sum(len(run.hashes) for run in index._runs) - index._front  # noqa: SLF001
+        assert held <= len(plain) + 2 * capacity + len(hashes)
+
+
+def test_prefix_index_refreshing_a_shared_prefix_stays_bounded():
+    """Refreshing hashes that never get evicted leaves stale entries behind; the index drops
+    them (keeping the order) instead of growing with every record."""
+    for capacity in (8, 20):  # with evictions, and without any (9 distinct hashes)
+        index = PrefixIndex(capacity)
+        plain: OrderedDict = OrderedDict()
+        for i in range(300):
+            hashes = [5, 1, 4, 2, 3] if i % 2 else [3, 2, 9, 100 + i % 3]
+            index.record(hashes)
+            _record_one_at_a_time(plain, hashes, capacity)
+            assert list(index) == list(plain)
+            held = sum(len(run.hashes) for run in index._runs) - index._front  # noqa: SLF001
+            assert held <= len(plain) + 2 * capacity + len(hashes)
+
+
+# ----------------------------------------------------------------------------- list scoring
+
+
+def _reference_scores(scorer: Scorer, req, candidates) -> dict[str, float]:
+    """A scorer's dict as the built-in scorers computed it before they computed lists."""
+    ids = [c.instance_id for c in candidates]
+    kind = type(scorer)
+    if kind is QueueDepthScorer:
+        loads = [c.effective_load for c in candidates]
+        lo, hi = min(loads), max(loads)
+        if hi == lo:
+            return dict.fromkeys(ids, 1.0)
+        return {iid: (hi - load) / (hi - lo) for iid, load in zip(ids, loads, strict=True)}
+    if kind is KVUtilizationScorer:
+        return {c.instance_id: 1.0 - c.kv_utilization for c in candidates}
+    if kind is LoadBalanceScorer:
+        return {c.instance_id: 1.0 / (1.0 + c.effective_load) for c in candidates}
+    n = req.input_tokens // BS
+    if kind in (PrefixAffinityScorer, PrecisePrefixCacheScorer) and n < 1:
+        return dict.fromkeys(ids, 0.0)
+    if kind is PrefixAffinityScorer:
+        hashes = req.block_hashes(n, BS)[:n]
+        return {iid: scorer.cached_blocks(iid, hashes) / n for iid in ids}
+    if kind is PrecisePrefixCacheScorer:
+        return {c.instance_id: min(scorer.kv_probe(c.index, req), n) / n for c in candidates}
+    return scorer.score(req, candidates)  # not a built-in: its own dict
+
+
+def _reference_weighted_route(policy: Weighted, req, candidates):
+    """The weighted policy as a dict per scorer (how it was written before scores became
+    lists in candidate order): composite scores and the tied best, drawing from policy.rng."""
+    composite = {c.instance_id: 0.0 for c in candidates}
+    for scorer, weight in policy.scorers:
+        scores = _reference_scores(scorer, req, candidates)
+        for iid in composite:
+            s = scores.get(iid, 0.0)
+            composite[iid] += weight * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
+    best = max(composite.values())
+    tied = [c for c in candidates if composite[c.instance_id] == best]
+    chosen = tied[int(policy.rng.integers(len(tied)))] if len(tied) > 1 else tied[0]
+    return chosen.index, composite
+
+
+class _Halving(QueueDepthScorer):
+    """A user's subclass of a built-in that overrides `score` only: it must be read there."""
+
+    def score(self, req, candidates):
+        return {iid: s / 2 - 0.25 for iid, s in super().score(req, candidates).items()}
+
+
+_SNAPSHOTS = st.lists(
+    st.tuples(
+        st.integers(0, 6),  # queue depth
+        st.integers(0, 6),  # batch size
+        st.integers(0, 6),  # in flight
+        st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0, 1 / 3, 1.5, -0.5]),  # KV utilisation
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.integers(0, 30), max_size=25),
-    st.lists(st.lists(st.integers(0, 30), max_size=12), max_size=6),
-    st.integers(1, 20),
+    _SNAPSHOTS,
+    st.lists(
+        st.tuples(
+            st.sampled_from([*SCORERS, "halving", "fixed"]), st.sampled_from([0.5, 1, 2, 3, 7])
+        ),
+        min_size=1,
+        max_size=4,
+        unique_by=lambda pair: pair[0],
+    ),
+    st.lists(st.tuples(st.integers(0, 5), st.sampled_from("abc"), st.integers(0, 14)), max_size=8),
+    st.integers(0, 2**16),
 )
-def test_bulk_recording_keeps_the_one_at_a_time_rule(start, batches, capacity):
-    bulk: OrderedDict = OrderedDict()
-    plain: OrderedDict = OrderedDict()
-    _record_one_at_a_time(bulk, start, capacity)
-    _record_one_at_a_time(plain, start, capacity)
-    for hashes in batches:
-        record_hashes(bulk, hashes, capacity)
-        _record_one_at_a_time(plain, hashes, capacity)
-        assert list(bulk) == list(plain)
+def test_list_scoring_matches_dict_scoring(rows, scorer_names, history, seed):
+    """Same choice, same composite scores and the same random draws as the dict-based
+    reference, for built-in scorers (list path) and others (read through `score`)."""
+    cands = [
+        InstanceSnapshot(
+            f"instance_{i}", i, queue_depth=q, batch_size=b, in_flight=f, kv_utilization=kv
+        )
+        for i, (q, b, f, kv) in enumerate(rows)
+    ]
+    found = {c.index: (c.queue_depth * 3) % 7 for c in cands}
+
+    def build(name):
+        if name == "halving":
+            return _Halving()
+        if name == "fixed":
+            return _Fixed({c.instance_id: c.in_flight / 3 - 0.5 for c in cands[::2]})
+        return SCORERS[name].build(block_size=BS, kv_probe=lambda index, req: found[index])
+
+    def policy():
+        return Weighted([(build(name), weight) for name, weight in scorer_names], rng(seed))
+
+    fast, reference = policy(), policy()
+    for (where, key, extra), step in zip(history, range(len(history)), strict=True):
+        # Teach both prefix indexes the same routed prompts (shared "sys" prefix, own tail).
+        r = prompt(f"h{step}", ("sys", 8), (key, extra))
+        fast.observe(r, cands[where % len(cands)])
+        reference.observe(r, cands[where % len(cands)])
+    for req in (prompt("q1", ("sys", 8), ("a", 6)), prompt("q2", ("b", 3)), R):
+        for _ in range(3):  # ties draw from the generator: the draws must stay in step
+            decision = fast.route(req, cands, 0)
+            target, composite = _reference_weighted_route(reference, req, cands)
+            assert decision.target == target
+            assert decision.scores == composite
+            assert list(decision.scores) == list(composite)

@@ -69,3 +69,15 @@ def test_a_shared_prefix_hashes_alike_until_the_contents_differ():
     ha, hb = a.block_hashes(3, 16), b.block_hashes(3, 16)
     assert ha[:2] == hb[:2]  # tokens 0..31: the shared prompt
     assert ha[2] != hb[2]  # tokens 32..47 mix the prefix with each request's own tokens
+
+
+def test_whole_blocks_inside_a_segment_chain_key_and_offsets():
+    """The values themselves, not only their equalities: block i of a one-segment prompt is
+    hash((hash of block i-1, hash(key), start, end)), so caches and indexes built by earlier
+    versions name the same content the same way."""
+    req = Request("r", 0, 40, 5, segments=[(("in", "k", 0), 40)])
+    expected, prev = [], 0
+    for start in range(0, 40 - 7, 8):
+        prev = hash((prev, hash(("in", "k", 0)), start, start + 8))
+        expected.append(prev)
+    assert req.block_hashes(5, 8) == expected

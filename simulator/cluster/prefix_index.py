@@ -1,0 +1,136 @@
+"""A router-side LRU index of prompt block hashes (SPEC §6.4, §7.3).
+
+The prefix-affinity scorer keeps one per instance, the PD prefix-threshold decider one for the
+cluster. Its rule, hash by hash: recording a hash refreshes it (it becomes the most recently
+recorded) or inserts it, and whenever the index holds more than `capacity_blocks` hashes the
+least recently recorded one goes. Reading never refreshes.
+
+The router records a routed prompt's 30-odd hashes for every request, so the index records
+them in bulk with the same outcome. It keeps the recordings ("runs": a prompt's hashes, in
+order), oldest first, and maps each hash to the run that recorded it last; a hash refreshed
+by a later run is stale in the earlier one and skipped when eviction reaches it. Whether a
+record refreshed anything shows in the dict's size (it grew by fewer than the hashes
+recorded), without a lookup per hash; a run recorded after the last refresh has no stale
+entries, so eviction drops its oldest hashes without checking each. With prompts that share
+nothing (the usual case) a record inserts its hashes and evicts an earlier run's, both in
+bulk.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
+
+
+class _Run:
+    """The hashes of one recording, in order, and the index's refresh count after it."""
+
+    __slots__ = ("hashes", "refreshes")
+
+    def __init__(self, hashes: list[int], refreshes: int) -> None:
+        self.hashes = hashes
+        self.refreshes = refreshes
+
+
+def _delete_all(table: dict, keys: Iterable) -> None:
+    """del table[k] for every k, looping in C (a deque of length 0 consumes the iterator)."""
+    deque(map(table.__delitem__, keys), maxlen=0)
+
+
+class PrefixIndex:
+    """An LRU set of block hashes holding at most `capacity_blocks`."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity_blocks = capacity_blocks
+        self._run_of: dict[int, _Run] = {}  # every hash held -> the run that recorded it last
+        self._runs: deque[_Run] = deque()  # oldest first
+        self._front = 0  # hashes of the oldest run already evicted or skipped
+        self._refreshes = 0  # hashes recorded while already held, ever
+        # Stale entries in the runs; when they outnumber twice the capacity the runs are
+        # rebuilt, so that refreshing without evicting (a prefix everyone shares) stays bounded.
+        self._stale = 0
+
+    def __len__(self) -> int:
+        return len(self._run_of)
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._run_of
+
+    def __iter__(self) -> Iterator[int]:
+        """The hashes held, least recently recorded first."""
+        for k, run in enumerate(self._runs):
+            for h in run.hashes[self._front if k == 0 else 0 :]:
+                if self._run_of.get(h) is run:
+                    yield h
+
+    def matched_blocks(self, hashes: Sequence[int]) -> int:
+        """Leading hashes present (does not refresh them)."""
+        run_of = self._run_of
+        count = 0
+        for h in hashes:
+            if h not in run_of:
+                break
+            count += 1
+        return count
+
+    def record(self, hashes: Sequence[int]) -> None:
+        """Refresh or insert each hash in order, then evict the least recently recorded until
+        the index fits: the same contents and order as recording them one at a time."""
+        ordered = list(dict.fromkeys(hashes))
+        if len(ordered) < len(hashes):
+            # A repeated hash is refreshed again at its later position: keep the last ones.
+            ordered = list(reversed(dict.fromkeys(reversed(hashes))))
+        if not ordered:
+            return
+        run_of = self._run_of
+        held = len(run_of)
+        run = _Run(ordered, 0)
+        run_of.update(zip(ordered, repeat(run)))
+        refreshed = held + len(ordered) - len(run_of)  # their entries elsewhere are stale now
+        self._refreshes += refreshed
+        self._stale += refreshed
+        run.refreshes = self._refreshes
+        self._runs.append(run)
+        excess = len(run_of) - self.capacity_blocks
+        if excess > 0:
+            self._evict(excess)
+        if self._stale > 2 * self.capacity_blocks:
+            self._rebuild()
+
+    def _evict(self, excess: int) -> None:
+        """Drop the `excess` least recently recorded hashes."""
+        run_of = self._run_of
+        runs = self._runs
+        start = self._front
+        while excess > 0:
+            run = runs[0]
+            hashes = run.hashes
+            if run.refreshes == self._refreshes:
+                # Nothing was refreshed since this run was recorded, so nothing in it is stale:
+                # its oldest hashes go as they are.
+                stop = min(start + excess, len(hashes))
+                _delete_all(run_of, hashes[start:stop])
+                excess -= stop - start
+                start = stop
+            else:
+                while excess > 0 and start < len(hashes):
+                    h = hashes[start]
+                    start += 1
+                    if run_of.get(h) is run:
+                        del run_of[h]
+                        excess -= 1
+                    else:
+                        self._stale -= 1
+            if start == len(hashes):
+                runs.popleft()
+                start = 0
+        self._front = start
+
+    def _rebuild(self) -> None:
+        """One run of the live hashes, in order: the stale entries go."""
+        run = _Run(list(self), self._refreshes)
+        self._run_of = dict.fromkeys(run.hashes, run)
+        self._runs = deque([run])
+        self._front = 0
+        self._stale = 0
