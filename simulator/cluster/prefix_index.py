@@ -19,8 +19,10 @@ bulk.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import repeat
+
+from ..engine.kv_cache import delete_keys
 
 
 class _Run:
@@ -31,11 +33,6 @@ class _Run:
     def __init__(self, hashes: list[int], refreshes: int) -> None:
         self.hashes = hashes
         self.refreshes = refreshes
-
-
-def _delete_all(table: dict, keys: Iterable) -> None:
-    """del table[k] for every k, looping in C (a deque of length 0 consumes the iterator)."""
-    deque(map(table.__delitem__, keys), maxlen=0)
 
 
 class PrefixIndex:
@@ -110,7 +107,7 @@ class PrefixIndex:
                 # Nothing was refreshed since this run was recorded, so nothing in it is stale:
                 # its oldest hashes go as they are.
                 stop = min(start + excess, len(hashes))
-                _delete_all(run_of, hashes[start:stop])
+                delete_keys(run_of, hashes[start:stop])
                 excess -= stop - start
                 start = stop
             else:

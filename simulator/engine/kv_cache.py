@@ -24,6 +24,11 @@ from .kv_tiers import CPUTier
 from .request import Request
 
 
+def delete_keys(table: dict, keys: Iterable) -> None:
+    """del table[k] for every k, looping in C (a deque of length 0 consumes the iterator)."""
+    deque(map(table.__delitem__, keys), maxlen=0)
+
+
 class KVCache:
     """Block manager for one instance."""
 
@@ -166,7 +171,7 @@ class KVCache:
             # The least recently freed blocks, off the LRU's head in bulk.
             free = self._free_lru
             taken = list(islice(free, reused))
-            deque(map(free.__delitem__, taken), maxlen=0)  # del free[b] for each, looping in C
+            delete_keys(free, taken)
             ref = self._ref_count
             for b in taken:
                 ref[b] = 1
