@@ -16,9 +16,8 @@ taken. That keeps a 1,000,000-block cache cheap.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable
-from itertools import islice
 
 from .kv_tiers import CPUTier
 from .request import Request
@@ -48,10 +47,16 @@ class KVCache:
         self._fresh_next = 0  # IDs below this have been materialised
         self._ref_count: list[int] = []
         self._block_hash: list[int | None] = []
-        # Released blocks in LRU order. An OrderedDict, not a dict: taking the head of a plain
-        # dict with next(iter(...)) rescans the deleted slots left at its front, which made
-        # block reuse quadratic once the cache had cycled (seen in the PD benchmark case).
-        self._free_lru: OrderedDict[int, None] = OrderedDict()
+        # Released blocks in LRU order, as a queue with lazy deletion: a release appends the
+        # block and notes its position (ever-increasing, the head's is `_free_head_pos`); a
+        # block revived by a prefix hit keeps its entry, which no longer matches
+        # `_free_pos` and is skipped when the head reaches it. An OrderedDict did the same
+        # with a linked-list node allocated per release, and was most of the KV cost of
+        # 125-block PD prompts; a plain dict rescans deleted slots at its head (quadratic).
+        self._free_order: deque[int] = deque()
+        self._free_pos: list[int] = []  # per block: position of its live entry, -1 if none
+        self._free_head_pos = 0
+        self._free_count = 0  # live entries: released blocks not in use
         self._hash_to_block: dict[int, int] = {}
         self.used_blocks = 0
         self.cache_hits = 0
@@ -73,7 +78,13 @@ class KVCache:
     def reusable_blocks(self) -> int:
         """Blocks not in use, counted where they are: released (LRU) plus never used yet.
         Equals `free_blocks` exactly when KV blocks are conserved (INV-4)."""
-        return len(self._free_lru) + self.total_blocks - self._fresh_next
+        return self._free_count + self.total_blocks - self._fresh_next
+
+    def free_lru(self) -> list[int]:
+        """Released blocks not in use, least recently freed first (the order of reuse)."""
+        pos = self._free_pos
+        head = self._free_head_pos
+        return [b for k, b in enumerate(self._free_order) if pos[b] == head + k]
 
     @property
     def utilization(self) -> float:
@@ -137,11 +148,13 @@ class KVCache:
                 new_needed = 0
             if new_needed + revived > self.total_blocks - self.used_blocks:
                 return False
+            free_pos = self._free_pos
             for b in cached:
                 if ref[b] == 0:
-                    del self._free_lru[b]
+                    free_pos[b] = -1  # its entry in the free queue is stale now
                     self.used_blocks += 1
                 ref[b] += 1
+            self._free_count -= revived
             req.block_ids.extend(cached)
             self.cache_hits += len(cached)
         else:
@@ -164,14 +177,13 @@ class KVCache:
             ids.extend(range(first, first + n))
             self._ref_count.extend([1] * n)
             self._block_hash.extend([None] * n)
+            self._free_pos.extend([-1] * n)
             reused = count - n
         else:
             reused = count
         if reused:
-            # The least recently freed blocks, off the LRU's head in bulk.
-            free = self._free_lru
-            taken = list(islice(free, reused))
-            delete_keys(free, taken)
+            # The least recently freed blocks, off the queue's head (skipping stale entries).
+            taken = self._pop_free(reused)
             ref = self._ref_count
             for b in taken:
                 ref[b] = 1
@@ -190,8 +202,9 @@ class KVCache:
             self._fresh_next = b + 1
             self._ref_count.append(1)
             self._block_hash.append(None)
+            self._free_pos.append(-1)
         else:
-            b, _ = self._free_lru.popitem(last=False)
+            (b,) = self._pop_free(1)
             if self._block_hash[b] is not None:
                 self._erase_contents((b,))
             self._ref_count[b] = 1
@@ -201,6 +214,22 @@ class KVCache:
         self.used_blocks = used
         if used > self.peak_used_blocks:
             self.peak_used_blocks = used
+
+    def _pop_free(self, count: int) -> list[int]:
+        """Take `count` (<= the live entries) least recently freed blocks off the queue."""
+        order = self._free_order
+        popleft = order.popleft
+        pos = self._free_pos
+        head = self._free_head_pos
+        taken: list[int] = []
+        while len(taken) < count:
+            b = popleft()
+            if pos[b] == head:
+                taken.append(b)
+            head += 1
+        self._free_head_pos = head
+        self._free_count -= count
+        return taken
 
     def _erase_contents(self, blocks: Iterable[int]) -> None:
         """`blocks` are being reused: the cached content they held is gone (to the CPU tier
@@ -265,8 +294,10 @@ class KVCache:
             assert self._ref_count[b] == expected.get(b, 0), (b, self._ref_count[b])
         assert set(expected) == set(in_use)
         never_used = self.total_blocks - self._fresh_next
-        assert self.used_blocks + len(self._free_lru) + never_used == self.total_blocks
-        assert all(self._ref_count[b] == 0 for b in self._free_lru)
+        free = self.free_lru()
+        assert len(free) == self._free_count, (len(free), self._free_count)
+        assert self.used_blocks + len(free) + never_used == self.total_blocks
+        assert all(self._ref_count[b] == 0 for b in free)
         for req in holders:  # a block's hash is the content the request expects there
             hashes = req._block_hashes or []  # noqa: SLF001
             for i, b in enumerate(req.block_ids[: len(hashes)]):
@@ -278,16 +309,36 @@ class KVCache:
     def release(self, req: Request) -> None:
         """Drop `req`'s references, last block first; blocks reaching zero go to the LRU tail."""
         ref = self._ref_count
-        free = self._free_lru
-        freed = 0
+        order = self._free_order
+        append = order.append
+        pos = self._free_pos
+        first = tail = self._free_head_pos + len(order)
         for b in reversed(req.block_ids):
             left = ref[b] - 1
             ref[b] = left
             if not left:
-                free[b] = None
-                freed += 1
+                pos[b] = tail
+                tail += 1
+                append(b)
+        freed = tail - first
         self.used_blocks -= freed
+        self._free_count += freed
         req.block_ids = []
+        if len(order) > 2 * self._free_count + _STALE_SLACK:
+            self._drop_stale_entries()
+
+    def _drop_stale_entries(self) -> None:
+        """Rebuild the free queue from its live entries: revivals (prefix hits) leave stale
+        ones behind, and with a large cache the head may not reach them for a long time."""
+        live = self.free_lru()
+        self._free_order = deque(live)
+        self._free_head_pos = 0
+        pos = self._free_pos
+        for k, b in enumerate(live):
+            pos[b] = k
+
+
+_STALE_SLACK = 4096  # stale free-queue entries tolerated beyond twice the live ones
 
 
 def _hashable_limit(req: Request, block_size: int) -> int:

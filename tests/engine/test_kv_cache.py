@@ -6,10 +6,13 @@ Block size is 16 throughout unless a test says otherwise; "blocks for n tokens" 
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator.engine import kv_cache as kv_cache_module
 from simulator.engine.kv_cache import KVCache
 from simulator.engine.request import Request
 
@@ -32,7 +35,7 @@ def shared(rid: str, prefix: int, own: int, group: str = "g", out: int = 10) -> 
 
 def free_list(kv: KVCache) -> list[int]:
     """Released blocks, LRU head first (the order in which they will be reused)."""
-    return list(kv._free_lru)
+    return kv.free_lru()
 
 
 def test_constructor_rejects_non_positive_geometry():
@@ -371,3 +374,59 @@ def test_kv_conservation_holds_after_every_operation(inputs, groups, ops):
         kv.release(r)
     assert kv.used_blocks == 0
     kv.check_invariants(reqs)
+
+
+@pytest.mark.parametrize("stale_slack", [0, kv_cache_module._STALE_SLACK])
+@settings(max_examples=120, deadline=None)
+@given(
+    inputs=st.lists(st.integers(1, 100), min_size=N_REQS, max_size=N_REQS),
+    groups=st.lists(st.sampled_from(["x", "y"]), min_size=N_REQS, max_size=N_REQS),
+    ops=st.lists(op_strategy, min_size=20, max_size=100),
+)
+def test_free_list_is_least_recently_freed_first(stale_slack, inputs, groups, ops):
+    """The free queue (lazy deletion, stale entries dropped now and then) against the rule
+    stated one block at a time: a release appends the blocks it frees, last block first; a
+    prefix hit takes its blocks out wherever they are; new blocks come off the head."""
+    kv = KVCache(TOTAL, BS)
+    reqs = [
+        shared(f"r{i}", min(n, 32), n - min(n, 32), group=g, out=100)
+        for i, (n, g) in enumerate(zip(inputs, groups, strict=True))
+    ]
+    pos = [0] * N_REQS
+    expected: list[int] = []  # the rule's free list, head first
+
+    def held() -> set[int]:
+        return {b for r in reqs for b in r.block_ids}
+
+    with mock.patch.object(kv_cache_module, "_STALE_SLACK", stale_slack):
+        for op, i, k in ops:
+            r = reqs[i]
+            before_ids = list(r.block_ids)
+            fresh_before = kv._fresh_next
+            cached: list[int] = []
+            if op == "alloc" and pos[i] < r.input_tokens:
+                if not r.block_ids:
+                    cached = kv.cached_prefix_blocks(r, r.input_tokens - 1)
+                    start = len(cached) * BS
+                else:
+                    start = pos[i]
+                end = min(start + k, r.input_tokens)
+                if kv.try_allocate(r, start, end, cached):
+                    pos[i] = end
+            elif op == "append" and pos[i] >= r.input_tokens:
+                if kv.append_token(r, pos[i]):
+                    pos[i] += 1
+            elif op == "release":
+                kv.release(r)
+                pos[i] = 0
+                now_held = held()
+                expected += [b for b in reversed(before_ids) if b not in now_held]
+            new = r.block_ids[len(before_ids) :]
+            if new:
+                head = [b for b in expected if b not in cached]
+                reused = [b for b in new if b not in cached and b < fresh_before]
+                assert reused == head[: len(reused)]
+                expected = head[len(reused) :]
+            assert free_list(kv) == expected
+            assert kv.reusable_blocks == kv.free_blocks
+        kv.check_invariants(reqs)
