@@ -138,12 +138,12 @@ def _chatbot_prefix(num_requests: int) -> dict:
 CASES: dict[str, tuple[str, dict, int]] = {
     "a": ("standard: 1 instance, Poisson 42 req/s, 512->128, 10k requests", _standard(10_000), 3),
     "b": ("standard with 100k requests", _standard(100_000), 1),
-    "c": ("8 instances, weighted routing, 70% load, 50k requests", _weighted_cluster(8, 50_000), 1),
-    "d": ("PD 2 prefill + 2 decode, 20k requests", _pd(20_000), 1),
+    "c": ("8 instances, weighted routing, 70% load, 50k requests", _weighted_cluster(8, 50_000), 3),
+    "d": ("PD 2 prefill + 2 decode, 20k requests", _pd(20_000), 3),
     "e": (
         "chatbot, shared 512-token prefix, 4 instances, 50k requests",
         _chatbot_prefix(50_000),
-        1,
+        3,
     ),
     "f": ("1M requests streamed, 8 instances at 70% load", _weighted_cluster(8, 1_000_000), 1),
 }
