@@ -19,10 +19,13 @@ bulk.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 
-from ..engine.kv_cache import delete_keys
+
+def _delete_keys(table: dict, keys: Iterable) -> None:
+    """del table[k] for every k, looping in C (a deque of length 0 consumes the iterator)."""
+    deque(map(table.__delitem__, keys), maxlen=0)
 
 
 class _Run:
@@ -107,7 +110,7 @@ class PrefixIndex:
                 # Nothing was refreshed since this run was recorded, so nothing in it is stale:
                 # its oldest hashes go as they are.
                 stop = min(start + excess, len(hashes))
-                delete_keys(run_of, hashes[start:stop])
+                _delete_keys(run_of, hashes[start:stop])
                 excess -= stop - start
                 start = stop
             else:

@@ -23,11 +23,6 @@ from .kv_tiers import CPUTier
 from .request import Request
 
 
-def delete_keys(table: dict, keys: Iterable) -> None:
-    """del table[k] for every k, looping in C (a deque of length 0 consumes the iterator)."""
-    deque(map(table.__delitem__, keys), maxlen=0)
-
-
 class KVCache:
     """Block manager for one instance."""
 
