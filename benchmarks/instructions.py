@@ -29,9 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import CASES  # noqa: E402 - the suite's scenarios, one definition
+from run import CASES, HERE, tree_env  # noqa: E402 - the suite's scenarios, one definition
 
-HERE = Path(__file__).resolve().parent
 SETUP_REQUESTS = 10
 # Requests per counted run: enough that set-up is well under half of the count.
 DEFAULT_REQUESTS = {"a": 3000, "b": 3000, "c": 1500, "d": 600, "e": 1500, "f": 1500}
@@ -53,9 +52,6 @@ def per_request(count: int, setup_count: int, requests: int) -> float:
 
 def count(case: str, requests: int, tree: Path | None) -> int:
     """Instructions of one process simulating `case` cut to `requests` requests."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
     out = subprocess.run(
         [
             "valgrind",
@@ -70,7 +66,7 @@ def count(case: str, requests: int, tree: Path | None) -> int:
         check=True,
         capture_output=True,
         text=True,
-        env=env,
+        env=tree_env(tree),
     )
     return collected_instructions(out.stderr)
 

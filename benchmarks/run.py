@@ -190,18 +190,23 @@ def run_case_here(name: str) -> dict:
     }
 
 
-def run_child(name: str, tree: Path | None = None) -> dict:
-    """One run of case `name` in a fresh process, on this checkout or on `tree` (another
-    checkout of servesim, imported first through PYTHONPATH)."""
+def tree_env(tree: Path | None) -> dict[str, str]:
+    """The environment of a child process that imports servesim from `tree` (another
+    checkout, first on PYTHONPATH), or from this checkout when None."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_child(name: str, tree: Path | None = None) -> dict:
+    """One run of case `name` in a fresh process, on this checkout or on `tree`."""
     out = subprocess.run(
         [sys.executable, __file__, "--child", name],
         check=True,
         capture_output=True,
         text=True,
-        env=env,
+        env=tree_env(tree),
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
