@@ -289,9 +289,13 @@ class Request:
         if done >= full_blocks:
             return hashes
         # Extend in place, walking the segments once from the first block not yet hashed. A
-        # segment's key is hashed once per call, not once per block; a block inside one segment
-        # (nearly all of them) is named by (key hash, start, end), a block spanning segments by
-        # the tuple of its pieces.
+        # block spanning segments is hash((previous hash, its pieces)). The whole blocks of a
+        # segment that follow one another (nearly all blocks) form a run: the run's base is
+        # hash((hash before the run, key hash)) shifted left by _OFFSET_BITS, and a block's
+        # hash is the base plus its start offset in the segment, so a run is one C-level
+        # range instead of a tuple hash per block. Equal hashes still mean equal content:
+        # the base names everything before the run, the offset the tokens since (offsets stay
+        # below 2**_OFFSET_BITS, so two runs' values never overlap).
         lo = done * block_size
         end = full_blocks * block_size
         prev = hashes[-1] if done else 0
@@ -317,13 +321,18 @@ class Request:
                     hashes.append(prev)
                     pieces.clear()
                     lo = hi
-                # Whole blocks inside this segment.
+                # Whole blocks inside this segment: a run, hashed (run base) + (start offset).
                 whole = (min(seg_end, end) - lo) // block_size
                 offset = lo - seg_start
-                append = hashes.append
-                for start in range(offset, offset + whole * block_size, block_size):
-                    prev = hash((prev, key_hash, start, start + block_size))
-                    append(prev)
+                if whole:
+                    if offset >= block_size:
+                        # Resuming inside a run: its previous block was base + offset - bs.
+                        run_base = prev - offset + block_size
+                    else:
+                        run_base = hash((prev, key_hash)) << _OFFSET_BITS
+                    stop = offset + whole * block_size
+                    hashes.extend(range(run_base + offset, run_base + stop, block_size))
+                    prev = run_base + stop - block_size
                 lo += whole * block_size
                 offset += whole * block_size
                 if lo < seg_end and lo < end:
@@ -334,6 +343,10 @@ class Request:
             seg_start = seg_end
         return hashes
 
+
+# Bits kept free below a run's base for block offsets: segments are far shorter than 2**32
+# tokens (any model's context).
+_OFFSET_BITS = 32
 
 _FINAL_STATES = frozenset(
     {

@@ -71,13 +71,23 @@ def test_a_shared_prefix_hashes_alike_until_the_contents_differ():
     assert ha[2] != hb[2]  # tokens 32..47 mix the prefix with each request's own tokens
 
 
-def test_whole_blocks_inside_a_segment_chain_key_and_offsets():
-    """The values themselves, not only their equalities: block i of a one-segment prompt is
-    hash((hash of block i-1, hash(key), start, end)), so caches and indexes built by earlier
-    versions name the same content the same way."""
-    req = Request("r", 0, 40, 5, segments=[(("in", "k", 0), 40)])
-    expected, prev = [], 0
-    for start in range(0, 40 - 7, 8):
-        prev = hash((prev, hash(("in", "k", 0)), start, start + 8))
-        expected.append(prev)
-    assert req.block_hashes(5, 8) == expected
+def test_whole_blocks_inside_a_segment_are_a_run_base_plus_offsets():
+    """The values themselves, not only their equalities. A one-segment prompt's whole blocks
+    are one run: base = hash((0, hash(key))) << 32 (0: nothing before the run), block i =
+    base + 8 i (its start offset). A prompt that continues the segment after a spanning
+    block starts a new run from that block's hash."""
+    key = ("in", "k", 0)
+    req = Request("r", 0, 40, 5, segments=[(key, 40)])
+    base = hash((0, hash(key))) << 32
+    assert req.block_hashes(5, 8) == [base, base + 8, base + 16, base + 24, base + 32]
+    # Extended one block at a time: the same values (the run resumes from its last block).
+    stepwise = Request("r", 0, 40, 5, segments=[(key, 40)])
+    for k in range(1, 6):
+        stepwise.block_hashes(k, 8)
+    assert stepwise.block_hashes(5, 8) == req.block_hashes(5, 8)
+    # [(a, 4), (key, 20)], blocks of 8: block 0 spans both segments, blocks 1 and 2 are the
+    # run of `key` from offset 4.
+    mixed = Request("m", 0, 24, 5, segments=[("a", 4), (key, 20)])
+    h0 = hash((0, ((hash("a"), 0, 4), (hash(key), 0, 4))))
+    run = hash((h0, hash(key))) << 32
+    assert mixed.block_hashes(3, 8) == [h0, run + 4, run + 12]
