@@ -232,12 +232,16 @@ class KVCache:
         block_hash = self._block_hash
         index = self._hash_to_block
         offload = self.offload_on_evict
+        pop = index.pop
         for b in blocks:
             old = block_hash[b]
             if old is None:
                 continue
-            if index.get(old) == b:
-                del index[old]
+            # One probe: the index nearly always names this block for its content; when it
+            # names another (the same content computed twice), put that one back.
+            holder = pop(old, b)
+            if holder != b:
+                index[old] = holder
             block_hash[b] = None
             if offload:
                 self.cpu.store(old, self.now_us)
