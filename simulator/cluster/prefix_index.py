@@ -77,17 +77,21 @@ class PrefixIndex:
     def record(self, hashes: Sequence[int]) -> None:
         """Refresh or insert each hash in order, then evict the least recently recorded until
         the index fits: the same contents and order as recording them one at a time."""
-        ordered = list(dict.fromkeys(hashes))
-        if len(ordered) < len(hashes):
-            # A repeated hash is refreshed again at its later position: keep the last ones.
-            ordered = list(reversed(dict.fromkeys(reversed(hashes))))
-        if not ordered:
+        if not hashes:
             return
         run_of = self._run_of
         held = len(run_of)
-        run = _Run(ordered, 0)
-        run_of.update(zip(ordered, repeat(run)))
-        refreshed = held + len(ordered) - len(run_of)  # their entries elsewhere are stale now
+        run = _Run(list(hashes), 0)
+        run_of.update(zip(hashes, repeat(run)))
+        if len(run_of) < held + len(hashes):
+            # Some hashes were held already (refreshed), or repeat within the recording (a
+            # prompt's chained hashes never do, so this is not paid for every record). A
+            # repeated hash is refreshed again at its later position: keep the last ones.
+            ordered = list(dict.fromkeys(hashes))
+            if len(ordered) < len(hashes):
+                ordered = list(reversed(dict.fromkeys(reversed(hashes))))
+            run.hashes = ordered
+        refreshed = held + len(run.hashes) - len(run_of)  # their entries elsewhere are stale now
         self._refreshes += refreshed
         self._stale += refreshed
         run.refreshes = self._refreshes
