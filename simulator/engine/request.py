@@ -291,11 +291,13 @@ class Request:
         # Extend in place, walking the segments once from the first block not yet hashed. A
         # block spanning segments is hash((previous hash, its pieces)). The whole blocks of a
         # segment that follow one another (nearly all blocks) form a run: the run's base is
-        # hash((hash before the run, key hash)) shifted left by _OFFSET_BITS, and a block's
-        # hash is the base plus its start offset in the segment, so a run is one C-level
-        # range instead of a tuple hash per block. Equal hashes still mean equal content:
-        # the base names everything before the run, the offset the tokens since (offsets stay
-        # below 2**_OFFSET_BITS, so two runs' values never overlap).
+        # hash((hash before the run, key hash)) // 2, and a block's hash is the base plus
+        # _OFFSET_STRIDE times its start offset in the segment, so a run is one C-level range
+        # instead of a tuple hash per block. Equal hashes still mean equal content, up to
+        # chance collisions as rare as before: the base names everything before the run, the
+        # offset the tokens since; two runs share a value only if their bases differ by one of
+        # their few offset differences times the stride. The values stay below 2**63 (a base
+        # below 2**62, offsets below 2**62 / stride), where `range` counts in C integers.
         lo = done * block_size
         end = full_blocks * block_size
         prev = hashes[-1] if done else 0
@@ -326,13 +328,19 @@ class Request:
                 offset = lo - seg_start
                 if whole:
                     if offset >= block_size:
-                        # Resuming inside a run: its previous block was base + offset - bs.
-                        run_base = prev - offset + block_size
+                        # Resuming inside a run: its previous block started at offset - bs.
+                        run_base = prev - (offset - block_size) * _OFFSET_STRIDE
                     else:
-                        run_base = hash((prev, key_hash)) << _OFFSET_BITS
+                        run_base = hash((prev, key_hash)) >> 1
                     stop = offset + whole * block_size
-                    hashes.extend(range(run_base + offset, run_base + stop, block_size))
-                    prev = run_base + stop - block_size
+                    hashes.extend(
+                        range(
+                            run_base + offset * _OFFSET_STRIDE,
+                            run_base + stop * _OFFSET_STRIDE,
+                            block_size * _OFFSET_STRIDE,
+                        )
+                    )
+                    prev = run_base + (stop - block_size) * _OFFSET_STRIDE
                 lo += whole * block_size
                 offset += whole * block_size
                 if lo < seg_end and lo < end:
@@ -344,9 +352,9 @@ class Request:
         return hashes
 
 
-# Bits kept free below a run's base for block offsets: segments are far shorter than 2**32
-# tokens (any model's context).
-_OFFSET_BITS = 32
+# Step between the hashes of a run's consecutive token offsets (an odd prime, so that the
+# values of different runs interleave rather than line up).
+_OFFSET_STRIDE = 1_000_003
 
 _FINAL_STATES = frozenset(
     {

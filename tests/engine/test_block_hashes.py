@@ -73,13 +73,15 @@ def test_a_shared_prefix_hashes_alike_until_the_contents_differ():
 
 def test_whole_blocks_inside_a_segment_are_a_run_base_plus_offsets():
     """The values themselves, not only their equalities. A one-segment prompt's whole blocks
-    are one run: base = hash((0, hash(key))) << 32 (0: nothing before the run), block i =
-    base + 8 i (its start offset). A prompt that continues the segment after a spanning
-    block starts a new run from that block's hash."""
+    are one run: base = hash((0, hash(key))) // 2 (0: nothing before the run), block i =
+    base + 1,000,003 x (8 i) (the stride times its start offset). A prompt that continues
+    the segment after a spanning block starts a new run from that block's hash."""
+    stride = 1_000_003
     key = ("in", "k", 0)
     req = Request("r", 0, 40, 5, segments=[(key, 40)])
-    base = hash((0, hash(key))) << 32
-    assert req.block_hashes(5, 8) == [base, base + 8, base + 16, base + 24, base + 32]
+    base = hash((0, hash(key))) >> 1
+    assert req.block_hashes(5, 8) == [base + stride * start for start in (0, 8, 16, 24, 32)]
+    assert all(-(2**63) <= h < 2**63 for h in req.block_hashes(5, 8))  # C-sized: fast range
     # Extended one block at a time: the same values (the run resumes from its last block).
     stepwise = Request("r", 0, 40, 5, segments=[(key, 40)])
     for k in range(1, 6):
@@ -89,5 +91,5 @@ def test_whole_blocks_inside_a_segment_are_a_run_base_plus_offsets():
     # run of `key` from offset 4.
     mixed = Request("m", 0, 24, 5, segments=[("a", 4), (key, 20)])
     h0 = hash((0, ((hash("a"), 0, 4), (hash(key), 0, 4))))
-    run = hash((h0, hash(key))) << 32
-    assert mixed.block_hashes(3, 8) == [h0, run + 4, run + 12]
+    run = hash((h0, hash(key))) >> 1
+    assert mixed.block_hashes(3, 8) == [h0, run + 4 * stride, run + 12 * stride]
