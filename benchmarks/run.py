@@ -15,6 +15,8 @@ pays per run and its peak memory is the process's peak resident set size (import
 
 Results go to a CSV (--csv, default benchmarks/results.csv). With --baseline (a CSV written
 by an earlier run, e.g. on the commit before a speed change) the markdown table shows both.
+Running some cases replaces their rows in the CSVs (and the table) and keeps the others; each
+row names the commit it measured.
 """
 
 from __future__ import annotations
@@ -265,6 +267,14 @@ def read_csv(path: Path) -> dict[str, dict]:
         return {row["case"]: row for row in csv.DictReader(f)}
 
 
+def merge_rows(rows: list[dict], path: Path) -> list[dict]:
+    """`rows` in place of the same cases' rows in the CSV at `path` (if any), the other
+    cases' rows kept, in case order: re-measuring some cases keeps the rest of the table."""
+    merged = read_csv(path) if path.exists() else {}
+    merged.update((row["case"], row) for row in rows)
+    return [merged[name] for name in CASES if name in merged]
+
+
 def markdown_table(rows: list[dict], baseline: dict[str, dict] | None) -> str:
     """The docs table: one line per case, before/after when a baseline is given."""
     baseline = baseline or {}
@@ -350,9 +360,10 @@ def main() -> None:
             row = run_case(name, repeat)
         rows.append(row)
         _print_row(row, "")
+    rows = merge_rows(rows, args.csv)
     write_csv(rows, args.csv)
     if args.before_tree is not None:
-        write_csv(before_rows, args.baseline)
+        write_csv(merge_rows(before_rows, args.baseline), args.baseline)
     baseline = read_csv(args.baseline) if args.baseline else None
     table = markdown_table(rows, baseline)
     if args.markdown:
