@@ -83,14 +83,12 @@ class PrefixIndex:
         held = len(run_of)
         run = _Run(list(hashes), 0)
         run_of.update(zip(hashes, repeat(run)))
-        if len(run_of) < held + len(hashes):
-            # Some hashes were held already (refreshed), or repeat within the recording (a
-            # prompt's chained hashes never do, so this is not paid for every record). A
-            # repeated hash is refreshed again at its later position: keep the last ones.
-            ordered = list(dict.fromkeys(hashes))
-            if len(ordered) < len(hashes):
-                ordered = list(reversed(dict.fromkeys(reversed(hashes))))
-            run.hashes = ordered
+        # The index grew by fewer than the hashes: some were held (refreshed) or some repeat
+        # within the recording. Only repeats (never in a prompt's chained hashes, so the check
+        # is not paid for every record) change the run: a repeated hash is refreshed again at
+        # its later position, so keep the last ones.
+        if len(run_of) < held + len(hashes) and len(set(hashes)) < len(hashes):
+            run.hashes = list(reversed(dict.fromkeys(reversed(hashes))))
         refreshed = held + len(run.hashes) - len(run_of)  # their entries elsewhere are stale now
         self._refreshes += refreshed
         self._stale += refreshed
