@@ -16,9 +16,6 @@ taken. That keeps a 1,000,000-block cache cheap.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
-
 from .kv_tiers import CPUTier
 from .request import Request
 
@@ -43,15 +40,23 @@ class KVCache:
         self._ref_count: list[int] = []
         self._block_hash: list[int | None] = []
         # Released blocks in LRU order, as a queue with lazy deletion: a release appends the
-        # block and notes its position (ever-increasing, the head's is `_free_head_pos`); a
-        # block revived by a prefix hit keeps its entry, which no longer matches
-        # `_free_pos` and is skipped when the head reaches it. An OrderedDict did the same
-        # with a linked-list node allocated per release, and was most of the KV cost of
-        # 125-block PD prompts; a plain dict rescans deleted slots at its head (quadratic).
-        self._free_order: deque[int] = deque()
+        # block and notes its position (absolute, ever-increasing: list index + `_free_base`);
+        # the head is `_free_head` (a list index; the consumed prefix is cut off now and then).
+        # A block revived by a prefix hit keeps its entry, which no longer matches
+        # `_free_pos` and is skipped when the head reaches it; `_free_stale` counts such
+        # entries, and while there are none the head's blocks are taken as one slice. An
+        # OrderedDict did the same with a linked-list node allocated per release, and was most
+        # of the KV cost of 125-block PD prompts; a plain dict rescans deleted slots at its
+        # head (quadratic).
+        self._free_order: list[int] = []
         self._free_pos: list[int] = []  # per block: position of its live entry, -1 if none
-        self._free_head_pos = 0
+        self._free_head = 0
+        self._free_base = 0
+        self._free_stale = 0  # stale entries from the head on
         self._free_count = 0  # live entries: released blocks not in use
+        # Blocks held by more than one request (prefix hits): while there are none, a release
+        # frees every block of the request without counting references down one by one.
+        self._shared_blocks = 0
         self._hash_to_block: dict[int, int] = {}
         self.used_blocks = 0
         self.cache_hits = 0
@@ -78,8 +83,9 @@ class KVCache:
     def free_lru(self) -> list[int]:
         """Released blocks not in use, least recently freed first (the order of reuse)."""
         pos = self._free_pos
-        head = self._free_head_pos
-        return [b for k, b in enumerate(self._free_order) if pos[b] == head + k]
+        order = self._free_order
+        base = self._free_base
+        return [b for k in range(self._free_head, len(order)) if pos[b := order[k]] == base + k]
 
     @property
     def utilization(self) -> float:
@@ -145,11 +151,15 @@ class KVCache:
                 return False
             free_pos = self._free_pos
             for b in cached:
-                if ref[b] == 0:
+                held = ref[b]
+                if held == 0:
                     free_pos[b] = -1  # its entry in the free queue is stale now
                     self.used_blocks += 1
-                ref[b] += 1
+                elif held == 1:
+                    self._shared_blocks += 1
+                ref[b] = held + 1
             self._free_count -= revived
+            self._free_stale += revived
             req.block_ids.extend(cached)
             self.cache_hits += len(cached)
         else:
@@ -179,10 +189,7 @@ class KVCache:
         if reused:
             # The least recently freed blocks, off the queue's head (skipping stale entries).
             taken = self._pop_free(reused)
-            ref = self._ref_count
-            for b in taken:
-                ref[b] = 1
-            self._erase_contents(taken)
+            self._reuse(taken)
             ids.extend(taken)
         self.used_blocks += count
         self.cache_misses += count
@@ -199,10 +206,11 @@ class KVCache:
             self._block_hash.append(None)
             self._free_pos.append(-1)
         else:
-            (b,) = self._pop_free(1)
+            (b,) = taken = self._pop_free(1)
             if self._block_hash[b] is not None:
-                self._erase_contents((b,))
-            self._ref_count[b] = 1
+                self._reuse(taken)
+            else:
+                self._ref_count[b] = 1
         req.block_ids.append(b)
         self.cache_misses += 1
         used = self.used_blocks + 1
@@ -213,27 +221,40 @@ class KVCache:
     def _pop_free(self, count: int) -> list[int]:
         """Take `count` (<= the live entries) least recently freed blocks off the queue."""
         order = self._free_order
-        popleft = order.popleft
-        pos = self._free_pos
-        head = self._free_head_pos
-        taken: list[int] = []
-        while len(taken) < count:
-            b = popleft()
-            if pos[b] == head:
-                taken.append(b)
-            head += 1
-        self._free_head_pos = head
+        head = self._free_head
+        if not self._free_stale:
+            taken = order[head : head + count]
+            head += count
+        else:
+            pos = self._free_pos
+            at = self._free_base + head  # the head's position
+            taken = []
+            while len(taken) < count:
+                b = order[head]
+                if pos[b] == at:
+                    taken.append(b)
+                else:
+                    self._free_stale -= 1
+                head += 1
+                at += 1
         self._free_count -= count
+        if head > _COMPACT_AFTER and 2 * head > len(order):
+            del order[:head]  # positions stay absolute: the base moves instead
+            self._free_base += head
+            head = 0
+        self._free_head = head
         return taken
 
-    def _erase_contents(self, blocks: Iterable[int]) -> None:
-        """`blocks` are being reused: the cached content they held is gone (to the CPU tier
-        when offloading on eviction)."""
+    def _reuse(self, blocks: list[int]) -> None:
+        """`blocks`, just taken off the free queue, are in use again: the cached content they
+        held is gone (to the CPU tier when offloading on eviction)."""
+        ref = self._ref_count
         block_hash = self._block_hash
         index = self._hash_to_block
         offload = self.offload_on_evict
         pop = index.pop
         for b in blocks:
+            ref[b] = 1
             old = block_hash[b]
             if old is None:
                 continue
@@ -288,6 +309,8 @@ class KVCache:
             for b in req.block_ids:
                 expected[b] = expected.get(b, 0) + 1
         in_use = [b for b, r in enumerate(self._ref_count) if r > 0]
+        assert self._shared_blocks == sum(1 for r in self._ref_count if r > 1)
+        assert self._free_stale == len(self._free_order) - self._free_head - len(self.free_lru())
         assert len(in_use) == self.used_blocks, (len(in_use), self.used_blocks)
         for b in in_use:
             assert self._ref_count[b] == expected.get(b, 0), (b, self._ref_count[b])
@@ -311,33 +334,45 @@ class KVCache:
         order = self._free_order
         append = order.append
         pos = self._free_pos
-        first = tail = self._free_head_pos + len(order)
-        for b in reversed(req.block_ids):
-            left = ref[b] - 1
-            ref[b] = left
-            if not left:
+        first = tail = self._free_base + len(order)
+        ids = req.block_ids
+        if not self._shared_blocks:
+            # Every block is this request's alone: all of them are freed.
+            order.extend(reversed(ids))
+            for b in reversed(ids):
+                ref[b] = 0
                 pos[b] = tail
                 tail += 1
-                append(b)
+        else:
+            for b in reversed(ids):
+                left = ref[b] - 1
+                ref[b] = left
+                if not left:
+                    pos[b] = tail
+                    tail += 1
+                    append(b)
+                elif left == 1:
+                    self._shared_blocks -= 1
         freed = tail - first
         self.used_blocks -= freed
         self._free_count += freed
         req.block_ids = []
-        if len(order) > 2 * self._free_count + _STALE_SLACK:
+        if self._free_stale > self._free_count + _STALE_SLACK:
             self._drop_stale_entries()
 
     def _drop_stale_entries(self) -> None:
         """Rebuild the free queue from its live entries: revivals (prefix hits) leave stale
         ones behind, and with a large cache the head may not reach them for a long time."""
         live = self.free_lru()
-        self._free_order = deque(live)
-        self._free_head_pos = 0
+        self._free_order = live
+        self._free_head = self._free_base = self._free_stale = 0
         pos = self._free_pos
         for k, b in enumerate(live):
             pos[b] = k
 
 
-_STALE_SLACK = 4096  # stale free-queue entries tolerated beyond twice the live ones
+_STALE_SLACK = 4096  # stale free-queue entries tolerated beyond as many as the live ones
+_COMPACT_AFTER = 4096  # consumed free-queue entries kept before the list is cut
 
 
 def _hashable_limit(req: Request, block_size: int) -> int:

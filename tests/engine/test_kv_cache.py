@@ -376,17 +376,21 @@ def test_kv_conservation_holds_after_every_operation(inputs, groups, ops):
     kv.check_invariants(reqs)
 
 
-@pytest.mark.parametrize("stale_slack", [0, kv_cache_module._STALE_SLACK])
+@pytest.mark.parametrize(
+    ("stale_slack", "compact_after"),
+    [(0, 0), (kv_cache_module._STALE_SLACK, kv_cache_module._COMPACT_AFTER)],
+)
 @settings(max_examples=120, deadline=None)
 @given(
     inputs=st.lists(st.integers(1, 100), min_size=N_REQS, max_size=N_REQS),
     groups=st.lists(st.sampled_from(["x", "y"]), min_size=N_REQS, max_size=N_REQS),
     ops=st.lists(op_strategy, min_size=20, max_size=100),
 )
-def test_free_list_is_least_recently_freed_first(stale_slack, inputs, groups, ops):
-    """The free queue (lazy deletion, stale entries dropped now and then) against the rule
-    stated one block at a time: a release appends the blocks it frees, last block first; a
-    prefix hit takes its blocks out wherever they are; new blocks come off the head."""
+def test_free_list_is_least_recently_freed_first(stale_slack, compact_after, inputs, groups, ops):
+    """The free queue (lazy deletion, stale entries dropped now and then, the consumed head
+    cut off now and then, taken as one slice while nothing is stale) against the rule stated
+    one block at a time: a release appends the blocks it frees, last block first; a prefix hit
+    takes its blocks out wherever they are; new blocks come off the head."""
     kv = KVCache(TOTAL, BS)
     reqs = [
         shared(f"r{i}", min(n, 32), n - min(n, 32), group=g, out=100)
@@ -398,7 +402,10 @@ def test_free_list_is_least_recently_freed_first(stale_slack, inputs, groups, op
     def held() -> set[int]:
         return {b for r in reqs for b in r.block_ids}
 
-    with mock.patch.object(kv_cache_module, "_STALE_SLACK", stale_slack):
+    with (
+        mock.patch.object(kv_cache_module, "_STALE_SLACK", stale_slack),
+        mock.patch.object(kv_cache_module, "_COMPACT_AFTER", compact_after),
+    ):
         for op, i, k in ops:
             r = reqs[i]
             before_ids = list(r.block_ids)
