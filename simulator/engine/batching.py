@@ -132,6 +132,10 @@ class VLLMEngine:
         self._finished_steps = 0
         self.fast_path_steps = 0
         self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
+        # Steps finished without a SimPy event of their own (the instance's step coalescing),
+        # and how many of those another instance finished while running ahead.
+        self.steps_coalesced = 0
+        self.steps_coalesced_by_others = 0
         self._steady_count = 0
         # Sum over steady requests of (computed_tokens - sync_step): their context sum at a
         # step start is this plus steady_count * finished steps.

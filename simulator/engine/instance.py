@@ -5,6 +5,7 @@ The processes are thin: every rule lives in `VLLMEngine` (batching) and the step
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 import simpy
@@ -23,9 +24,21 @@ from .events import (
 )
 from .request import Request
 
-# Step coalescing (see `_step_loop`): on by default; tests switch it off to check that
+# Step coalescing (see `_run_ahead`): on by default; tests switch it off to check that
 # results are identical either way. Read when an instance is built.
 COALESCE_STEPS = True
+
+
+class StepEnd(simpy.Event):
+    """The end of an instance's step in flight, the event its step loop waits for: another
+    instance running ahead may finish that step for it and move the event to the next step's
+    end (`Instance._run_ahead`)."""
+
+    def __init__(self, instance: Instance) -> None:
+        super().__init__(instance.env)
+        self._ok = True  # pre-triggered, as simpy.Timeout
+        self._value = None
+        self.instance = instance
 
 
 class Instance:
@@ -277,43 +290,79 @@ class Instance:
             if self.coalesce_steps and not self.warm_requests:
                 end_us, step_us = self._run_ahead(end_us, step_us)
             self._inflight_end_us, self._inflight_step_us = end_us, step_us
-            yield event_after(env, end_us - env.now, priority)
+            step_end = StepEnd(self)
+            env.schedule(step_end, priority, end_us - env.now)
+            yield step_end
             if self.terminated:
                 return  # the instance went away mid-step; its requests were settled then
-            for req in engine.finish_step(step_us):
+            # The step in flight now: another instance may have run this one's steps meanwhile.
+            for req in engine.finish_step(self._inflight_step_us):
                 on_finished(req)
             if self.check_invariants:
                 check_step(engine, self.instance_id, env.now)
 
     def _run_ahead(self, end_us: int, step_us: int) -> tuple[int, int]:
-        """Run the planned step, and the ones after it, without a SimPy event each, for as long
-        as a step completes no request and ends before any other event in the simulation.
+        """Finish quiet steps at once, without their SimPy events, for as long as the next
+        event in the simulation is the end of a quiet step: this instance's planned step, or
+        another instance's step in flight. A step is quiet when it completes no request and
+        nothing waits at its instance, so all it does is end and let its instance plan the
+        next one (`_can_finish_quietly`).
 
-        Nothing else can happen while such a step runs, so finishing it here, at once, gives
-        the same steps (times, log rows) and request timestamps as waiting for its event.
-        Returns the end and duration of the first step that does need its event.
+        Nothing else can happen before such a step ends (it is the next event), and nothing
+        else sees what it does, so finishing it here gives the same steps (times, log rows)
+        and request timestamps as waiting for its event. Another instance's step end is taken
+        off SimPy's queue and its event put back at that instance's next step end; its step
+        loop finishes whatever step is in flight when the event fires. Each instance's step
+        ends have a priority no other event shares, so moving an event changes no order.
+        Returns the end and duration of this instance's first step that needs its event.
         """
         env = self.env
-        engine = self.engine
         queue = env._queue  # noqa: SLF001 - SimPy's event heap: (time, priority, id, event)
         priority = self._step_priority
-        step_time = self.step_model.step_time_us
-        # No completion means the work left after the step is the work there is now.
-        # A plan may also drop a queued request that can never fit (reported as finished at
-        # that instant), so steps only run ahead while nothing waits.
-        # (In a cluster another instance's event is nearly always first: checked first.)
-        while (
-            (not queue or (end_us, priority) < (queue[0][0], queue[0][1]))
-            and engine.has_work
-            and not engine.waiting
-            and not engine.may_finish_requests()
-        ):
-            finished = engine.finish_step(step_us)
-            assert not finished, "a coalesced step completed a request"
-            if self.check_invariants:
-                check_step(engine, self.instance_id, end_us)
-            batch = engine.plan_step(end_us)
-            assert batch is not None and not engine.new_reloads
-            step_us = step_time(batch) + batch.extra_us
-            end_us += step_us
+        while True:
+            if not queue or (end_us, priority) < (queue[0][0], queue[0][1]):
+                if not self._can_finish_quietly():
+                    break
+                end_us, step_us = self._finish_quiet_step(end_us, step_us)
+                continue
+            # In a cluster another instance's event is nearly always first.
+            head_us, head_priority, _id, event = queue[0]
+            if type(event) is not StepEnd:
+                break
+            other = event.instance
+            if not (
+                other.coalesce_steps
+                and not other.warm_requests
+                and not other.terminated
+                and other._can_finish_quietly()
+            ):
+                break
+            heapq.heappop(queue)
+            other._inflight_end_us, other._inflight_step_us = other._finish_quiet_step(
+                head_us, other._inflight_step_us
+            )
+            env.schedule(event, head_priority, other._inflight_end_us - env.now)
+            other.engine.steps_coalesced_by_others += 1
         return end_us, step_us
+
+    def _can_finish_quietly(self) -> bool:
+        """Does the step in flight (or planned) complete nothing, with nothing waiting?
+
+        No completion means the work left after the step is the work there is now. A plan
+        may also drop a queued request that can never fit (reported as finished at that
+        instant), so steps only run ahead while nothing waits."""
+        engine = self.engine
+        return engine.has_work and not engine.waiting and not engine.may_finish_requests()
+
+    def _finish_quiet_step(self, end_us: int, step_us: int) -> tuple[int, int]:
+        """Finish the quiet step ending at `end_us` and plan the next: its end and duration."""
+        engine = self.engine
+        finished = engine.finish_step(step_us)
+        assert not finished, "a coalesced step completed a request"
+        engine.steps_coalesced += 1
+        if self.check_invariants:
+            check_step(engine, self.instance_id, end_us)
+        batch = engine.plan_step(end_us)
+        assert batch is not None and not engine.new_reloads
+        step_us = self.step_model.step_time_us(batch) + batch.extra_us
+        return end_us + step_us, step_us

@@ -171,3 +171,34 @@ def test_the_speedups_are_on_by_default_and_do_take_effect():
     assert plain.engines[0].fast_path_steps == 0
     assert plain.engines[0].steady_block_takes == 0
     _assert_same(result, plain)
+
+
+def test_instances_finish_each_others_quiet_steps():
+    """In a cluster another instance's step end is usually the next event: an instance running
+    ahead finishes it when it is quiet (PD's decode instances mostly are), and nothing changes."""
+    scenario = {
+        "model": "meta-llama/llama-3.1-8b-instruct",
+        "hardware": "H100",
+        "cluster": {
+            "num_instances": 4,
+            "pd": {"prefill_instances": 2, "decode_instances": 2, "decider": "always"},
+        },
+        "workload": {
+            "rate": 20,
+            "num_requests": 60,
+            "prompt_tokens": {"distribution": "constant", "value": 1000},
+            "output_tokens": {"distribution": "constant", "value": 150},
+        },
+    }
+    result = simulator.simulate(scenario)
+    steps = sum(len(e.steps) for e in result.engines)
+    coalesced = sum(e.steps_coalesced for e in result.engines)
+    by_others = sum(e.steps_coalesced_by_others for e in result.engines)
+    # Two decode instances decoding about 150 steps per request between rare events: most
+    # steps need no event, and most of those are finished by the other decode instance.
+    assert coalesced > 0.5 * steps
+    assert by_others > 0.5 * coalesced
+    with speedups(False):
+        plain = simulator.simulate(scenario)
+    assert sum(e.steps_coalesced for e in plain.engines) == 0
+    _assert_same(result, plain)
