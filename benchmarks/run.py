@@ -194,10 +194,11 @@ def run_case_here(name: str) -> dict:
 
 def tree_env(tree: Path | None) -> dict[str, str]:
     """The environment of a child process that imports servesim from `tree` (another
-    checkout, first on PYTHONPATH), or from this checkout when None."""
+    checkout), or from the checkout this script is in when None: first on PYTHONPATH either
+    way, as the virtual environment's editable install may point at another worktree."""
     env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    source = tree if tree is not None else HERE.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     return env
 
 
