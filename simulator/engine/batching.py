@@ -290,10 +290,13 @@ class VLLMEngine:
         """Form the batch for a step starting at `now_us` (SPEC §1.4 phase A, §1.5)."""
         if not self.running and not self.waiting:
             return None
-        if not self.waiting and not self._unsteady and self.fast_path:
-            batch = self._plan_steady_step(now_us)
-            if batch is not None:
-                return batch
+        steady = self.plan_steady_step(now_us)
+        if steady is not None:
+            return StepBatch([], steady[0], steady[1], [], 0)
+        return self.plan_general_step(now_us)
+
+    def plan_general_step(self, now_us: int) -> StepBatch:
+        """`plan_step` once the all-steady plan is ruled out (there is work)."""
         self.clock_us = now_us
         self.kv.now_us = now_us
         self.step_count += 1
@@ -385,11 +388,14 @@ class VLLMEngine:
             prefill_chunks, decode_count, decode_context, prefill_prompts, step_extra_us
         )
 
-    def _plan_steady_step(self, now_us: int) -> StepBatch | None:
+    def plan_steady_step(self, now_us: int) -> tuple[int, int] | None:
         """The plan when every running request is steady and nothing waits: one token each,
-        plus the KV blocks of those reaching a block start. None when the step needs the
-        general plan (a request needs more than a block, or the budget or the blocks run
-        short); nothing has changed then."""
+        plus the KV blocks of those reaching a block start. Returns the decode count and
+        context sum the step-time model prices; None when the step needs the general plan
+        (something waits, a request is handled one by one or needs more than a block, or the
+        budget or the blocks run short); nothing has changed then."""
+        if self.waiting or self._unsteady or not self.fast_path:
+            return None
         n = self._steady_count
         if n > self.config.max_num_scheduled_tokens:
             return None
@@ -419,7 +425,7 @@ class VLLMEngine:
         self.fast_path_steps += 1
         self._active = []
         self._step_start_us = now_us
-        return StepBatch([], n, self._steady_context_offset + n * step, [], 0)
+        return n, self._steady_context_offset + n * step
 
     def _schedule_running(self, order: list[Request], budget: int) -> tuple[int, bool]:
         """Phase 1: tokens for running requests in `order` (admission order), within `budget`.
@@ -750,6 +756,38 @@ class VLLMEngine:
             req.priority = policy.priority(req, now_us)
         if not self.scheduler.keeps_order:
             self.waiting = deque(self.scheduler.order(list(self.waiting)))
+
+    def finish_steady_step(self, step_us: int) -> bool:
+        """`finish_step` for a step in which every request served was steady (no request
+        handled one by one, so none completes) on an engine without a CPU tier: the same
+        counters and log row, without the per-request loops. False (nothing done) for any
+        other step."""
+        if self._active or not self._steady_count or self.kv.cpu is not None:
+            return False
+        start = self._step_start_us
+        end = start + step_us
+        self.clock_us = end
+        regular_gap = end - self._prev_step_end_us + self.otp_us
+        steady = self._steady_count
+        self.total_output_tokens += steady
+        steps = self.steps
+        steps.start_us.append(start)
+        steps.step_us.append(step_us)
+        steps.batch_size.append(steady)
+        steps.prefill_tokens.append(0)
+        steps.decode_tokens.append(steady)
+        steps.kv_used_blocks.append(self.kv.used_blocks)
+        steps.queue_length.append(len(self.waiting))
+        steps.running_requests.append(len(self.running))
+        steps.cpu_kv_used_blocks.append(0)
+        steps.reloading_requests.append(0)
+        steps.preemptions.append(self.preemption_count)
+        steps.itl_regular_gap_us.append(regular_gap)
+        steps.itl_regular_count.append(steady)
+        self._prev_step_end_us = end
+        self._finished_steps += 1
+        self._unsteady = []
+        return True
 
     def finish_step(self, step_us: int) -> list[Request]:
         """Apply a step that ran for `step_us`: progress, tokens, completions (SPEC §1.4 B–C).

@@ -75,6 +75,7 @@ class Instance:
         self._inflight_end_us = 0
         self._inflight_step_us = 0
         self.scheduling_lag_steps = float(step_model.scheduling_lag_steps())
+        self._decode_step_time = step_model.decode_step_time_us
         self._idle: simpy.Event | None = None
         self.host_link = None  # created on the first CPU-tier reload
         self._reload_ids = 0
@@ -355,14 +356,22 @@ class Instance:
         return engine.has_work and not engine.waiting and not engine.may_finish_requests()
 
     def _finish_quiet_step(self, end_us: int, step_us: int) -> tuple[int, int]:
-        """Finish the quiet step ending at `end_us` and plan the next: its end and duration."""
+        """Finish the quiet step ending at `end_us` and plan the next: its end and duration.
+
+        Most such steps only advance steady decoders, and the next one does the same: those
+        take the engine's all-steady paths and the model's decode-only step time."""
         engine = self.engine
-        finished = engine.finish_step(step_us)
-        assert not finished, "a coalesced step completed a request"
+        if not engine.finish_steady_step(step_us):
+            finished = engine.finish_step(step_us)
+            assert not finished, "a coalesced step completed a request"
         engine.steps_coalesced += 1
         if self.check_invariants:
             check_step(engine, self.instance_id, end_us)
-        batch = engine.plan_step(end_us)
-        assert batch is not None and not engine.new_reloads
+        steady = engine.plan_steady_step(end_us)
+        if steady is not None:
+            step_us = self._decode_step_time(*steady)
+            return end_us + step_us, step_us
+        batch = engine.plan_general_step(end_us)
+        assert not engine.new_reloads
         step_us = self.step_model.step_time_us(batch) + batch.extra_us
         return end_us + step_us, step_us

@@ -49,6 +49,11 @@ class StepTimeModel:
     def step_time_us(self, batch: StepBatch) -> int:
         raise NotImplementedError
 
+    def decode_step_time_us(self, decode_count: int, decode_context_sum: int) -> int:
+        """`step_time_us` of a step that only decodes. A model may price it more directly;
+        it must give the same value."""
+        return self.step_time_us(StepBatch([], decode_count, decode_context_sum, [], 0))
+
     def queueing_time_us(self, input_tokens: int) -> int:
         """Arrival-to-enqueue delay at the instance (alpha0 + alpha1 * input tokens)."""
         return 0

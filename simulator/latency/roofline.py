@@ -215,5 +215,22 @@ class RooflineModel(StepTimeModel):
         step_us = int(max(compute_s, memory_s) * 1e6)
         return step_us if step_us > 1 else 1
 
+    def decode_step_time_us(self, decode_count: int, decode_context_sum: int) -> int:
+        """`step_time_us` without prefill chunks, term for term (0.0 + x is x, so the value
+        is the same to the bit)."""
+        if decode_count == 0:
+            return 1
+        decode_flops = self.linear_flops_per_token * decode_count + (
+            self.attn_flops_per_token_ctx * decode_context_sum
+        )
+        dynamic_bytes = (
+            self.kv_bytes_per_token * (decode_count + decode_context_sum)
+            + self.act_bytes_per_token * decode_count
+        )
+        compute_s = decode_flops / self.decode_flops_rate
+        memory_s = (self.weight_bytes(decode_count) + dynamic_bytes) / self.tp / self.bw_bytes_per_s
+        step_us = int(max(compute_s, memory_s) * 1e6)
+        return step_us if step_us > 1 else 1
+
 
 __all__ = ["RooflineModel", "validate_roofline_inputs"]

@@ -523,3 +523,19 @@ def test_roofline_rejects_coefficients_like_blis() -> None:
 def test_roofline_registry_unknown_name_lists_valid_names() -> None:
     with pytest.raises(ConfigError, match=r"unknown latency model 'roofine'; valid: .*roofline"):
         build_step_time_model("roofine", LLAMA31_8B, H100, 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    count=st.integers(0, 4096),
+    mean_context=st.integers(0, 200_000),
+    model_gpu=st.sampled_from([(LLAMA31_8B, H100), (LLAMA2_7B, A100), (MIXTRAL_8X7B, H100)]),
+    tp=st.sampled_from([1, 2, 8]),
+)
+def test_decode_only_step_time_is_step_time_of_a_decode_batch(count, mean_context, model_gpu, tp):
+    """The closed form coalesced steps use (count, context sum) is the general formula with no
+    prefill chunk, to the microsecond: prefill's terms are exact zeros."""
+    model = RooflineModel(*model_gpu, tp)
+    context_sum = count * mean_context
+    batch = StepBatch([], count, context_sum, [], 0)
+    assert model.decode_step_time_us(count, context_sum) == model.step_time_us(batch)
