@@ -16,6 +16,8 @@ taken. That keeps a 1,000,000-block cache cheap.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .kv_tiers import CPUTier
 from .request import Request
 
@@ -206,9 +208,18 @@ class KVCache:
             self._block_hash.append(None)
             self._free_pos.append(-1)
         else:
-            (b,) = taken = self._pop_free(1)
+            if self._free_stale:
+                (b,) = self._pop_free(1)
+            else:
+                order = self._free_order
+                head = self._free_head
+                b = order[head]
+                self._free_count -= 1
+                self._free_head = head + 1
+                if head >= _COMPACT_AFTER and 2 * head > len(order):
+                    self._cut_free_head()
             if self._block_hash[b] is not None:
-                self._reuse(taken)
+                self._reuse((b,))
             else:
                 self._ref_count[b] = 1
         req.block_ids.append(b)
@@ -238,14 +249,19 @@ class KVCache:
                 head += 1
                 at += 1
         self._free_count -= count
-        if head > _COMPACT_AFTER and 2 * head > len(order):
-            del order[:head]  # positions stay absolute: the base moves instead
-            self._free_base += head
-            head = 0
         self._free_head = head
+        if head > _COMPACT_AFTER and 2 * head > len(order):
+            self._cut_free_head()
         return taken
 
-    def _reuse(self, blocks: list[int]) -> None:
+    def _cut_free_head(self) -> None:
+        """Drop the consumed part of the free queue (positions stay absolute: the base moves)."""
+        head = self._free_head
+        del self._free_order[:head]
+        self._free_base += head
+        self._free_head = 0
+
+    def _reuse(self, blocks: Sequence[int]) -> None:
         """`blocks`, just taken off the free queue, are in use again: the cached content they
         held is gone (to the CPU tier when offloading on eviction)."""
         ref = self._ref_count
