@@ -65,7 +65,7 @@ class PrefixIndex:
                     yield h
 
     def matched_blocks(self, hashes: Sequence[int]) -> int:
-        """Leading hashes present (does not refresh them)."""
+        """Leading hashes present (does not refresh them). See also `leading_matches`."""
         run_of = self._run_of
         count = 0
         for h in hashes:
@@ -136,3 +136,16 @@ class PrefixIndex:
         self._runs = deque([run])
         self._front = 0
         self._stale = 0
+
+
+def leading_matches(indexes: Sequence[PrefixIndex | None], hashes: Sequence[int]) -> list[int]:
+    """`matched_blocks(hashes)` of each index, 0 for None: the router asks every candidate's
+    index for every request, and most prompts are missing from most indexes at their first
+    hash, so that is checked without a call."""
+    if not hashes:
+        return [0] * len(indexes)
+    first = hashes[0]
+    return [
+        index.matched_blocks(hashes) if index is not None and first in index._run_of else 0
+        for index in indexes
+    ]

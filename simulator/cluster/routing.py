@@ -20,7 +20,7 @@ import numpy as np
 from ..engine.kv_cache import KVCache
 from ..engine.request import Request
 from ..errors import ConfigError, invalid, unknown
-from .prefix_index import PrefixIndex
+from .prefix_index import PrefixIndex, leading_matches
 from .snapshot import InstanceSnapshot
 
 # BLIS-Mar's default profile for `weighted` (BLIS later moved to precise-prefix-cache:2,
@@ -155,8 +155,9 @@ class PrefixAffinityScorer(_ListScorer):
         if n < 1:
             return [0.0] * len(candidates)
         hashes = req.block_hashes(n, self.block_size)[:n]
-        indexes = [self._index.get(c.instance_id) for c in candidates]
-        return [i.matched_blocks(hashes) / n if i is not None else 0.0 for i in indexes]
+        get = self._index.get
+        matches = leading_matches([get(c.instance_id) for c in candidates], hashes)
+        return [k / n for k in matches]
 
     def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
         n = _full_prompt_blocks(req, self.block_size)

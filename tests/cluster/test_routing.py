@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.cluster.prefix_index import PrefixIndex
+from simulator.cluster.prefix_index import PrefixIndex, leading_matches
 from simulator.cluster.routing import (
     DEFAULT_SCORERS,
     ROUTING_POLICIES,
@@ -420,6 +420,24 @@ def test_bulk_recording_keeps_the_one_at_a_time_rule(batches, capacity):
         # Stale entries stay bounded (refreshing a shared prefix must not grow the index).
         held = sum(len(run.hashes) for run in index._runs) - index._front  # noqa: SLF001
         assert held <= len(plain) + 2 * capacity + len(hashes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.none() | st.lists(st.integers(0, 12), max_size=10), min_size=1, max_size=6),
+    st.lists(st.integers(0, 12), max_size=8),
+)
+def test_leading_matches_of_many_indexes_are_each_ones_matched_blocks(recorded, probe):
+    """The router's call for all candidates at once equals asking each index (None: 0)."""
+    indexes = []
+    for hashes in recorded:
+        if hashes is None:
+            indexes.append(None)
+        else:
+            indexes.append(PrefixIndex(6))
+            indexes[-1].record(hashes)
+    expected = [i.matched_blocks(probe) if i is not None else 0 for i in indexes]
+    assert leading_matches(indexes, probe) == expected
 
 
 def test_prefix_index_refreshing_a_shared_prefix_stays_bounded():
