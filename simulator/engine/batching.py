@@ -404,14 +404,15 @@ class VLLMEngine:
         kv = self.kv
         if heap and heap[0][0] <= step:
             wakers = []
+            blocks_only = True
             while heap and heap[0][0] <= step:
                 entry = heapq.heappop(heap)
                 req = entry[2]
                 if req.steady and req.wake_step == entry[0]:
                     wakers.append(entry)
-            if len(wakers) > kv.total_blocks - kv.used_blocks or not all(
-                entry[2].wake_for_block for entry in wakers
-            ):
+                    if not req.wake_for_block:
+                        blocks_only = False
+            if not blocks_only or len(wakers) > kv.total_blocks - kv.used_blocks:
                 for entry in wakers:
                     heapq.heappush(heap, entry)
                 return None
