@@ -215,8 +215,8 @@ class KVCache:
                 head = self._free_head
                 b = order[head]
                 self._free_count -= 1
-                self._free_head = head + 1
-                if head >= _COMPACT_AFTER and 2 * head > len(order):
+                self._free_head = head = head + 1
+                if head > _COMPACT_AFTER and 2 * head > len(order):
                     self._cut_free_head()
             if self._block_hash[b] is not None:
                 self._reuse((b,))
