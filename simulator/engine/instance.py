@@ -353,7 +353,13 @@ class Instance:
         may also drop a queued request that can never fit (reported as finished at that
         instant), so steps only run ahead while nothing waits."""
         engine = self.engine
-        return engine.has_work and not engine.waiting and not engine.may_finish_requests()
+        # With nothing waiting, there is work iff something runs; a step of steady requests
+        # alone (none handled one by one, `_active` empty) cannot complete any.
+        return (
+            bool(engine.running)
+            and not engine.waiting
+            and not (engine._active and engine.may_finish_requests())  # noqa: SLF001
+        )
 
     def _finish_quiet_step(self, end_us: int, step_us: int) -> tuple[int, int]:
         """Finish the quiet step ending at `end_us` and plan the next: its end and duration.

@@ -228,7 +228,8 @@ class RooflineModel(StepTimeModel):
             + self.act_bytes_per_token * decode_count
         )
         compute_s = decode_flops / self.decode_flops_rate
-        memory_s = (self.weight_bytes(decode_count) + dynamic_bytes) / self.tp / self.bw_bytes_per_s
+        weight_bytes = self.weight_bytes(decode_count) if self.is_moe else self.dense_weight_bytes
+        memory_s = (weight_bytes + dynamic_bytes) / self.tp / self.bw_bytes_per_s
         step_us = int(max(compute_s, memory_s) * 1e6)
         return step_us if step_us > 1 else 1
 
