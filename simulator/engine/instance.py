@@ -319,15 +319,17 @@ class Instance:
         """
         env = self.env
         queue = env._queue  # noqa: SLF001 - SimPy's event heap: (time, priority, id, event)
+        event_ids = env._eid  # noqa: SLF001 - the insertion counter env.schedule draws from
         priority = self._step_priority
         while True:
-            if not queue or (end_us, priority) < (queue[0][0], queue[0][1]):
+            if queue:
+                head_us, head_priority, _id, event = queue[0]
+            if not queue or end_us < head_us or (end_us == head_us and priority < head_priority):
                 if not self._can_finish_quietly():
                     break
                 end_us, step_us = self._finish_quiet_step(end_us, step_us)
                 continue
             # In a cluster another instance's event is nearly always first.
-            head_us, head_priority, _id, event = queue[0]
             if type(event) is not StepEnd:
                 break
             other = event.instance
@@ -339,10 +341,12 @@ class Instance:
             ):
                 break
             heapq.heappop(queue)
-            other._inflight_end_us, other._inflight_step_us = other._finish_quiet_step(
+            next_end_us, other._inflight_step_us = other._finish_quiet_step(
                 head_us, other._inflight_step_us
             )
-            env.schedule(event, head_priority, other._inflight_end_us - env.now)
+            other._inflight_end_us = next_end_us
+            # What env.schedule(event, head_priority, next_end_us - env.now) pushes.
+            heapq.heappush(queue, (next_end_us, head_priority, next(event_ids), event))
             other.engine.steps_coalesced_by_others += 1
         return end_us, step_us
 
