@@ -141,11 +141,15 @@ async def _complete(state: StubState, writer, path: str, headers: dict, body: di
         if k == fault.get("after_tokens", -1) and kind == "error_event":
             await event({"error": _error("injected mid-stream error", "InternalServerError", 500)})
             break
+        # Stamped before the write: `drain` can yield to other requests' handlers for
+        # milliseconds, and a stamp taken after it could fall after the client already has
+        # the chunk, which would make the client's TTFT look shorter than the server's.
+        sent_us = _now_us()
+        entry.setdefault("first_token_sent_us", sent_us)
+        entry["last_token_sent_us"] = sent_us
         if k == 0 and chat:
             await event(chunk("", None, role=True))
         await event(chunk(" tok", finish if k == n_out - 1 else None))
-        entry.setdefault("first_token_sent_us", _now_us())
-        entry["last_token_sent_us"] = _now_us()
     else:
         if (body.get("stream_options") or {}).get("include_usage"):
             await event({"id": "cmpl-stub", "choices": [], "usage": usage})

@@ -34,9 +34,10 @@ from tests.observe_stub_server import StubServer
 runner = CliRunner()
 MODEL = "stub-model"
 # Median allowances, sized for a 2-core machine at load ~10 (measured medians there: about
-# 3 ms accuracy and 5 ms excess).
-# Recorded minus actual server timing (loopback transits only):
-ACCURACY_MEDIAN_MS = 5.0
+# 3 ms accuracy and 5 ms excess; with three more CPU-bound processes on the 2 cores, up to
+# 6.4 ms accuracy).
+# Recorded minus actual server timing (loopback transits plus the client's wake-up):
+ACCURACY_MEDIAN_MS = 8.0
 # Recorded minus configured timing: adds the stub's own timer lateness under load.
 MEDIAN_EXCESS_MS = 10.0
 # Dispatch lateness: event-loop wake-up plus httpx building the request, which on a loaded
@@ -124,7 +125,10 @@ def test_recorded_timing_matches_the_servers_clock(stub):
     # ... and as the server saw it: arrival gaps at the server follow the schedule.
     received = np.array([log[i]["received_us"] for i in range(12)])
     planned = np.array([r.arrival_us for r in scheduled])
-    drift_ms = ((received - received[0]) - (planned - planned[0])) / 1000
+    # Offsets against their median, not against request 0: the first request also opens the
+    # connection pool, and its lateness alone would shift every other request's drift.
+    offset_ms = (received - planned) / 1000
+    drift_ms = offset_ms - np.median(offset_ms)
     assert np.median(np.abs(drift_ms)) <= SEND_LAG_MEDIAN_MS, drift_ms
 
 
