@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from ..collector import fewer_collections
 from ..engine.batching import EngineConfig, VLLMEngine
 from ..engine.events import ROUTER, event_after
 from ..engine.instance import Instance
@@ -167,6 +168,7 @@ class InstanceSetup:
     role: str = "unified"  # unified | prefill | decode
 
 
+@fewer_collections()
 def run_simulation(
     requests: Iterable[Request],
     engine_config: EngineConfig | None = None,
