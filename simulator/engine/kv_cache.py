@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .kv_tiers import CPUTier
-from .request import Request
+from .request import Request, RequestState
 
 
 class KVCache:
@@ -69,6 +69,14 @@ class KVCache:
         self.cpu = cpu
         self.offload_on_evict = cpu is not None and offload_policy == "evict"
         self.offload_on_hash = cpu is not None and offload_policy == "mirror"
+        # Blocks of a request's private content (`Request.private_from_token`) are hashed
+        # only if someone could ever look them up: its own return after a preemption (or any
+        # release short of completion). Until then no lookup can find them, as no other
+        # request has that content, and an index entry would only be erased again when the
+        # block is reused; so their hashing waits for a release that needs it, and a
+        # completed request's never happens. A CPU tier sees every hashed or evicted block,
+        # so with one every block is hashed at once.
+        self.defer_private = cpu is None and DEFER_PRIVATE_HASHES
         self.now_us = 0
 
     # ------------------------------------------------------------------ queries
@@ -294,6 +302,14 @@ class KVCache:
         last_full = min(end_token, _hashable_limit(req, bs)) // bs
         if last_full <= first:
             return
+        private_from = req.private_from_token
+        if private_from >= 0 and self.defer_private:
+            private_block = private_from // bs
+            if last_full > private_block:
+                req.deferred_hash_blocks = last_full
+                if first >= private_block:
+                    return
+                last_full = private_block
         hashes = req.block_hashes(last_full, bs)
         ids = req.block_ids
         block_hash = self._block_hash
@@ -372,9 +388,31 @@ class KVCache:
         freed = tail - first
         self.used_blocks -= freed
         self._free_count += freed
+        if req.deferred_hash_blocks and req.state is not RequestState.COMPLETED:
+            self._hash_deferred(req)
+        req.deferred_hash_blocks = 0
         req.block_ids = []
         if self._free_stale > self._free_count + _STALE_SLACK:
             self._drop_stale_entries()
+
+    def _hash_deferred(self, req: Request) -> None:
+        """Hash the private blocks whose hashing was deferred, as `_hash_full_blocks` would
+        have: a request that may return needs its cached content findable. No other block
+        can hold these hashes (the content is this request's alone and it was never released
+        before with them hashed), so inserting them now leaves the index as hashing them at
+        once would have. From now on the request is hashed at once: its own cached blocks
+        may be found again, so its content is no longer private to one holder."""
+        bs = self.block_size
+        first = req.private_from_token // bs
+        end = req.deferred_hash_blocks
+        req.private_from_token = -1
+        hashes = req.block_hashes(end, bs)
+        block_hash = self._block_hash
+        index = self._hash_to_block
+        for b, h in zip(req.block_ids[first:end], hashes[first:end], strict=True):
+            if block_hash[b] is None:
+                block_hash[b] = h
+                index.setdefault(h, b)
 
     def _drop_stale_entries(self) -> None:
         """Rebuild the free queue from its live entries: revivals (prefix hits) leave stale
@@ -387,6 +425,8 @@ class KVCache:
             pos[b] = k
 
 
+# Off: every full prompt block is hashed at once (tests compare whole runs both ways).
+DEFER_PRIVATE_HASHES = True
 _STALE_SLACK = 4096  # stale free-queue entries tolerated beyond as many as the live ones
 _COMPACT_AFTER = 4096  # consumed free-queue entries kept before the list is cut
 

@@ -63,6 +63,10 @@ class Request:
         "in_prefill",
         "block_ids",
         "_block_hashes",
+        # prefix caching: where this request's own content starts (see KVCache) and how far
+        # its hashing is deferred
+        "private_from_token",
+        "deferred_hash_blocks",
         # timestamps (absolute µs; -1 = not reached)
         "enqueue_us",
         "schedule_us",
@@ -160,6 +164,10 @@ class Request:
         self.in_prefill = True
         self.block_ids: list[int] = []
         self._block_hashes: list[int] | None = None
+        # From this token on, no other request can hold the same content, so no other request
+        # can ever hit its KV blocks; -1: unknown, maybe shared. Set by the workload generator.
+        self.private_from_token = -1
+        self.deferred_hash_blocks = 0
         self.enqueue_us = -1
         self.schedule_us = -1
         self.first_schedule_us = -1

@@ -16,6 +16,7 @@ import bisect
 import heapq
 import itertools
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,8 @@ class ClientPlan:
     windows: list[tuple[int, int]]
     seed: int
     base_dir: Path | None
+    # No other client shares this one's key (content keys are built from it).
+    unique_key: bool = True
 
     def __post_init__(self) -> None:
         c = self.spec
@@ -128,6 +131,9 @@ class ClientPlan:
         self.timeout_us = c.timeout_us()
         self.multi_turn = c.multi_turn
         self.closed_loop = c.is_closed_loop
+        self.private_content = self.unique_key and (
+            c.multi_turn is None or c.multi_turn.context_growth != "accumulate"
+        )
         self._seq = itertools.count()
 
     def active(self, t_us: int) -> bool:
@@ -182,6 +188,11 @@ class ClientPlan:
             reason_ratio=self.ratio.next() if self.ratio is not None else 0.0,
         )
         req.output_key = ("out", self.key, seq)
+        if context is None and self.private_content:
+            # The fresh segment (and the output) are this request's alone: only a later round
+            # of an accumulating session, or another client with the same key, could repeat
+            # them.
+            req.private_from_token = input_tokens - fresh
         return req
 
     def next_round_context(self, prev: Request, produced_tokens: int) -> list | None:
@@ -321,10 +332,12 @@ class WorkloadStream:
             )
         total_fraction = sum(c.rate_fraction for c in clients)
         prefix = _prefix_lengths(clients)
+        keys = [c.id or f"#{i}" for i, c in enumerate(clients)]
+        key_counts = Counter(keys)
         self.plans = [
             ClientPlan(
                 index=i,
-                key=c.id or f"#{i}",
+                key=keys[i],
                 spec=c,
                 rate_per_s=(spec.aggregate_rate or 0.0) * c.rate_fraction / total_fraction,
                 prefix_length=prefix.get(c.prefix_group, 0),
@@ -333,6 +346,7 @@ class WorkloadStream:
                 else [],
                 seed=self.seed,
                 base_dir=base_dir,
+                unique_key=key_counts[keys[i]] == 1,
             )
             for i, c in enumerate(clients)
         ]

@@ -9,6 +9,7 @@ them (SPEC §12.2). Version 3 — BLIS after March 2026 — adds a `prefix_lengt
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -383,6 +384,7 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
             length = REPLAY_PREFIX_TOKENS if row.prefix_length is None else row.prefix_length
             if length > 0:
                 group_tokens[row.prefix_group] = length
+    id_counts = Counter(row.request_id for row in rows)
     requests = []
     for i, row in enumerate(rows):
         rid = f"request_{row.request_id}"
@@ -416,6 +418,9 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
                 reason_ratio=row.reason_ratio,
             )
         )
+        if id_counts[row.request_id] == 1:
+            # Its own tokens are named by its ID alone (the KV cache defers hashing them).
+            requests[-1].private_from_token = shared
     return requests
 
 

@@ -18,19 +18,20 @@ from hypothesis import strategies as st
 
 import simulator
 from simulator.cluster.cluster import run_simulation
-from simulator.engine import batching, instance
+from simulator.engine import batching, instance, kv_cache
 from simulator.engine.request import Request
 from tests.test_laws import scenarios as engine_scenarios
 
 
 @contextmanager
 def speedups(enabled: bool):
-    saved = batching.DECODE_FAST_PATH, instance.COALESCE_STEPS
+    saved = batching.DECODE_FAST_PATH, instance.COALESCE_STEPS, kv_cache.DEFER_PRIVATE_HASHES
     batching.DECODE_FAST_PATH = instance.COALESCE_STEPS = enabled
+    kv_cache.DEFER_PRIVATE_HASHES = enabled
     try:
         yield
     finally:
-        batching.DECODE_FAST_PATH, instance.COALESCE_STEPS = saved
+        batching.DECODE_FAST_PATH, instance.COALESCE_STEPS, kv_cache.DEFER_PRIVATE_HASHES = saved
 
 
 def _observables(result) -> tuple:
@@ -60,11 +61,17 @@ SAME_SETTINGS = settings(
 
 
 def _copies(requests: list[Request]) -> list[Request]:
-    return [
-        Request(r.request_id, r.arrival_us, r.input_tokens, r.output_tokens, index=r.index,
-                deadline_us=r.deadline_us, segments=r.segments)
-        for r in requests
-    ]  # fmt: skip
+    """Fresh copies, marked as the generator would: a prompt's last segment of the request's
+    own ("req", ...) content is private (the KV cache defers hashing it)."""
+    copies = []
+    for r in requests:
+        c = Request(r.request_id, r.arrival_us, r.input_tokens, r.output_tokens, index=r.index,
+                    deadline_us=r.deadline_us, segments=r.segments)  # fmt: skip
+        key, length = c.segments[-1]
+        if key[0] == "req":
+            c.private_from_token = c.input_tokens - length
+        copies.append(c)
+    return copies
 
 
 @SAME_SETTINGS
@@ -158,7 +165,7 @@ def test_the_speedups_are_on_by_default_and_do_take_effect():
             "output_tokens": {"distribution": "constant", "value": 200},
         },
     }
-    assert batching.DECODE_FAST_PATH and instance.COALESCE_STEPS
+    assert batching.DECODE_FAST_PATH and instance.COALESCE_STEPS and kv_cache.DEFER_PRIVATE_HASHES
     result = simulator.simulate(scenario)
     steps = len(result.engines[0].steps)
     # Light traffic: nearly every step takes the fast path.

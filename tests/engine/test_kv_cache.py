@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from simulator.engine import kv_cache as kv_cache_module
 from simulator.engine.kv_cache import KVCache
-from simulator.engine.request import Request
+from simulator.engine.request import Request, RequestState
 
 BS = 16
 
@@ -437,3 +437,117 @@ def test_free_list_is_least_recently_freed_first(stale_slack, compact_after, inp
             assert free_list(kv) == expected
             assert kv.reusable_blocks == kv.free_blocks
         kv.check_invariants(reqs)
+
+
+# ---------------------------------------------------------------- deferred private hashing
+
+
+def private(rid: str, prefix: int, own: int, group: str = "g", out: int = 100) -> Request:
+    """`shared`, with the generator's mark that the `own` tokens are this request's alone."""
+    r = shared(rid, prefix, own, group=group, out=out)
+    r.private_from_token = prefix
+    return r
+
+
+def test_a_completed_private_request_leaves_no_hash_but_a_preempted_one_does():
+    # 40 shared + 60 own tokens = 100 tokens in 7 blocks of 16: blocks 0-1 (tokens 0-31) are
+    # shared content, block 2 holds tokens 32-47 (shared and own: private from token 40 means
+    # private from block 40 // 16 = 2), blocks 3-5 are full and own; block 6 (96-99) is partial.
+    # Hashed are the full prompt blocks 0-5; at once only the shared 0-1, the rest on release.
+    lazy, eager = KVCache(64, BS), KVCache(64, BS)
+    eager.defer_private = False
+    done, preempted, reference = private("a", 40, 60), private("b", 40, 60), private("c", 40, 60)
+    for kv, r in ((lazy, done), (lazy, preempted), (eager, reference)):
+        assert kv.try_allocate(r, 0, 100, [])
+    shared_hashes = set(done.block_hashes(2, BS))
+    assert set(lazy._hash_to_block) == shared_hashes  # a's and b's shared blocks are the same
+    assert len(eager._hash_to_block) == 6
+    done_ids = list(done.block_ids)
+    done.state = RequestState.COMPLETED
+    lazy.release(done)
+    assert set(lazy._hash_to_block) == shared_hashes
+    b_ids = list(preempted.block_ids)
+    lazy.release(preempted)  # still queued: it may come back for its cached blocks
+    assert {h: b for h, b in lazy._hash_to_block.items() if h not in shared_hashes} == dict(
+        zip(preempted.block_hashes(6, BS)[2:6], b_ids[2:6], strict=True)
+    )
+    assert preempted.private_from_token == -1  # hashed at once from now on
+    # Coming back, it finds all six full blocks, as it would have without the deferral: the
+    # shared two are a's (cached first), the private four its own.
+    assert lazy.cached_prefix_blocks(preempted, 99) == [*done_ids[:2], *b_ids[2:6]]
+
+
+REQ_STATES = [RequestState.QUEUED, RequestState.COMPLETED]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    inputs=st.lists(st.integers(1, 100), min_size=N_REQS, max_size=N_REQS),
+    groups=st.lists(st.sampled_from(["x", "y"]), min_size=N_REQS, max_size=N_REQS),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "alloc", "append", "append", "release", "complete"]),
+            st.integers(0, N_REQS - 1),
+            st.integers(1, 24),
+        ),
+        min_size=20,
+        max_size=100,
+    ),
+)
+def test_deferring_private_hashes_changes_nothing_anyone_can_see(inputs, groups, ops):
+    """The same operations on a cache that defers private hashing and one that hashes at
+    once: every lookup, allocation, free list and counter agrees; the deferring index lacks
+    only hashes of private blocks whose request completed without releasing them otherwise
+    (those can never be looked up), and after a release short of completion nothing."""
+    caches = {"lazy": KVCache(TOTAL, BS), "eager": KVCache(TOTAL, BS)}
+    caches["eager"].defer_private = False
+    reqs = {
+        name: [
+            private(f"r{i}", min(n, 32), n - min(n, 32), group=g)
+            for i, (n, g) in enumerate(zip(inputs, groups, strict=True))
+        ]
+        for name in caches
+    }
+    pos = [0] * N_REQS
+    retired = [False] * N_REQS
+    for op, i, k in ops:
+        if retired[i]:
+            continue
+        seen = {}
+        for name, kv in caches.items():
+            r = reqs[name][i]
+            if op == "alloc" and pos[i] < r.input_tokens:
+                cached = kv.cached_prefix_blocks(r, r.input_tokens - 1) if not r.block_ids else []
+                start = len(cached) * BS if not r.block_ids else pos[i]
+                end = min(start + k, r.input_tokens)
+                seen[name] = (cached, kv.try_allocate(r, start, end, cached), end)
+            elif op == "append" and pos[i] >= r.input_tokens:
+                seen[name] = kv.append_token(r, pos[i])
+            elif op in ("release", "complete"):
+                r.state = RequestState.COMPLETED if op == "complete" else RequestState.QUEUED
+                kv.release(r)
+            kv.check_invariants(reqs[name])
+        if op == "alloc" and seen:
+            assert seen["lazy"] == seen["eager"]
+            if seen["lazy"][1]:
+                pos[i] = seen["lazy"][2]
+        elif op == "append" and seen:
+            assert seen["lazy"] == seen["eager"]
+            pos[i] += seen["lazy"]
+        elif op in ("release", "complete"):
+            pos[i] = 0
+            retired[i] = op == "complete"
+        lazy, eager = caches["lazy"], caches["eager"]
+        assert [r.block_ids for r in reqs["lazy"]] == [r.block_ids for r in reqs["eager"]]
+        assert free_list(lazy) == free_list(eager)
+        assert (lazy.used_blocks, lazy.cache_hits, lazy.cache_misses) == (
+            eager.used_blocks, eager.cache_hits, eager.cache_misses
+        )  # fmt: skip
+        missing = eager._hash_to_block.items() - lazy._hash_to_block.items()
+        assert lazy._hash_to_block.items() <= eager._hash_to_block.items()
+        for h, _block in missing:
+            owners = [
+                j for j, r in enumerate(reqs["eager"])
+                if h in r.block_hashes(-(-r.input_tokens // BS), BS)[r.private_from_token // BS :]
+            ]  # fmt: skip
+            assert owners and all(retired[j] or reqs["lazy"][j].block_ids for j in owners), h

@@ -94,6 +94,37 @@ def test_prefix_groups_share_token_content():
     assert h[0].block_hashes(3, 16)[0] != first[0]
 
 
+def test_private_content_is_marked_only_where_no_other_request_can_share_it():
+    """`private_from_token` (the KV cache defers hashing from there): the first token no other
+    request can hold. Equal content keys must never be marked, or a prefix hit would be lost."""
+    s = spec(
+        [
+            client("plain"),
+            client("grouped", prefix_group="g", prefix_length=64),
+            client("twin"),
+            client("twin"),  # the same id: the same content keys as the other twin
+            client(
+                "chat", reasoning={"multi_turn": {"max_rounds": 3, "context_growth": "accumulate"}}
+            ),
+            client("fresh", reasoning={"multi_turn": {"max_rounds": 3}}),
+        ],
+        aggregate_rate=50,
+        num_requests=300,
+    )
+    reqs = list(WorkloadStream(s, seed=2))
+    marks = {}
+    for r in reqs:
+        marks.setdefault(r.client_id, set()).add(r.private_from_token)
+    assert marks == {"plain": {0}, "grouped": {64}, "twin": {-1}, "chat": {-1}, "fresh": {0}}
+    # The law behind the marks: a request's hashes from its private block on are its own.
+    owner: dict[int, str] = {}
+    for r in reqs:
+        if r.private_from_token >= 0:
+            blocks = r.input_tokens // 16
+            for h in r.block_hashes(blocks, 16)[r.private_from_token // 16 :]:
+                assert owner.setdefault(h, r.request_id) == r.request_id
+
+
 def test_generation_is_lazy():
     """A billion-request spec yields its first requests at once (nothing is materialised)."""
     s = spec([client("a")], aggregate_rate=1000, num_requests=1_000_000_000)

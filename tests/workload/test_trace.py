@@ -518,3 +518,16 @@ def test_blis_reference_traces_still_load():
     header, reqs = load_trace(data / "r1_fixed512.trace.yaml", data / "r1_fixed512.trace.csv")
     assert header["trace_version"] == 2
     assert reqs and all(r.input_tokens == 512 and r.output_tokens == 128 for r in reqs)
+
+
+def test_replayed_requests_mark_their_own_tokens_private_only_under_a_unique_id():
+    rows = [
+        tr.TraceRow("a", 0, 100, 5),
+        tr.TraceRow("b", 10, 100, 5, prefix_group="sys", prefix_length=64),
+        tr.TraceRow("c", 20, 100, 5),
+        tr.TraceRow("c", 30, 100, 5),  # the same ID names the same content: not private
+    ]
+    marks = [r.private_from_token for r in tr.requests_from_rows(rows)]
+    assert marks == [0, 64, -1, -1]
+    c1, c2 = tr.requests_from_rows(rows)[2:]
+    assert c1.block_hashes(6, 16) == c2.block_hashes(6, 16)  # why the twins are not private
