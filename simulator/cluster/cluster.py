@@ -237,6 +237,8 @@ def run_simulation(
         cluster, subsystem_rng(seed, "router"), block_size, kv_probe
     )
     pd = _build_pd(cluster, env, seed, block_size, kv_probe, trace, pd_kv_bytes_per_token)
+    if pd is not None:
+        pd.private_subs = fleet is None or not fleet.dynamic
     router = Router(
         env,
         admission,

@@ -59,6 +59,10 @@ class Disaggregator:
         self.instances: list[Instance] = []
         self.parents: list[Request] = []
         self.dropped_at_decode_kv = 0
+        # Sub-requests inherit their parent's private-content mark (the KV cache then defers
+        # hashing it) only when each instance can see at most one of a parent's phases: the
+        # pools are disjoint, and only a changing fleet re-routes a parent.
+        self.private_subs = False
         self.prefill_completed = 0
         self.decode_completed = 0
 
@@ -87,6 +91,8 @@ class Disaggregator:
             self.prefill_routing.observe(req, chosen)
             self.trace.record_routing(req, now_us, decision, prefill_candidates)
             sub = req.sub_request("prefill")
+            if self.private_subs:
+                sub.private_from_token = req.private_from_token
             req.prefill_sub = sub
             req.decode_instance_index = decode_choice.target
             req.state = RequestState.QUEUED
@@ -157,6 +163,8 @@ class Disaggregator:
             decode_index=parent.decode_instance_index,
         )
         decode = parent.sub_request("decode")
+        if self.private_subs:
+            decode.private_from_token = parent.private_from_token
         parent.decode_sub = decode
         if not deliver_decode(decode, parent.decode_instance_index):
             if decode.state is RequestState.DROPPED:

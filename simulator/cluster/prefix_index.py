@@ -29,13 +29,15 @@ def _delete_keys(table: dict, keys: Iterable) -> None:
 
 
 class _Run:
-    """The hashes of one recording, in order, and the index's refresh count after it."""
+    """The hashes of one recording, in order, and the index's refresh count after it; then
+    `private` more that were recorded after them but are not stored (see `record`)."""
 
-    __slots__ = ("hashes", "refreshes")
+    __slots__ = ("hashes", "refreshes", "private")
 
-    def __init__(self, hashes: list[int], refreshes: int) -> None:
+    def __init__(self, hashes: list[int], refreshes: int, private: int = 0) -> None:
         self.hashes = hashes
         self.refreshes = refreshes
+        self.private = private
 
 
 class PrefixIndex:
@@ -50,15 +52,17 @@ class PrefixIndex:
         # Stale entries in the runs; when they outnumber twice the capacity the runs are
         # rebuilt, so that refreshing without evicting (a prefix everyone shares) stays bounded.
         self._stale = 0
+        self._private = 0  # private hashes held, counted but not stored
 
     def __len__(self) -> int:
-        return len(self._run_of)
+        return len(self._run_of) + self._private
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._run_of
 
     def __iter__(self) -> Iterator[int]:
-        """The hashes held, least recently recorded first."""
+        """The stored hashes held (private ones are counted only), least recently recorded
+        first."""
         for k, run in enumerate(self._runs):
             for h in run.hashes[self._front if k == 0 else 0 :]:
                 if self._run_of.get(h) is run:
@@ -74,14 +78,20 @@ class PrefixIndex:
             count += 1
         return count
 
-    def record(self, hashes: Sequence[int]) -> None:
+    def record(self, hashes: Sequence[int], private: int = 0) -> _Run | None:
         """Refresh or insert each hash in order, then evict the least recently recorded until
-        the index fits: the same contents and order as recording them one at a time."""
-        if not hashes:
-            return
+        the index fits: the same contents and order as recording them one at a time.
+
+        `private` more hashes follow `hashes` that no index holds and no other prompt can
+        have (a request's own content): they would only be inserted, and looked up by nobody
+        until the same request is routed again, so only their number is kept. Before that
+        happens the caller hands them over (`materialize`) with the returned run.
+        """
+        if not hashes and not private:
+            return None
         run_of = self._run_of
         held = len(run_of)
-        run = _Run(list(hashes), 0)
+        run = _Run(list(hashes), 0, private)
         run_of.update(zip(hashes, repeat(run)))
         # The index grew by fewer than the hashes: some were held (refreshed) or some repeat
         # within the recording. Only repeats (never in a prompt's chained hashes, so the check
@@ -94,11 +104,24 @@ class PrefixIndex:
         self._stale += refreshed
         run.refreshes = self._refreshes
         self._runs.append(run)
-        excess = len(run_of) - self.capacity_blocks
+        self._private += private
+        excess = len(run_of) + self._private - self.capacity_blocks
         if excess > 0:
             self._evict(excess)
         if self._stale > 2 * self.capacity_blocks:
             self._rebuild()
+        return run
+
+    def materialize(self, run: _Run, private_hashes: Sequence[int]) -> None:
+        """Store the private hashes `run` was recorded with (all of them, in order; those
+        evicted since are left out): the index is then as if they had been stored."""
+        if not run.private:
+            return
+        live = private_hashes[len(private_hashes) - run.private :]
+        self._private -= run.private
+        run.private = 0
+        run.hashes.extend(live)
+        self._run_of.update(zip(live, repeat(run)))
 
     def _evict(self, excess: int) -> None:
         """Drop the `excess` least recently recorded hashes."""
@@ -124,16 +147,30 @@ class PrefixIndex:
                         excess -= 1
                     else:
                         self._stale -= 1
-            if start == len(hashes):
+            if start == len(hashes) and excess > 0 and run.private:
+                # The private hashes come last in their run.
+                gone = min(excess, run.private)
+                run.private -= gone
+                self._private -= gone
+                excess -= gone
+            if start == len(hashes) and not run.private:
                 runs.popleft()
                 start = 0
         self._front = start
 
     def _rebuild(self) -> None:
-        """One run of the live hashes, in order: the stale entries go."""
-        run = _Run(list(self), self._refreshes)
-        self._run_of = dict.fromkeys(run.hashes, run)
-        self._runs = deque([run])
+        """Every run without its stale entries, in order (runs keep their identity: a
+        caller may hold one to materialize)."""
+        run_of = self._run_of
+        kept: deque[_Run] = deque()
+        for k, run in enumerate(self._runs):
+            run.hashes = [
+                h for h in run.hashes[self._front if k == 0 else 0 :] if run_of.get(h) is run
+            ]
+            run.refreshes = self._refreshes
+            if run.hashes or run.private:
+                kept.append(run)
+        self._runs = kept
         self._front = 0
         self._stale = 0
 

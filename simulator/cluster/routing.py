@@ -115,6 +115,10 @@ class LoadBalanceScorer(_ListScorer):
         return [1.0 / (1.0 + c.effective_load) for c in candidates]
 
 
+# Off: the prefix-affinity scorer hashes and stores every block (tests compare both ways).
+PRIVATE_BLOCKS_BY_COUNT = True
+
+
 def _full_prompt_blocks(req: Request, block_size: int) -> int:
     return req.input_tokens // block_size
 
@@ -150,11 +154,43 @@ class PrefixAffinityScorer(_ListScorer):
         index = self._index.get(instance_id)
         return index.matched_blocks(hashes) if index is not None else 0
 
+    # A prompt's private blocks (`Request.private_from_token`: content no other request has)
+    # can be in none of this scorer's indexes until this scorer routes the same content a
+    # second time (a re-route; a PD decode sub-request): they are recorded by count only,
+    # and before that second time (`_materialize`) handed to the index as hashes. So a first
+    # routing matches and hashes only the shared blocks, and for a prompt of private content
+    # alone, none. The owner keeps, per scorer, the runs holding its blocks by count, or []
+    # once this scorer routes it with plain hashes.
+
+    def _private_block(self, owner: Request, n: int) -> int:
+        """The first block this routing may treat as private (n: none)."""
+        if not PRIVATE_BLOCKS_BY_COUNT:
+            return n
+        routed = owner.prefix_index_runs
+        if routed is not None and self in routed:
+            if routed[self]:
+                self._materialize(owner, routed[self])
+                routed[self] = []
+            return n
+        private_from = owner.private_from_token
+        if private_from < 0:
+            return n
+        first = private_from // self.block_size
+        return first if first < n else n
+
+    def _materialize(self, owner: Request, runs: list) -> None:
+        for index, run, n in runs:
+            hashes = owner.block_hashes(n, self.block_size)
+            index.materialize(run, hashes[n - run.private : n])
+
     def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
         n = _full_prompt_blocks(req, self.block_size)
         if n < 1:
             return [0.0] * len(candidates)
-        hashes = req.block_hashes(n, self.block_size)[:n]
+        shared = self._private_block(req.parent or req, n)
+        if shared == 0:
+            return [0.0] * len(candidates)
+        hashes = req.block_hashes(shared, self.block_size)[:shared]
         get = self._index.get
         matches = leading_matches([get(c.instance_id) for c in candidates], hashes)
         return [k / n for k in matches]
@@ -166,7 +202,14 @@ class PrefixAffinityScorer(_ListScorer):
         index = self._index.get(chosen.instance_id)
         if index is None:
             index = self._index[chosen.instance_id] = PrefixIndex(self.capacity_blocks)
-        index.record(req.block_hashes(n, self.block_size)[:n])
+        owner = req.parent or req
+        shared = self._private_block(owner, n)
+        hashes = req.block_hashes(shared, self.block_size)[:shared] if shared else []
+        run = index.record(hashes, n - shared)
+        if shared < n:
+            if owner.prefix_index_runs is None:
+                owner.prefix_index_runs = {}
+            owner.prefix_index_runs[self] = [(index, run, n)]
 
     def index_size(self, instance_id: str) -> int:
         return len(self._index.get(instance_id, ()))

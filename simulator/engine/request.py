@@ -67,6 +67,8 @@ class Request:
         # its hashing is deferred
         "private_from_token",
         "deferred_hash_blocks",
+        # the prefix-affinity scorer's runs holding this content's private blocks by count
+        "prefix_index_runs",
         # timestamps (absolute µs; -1 = not reached)
         "enqueue_us",
         "schedule_us",
@@ -168,6 +170,9 @@ class Request:
         # can ever hit its KV blocks; -1: unknown, maybe shared. Set by the workload generator.
         self.private_from_token = -1
         self.deferred_hash_blocks = 0
+        # Per prefix-affinity scorer that routed this content with private blocks: the
+        # (index, run, blocks) holding them by count, or [] once routed with plain hashes.
+        self.prefix_index_runs: dict | None = None
         self.enqueue_us = -1
         self.schedule_us = -1
         self.first_schedule_us = -1

@@ -357,3 +357,21 @@ def test_pd_flags_run_end_to_end(tmp_path):
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "=== PD Metrics ===" in res.stdout
+
+
+def test_sub_requests_inherit_the_private_mark_and_each_instance_sees_one_phase():
+    """The KV cache defers hashing a sub-request's private content; that is exact only if no
+    instance ever holds two phases of one parent (the pools are disjoint and PD runs on a
+    fixed fleet), which is what this checks, with the marks themselves."""
+    result = simulator.simulate(_pd_scenario(_synthetic(60, 20, 300, 20), decider="always"))
+    parents = result.pd.parents
+    assert len(parents) == 60
+    for parent in parents:
+        assert parent.private_from_token == 0  # a plain synthetic prompt: all its own
+        prefill, decode = parent.prefill_sub, parent.decode_sub
+        assert prefill.private_from_token in (0, -1)  # -1 once a preemption hashed it
+        assert prefill.instance_id != decode.instance_id
+    roles = dict(zip(result.instance_ids, result.instance_roles, strict=True))
+    assert {roles[p.prefill_sub.instance_id] for p in parents} == {"prefill"}
+    assert {roles[p.decode_sub.instance_id] for p in parents} == {"decode"}
+    assert sum(p.decode_sub.private_from_token == 0 for p in parents) > 50

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator.cluster import routing as routing_module
 from simulator.cluster.prefix_index import PrefixIndex, leading_matches
 from simulator.cluster.routing import (
     DEFAULT_SCORERS,
@@ -269,6 +270,59 @@ def test_prefix_affinity_lookup_does_not_refresh_recency():
     assert scorer.score(b, [inst])["instance_0"] == 0.0
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["new", "new", "reroute", "decode"]),
+            st.integers(0, 40),  # shared prefix tokens (new) / which earlier request (else)
+            st.integers(0, 60),  # own tokens (new)
+            st.integers(0, 2),  # the instance chosen
+            st.integers(0, 1),  # which of two scorers routes (PD: a prefill and a decode pool)
+        ),
+        max_size=30,
+    ),
+    st.sampled_from([4, 12, 1000]),
+)
+def test_private_blocks_by_count_route_as_stored_hashes(events, capacity):
+    """Prefix-affinity scorers with private blocks kept by count and with every hash stored:
+    the same scores for every routing, first or repeated (a re-route of the same request, a
+    PD decode sub-request of it), by the same scorer or another, and indexes of the same
+    size."""
+    scorers = {
+        mode: [PrefixAffinityScorer(BS, capacity), PrefixAffinityScorer(BS, capacity)]
+        for mode in (True, False)
+    }
+    made: dict[bool, list[Request]] = {True: [], False: []}
+    cands = snaps([0, 0, 0])
+    saved = routing_module.PRIVATE_BLOCKS_BY_COUNT
+    try:
+        for kind, a, b, chosen, which in events:
+            seen = {}
+            for by_count, pair in scorers.items():
+                scorer = pair[which]
+                routing_module.PRIVATE_BLOCKS_BY_COUNT = by_count
+                reqs = made[by_count]
+                if kind == "new" or not reqs:
+                    segments = [("sys", a)] if a else []
+                    rid = f"r{len(reqs)}"
+                    req = prompt(rid, *segments, (rid, b)) if b else prompt(rid, *segments)
+                    req.private_from_token = a if b else -1
+                    reqs.append(req)
+                elif kind == "reroute":
+                    req = reqs[a % len(reqs)]
+                else:
+                    req = reqs[a % len(reqs)].sub_request("decode")
+                seen[by_count] = scorer.score_list(req, cands)
+                scorer.observe(req, cands[chosen])
+            assert seen[True] == seen[False]
+            for lazy, eager in zip(scorers[True], scorers[False], strict=True):
+                for c in cands:
+                    assert lazy.index_size(c.instance_id) == eager.index_size(c.instance_id)
+    finally:
+        routing_module.PRIVATE_BLOCKS_BY_COUNT = saved
+
+
 def test_weighted_observe_feeds_prefix_index():
     policy = make_routing_policy("weighted", scorers="prefix-affinity:1", rng=rng(), block_size=BS)
     cands = snaps([0, 0, 0])
@@ -420,6 +474,47 @@ def test_bulk_recording_keeps_the_one_at_a_time_rule(batches, capacity):
         # Stale entries stay bounded (refreshing a shared prefix must not grow the index).
         held = sum(len(run.hashes) for run in index._runs) - index._front  # noqa: SLF001
         assert held <= len(plain) + 2 * capacity + len(hashes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 30), max_size=8),
+            st.integers(0, 6),
+            st.integers(-1, 6),  # materialize this record's private hashes so many records on
+        ),
+        max_size=40,
+    ),
+    st.integers(1, 24),
+)
+def test_private_hashes_held_by_count_keep_the_one_at_a_time_rule(records, capacity):
+    """Private hashes (new, never recorded elsewhere) kept as a count: the size, the stored
+    hashes' order, every lookup and every eviction are those of storing them, and once
+    materialized they are stored where they would have been."""
+    index = PrefixIndex(capacity)
+    plain: OrderedDict = OrderedDict()
+    fresh = iter(range(1000, 10**6))
+    pending: dict[int, list] = {}  # record number -> [(run, private hashes)]
+    materialized: set[int] = set()
+    for k, (hashes, private, later) in enumerate(records):
+        own = [next(fresh) for _ in range(private)]
+        run = index.record(hashes, private)
+        _record_one_at_a_time(plain, [*hashes, *own], capacity)
+        if later >= 0 and private:
+            pending.setdefault(k + later, []).append((run, own))
+        for run_due, own_due in pending.pop(k, []):
+            index.materialize(run_due, own_due)
+            materialized.update(own_due)
+        stored = [h for h in plain if h < 1000 or h in materialized]
+        assert list(index) == stored
+        assert len(index) == len(plain)
+        probe = [*hashes, *(h for h in own if h in materialized), 500]
+        assert index.matched_blocks(probe) == next(
+            (i for i, h in enumerate(probe) if h not in plain), len(probe)
+        )
+        held = sum(len(run.hashes) for run in index._runs) - index._front  # noqa: SLF001
+        assert held <= len(plain) + 2 * capacity + len(hashes) + private
 
 
 @settings(max_examples=200, deadline=None)

@@ -17,21 +17,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import simulator
+from simulator.cluster import routing
 from simulator.cluster.cluster import run_simulation
 from simulator.engine import batching, instance, kv_cache
 from simulator.engine.request import Request
 from tests.test_laws import scenarios as engine_scenarios
 
+SWITCHES = [
+    (batching, "DECODE_FAST_PATH"),
+    (instance, "COALESCE_STEPS"),
+    (kv_cache, "DEFER_PRIVATE_HASHES"),
+    (routing, "PRIVATE_BLOCKS_BY_COUNT"),
+]
+
 
 @contextmanager
 def speedups(enabled: bool):
-    saved = batching.DECODE_FAST_PATH, instance.COALESCE_STEPS, kv_cache.DEFER_PRIVATE_HASHES
-    batching.DECODE_FAST_PATH = instance.COALESCE_STEPS = enabled
-    kv_cache.DEFER_PRIVATE_HASHES = enabled
+    saved = [getattr(module, name) for module, name in SWITCHES]
+    for module, name in SWITCHES:
+        setattr(module, name, enabled)
     try:
         yield
     finally:
-        batching.DECODE_FAST_PATH, instance.COALESCE_STEPS, kv_cache.DEFER_PRIVATE_HASHES = saved
+        for (module, name), value in zip(SWITCHES, saved, strict=True):
+            setattr(module, name, value)
 
 
 def _observables(result) -> tuple:
@@ -165,7 +174,7 @@ def test_the_speedups_are_on_by_default_and_do_take_effect():
             "output_tokens": {"distribution": "constant", "value": 200},
         },
     }
-    assert batching.DECODE_FAST_PATH and instance.COALESCE_STEPS and kv_cache.DEFER_PRIVATE_HASHES
+    assert all(getattr(module, name) for module, name in SWITCHES)
     result = simulator.simulate(scenario)
     steps = len(result.engines[0].steps)
     # Light traffic: nearly every step takes the fast path.
