@@ -59,6 +59,12 @@ class KVCache:
         # Blocks held by more than one request (prefix hits): while there are none, a release
         # frees every block of the request without counting references down one by one.
         self._shared_blocks = 0
+        # Until the first prefix hit nothing reads a free block's reference count or queue
+        # position (only a revival does, and stale entries come only from revivals): a
+        # release then just appends its blocks, and the first hit writes both for every
+        # block in the queue (`_settle_free_blocks`). Caches that never hit (no shared
+        # content, private content deferred) never pay a per-block write on release.
+        self._free_state_settled = False
         self._hash_to_block: dict[int, int] = {}
         self.used_blocks = 0
         self.cache_hits = 0
@@ -92,6 +98,8 @@ class KVCache:
 
     def free_lru(self) -> list[int]:
         """Released blocks not in use, least recently freed first (the order of reuse)."""
+        if not self._free_state_settled:
+            return self._free_order[self._free_head :]  # no revival yet: no stale entry
         pos = self._free_pos
         order = self._free_order
         base = self._free_base
@@ -149,6 +157,8 @@ class KVCache:
         """
         bs = self.block_size
         if cached:
+            if not self._free_state_settled:
+                self._settle_free_blocks()
             revived = 0
             ref = self._ref_count
             for b in cached:
@@ -340,18 +350,24 @@ class KVCache:
         for req in holders:
             for b in req.block_ids:
                 expected[b] = expected.get(b, 0) + 1
-        in_use = [b for b, r in enumerate(self._ref_count) if r > 0]
-        assert self._shared_blocks == sum(1 for r in self._ref_count if r > 1)
+        ref = list(self._ref_count)
+        if not self._free_state_settled:
+            # Before the first prefix hit free blocks keep their last count: read them as 0.
+            assert self._shared_blocks == 0 and self._free_stale == 0
+            for b in self._free_order[self._free_head :]:
+                ref[b] = 0
+        in_use = [b for b, r in enumerate(ref) if r > 0]
+        assert self._shared_blocks == sum(1 for r in ref if r > 1)
         assert self._free_stale == len(self._free_order) - self._free_head - len(self.free_lru())
         assert len(in_use) == self.used_blocks, (len(in_use), self.used_blocks)
         for b in in_use:
-            assert self._ref_count[b] == expected.get(b, 0), (b, self._ref_count[b])
+            assert ref[b] == expected.get(b, 0), (b, ref[b])
         assert set(expected) == set(in_use)
         never_used = self.total_blocks - self._fresh_next
         free = self.free_lru()
         assert len(free) == self._free_count, (len(free), self._free_count)
         assert self.used_blocks + len(free) + never_used == self.total_blocks
-        assert all(self._ref_count[b] == 0 for b in free)
+        assert all(ref[b] == 0 for b in free)
         for req in holders:  # a block's hash is the content the request expects there
             hashes = req._block_hashes or []  # noqa: SLF001
             for i, b in enumerate(req.block_ids[: len(hashes)]):
@@ -368,7 +384,11 @@ class KVCache:
         pos = self._free_pos
         first = tail = self._free_base + len(order)
         ids = req.block_ids
-        if not self._shared_blocks:
+        if not self._free_state_settled:
+            # No prefix hit yet, so no shared block either: the blocks just join the queue.
+            order.extend(reversed(ids))
+            tail += len(ids)
+        elif not self._shared_blocks:
             # Every block is this request's alone: all of them are freed.
             order.extend(reversed(ids))
             for b in reversed(ids):
@@ -413,6 +433,19 @@ class KVCache:
             if block_hash[b] is None:
                 block_hash[b] = h
                 index.setdefault(h, b)
+
+    def _settle_free_blocks(self) -> None:
+        """Write the reference count (0) and queue position of every free block, as releases
+        do once the cache has had a prefix hit."""
+        ref = self._ref_count
+        pos = self._free_pos
+        order = self._free_order
+        base = self._free_base
+        for k in range(self._free_head, len(order)):
+            b = order[k]
+            ref[b] = 0
+            pos[b] = base + k
+        self._free_state_settled = True
 
     def _drop_stale_entries(self) -> None:
         """Rebuild the free queue from its live entries: revivals (prefix hits) leave stale

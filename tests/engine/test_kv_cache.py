@@ -551,3 +551,56 @@ def test_deferring_private_hashes_changes_nothing_anyone_can_see(inputs, groups,
                 if h in r.block_hashes(-(-r.input_tokens // BS), BS)[r.private_from_token // BS :]
             ]  # fmt: skip
             assert owners and all(retired[j] or reqs["lazy"][j].block_ids for j in owners), h
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    inputs=st.lists(st.integers(1, 100), min_size=N_REQS, max_size=N_REQS),
+    groups=st.lists(st.sampled_from(["x", "y"]), min_size=N_REQS, max_size=N_REQS),
+    ops=st.lists(op_strategy, min_size=20, max_size=100),
+)
+def test_free_block_state_written_at_the_first_hit_is_what_releases_would_have_written(
+    inputs, groups, ops
+):
+    """Until its first prefix hit a cache does not write free blocks' reference counts and
+    queue positions; against a cache that writes them on every release: the same blocks,
+    free queue and counters throughout, and once it has settled, the same per-block state."""
+    caches = [KVCache(TOTAL, BS), KVCache(TOTAL, BS)]
+    caches[1]._free_state_settled = True  # writes on every release, as before
+    reqs = [
+        [
+            shared(f"r{i}", min(n, 32), n - min(n, 32), group=g, out=100)
+            for i, (n, g) in enumerate(zip(inputs, groups, strict=True))
+        ]
+        for _ in caches
+    ]
+    pos = [0] * N_REQS
+    for op, i, k in ops:
+        outcomes = []
+        for kv, rs in zip(caches, reqs, strict=True):
+            r = rs[i]
+            if op == "alloc" and pos[i] < r.input_tokens:
+                cached = kv.cached_prefix_blocks(r, r.input_tokens - 1) if not r.block_ids else []
+                start = len(cached) * BS if not r.block_ids else pos[i]
+                end = min(start + k, r.input_tokens)
+                outcomes.append((kv.try_allocate(r, start, end, cached), end))
+            elif op == "append" and pos[i] >= r.input_tokens:
+                outcomes.append((kv.append_token(r, pos[i]), pos[i] + 1))
+            elif op == "release":
+                kv.release(r)
+                outcomes.append((True, 0))
+            kv.check_invariants(rs)
+        if outcomes:
+            assert outcomes[0] == outcomes[1]
+            if outcomes[0][0]:
+                pos[i] = outcomes[0][1]
+        lazy, eager = caches
+        assert [r.block_ids for r in reqs[0]] == [r.block_ids for r in reqs[1]]
+        assert free_list(lazy) == free_list(eager)
+        assert (lazy.used_blocks, lazy.cache_hits, lazy.cache_misses) == (
+            eager.used_blocks, eager.cache_hits, eager.cache_misses
+        )  # fmt: skip
+        if lazy._free_state_settled:
+            for b in free_list(lazy):
+                assert lazy._ref_count[b] == eager._ref_count[b] == 0
+                assert lazy._free_pos[b] == eager._free_pos[b]
