@@ -65,6 +65,9 @@ class KVCache:
         # block in the queue (`_settle_free_blocks`). Caches that never hit (no shared
         # content, private content deferred) never pay a per-block write on release.
         self._free_state_settled = False
+        # No block has held a hash yet: a reused block then has no content to erase, and
+        # (unsettled) its reference count still reads 1, so taking it needs no per-block work.
+        self._never_hashed = True
         self._hash_to_block: dict[int, int] = {}
         self.used_blocks = 0
         self.cache_hits = 0
@@ -209,7 +212,8 @@ class KVCache:
         if reused:
             # The least recently freed blocks, off the queue's head (skipping stale entries).
             taken = self._pop_free(reused)
-            self._reuse(taken)
+            if self._free_state_settled or not self._never_hashed:
+                self._reuse(taken)
             ids.extend(taken)
         self.used_blocks += count
         self.cache_misses += count
@@ -320,6 +324,7 @@ class KVCache:
                 if first >= private_block:
                     return
                 last_full = private_block
+        self._never_hashed = False
         hashes = req.block_hashes(last_full, bs)
         ids = req.block_ids
         block_hash = self._block_hash
@@ -426,6 +431,7 @@ class KVCache:
         first = req.private_from_token // bs
         end = req.deferred_hash_blocks
         req.private_from_token = -1
+        self._never_hashed = False
         hashes = req.block_hashes(end, bs)
         block_hash = self._block_hash
         index = self._hash_to_block
