@@ -45,7 +45,7 @@ def _float_slack_us(t_us: float) -> float:
 
 def ceil_us(t_us: float) -> int:
     """The first integer µs at or after `t_us`, ignoring float noise."""
-    return math.ceil(t_us - _float_slack_us(t_us))
+    return math.ceil(t_us - (1e-6 + 16 * math.ulp(t_us)))  # _float_slack_us, inlined
 
 
 # --------------------------------------------------------------------------- core
@@ -98,17 +98,23 @@ class SharedLink:
             self._remaining[transfer_id] = [float(size_bytes), float(next(self._order))]
 
     def _next_drain(self) -> tuple[float, TransferId] | None:
-        if not self._remaining:
+        remaining = self._remaining
+        if len(remaining) == 1:
+            # Nearly always: transfers seldom overlap. The same arithmetic as below.
+            for tid, (rem, _) in remaining.items():
+                return self.now_us + rem / self._rate(), tid
+        if not remaining:
             return None
-        tid, (rem, _) = min(self._remaining.items(), key=lambda kv: (kv[1][0], kv[1][1]))
+        tid, (rem, _) = min(remaining.items(), key=_remaining_then_order)
         return self.now_us + rem / self._rate(), tid
 
     def next_completion(self) -> tuple[float, TransferId] | None:
         """(exact finish time, id) of the earliest finishing transfer not yet removed."""
-        if self._finished:
-            tid = min(self._finished, key=self._finished.__getitem__)
-            return self._finished[tid], tid
-        return self._next_drain()
+        finished = self._finished
+        if not finished:
+            return self._next_drain()
+        tid = min(finished, key=finished.__getitem__)
+        return finished[tid], tid
 
     def advance(self, now_us: float) -> None:
         """Drain bytes up to `now_us`, finishing transfers in order along the way."""
@@ -146,6 +152,10 @@ class SharedLink:
             del self._finished[transfer_id]
         else:
             del self._remaining[transfer_id]
+
+
+def _remaining_then_order(item: tuple[TransferId, list[float]]) -> tuple[float, float]:
+    return item[1][0], item[1][1]
 
 
 # --------------------------------------------------------------------------- SimPy wrapper
@@ -281,15 +291,17 @@ class KVTransferLink:
     # ------------------------------------------------------------------ internals
     def _next_event_us(self) -> int | None:
         """Integer µs at which something next needs doing."""
-        times: list[int] = []
-        if self._waiting:
-            times.append(ceil_us(self._waiting[0].start_us))
+        wake_us = ceil_us(self._waiting[0].start_us) if self._waiting else None
         nxt = self.core.next_completion()
         if nxt is not None:
-            times.append(ceil_us(nxt[0]))
+            done_us = ceil_us(nxt[0])
+            if wake_us is None or done_us < wake_us:
+                wake_us = done_us
         if self._due:
-            times.append(self._due[0][0])
-        return min(times) if times else None
+            due_us = self._due[0][0]
+            if wake_us is None or due_us < wake_us:
+                wake_us = due_us
+        return wake_us
 
     def _reschedule(self) -> None:
         wake_us = self._next_event_us()

@@ -144,6 +144,10 @@ class VLLMEngine:
         self._unsteady: list[Request] = []  # running requests handled one by one, in order
         self._active: list[Request] = []  # this step's one-by-one requests, in running order
         self._run_seq = 0
+        # A steady request that just took a block at a block start is this many tokens from
+        # the next one (0 with one-token blocks, where every step takes a block).
+        self._steps_to_next_block = config.block_size - 1
+        self._has_cpu_tier = cpu is not None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -614,12 +618,24 @@ class VLLMEngine:
         self.kv.take_block(req)  # the caller checked the room
         behind = step - req.sync_step
         # After this step's token it is one further on: when does it need attention next?
-        wake_in, block_only = self._steady_wake(
-            req, req.computed_tokens + behind + 1, req.generated_tokens + behind + 1
-        )
-        req.wake_step = step + 1 + wake_in
+        computed = req.computed_tokens + behind + 1
+        generated = req.generated_tokens + behind + 1
+        # Nearly always the next block start, a block from now: `_steady_wake`'s answer when
+        # neither the last token nor the context limit comes first (the block just taken holds
+        # output alone, so there is no prompt block to hash in it).
+        to_next_block = self._steps_to_next_block
+        mml = self.config.max_model_len
+        if (
+            to_next_block
+            and req.output_tokens - generated - 1 > to_next_block
+            and (mml <= 0 or mml - 2 - computed > to_next_block)
+        ):
+            wake_in, block_only = to_next_block, True
+        else:
+            wake_in, block_only = self._steady_wake(req, computed, generated)
+        req.wake_step = wake_step = step + 1 + wake_in
         req.wake_for_block = block_only
-        heapq.heappush(self._wake_heap, (req.wake_step, req.run_seq, req))
+        heapq.heappush(self._wake_heap, (wake_step, req.run_seq, req))
 
     def _sync(self, req: Request) -> None:
         behind = self._finished_steps - req.sync_step
@@ -763,7 +779,7 @@ class VLLMEngine:
         handled one by one, so none completes) on an engine without a CPU tier: the same
         counters and log row, without the per-request loops. False (nothing done) for any
         other step."""
-        if self._active or not self._steady_count or self.kv.cpu is not None:
+        if self._active or not self._steady_count or self._has_cpu_tier:
             return False
         start = self._step_start_us
         end = start + step_us

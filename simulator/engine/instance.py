@@ -379,7 +379,7 @@ class Instance:
             check_step(engine, self.instance_id, end_us)
         steady = engine.plan_steady_step(end_us)
         if steady is not None:
-            step_us = self._decode_step_time(*steady)
+            step_us = self._decode_step_time(steady[0], steady[1])  # not *steady: a slower call
             return end_us + step_us, step_us
         batch = engine.plan_general_step(end_us)
         assert not engine.new_reloads

@@ -212,7 +212,8 @@ class RooflineModel(StepTimeModel):
 
         compute_s = prefill_flops / self.prefill_flops_rate + decode_flops / self.decode_flops_rate
         memory_s = (self.weight_bytes(step_tokens) + dynamic_bytes) / self.tp / self.bw_bytes_per_s
-        step_us = int(max(compute_s, memory_s) * 1e6)
+        # max() without the call: the same float (neither term is ever NaN).
+        step_us = int((memory_s if memory_s > compute_s else compute_s) * 1e6)
         return step_us if step_us > 1 else 1
 
     def decode_step_time_us(self, decode_count: int, decode_context_sum: int) -> int:
@@ -230,7 +231,8 @@ class RooflineModel(StepTimeModel):
         compute_s = decode_flops / self.decode_flops_rate
         weight_bytes = self.weight_bytes(decode_count) if self.is_moe else self.dense_weight_bytes
         memory_s = (weight_bytes + dynamic_bytes) / self.tp / self.bw_bytes_per_s
-        step_us = int(max(compute_s, memory_s) * 1e6)
+        # max() without the call: the same float (neither term is ever NaN).
+        step_us = int((memory_s if memory_s > compute_s else compute_s) * 1e6)
         return step_us if step_us > 1 else 1
 
 
