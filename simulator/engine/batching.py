@@ -578,11 +578,10 @@ class VLLMEngine:
     def _steady_wake(self, req: Request, computed: int, generated: int) -> tuple[int, bool]:
         """Steps from the next one until `req` (at `computed` / `generated` tokens), decoding
         one token per step, needs attention: a KV block to take, a prompt block to hash, or
-        its last token (0 = at once). The flag says the only need then is a new KV block."""
+        its last token (0 = at once). The flag says the only need then is a new KV block: a
+        request at a block start now (0, True) waits for its block as a steady one."""
         bs = self.config.block_size
         steps = -computed % bs  # next position at a block start: a new block
-        if steps == 0:
-            return 0, False
         block_only = True
         # A need that falls on the block step too makes that step more than a block taking.
         done_in = req.output_tokens - generated - 1
@@ -600,7 +599,7 @@ class VLLMEngine:
         if hash_at - computed <= steps and hash_at + 1 <= -(-req.prefill_target // bs) * bs:
             steps = hash_at - computed
             block_only = False
-        return (steps, block_only) if steps > 0 else (0, False)
+        return (steps, block_only) if steps > 0 else (0, block_only)
 
     def _make_steady(self, req: Request, wake_in: int, block_only: bool) -> None:
         step = self._finished_steps
@@ -922,7 +921,7 @@ class VLLMEngine:
                     wake_in, block_only = self._steady_wake(
                         req, req.computed_tokens, req.generated_tokens
                     )
-                    if wake_in:
+                    if wake_in or block_only:
                         self._make_steady(req, wake_in, block_only)
                         continue
                 unsteady.append(req)

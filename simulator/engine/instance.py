@@ -297,8 +297,9 @@ class Instance:
             if self.terminated:
                 return  # the instance went away mid-step; its requests were settled then
             # The step in flight now: another instance may have run this one's steps meanwhile.
-            for req in engine.finish_step(self._inflight_step_us):
-                on_finished(req)
+            if not engine.finish_steady_step(self._inflight_step_us):
+                for req in engine.finish_step(self._inflight_step_us):
+                    on_finished(req)
             if self.check_invariants:
                 check_step(engine, self.instance_id, env.now)
 
