@@ -257,6 +257,7 @@ class Instance:
         env = self.env
         engine = self.engine
         step_time = self.step_model.step_time_us
+        decode_step_time = self._decode_step_time
         on_finished = self.on_finished
         priority = self._step_priority
         while True:
@@ -268,25 +269,33 @@ class Instance:
                 self._idle = env.event()
                 yield self._idle
                 self._idle = None
-            batch = engine.plan_step(env.now)
-            if engine.dropped_while_planning:
-                for req in engine.dropped_while_planning:
-                    on_finished(req)
-                engine.dropped_while_planning.clear()
-            if batch is None:
-                continue
-            if engine.new_reloads:
-                self._start_reloads()
-            if batch.batch_size == 0 and engine.waiting_on_reloads:
-                # Nothing to compute until a prefix arrives from the CPU tier (or a request).
-                engine.reload_idle_us.append(env.now)
-                self._idle = env.event()
-                yield self._idle
-                self._idle = None
-                continue
-            step_us = step_time(batch) + batch.extra_us
-            if self.warm_requests:
-                step_us += self._warm_up_extra_us(batch)
+            # A step of steady decoders alone (nothing waits, none is warming up) is priced
+            # from its aggregates, as coalesced steps are; anything else builds the batch.
+            plain = engine.running and not self.warm_requests
+            steady = engine.plan_steady_step(env.now) if plain else None
+            if steady is not None:
+                step_us = decode_step_time(steady[0], steady[1])
+            else:
+                # If tried, the steady plan changed nothing; plan_step would try it again.
+                batch = engine.plan_general_step(env.now) if plain else engine.plan_step(env.now)
+                if engine.dropped_while_planning:
+                    for req in engine.dropped_while_planning:
+                        on_finished(req)
+                    engine.dropped_while_planning.clear()
+                if batch is None:
+                    continue
+                if engine.new_reloads:
+                    self._start_reloads()
+                if batch.batch_size == 0 and engine.waiting_on_reloads:
+                    # Nothing to compute until a prefix arrives from the CPU tier (or a request).
+                    engine.reload_idle_us.append(env.now)
+                    self._idle = env.event()
+                    yield self._idle
+                    self._idle = None
+                    continue
+                step_us = step_time(batch) + batch.extra_us
+                if self.warm_requests:
+                    step_us += self._warm_up_extra_us(batch)
             end_us = env.now + step_us
             if self.coalesce_steps and not self.warm_requests:
                 end_us, step_us = self._run_ahead(end_us, step_us)
