@@ -45,7 +45,7 @@ def _float_slack_us(t_us: float) -> float:
 
 def ceil_us(t_us: float) -> int:
     """The first integer µs at or after `t_us`, ignoring float noise."""
-    return math.ceil(t_us - (1e-6 + 16 * math.ulp(t_us)))  # _float_slack_us, inlined
+    return math.ceil(t_us - _float_slack_us(t_us))
 
 
 # --------------------------------------------------------------------------- core
@@ -99,13 +99,12 @@ class SharedLink:
 
     def _next_drain(self) -> tuple[float, TransferId] | None:
         remaining = self._remaining
-        if len(remaining) == 1:
-            # Nearly always: transfers seldom overlap. The same arithmetic as below.
-            for tid, (rem, _) in remaining.items():
-                return self.now_us + rem / self._rate(), tid
-        if not remaining:
+        if len(remaining) == 1:  # nearly always: transfers seldom overlap
+            tid, (rem, _) = next(iter(remaining.items()))
+        elif remaining:
+            tid, (rem, _) = min(remaining.items(), key=_remaining_then_order)
+        else:
             return None
-        tid, (rem, _) = min(remaining.items(), key=_remaining_then_order)
         return self.now_us + rem / self._rate(), tid
 
     def next_completion(self) -> tuple[float, TransferId] | None:

@@ -271,13 +271,17 @@ class Instance:
                 self._idle = None
             # A step of steady decoders alone (nothing waits, none is warming up) is priced
             # from its aggregates, as coalesced steps are; anything else builds the batch.
-            plain = engine.running and not self.warm_requests
-            steady = engine.plan_steady_step(env.now) if plain else None
+            may_be_steady = engine.running and not self.warm_requests
+            steady = engine.plan_steady_step(env.now) if may_be_steady else None
             if steady is not None:
                 step_us = decode_step_time(steady[0], steady[1])
             else:
                 # If tried, the steady plan changed nothing; plan_step would try it again.
-                batch = engine.plan_general_step(env.now) if plain else engine.plan_step(env.now)
+                batch = (
+                    engine.plan_general_step(env.now)
+                    if may_be_steady
+                    else engine.plan_step(env.now)
+                )
                 if engine.dropped_while_planning:
                     for req in engine.dropped_while_planning:
                         on_finished(req)
