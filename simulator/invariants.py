@@ -95,14 +95,15 @@ def check_step(engine: VLLMEngine, instance_id: str, now_us: int) -> None:
     runs on steps 1, 2, 4, 8, ... and every DEEP_CHECK_EVERY_STEPS-th step, and at the end
     of the run (`check_run`): a broken KV law is still caught, a little later."""
     steps = engine.steps
-    n = len(steps.start_us)
-    if n >= 2:
-        previous_end_us = steps.start_us[n - 2] + steps.step_us[n - 2]
+    n = len(steps)
+    starts_us = steps.last_values("start_us", 2)
+    if len(starts_us) == 2:
+        previous_end_us = starts_us[0] + steps.last_values("step_us", 2)[0]
         _require(
-            steps.start_us[n - 1] >= previous_end_us,
+            starts_us[1] >= previous_end_us,
             "clock never decreases (INV-3)",
             now_us,
-            f"{instance_id} started a step at {steps.start_us[n - 1]} µs, before its previous "
+            f"{instance_id} started a step at {starts_us[1]} µs, before its previous "
             f"step ended at {previous_end_us} µs",
         )
     kv = engine.kv

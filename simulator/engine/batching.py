@@ -16,7 +16,7 @@ from enum import StrEnum
 from operator import attrgetter
 
 from ..latency.base import StepBatch
-from ..metrics.recorder import StepLog
+from ..metrics.recorder import PACK_AFTER_ROWS, StepLog
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
 from .policies import make_priority_policy, make_scheduler
@@ -106,7 +106,7 @@ class VLLMEngine:
         # Fixed per-request cost after the last token (trained-roofline's alpha1): it delays
         # the completion the client sees, never the GPU.
         self.post_decode_us = post_decode_overhead_us
-        self.steps = StepLog()
+        self.steps = StepLog(cpu is not None, output_token_processing_us)
         self.irregular_itl_us = array("d")  # fractional only with blocking reloads
         # Completed requests, kept only with `keep_completed` (a cluster that compacts finished
         # requests into rows turns it off, so the engine does not hold them all alive).
@@ -424,6 +424,10 @@ class VLLMEngine:
             for entry in wakers:
                 self._take_block_steady(entry[2], step)
             self.steady_block_takes += len(wakers)
+            # finish_steady_step does not pack the log; some steady request takes a block at
+            # least every block_size steps, so checking here keeps the tails short.
+            if len(self.steps.tail_start_us) >= PACK_AFTER_ROWS:
+                self.steps.pack()
         self.clock_us = now_us
         kv.now_us = now_us
         self.step_count += 1
@@ -783,26 +787,23 @@ class VLLMEngine:
         start = self._step_start_us
         end = start + step_us
         self.clock_us = end
-        regular_gap = end - self._prev_step_end_us + self.otp_us
         steady = self._steady_count
         self.total_output_tokens += steady
         # The same row as finish_step's, written out: a shared StepLog.append_row call cost
         # +0.6 % (a) and +1.1 % (d) instructions. A column added there and not here would
         # differ in length; tests/engine/test_fast_paths.py compares step frames and summaries.
+        # (No CPU tier here, so no CPU-tier columns; the regular gap is derived from the times.)
         steps = self.steps
-        steps.start_us.append(start)
-        steps.step_us.append(step_us)
-        steps.batch_size.append(steady)
-        steps.prefill_tokens.append(0)
-        steps.decode_tokens.append(steady)
-        steps.kv_used_blocks.append(self.kv.used_blocks)
-        steps.queue_length.append(len(self.waiting))
-        steps.running_requests.append(len(self.running))
-        steps.cpu_kv_used_blocks.append(0)
-        steps.reloading_requests.append(0)
-        steps.preemptions.append(self.preemption_count)
-        steps.itl_regular_gap_us.append(regular_gap)
-        steps.itl_regular_count.append(steady)
+        steps.tail_start_us.append(start)
+        steps.tail_step_us.append(step_us)
+        steps.tail_batch_size.append(steady)
+        steps.tail_prefill_tokens.append(0)
+        steps.tail_decode_tokens.append(steady)
+        steps.tail_kv_used_blocks.append(self.kv.used_blocks)
+        steps.tail_queue_length.append(len(self.waiting))
+        steps.tail_running_requests.append(len(self.running))
+        steps.tail_preemptions.append(self.preemption_count)
+        steps.tail_itl_regular_count.append(steady)
         self._prev_step_end_us = end
         self._finished_steps += 1
         self._unsteady = []
@@ -894,22 +895,22 @@ class VLLMEngine:
             if self.keep_completed:
                 self.completed.extend(done)
         steps = self.steps
-        steps.start_us.append(start)
-        steps.step_us.append(step_us)
-        steps.batch_size.append(served)
-        steps.prefill_tokens.append(prefill_tokens)
-        steps.decode_tokens.append(decode_tokens)
-        steps.kv_used_blocks.append(self.kv.used_blocks)
-        steps.queue_length.append(len(self.waiting))
-        steps.running_requests.append(len(self.running))
+        steps.tail_start_us.append(start)
+        steps.tail_step_us.append(step_us)
+        steps.tail_batch_size.append(served)
+        steps.tail_prefill_tokens.append(prefill_tokens)
+        steps.tail_decode_tokens.append(decode_tokens)
+        steps.tail_kv_used_blocks.append(self.kv.used_blocks)
+        steps.tail_queue_length.append(len(self.waiting))
+        steps.tail_running_requests.append(len(self.running))
+        steps.tail_preemptions.append(self.preemption_count)
+        steps.tail_itl_regular_count.append(regular)
         cpu = self.kv.cpu
-        steps.cpu_kv_used_blocks.append(cpu.used_blocks if cpu is not None else 0)
-        steps.reloading_requests.append(
-            sum(1 for r in self.running if r.reload_pending) if cpu is not None else 0
-        )
-        steps.preemptions.append(self.preemption_count)
-        steps.itl_regular_gap_us.append(regular_gap)
-        steps.itl_regular_count.append(regular)
+        if cpu is not None:
+            steps.tail_cpu_kv_used_blocks.append(cpu.used_blocks)
+            steps.tail_reloading_requests.append(sum(1 for r in self.running if r.reload_pending))
+        if len(steps.tail_start_us) >= PACK_AFTER_ROWS:
+            steps.pack()
         self._prev_step_end_us = end
         self._finished_steps += 1
         if self.fast_path:
