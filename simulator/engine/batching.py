@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
@@ -405,36 +406,43 @@ class VLLMEngine:
             return None
         step = self._finished_steps
         heap = self._wake_heap
-        kv = self.kv
-        if heap and heap[0][0] <= step:
-            wakers = []
-            blocks_only = True
-            while heap and heap[0][0] <= step:
-                entry = heapq.heappop(heap)
-                req = entry[2]
-                if req.steady and req.wake_step == entry[0]:
-                    wakers.append(entry)
-                    if not req.wake_for_block:
-                        blocks_only = False
-            if not blocks_only or len(wakers) > kv.total_blocks - kv.used_blocks:
-                for entry in wakers:
-                    heapq.heappush(heap, entry)
-                return None
-            kv.now_us = now_us
-            for entry in wakers:
-                self._take_block_steady(entry[2], step)
-            self.steady_block_takes += len(wakers)
-            # finish_steady_step does not pack the log; some steady request takes a block at
-            # least every block_size steps, so checking here keeps the tails short.
-            if len(self.steps.tail_start_us) >= PACK_AFTER_ROWS:
-                self.steps.pack()
+        if heap and heap[0][0] <= step and not self._take_steady_blocks(step, now_us):
+            return None
         self.clock_us = now_us
-        kv.now_us = now_us
+        self.kv.now_us = now_us
         self.step_count += 1
         self.fast_path_steps += 1
         self._active = []
         self._step_start_us = now_us
         return n, self._steady_context_offset + n * step
+
+    def _take_steady_blocks(self, step: int, now_us: int) -> bool:
+        """The steady requests due at `step` take their KV blocks and stay steady. False, with
+        nothing changed, when one of them needs more than a block or the blocks run short."""
+        heap = self._wake_heap
+        kv = self.kv
+        wakers = []
+        blocks_only = True
+        while heap and heap[0][0] <= step:
+            entry = heapq.heappop(heap)
+            req = entry[2]
+            if req.steady and req.wake_step == entry[0]:
+                wakers.append(entry)
+                if not req.wake_for_block:
+                    blocks_only = False
+        if not blocks_only or len(wakers) > kv.total_blocks - kv.used_blocks:
+            for entry in wakers:
+                heapq.heappush(heap, entry)
+            return False
+        kv.now_us = now_us
+        for entry in wakers:
+            self._take_block_steady(entry[2], step)
+        self.steady_block_takes += len(wakers)
+        # Steady steps do not pack the step log; some steady request takes a block at least
+        # every block_size steps, so checking here keeps its tails short.
+        if len(self.steps.tail_start_us) >= PACK_AFTER_ROWS:
+            self.steps.pack()
+        return True
 
     def _schedule_running(self, order: list[Request], budget: int) -> tuple[int, bool]:
         """Phase 1: tokens for running requests in `order` (admission order), within `budget`.
@@ -777,16 +785,18 @@ class VLLMEngine:
         if not self.scheduler.keeps_order:
             self.waiting = deque(self.scheduler.order(list(self.waiting)))
 
-    def finish_steady_step(self, step_us: int) -> bool:
-        """`finish_step` for a step in which every request served was steady (no request
-        handled one by one, so none completes) on an engine without a CPU tier: the same
-        counters and log row, without the per-request loops. False (nothing done) for any
-        other step."""
+    def finish_and_plan_steady(self, step_us: int, price: Callable[[int, int], int]) -> int:
+        """`finish_step` for a step in which every request served was steady (none handled one
+        by one, so none completes) on an engine without a CPU tier, then `plan_steady_step`
+        at its end, priced by `price(decode_count, decode_context_sum)`: the same counters,
+        log row and plan, without the per-request loops, in one call, as most steps of a busy
+        batch are such. Returns the planned step's duration; 0 when the step was finished and
+        the next one needs the general plan (nothing planned yet); -1 when the step was not
+        all steady (nothing done: it needs `finish_step`)."""
         if self._active or not self._steady_count or self._has_cpu_tier:
-            return False
+            return -1
         start = self._step_start_us
         end = start + step_us
-        self.clock_us = end
         steady = self._steady_count
         self.total_output_tokens += steady
         # The same row as finish_step's, written out: a shared StepLog.append_row call cost
@@ -794,20 +804,32 @@ class VLLMEngine:
         # differ in length; tests/engine/test_fast_paths.py compares step frames and summaries.
         # (No CPU tier here, so no CPU-tier columns; the regular gap is derived from the times.)
         steps = self.steps
+        waiting = self.waiting
         steps.tail_start_us.append(start)
         steps.tail_step_us.append(step_us)
         steps.tail_batch_size.append(steady)
         steps.tail_prefill_tokens.append(0)
         steps.tail_decode_tokens.append(steady)
         steps.tail_kv_used_blocks.append(self.kv.used_blocks)
-        steps.tail_queue_length.append(len(self.waiting))
+        steps.tail_queue_length.append(len(waiting))
         steps.tail_running_requests.append(len(self.running))
         steps.tail_preemptions.append(self.preemption_count)
         steps.tail_itl_regular_count.append(steady)
         self._prev_step_end_us = end
-        self._finished_steps += 1
+        self._finished_steps = step = self._finished_steps + 1
         self._unsteady = []
-        return True
+        self.clock_us = end
+        # plan_steady_step(end), written out.
+        if waiting or not self.fast_path or steady > self.config.max_num_scheduled_tokens:
+            return 0
+        heap = self._wake_heap
+        if heap and heap[0][0] <= step and not self._take_steady_blocks(step, end):
+            return 0
+        self.kv.now_us = end
+        self.step_count += 1
+        self.fast_path_steps += 1
+        self._step_start_us = end
+        return price(steady, self._steady_context_offset + steady * step)
 
     def finish_step(self, step_us: int) -> list[Request]:
         """Apply a step that ran for `step_us`: progress, tokens, completions (SPEC §1.4 B–C).

@@ -260,46 +260,54 @@ class Instance:
         decode_step_time = self._decode_step_time
         on_finished = self.on_finished
         priority = self._step_priority
+        # The duration of a steady step already planned where the previous one finished
+        # (`VLLMEngine.finish_and_plan_steady`); 0 when the next step is still to plan.
+        planned_us = 0
         while True:
-            if not engine.has_work:
-                if self.on_idle is not None:
-                    self.on_idle(self)
-                if self.terminated:
-                    return
-                self._idle = env.event()
-                yield self._idle
-                self._idle = None
-            # A step of steady decoders alone (nothing waits, none is warming up) is priced
-            # from its aggregates, as coalesced steps are; anything else builds the batch.
-            may_be_steady = engine.running and not self.warm_requests
-            steady = engine.plan_steady_step(env.now) if may_be_steady else None
-            if steady is not None:
-                step_us = decode_step_time(steady[0], steady[1])
+            if planned_us:
+                step_us = planned_us
             else:
-                # If tried, the steady plan changed nothing; plan_step would try it again.
-                batch = (
-                    engine.plan_general_step(env.now)
-                    if may_be_steady
-                    else engine.plan_step(env.now)
-                )
-                if engine.dropped_while_planning:
-                    for req in engine.dropped_while_planning:
-                        on_finished(req)
-                    engine.dropped_while_planning.clear()
-                if batch is None:
-                    continue
-                if engine.new_reloads:
-                    self._start_reloads()
-                if batch.batch_size == 0 and engine.waiting_on_reloads:
-                    # Nothing to compute until a prefix arrives from the CPU tier (or a request).
-                    engine.reload_idle_us.append(env.now)
+                if not engine.has_work:
+                    if self.on_idle is not None:
+                        self.on_idle(self)
+                    if self.terminated:
+                        return
                     self._idle = env.event()
                     yield self._idle
                     self._idle = None
-                    continue
-                step_us = step_time(batch) + batch.extra_us
-                if self.warm_requests:
-                    step_us += self._warm_up_extra_us(batch)
+                # A step of steady decoders alone (nothing waits, none is warming up) is
+                # priced from its aggregates, as coalesced steps are; anything else builds the
+                # batch.
+                may_be_steady = engine.running and not self.warm_requests
+                steady = engine.plan_steady_step(env.now) if may_be_steady else None
+                if steady is not None:
+                    step_us = decode_step_time(steady[0], steady[1])
+                else:
+                    # If tried, the steady plan changed nothing; plan_step would try it again.
+                    batch = (
+                        engine.plan_general_step(env.now)
+                        if may_be_steady
+                        else engine.plan_step(env.now)
+                    )
+                    if engine.dropped_while_planning:
+                        for req in engine.dropped_while_planning:
+                            on_finished(req)
+                        engine.dropped_while_planning.clear()
+                    if batch is None:
+                        continue
+                    if engine.new_reloads:
+                        self._start_reloads()
+                    if batch.batch_size == 0 and engine.waiting_on_reloads:
+                        # Nothing to compute until a prefix arrives from the CPU tier (or a
+                        # request).
+                        engine.reload_idle_us.append(env.now)
+                        self._idle = env.event()
+                        yield self._idle
+                        self._idle = None
+                        continue
+                    step_us = step_time(batch) + batch.extra_us
+                    if self.warm_requests:
+                        step_us += self._warm_up_extra_us(batch)
             end_us = env.now + step_us
             if self.coalesce_steps and not self.warm_requests:
                 end_us, step_us = self._run_ahead(end_us, step_us)
@@ -310,9 +318,17 @@ class Instance:
             if self.terminated:
                 return  # the instance went away mid-step; its requests were settled then
             # The step in flight now: another instance may have run this one's steps meanwhile.
-            if not engine.finish_steady_step(self._inflight_step_us):
+            # A step of steady requests alone is finished, and the next one planned if it is
+            # such a step too, in one call; warm-up requests need the general plan's pricing.
+            planned_us = (
+                -1
+                if self.warm_requests
+                else engine.finish_and_plan_steady(self._inflight_step_us, decode_step_time)
+            )
+            if planned_us < 0:
                 for req in engine.finish_step(self._inflight_step_us):
                     on_finished(req)
+                planned_us = 0
             if self.check_invariants:
                 check_step(engine, self.instance_id, env.now)
 
@@ -385,13 +401,16 @@ class Instance:
         Most such steps only advance steady decoders, and the next one does the same: those
         take the engine's all-steady paths and the model's decode-only step time."""
         engine = self.engine
-        if not engine.finish_steady_step(step_us):
+        engine.steps_coalesced += 1
+        next_step_us = engine.finish_and_plan_steady(step_us, self._decode_step_time)
+        if next_step_us < 0:
             finished = engine.finish_step(step_us)
             assert not finished, "a coalesced step completed a request"
-        engine.steps_coalesced += 1
         if self.check_invariants:
             check_step(engine, self.instance_id, end_us)
-        steady = engine.plan_steady_step(end_us)
+        if next_step_us > 0:
+            return end_us + next_step_us, next_step_us
+        steady = engine.plan_steady_step(end_us) if next_step_us < 0 else None
         if steady is not None:
             step_us = self._decode_step_time(steady[0], steady[1])  # not *steady: a slower call
             return end_us + step_us, step_us
