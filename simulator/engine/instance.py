@@ -370,13 +370,14 @@ class Instance:
                 and other._can_finish_quietly()
             ):
                 break
-            heapq.heappop(queue)
             next_end_us, other._inflight_step_us = other._finish_quiet_step(
                 head_us, other._inflight_step_us
             )
             other._inflight_end_us = next_end_us
-            # What env.schedule(event, head_priority, next_end_us - env.now) pushes.
-            heapq.heappush(queue, (next_end_us, head_priority, next(event_ids), event))
+            # The event off the queue's head and back at the next step's end, as
+            # env.schedule(event, head_priority, next_end_us - env.now) pushes it: finishing a
+            # quiet step schedules nothing, so the head is still this event.
+            heapq.heapreplace(queue, (next_end_us, head_priority, next(event_ids), event))
             other.engine.steps_coalesced_by_others += 1
         return end_us, step_us
 
