@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from array import array
 
 import numpy as np
@@ -76,12 +77,10 @@ class StepLog:
             return
         for name, code in self._stored.items():
             tail = getattr(self, f"tail_{name}")
-            packed = self._packed[name]
-            if code == "d":
-                # fromlist converts an int to a double slowly; NumPy does it in bulk.
-                packed.frombytes(np.fromiter(tail, np.float64, len(tail)).tobytes())
-            else:
-                packed.fromlist(tail)
+            # struct converts half as many instructions a value as array.fromlist (which goes
+            # through the same format parsing as append) or NumPy; the native format of a
+            # typecode is the array's own item layout.
+            self._packed[name].frombytes(struct.pack(f"{len(tail)}{code}", *tail))
             tail.clear()
 
     def column(self, name: str) -> np.ndarray:
