@@ -59,13 +59,19 @@ class StepLog:
     and running_requests are read at the step's end, after completions.
     """
 
-    __slots__ = ("_packed", "_stored", "otp_us", *(f"tail_{name}" for name in STEP_COLUMNS))
+    # A tail per column an engine may write; the derived gap has none.
+    __slots__ = (
+        "_packed",
+        "_stored",
+        "otp_us",
+        *(f"tail_{name}" for name in (*_WRITTEN, *_CPU_TIER)),
+    )
 
     def __init__(self, has_cpu_tier: bool = False, otp_us: int = 0) -> None:
         self._stored = {**_WRITTEN, **(_CPU_TIER if has_cpu_tier else {})}
         self._packed = {name: array(code) for name, code in self._stored.items()}
         self.otp_us = otp_us
-        for name in STEP_COLUMNS:
+        for name in (*_WRITTEN, *_CPU_TIER):
             setattr(self, f"tail_{name}", [])
 
     def __len__(self) -> int:
