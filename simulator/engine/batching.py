@@ -74,8 +74,10 @@ class VLLMEngine:
 
     Decode fast path. Most of a busy batch is requests decoding one token per step in which
     nothing happens but counters moving: no KV block to take, no prompt block to hash, no
-    completion. Such a *steady* request is not touched step by step: its computed and generated
-    counts are exact as of step `sync_step` and advance by one per finished step; its
+    completion (a private prompt block, whose hashing the KV cache defers, does not count: its
+    fill is applied when the request stops being steady, see `_unsteady_one`). Such a
+    *steady* request is not touched step by step: its computed and generated counts are exact
+    as of step `sync_step` and advance by one per finished step; its
     `wake_step` (kept in a heap) is the next step at which it needs individual attention, and
     from then on it is handled like any other request until it is steady again. The step-time
     model gets the steady requests as aggregates (their count and the sum of their contexts,
@@ -237,7 +239,7 @@ class VLLMEngine:
                 self.kv.release(req)
         elif req.state is RequestState.RUNNING:
             if req.steady:
-                self._unsteady_one(req)
+                self._unsteady_one(req, in_step=1)
             elif req in self._unsteady:
                 self._unsteady.remove(req)
             self.running.remove(req)
@@ -255,7 +257,7 @@ class VLLMEngine:
     def evict_all(self) -> list[Request]:
         """Remove every queued and running request, freeing their KV blocks (the instance is
         going away). The caller settles each request's fate."""
-        self._unsteady_all()  # exact token counts for every running request first
+        self._unsteady_all(in_step=1)  # exact token counts for every running request first
         evicted = [*self.running, *self.waiting]
         for req in evicted:
             if req.block_ids:
@@ -589,9 +591,10 @@ class VLLMEngine:
 
     def _steady_wake(self, req: Request, computed: int, generated: int) -> tuple[int, bool]:
         """Steps from the next one until `req` (at `computed` / `generated` tokens), decoding
-        one token per step, needs attention: a KV block to take, a prompt block to hash, or
-        its last token (0 = at once). The flag says the only need then is a new KV block: a
-        request at a block start now (0, True) waits for its block as a steady one."""
+        one token per step, needs attention: a KV block to take, a prompt block to hash (not
+        a private one: `lazy_hash_end` records it), or its last token (0 = at once). The flag
+        says the only need then is a new KV block: a request at a block start now (0, True)
+        waits for its block as a steady one."""
         bs = self.config.block_size
         steps = -computed % bs  # next position at a block start: a new block
         block_only = True
@@ -609,8 +612,15 @@ class VLLMEngine:
         # The block holding the last prompt token is hashed once it fills up with output.
         hash_at = computed + (bs - 1 - computed) % bs
         if hash_at - computed <= steps and hash_at + 1 <= -(-req.prefill_target // bs) * bs:
-            steps = hash_at - computed
-            block_only = False
+            private_from = req.private_from_token
+            if private_from >= 0 and hash_at // bs >= private_from // bs and self.kv.defer_private:
+                # A private block's hashing is deferred anyway (KVCache): filling it only
+                # sets the count a release short of completion hashes, so the request stays
+                # steady and `_unsteady_one` sets that count if the block filled meanwhile.
+                req.lazy_hash_end = hash_at + 1
+            else:
+                steps = hash_at - computed
+                block_only = False
         return (steps, block_only) if steps > 0 else (0, block_only)
 
     def _make_steady(self, req: Request, wake_in: int, block_only: bool) -> None:
@@ -656,18 +666,29 @@ class VLLMEngine:
             req.last_token_us = self._prev_step_end_us + req.generated_tokens * self.otp_us
             req.sync_step = self._finished_steps
 
-    def _unsteady_one(self, req: Request) -> None:
-        """Bring a steady request up to date and hand it back to the one-by-one loop."""
+    def _unsteady_one(self, req: Request, in_step: int = 0) -> None:
+        """Bring a steady request up to date and hand it back to the one-by-one loop.
+
+        `in_step` is 1 when a planned step holds the request's next token (a timeout or an
+        eviction in the middle of a step), 0 between steps (planning): the per-request loop
+        takes a token's KV, and hashes a block it fills, when it plans the step."""
         self._sync(req)
         req.steady = False
         self._steady_count -= 1
         self._steady_context_offset -= req.computed_tokens - req.sync_step
+        hash_end = req.lazy_hash_end
+        if hash_end:
+            # The private prompt block skipped by `_steady_wake`: if it filled up, the count
+            # of deferred blocks is what filling it on the per-request loop would have set.
+            req.lazy_hash_end = 0
+            if req.computed_tokens + in_step >= hash_end:
+                req.deferred_hash_blocks = hash_end // self.config.block_size
 
-    def _unsteady_all(self) -> None:
+    def _unsteady_all(self, in_step: int = 0) -> None:
         if self._steady_count:
             for req in self.running:
                 if req.steady:
-                    self._unsteady_one(req)
+                    self._unsteady_one(req, in_step)
         self._wake_heap.clear()
 
     def sync_lazy_progress(self) -> None:
@@ -957,4 +978,4 @@ def _retire(req: Request) -> None:
     and fast-path bookkeeping (large ints, one object each) go, as a million finished
     requests would keep them all."""
     req.forget_block_hashes()
-    req.run_seq = req.sync_step = req.wake_step = 0
+    req.run_seq = req.sync_step = req.wake_step = req.lazy_hash_end = 0

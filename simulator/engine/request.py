@@ -103,6 +103,7 @@ class Request:
         "wake_step",
         "wake_for_block",
         "run_seq",
+        "lazy_hash_end",
     )
 
     def __init__(
@@ -200,6 +201,9 @@ class Request:
         self.wake_step = 0
         self.wake_for_block = False
         self.run_seq = 0
+        # A steady request's private prompt block that fills up with output is not woken
+        # for: the token end at which it is full (0 = none), applied when it stops being steady.
+        self.lazy_hash_end = 0
 
     def __repr__(self) -> str:
         return (

@@ -21,7 +21,10 @@ import simulator
 from simulator.cluster import routing
 from simulator.cluster.cluster import run_simulation
 from simulator.engine import batching, instance, kv_cache
+from simulator.engine.batching import EngineConfig
 from simulator.engine.request import Request
+from simulator.latency.roofline import RooflineModel
+from tests.specs import H100, LLAMA31_8B
 from tests.test_laws import scenarios as engine_scenarios
 
 SWITCHES = [
@@ -93,6 +96,65 @@ def test_one_engine_is_identical_with_and_without_speedups(case):
         with speedups(enabled):
             runs[enabled] = run_simulation(_copies(requests), config, model, horizon)
     _assert_same(runs[True], runs[False])
+
+
+def _hash_state(engine) -> tuple:
+    kv = engine.kv
+    return dict(kv._hash_to_block), list(kv._block_hash)  # noqa: SLF001
+
+
+@SAME_SETTINGS
+@given(engine_scenarios())
+def test_the_fast_path_alone_leaves_the_same_hashes(case):
+    """Private hashing deferred on both sides, the decode fast path on and off: a steady
+    request is not woken when its private last prompt block fills up (`_steady_wake`), so a
+    release short of completion (preemption, timeout) must still hash that block as the
+    per-request loop's count says. The caches' whole hash state is compared, not only what
+    a later prefix hit would show."""
+    requests, config, model, horizon = case
+    runs = {}
+    for enabled in (True, False):
+        saved = batching.DECODE_FAST_PATH
+        batching.DECODE_FAST_PATH = enabled
+        try:
+            runs[enabled] = run_simulation(_copies(requests), config, model, horizon)
+        finally:
+            batching.DECODE_FAST_PATH = saved
+    _assert_same(runs[True], runs[False])
+    assert [_hash_state(e) for e in runs[True].engines] == [
+        _hash_state(e) for e in runs[False].engines
+    ]
+
+
+def test_a_timeout_in_the_step_that_fills_the_private_prompt_block_hashes_it():
+    """The targeted case of the property above: one private request (20 prompt tokens,
+    16-token blocks, so its last prompt block holds positions 16-31 and fills in the step
+    that computes position 31, the 12th decode step) times out in the middle of each of its
+    first 20 steps. The per-request loop counts the block as full when it plans that step,
+    so a timeout during it hashes two blocks and one during the step before hashes one;
+    the fast path, which never woke for it, must agree (`_unsteady_one(in_step=1)`)."""
+    config = EngineConfig(total_kv_blocks=100, block_size=16)
+    model = RooflineModel(LLAMA31_8B, H100, 1)
+
+    def run(deadline_us: int, fast: bool):
+        req = Request("r", 0, 20, 40, index=0, deadline_us=deadline_us)
+        req.private_from_token = 0
+        saved = batching.DECODE_FAST_PATH
+        batching.DECODE_FAST_PATH = fast
+        try:
+            return run_simulation([req], config, model, None)
+        finally:
+            batching.DECODE_FAST_PATH = saved
+
+    starts_us = list(run(0, True).engines[0].steps.start_us)
+    hashed_counts = []
+    for start_us in starts_us[:20]:
+        fast, plain = run(int(start_us) + 1, True), run(int(start_us) + 1, False)
+        _assert_same(fast, plain)
+        assert _hash_state(fast.engines[0]) == _hash_state(plain.engines[0])
+        hashed_counts.append(len(fast.engines[0].kv._hash_to_block))  # noqa: SLF001
+    # Step 0 prefills positions 0-19 (block 0 full); decode step k computes position 19 + k.
+    assert hashed_counts == [1] * 12 + [2] * 8
 
 
 @st.composite
