@@ -612,8 +612,7 @@ class VLLMEngine:
         # The block holding the last prompt token is hashed once it fills up with output.
         hash_at = computed + (bs - 1 - computed) % bs
         if hash_at - computed <= steps and hash_at + 1 <= -(-req.prefill_target // bs) * bs:
-            private_from = req.private_from_token
-            if private_from >= 0 and hash_at // bs >= private_from // bs and self.kv.defer_private:
+            if self.kv.defers_hash(req, hash_at // bs):
                 # A private block's hashing is deferred anyway (KVCache): filling it only
                 # sets the count a release short of completion hashes, so the request stays
                 # steady and `_unsteady_one` sets that count if the block filled meanwhile.

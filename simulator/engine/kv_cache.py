@@ -89,6 +89,16 @@ class KVCache:
         self.now_us = 0
 
     # ------------------------------------------------------------------ queries
+    def defers_hash(self, req: Request, block_index: int) -> bool:
+        """Is the hashing of `req`'s block at `block_index` deferred (private content)?
+        `_hash_full_blocks` applies the same rule to a range of blocks."""
+        private_from = req.private_from_token
+        return (
+            private_from >= 0
+            and self.defer_private
+            and block_index >= private_from // self.block_size
+        )
+
     @property
     def free_blocks(self) -> int:
         return self.total_blocks - self.used_blocks

@@ -36,15 +36,18 @@ SWITCHES = [
 
 
 @contextmanager
-def speedups(enabled: bool):
-    saved = [getattr(module, name) for module, name in SWITCHES]
-    for module, name in SWITCHES:
+def speedups(enabled: bool, switches=SWITCHES):
+    saved = [getattr(module, name) for module, name in switches]
+    for module, name in switches:
         setattr(module, name, enabled)
     try:
         yield
     finally:
-        for (module, name), value in zip(SWITCHES, saved, strict=True):
+        for (module, name), value in zip(switches, saved, strict=True):
             setattr(module, name, value)
+
+
+FAST_PATH_ALONE = [(batching, "DECODE_FAST_PATH")]
 
 
 def _observables(result) -> tuple:
@@ -114,12 +117,8 @@ def test_the_fast_path_alone_leaves_the_same_hashes(case):
     requests, config, model, horizon = case
     runs = {}
     for enabled in (True, False):
-        saved = batching.DECODE_FAST_PATH
-        batching.DECODE_FAST_PATH = enabled
-        try:
+        with speedups(enabled, FAST_PATH_ALONE):
             runs[enabled] = run_simulation(_copies(requests), config, model, horizon)
-        finally:
-            batching.DECODE_FAST_PATH = saved
     _assert_same(runs[True], runs[False])
     assert [_hash_state(e) for e in runs[True].engines] == [
         _hash_state(e) for e in runs[False].engines
@@ -139,12 +138,8 @@ def test_a_timeout_in_the_step_that_fills_the_private_prompt_block_hashes_it():
     def run(deadline_us: int, fast: bool):
         req = Request("r", 0, 20, 40, index=0, deadline_us=deadline_us)
         req.private_from_token = 0
-        saved = batching.DECODE_FAST_PATH
-        batching.DECODE_FAST_PATH = fast
-        try:
+        with speedups(fast, FAST_PATH_ALONE):
             return run_simulation([req], config, model, None)
-        finally:
-            batching.DECODE_FAST_PATH = saved
 
     starts_us = list(run(0, True).engines[0].steps.start_us)
     hashed_counts = []
