@@ -143,6 +143,39 @@ def check_engine(engine: VLLMEngine, instance_id: str, now_us: int) -> None:
         ) from None
 
 
+# --- progress (always on) -------------------------------------------------------------------
+
+# Consecutive engine steps in which no request got a token, after which an instance with work
+# is declared stuck. A correct engine has at most one such step in a row (the step in which
+# the only running request preempted itself admits nothing), so the limit only needs to be
+# small against the cost of empty steps: 1,000 of them take milliseconds of wall time.
+STALLED_STEPS_LIMIT = 1_000
+
+
+def stalled(engine: VLLMEngine, instance_id: str, now_us: int, empty_steps: int) -> None:
+    """Stop the run: `instance_id` stepped `empty_steps` times in a row without giving any
+    request a token while it had work. Checked in every run, not only with invariants on,
+    because a stuck instance would otherwise step (and log) forever."""
+    kv = engine.kv
+    waiting = engine.waiting
+    held_by_queued = sum(len(r.block_ids) for r in waiting)
+    head = ""
+    if waiting:
+        r = waiting[0]
+        head = (
+            f"; queue head {r.request_id} ({r.input_tokens} prompt tokens, "
+            f"{r.generated_tokens}/{r.output_tokens} output tokens, {len(r.block_ids)} KV "
+            f"blocks held, prefill target {r.prefill_target})"
+        )
+    raise InvariantViolation(
+        "progress (INV-PROGRESS)",
+        now_us,
+        f"{instance_id} ran {empty_steps} consecutive steps in which no request got a token: "
+        f"{len(waiting)} queued, {len(engine.running)} running, KV {kv.used_blocks} of "
+        f"{kv.total_blocks} blocks in use ({held_by_queued} held by queued requests){head}",
+    )
+
+
 # --- when a request leaves ------------------------------------------------------------------
 
 

@@ -328,6 +328,13 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML file. Relative paths inside resolve from its folder."""
     p = Path(path)
     data = read_yaml_mapping(p, "scenario", empty_ok=True)
+    if not data:
+        # An empty file is far more likely a mistake (a wrong path, a truncated copy) than a
+        # request for every default; the defaults are one `servesim run` without a file away.
+        raise ConfigError(
+            f"scenario: {str(p)!r} is empty; give at least one field (e.g. `model:`), or run "
+            "without a scenario file to use every default"
+        )
     scenario = scenario_from_dict(data, source=str(p))
     base = p.parent
     if scenario.trace is not None:

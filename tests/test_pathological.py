@@ -19,6 +19,13 @@ from tests.fuzzing import finishes_within
 # step = 1000 µs + 10 µs per prefill token + 5 µs per decode request: easy to reason about.
 STEP_MODEL = BlackboxModel([0, 0, 0], [1000, 10.0, 5.0])
 WALL_LIMIT_S = 60
+TRACE_HEADER = (
+    "request_id,client_id,tenant_id,slo_class,session_id,round_index,prefix_group,streaming,"
+    "input_tokens,output_tokens,text_tokens,image_tokens,audio_tokens,video_tokens,"
+    "reason_ratio,model,deadline_us,server_input_tokens,arrival_time_us,send_time_us,"
+    "first_chunk_time_us,last_chunk_time_us,num_chunks,status,error_message,"
+    "finish_reason\n"
+)
 
 
 def _states(records) -> dict[RequestState, int]:
@@ -166,16 +173,9 @@ def _pd_replay(trace_rows: str, decode_kv_blocks: int | None, horizon_us: int | 
     import tempfile
     from pathlib import Path
 
-    header = (
-        "request_id,client_id,tenant_id,slo_class,session_id,round_index,prefix_group,streaming,"
-        "input_tokens,output_tokens,text_tokens,image_tokens,audio_tokens,video_tokens,"
-        "reason_ratio,model,deadline_us,server_input_tokens,arrival_time_us,send_time_us,"
-        "first_chunk_time_us,last_chunk_time_us,num_chunks,status,error_message,"
-        "finish_reason\n"
-    )
     folder = Path(tempfile.mkdtemp())
     csv_path = folder / "trace.csv"
-    csv_path.write_text(header + trace_rows)
+    csv_path.write_text(TRACE_HEADER + trace_rows)
     pd = {"prefill_instances": 1, "decode_instances": 1, "decider": "always"}
     if decode_kv_blocks is not None:
         pd["decode"] = {"total_kv_blocks": decode_kv_blocks}
@@ -236,3 +236,196 @@ def test_token_bucket_smaller_than_any_prompt_rejects_everything_and_counts_it()
     assert s["completed_requests"] == s["injected_requests"] == 0
     assert s["responses_per_sec"] == 0
     result.report_text()  # the report of an empty run renders (no division by zero)
+
+
+# --- inputs that once hung the simulator -----------------------------------------------------
+
+
+def test_decode_instance_whose_queued_transfers_hold_every_block_reclaims_them():
+    """6 blocks of 16 tokens. Two decode sub-requests arrive with 48-token prompts (3 blocks
+    each): all 6 blocks are held by queued requests and nothing runs. The head's next token
+    (position 48) starts a 4th block, so it cannot be admitted, and no running request will
+    ever free one: the newest queued holder (b) is preempted in the queue, freeing 3 blocks,
+    and will recompute its 48-token prompt. The head then runs: 3 + 1 = 4 blocks in use; b
+    needs 3 blocks for its prefill but only 2 are free, so it waits (something runs now)."""
+    from simulator.engine.batching import EnqueueOutcome, VLLMEngine
+
+    engine = VLLMEngine(EngineConfig(total_kv_blocks=6, block_size=16))
+    a = Request("a", 0, 48, 10, index=0).sub_request("decode")
+    b = Request("b", 0, 48, 10, index=1).sub_request("decode")
+    assert engine.enqueue_resident(a, 0) is EnqueueOutcome.QUEUED
+    assert engine.enqueue_resident(b, 0) is EnqueueOutcome.QUEUED
+    assert engine.kv.used_blocks == 6
+    batch = engine.plan_step(0)
+    assert batch.decode_count == 1 and not batch.prefill_chunks
+    assert a.state is RequestState.RUNNING
+    assert list(engine.waiting) == [b]
+    assert b.block_ids == [] and b.in_prefill and b.prefill_target == 48
+    assert b.preemptions == engine.preemption_count == 1
+    assert engine.kv.used_blocks == 4
+    engine.check_invariants()
+
+
+def test_decode_head_that_can_never_take_a_token_is_dropped_as_unservable():
+    """A 64-token prompt fills a 4-block cache exactly; its first decode token needs a 5th
+    block that the whole cache does not have, and no other request holds anything: it can
+    never run here, so it is dropped (counted), not left at the head forever."""
+    from simulator.engine.batching import VLLMEngine
+
+    engine = VLLMEngine(EngineConfig(total_kv_blocks=4, block_size=16))
+    a = Request("a", 0, 64, 10, index=0).sub_request("decode")
+    engine.enqueue_resident(a, 0)
+    engine.plan_step(0)
+    assert a.state is RequestState.DROPPED
+    assert engine.dropped_while_planning == [a]
+    assert engine.dropped_unservable == 1
+    assert engine.kv.used_blocks == 0 and not engine.has_work
+
+
+def test_pd_decode_cache_filling_up_finishes_and_counts_every_request():
+    """The repro of a hang: 20 decode blocks, 50 requests of 100 + 200 tokens (7 prompt blocks,
+    19 blocks each at the end). Queued transfers used to hold every block while the request
+    at the head waited for one forever, stepping an empty batch every microsecond."""
+    with finishes_within(WALL_LIMIT_S):
+        result = simulator.simulate(
+            {
+                "cluster": {
+                    "num_instances": 2,
+                    "pd": {"prefill_instances": 1, "decode_instances": 1, "decider": "always"},
+                },
+                "engine": {"total_kv_blocks": 20},
+                "workload": {
+                    "num_requests": 50,
+                    "prompt_tokens": {"distribution": "constant", "value": 100},
+                    "output_tokens": {"distribution": "constant", "value": 200},
+                },
+            }
+        )
+    s = result.summary
+    states = _states(result.request_records)
+    assert states[RequestState.COMPLETED] + states[RequestState.DROPPED] == 50
+    assert s["completed_requests"] == states[RequestState.COMPLETED] > 0
+    assert s["dropped_unservable"] == states[RequestState.DROPPED]
+    assert s["still_queued"] == s["still_running"] == 0
+    assert s["preemption_count"] > 0
+    for r in result.request_records:
+        if r.state is RequestState.COMPLETED:
+            assert r.generated_tokens == 200
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"engine": {"enable_prefix_caching": False}},
+        {"cluster": {"num_instances": 3}},
+        {"horizon_us": 500_000},
+        {
+            "cluster": {
+                "num_instances": 2,
+                "pd": {"prefill_instances": 1, "decode_instances": 1, "decider": "always"},
+            }
+        },
+    ],
+    ids=["plain", "no-prefix-caching", "three-instances", "horizon", "pd"],
+)
+def test_an_empty_prompt_is_dropped_as_unservable(tmp_path, extra):
+    """vLLM refuses an empty prompt. A trace row with input_tokens 0 used to loop forever in
+    the step that tried to prefill it; it is now dropped at enqueue and counted."""
+    rows = ["0,c0,,,,0,,false,0,8,0,0,0,0,0,,0,0,1000,0,0,0,0,ok,,"]
+    rows += [f"{i},c0,,,,0,,false,64,8,0,0,0,0,0,,0,0,{1000 + i * 1000},0,0,0,0,ok,,"
+             for i in range(1, 6)]  # fmt: skip
+    data = tmp_path / "trace.csv"
+    data.write_text(TRACE_HEADER + "\n".join(rows) + "\n")
+    with finishes_within(WALL_LIMIT_S):
+        result = simulator.simulate({"trace": {"data": str(data)}, **extra})
+    by_id = {r.request_id: r for r in result.request_records}
+    assert by_id["request_0"].state is RequestState.DROPPED
+    assert result.summary["dropped_unservable"] == 1
+    assert result.summary["completed_requests"] == 5
+
+
+def test_autoscaler_whose_instances_all_failed_stops_asking():
+    """Both instances fail at 3 s; the autoscaler's two slots are used up, so its +1 asks are
+    refused (timeline, counter) instead of being repeated forever. Requests arriving after
+    the failure wait at the router to the end of the run, counted as still queued."""
+    scenario = {
+        "cluster": {"num_instances": 2},
+        "instance_lifecycle": {"initial_instances_loaded": True},
+        "autoscaler": [{"max_instances": 2, "scale_up_threshold": 4, "interval_s": 1}],
+        "events": [
+            {"at_s": 3, "action": "fail_instance", "target": "instance_0"},
+            {"at_s": 3, "action": "fail_instance", "target": "instance_1"},
+        ],
+        "workload": {"rate": 20, "num_requests": 200},
+    }
+    with finishes_within(WALL_LIMIT_S):
+        result = simulator.simulate(scenario)
+    s = result.summary
+    states = _states(result.request_records)
+    assert s["failed_requests"] == states[RequestState.FAILED]
+    assert s["still_queued"] == states[RequestState.CREATED] == result.parked_at_end > 0
+    assert s["completed_requests"] + s["failed_requests"] + s["still_queued"] == 200
+    fleet = result.fleet_metrics
+    assert fleet["autoscaler_default_refused_scale_ups"] >= 1
+    assert fleet["autoscaler_default_scale_ups"] == 0
+    refusals = result.timeline[result.timeline.kind == "autoscaler"]
+    assert len(refusals) == 1 and "refused" in refusals.reason.iloc[0]
+
+
+def test_a_failed_node_is_not_labelled_an_idle_scale_down():
+    scenario = {
+        "node_pools": [
+            {
+                "name": "h100",
+                "gpu_type": "H100",
+                "gpus_per_node": 1,
+                "initial_nodes": 2,
+                "max_nodes": 2,
+            }
+        ],  # fmt: skip
+        "deployments": [{"name": "llama", "num_instances": 2, "pool": "h100"}],
+        "instance_lifecycle": {"initial_instances_loaded": True},
+        "autoscaler": [{"deployment": "llama", "max_instances": 2, "scale_up_threshold": 50}],
+        "events": [{"at_s": 1, "action": "fail_node", "node": "h100-1"}],
+        "workload": {"rate": 10, "num_requests": 30},
+    }
+    with finishes_within(WALL_LIMIT_S):
+        result = simulator.simulate(scenario)
+    tl = result.timeline
+    ended = tl[(tl.kind == "node") & (tl.id == "h100-1") & (tl.to_state == "terminated")]
+    assert list(ended.reason) == ["event fail_node at 1 s"]
+
+
+def test_the_progress_watchdog_stops_a_stuck_engine():
+    """An engine that plans empty steps while it has work would step forever; the instance's
+    watchdog stops the run after STALLED_STEPS_LIMIT such steps, in every run (invariant
+    checks off here), naming the instance, its queue and its KV state."""
+    import simpy
+
+    from simulator.engine.batching import VLLMEngine
+    from simulator.engine.instance import Instance
+    from simulator.invariants import STALLED_STEPS_LIMIT, InvariantViolation
+    from simulator.latency.base import StepBatch
+
+    class StuckEngine(VLLMEngine):
+        def plan_step(self, now_us):
+            self.step_count += 1
+            return StepBatch()
+
+        plan_general_step = plan_step
+
+    env = simpy.Environment()
+    engine = StuckEngine(EngineConfig(total_kv_blocks=100, block_size=16))
+    instance = Instance(env, "instance_7", engine, STEP_MODEL, lambda r: None)
+    instance.inbox.put(Request("r0", 0, 64, 4, index=0))
+    with finishes_within(WALL_LIMIT_S), pytest.raises(InvariantViolation) as caught:
+        env.run()
+    message = str(caught.value)
+    assert "progress (INV-PROGRESS)" in message
+    assert f"instance_7 ran {STALLED_STEPS_LIMIT} consecutive steps" in message
+    assert "1 queued, 0 running" in message
+    assert "KV 0 of 100 blocks in use" in message
+    assert "queue head r0" in message
+    # 1,000 empty steps of 1,000 µs each (the model's constant term; the batch is empty).
+    assert env.now == (STALLED_STEPS_LIMIT - 1) * 1000

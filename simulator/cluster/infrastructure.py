@@ -433,15 +433,17 @@ class Infrastructure:
                 return
             if action == "drain_node" and node.state is NodeState.READY:
                 node.move(NodeState.DRAINING, self.env.now, self.timeline, reason)
+            if action == "fail_node":
+                # The node is gone first, so releasing its instances' GPUs cannot look like an
+                # idle node being scaled down.
+                self._retire_node(node, reason)
             for rec in self.records:
                 if rec.node is node and rec.state is not InstanceState.TERMINATED:
                     if action == "fail_node":
                         self.fail(rec, reason)
                     else:
                         self.drain(rec, policy, reason)
-            if action == "fail_node":
-                self._retire_node(node, reason)
-            else:
+            if action == "drain_node":
                 self._maybe_release_node(node)
 
     def record(self, instance_id: str) -> InstanceRecord:
@@ -493,16 +495,33 @@ class Infrastructure:
         now = self.env.now
         live = self._live(scaler.deployment)
         step = scaler.decide(now, value, len(live))
-        scaler.last_step = step
         if self.check:
             self.check_invariants()
         scaler.samples.append((now, value, len(live)))
         if step > 0:
-            self.add_instance(scaler.deployment, f"scale-up: {scaler.spec.signal}={value:.3g}")
+            why = f"scale-up: {scaler.spec.signal}={value:.3g}"
+            if self.add_instance(scaler.deployment, why) is None:
+                # Every instance slot of the deployment has been used (instances that failed
+                # or were drained are not brought back): the ask changes nothing.
+                step = 0
+                scaler.scale_ups -= 1
+                scaler.refused_scale_ups += 1
+                if scaler.refused_scale_ups == 1:
+                    slots = sum(1 for s in self.plan.slots if s.deployment == scaler.deployment)
+                    self.timeline.record(
+                        now,
+                        "autoscaler",
+                        scaler.deployment,
+                        "",
+                        "",
+                        f"{why} refused: all {slots} instance slots of the deployment have "
+                        "been used (ended instances are not replaced)",
+                    )
         elif step < 0:
             # The newest serving instance goes first; one still coming up is cancelled first.
             victim = max(live, key=lambda r: (r.state is not InstanceState.ACTIVE, r.created_us))
             self.drain(victim, self.lifecycle.drain_policy, f"scale-down: {scaler.spec.signal}")
+        scaler.last_step = step
 
     def signal(self, deployment: str, name: str) -> float:
         """Mean per routable instance of the deployment; with none routable, the requests

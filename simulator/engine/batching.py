@@ -167,8 +167,11 @@ class VLLMEngine:
         mml = cfg.max_model_len
         if req.max_output_tokens == 0 and mml > 0 and req.input_tokens < mml:
             req.max_output_tokens = mml - req.input_tokens
-        unservable = req.max_output_tokens < 0 or (
-            -(-req.input_tokens // cfg.block_size) > cfg.total_kv_blocks
+        # vLLM refuses an empty prompt (there is no token to compute the first output from).
+        unservable = (
+            req.max_output_tokens < 0
+            or req.input_tokens <= 0
+            or -(-req.input_tokens // cfg.block_size) > cfg.total_kv_blocks
         )
         if mml > 0 and (
             req.input_tokens >= mml
@@ -342,6 +345,8 @@ class VLLMEngine:
                 if req.kv_resident:
                     # Decode sub-request: its prompt KV is here; it needs one token's worth.
                     if not kv.append_token(req, req.computed_tokens):
+                        if not running and self._reclaim_queued_kv(req, now_us):
+                            continue
                         break
                     self._admit_head(req, 1, now_us)
                     budget -= 1
@@ -361,6 +366,8 @@ class VLLMEngine:
                 start = gpu_start + reload * bs
                 chunk = self._prefill_chunk(target, start, budget)
                 if not kv.try_allocate(req, gpu_start, start + chunk, cached):
+                    if not running and self._reclaim_queued_kv(req, now_us):
+                        continue
                     break
                 self._admit_head(req, chunk, now_us)
                 req.computed_tokens = start
@@ -709,6 +716,28 @@ class VLLMEngine:
         if req.first_schedule_us < 0:
             req.first_schedule_us = now_us
 
+    def _reclaim_queued_kv(self, head: Request, now_us: int) -> bool:
+        """The head of the wait queue does not fit and nothing runs, so no running request will
+        ever free a block: only queued decode sub-requests hold KV (their transferred prompts).
+        Preempt the newest of them other than the head: its blocks are freed and it will
+        re-compute its prompt here when its turn comes, as a preempted request does (SPEC A2).
+        With none left, a resident head that still cannot take its next token can never run
+        on this instance: it is dropped as unservable. Returns True when the head should be
+        tried again (something was freed, or the head was dropped)."""
+        waiting = self.waiting
+        for i in range(len(waiting) - 1, 0, -1):
+            holder = waiting[i]
+            if holder.block_ids:
+                self._evict_for_recompute(holder)
+                return True
+        if head.block_ids:
+            waiting.popleft()
+            self.kv.release(head)
+            self._drop(head, now_us)
+            self.dropped_while_planning.append(head)
+            return True
+        return False
+
     def _drop(self, req: Request, now_us: int) -> None:
         """A request that can never be served: dropped, and counted (SPEC §1.3)."""
         req.state = RequestState.DROPPED
@@ -767,19 +796,23 @@ class VLLMEngine:
         if not running:
             return True
         victim = running.pop()
-        self.kv.release(victim)
+        self._evict_for_recompute(victim)
         victim.state = RequestState.QUEUED
         victim.reload_pending = False
         victim.reload_ticket += 1
+        self.waiting.appendleft(victim)
+        return victim is serving
+
+    def _evict_for_recompute(self, victim: Request) -> None:
+        """Free `victim`'s KV blocks; it will re-prefill its prompt and every token already
+        delivered (nothing is generated twice). Counted as a preemption."""
+        self.kv.release(victim)
         victim.computed_tokens = 0
         victim.num_new_tokens = 0
         victim.in_prefill = True
-        # Re-prefill the prompt and every token already delivered; nothing is generated twice.
         victim.prefill_target = victim.input_tokens + victim.generated_tokens
         victim.preemptions += 1
         self.preemption_count += 1
-        self.waiting.appendleft(victim)
-        return victim is serving
 
     def check_invariants(self) -> None:
         """Assert the engine's laws (tests and debug runs): states, progress bounds, KV."""

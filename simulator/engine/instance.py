@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import simpy
 
-from ..invariants import check_step
+from ..invariants import STALLED_STEPS_LIMIT, check_step, stalled
 from ..latency.base import StepBatch, StepTimeModel
 from .batching import EnqueueOutcome, VLLMEngine
 from .events import (
@@ -263,6 +263,7 @@ class Instance:
         # The duration of a steady step already planned where the previous one finished
         # (`VLLMEngine.finish_and_plan_steady`); 0 when the next step is still to plan.
         planned_us = 0
+        empty_steps = 0  # consecutive steps that gave no request a token (the watchdog)
         while True:
             if planned_us:
                 step_us = planned_us
@@ -305,6 +306,12 @@ class Instance:
                         yield self._idle
                         self._idle = None
                         continue
+                    if batch.batch_size:
+                        empty_steps = 0
+                    else:
+                        empty_steps += 1
+                        if empty_steps >= STALLED_STEPS_LIMIT:
+                            stalled(engine, self.instance_id, env.now, empty_steps)
                     step_us = step_time(batch) + batch.extra_us
                     if self.warm_requests:
                         step_us += self._warm_up_extra_us(batch)

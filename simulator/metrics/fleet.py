@@ -122,6 +122,8 @@ def fleet_summary(infra: Any, run_end_us: int) -> dict[str, Any]:
     for scaler in infra.autoscalers:
         out[f"autoscaler_{scaler.deployment}_scale_ups"] = scaler.scale_ups
         out[f"autoscaler_{scaler.deployment}_scale_downs"] = scaler.scale_downs
+        if scaler.refused_scale_ups:
+            out[f"autoscaler_{scaler.deployment}_refused_scale_ups"] = scaler.refused_scale_ups
     return out
 
 
