@@ -26,11 +26,14 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check simulator tests benchmarks
 	$(BIN)/python -m pytest
 
-# The long fuzz budget (the suite runs the same tests with a small one). FUZZ_EXAMPLES per test.
-FUZZ_EXAMPLES ?= 2000
+# The long fuzz budget (the suite runs the same tests with a small one): FUZZ_EXAMPLES per
+# test (whole-simulation tests take at most 1,000), in a process capped at FUZZ_MEMORY_MB.
+FUZZ_EXAMPLES ?= 10000
+FUZZ_MEMORY_MB ?= 6144
 fuzz: $(VENV)/.installed-dev
 	HYPOTHESIS_PROFILE=fuzz SERVESIM_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
-		$(BIN)/python -m pytest tests/test_fuzz_inputs.py
+		SERVESIM_MEMORY_CAP_MB=$(FUZZ_MEMORY_MB) \
+		$(BIN)/python -m pytest tests/test_fuzz_inputs.py tests/test_fuzz_configs.py
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check simulator tests benchmarks

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from os import PathLike, fspath
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,32 @@ class Deployment:
 
 
 def as_scenario(scenario: Scenario | dict | str | Path) -> Scenario:
+    """A Scenario from a Scenario, a dict of its fields or the path of its YAML file; any
+    other value is a ConfigError naming what was given (not a TypeError from deep inside)."""
     if isinstance(scenario, Scenario):
         return scenario
     if isinstance(scenario, dict):
         return scenario_from_dict(scenario)
-    return load_scenario(scenario)
+    if isinstance(scenario, str | PathLike) and isinstance(fspath(scenario), str):
+        if "\x00" in fspath(scenario):
+            raise ConfigError(
+                f"scenario: invalid value {_shown(fspath(scenario))}; a path cannot contain a "
+                "NUL byte"
+            )
+        return load_scenario(scenario)
+    given = "None" if scenario is None else f"{type(scenario).__name__} {_shown(scenario)}"
+    raise ConfigError(
+        f"scenario: expected a path to a YAML file, a dict or a Scenario; got {given}"
+    )
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """`repr(value)` cut to one short line, for a message."""
+    try:
+        text = " ".join(repr(value).split())
+    except ValueError:  # an int too long to print
+        return "(too large to show)"
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def resolve_deployment(scenario: Scenario) -> Deployment:
@@ -263,6 +285,10 @@ def plan_fleet(
             "prefill/decode pools run on a fixed fleet: node_pools, loading delays, "
             "warm-up, events and autoscaler are not supported with them"
         )
+    if scenario.cluster.pd.enabled:
+        # Lifecycle settings that change nothing on a fixed fleet (e.g. retry_on_failure with
+        # no failure): the PD pools are the cluster's, with their per-pool overrides.
+        return instance_setups(scenario, deployment), None, scenario
     if pd_roles:
         counts = {r: sum(d.num_instances for d in specs if d.role == r) for r in order}
         scenario = apply_overrides(

@@ -509,7 +509,9 @@ def _replayed_cost(recordings: Sequence[Recording]) -> float:
 def write_coefficients(path: Path, document: dict[str, Any]) -> None:
     import yaml
 
-    Path(path).write_text(yaml.safe_dump(document, sort_keys=False))
+    from .atomic_io import write_text_atomically
+
+    write_text_atomically(path, yaml.safe_dump(document, sort_keys=False))
 
 
 def coefficients_dict(c: PhysicsCoefficients) -> dict[str, float]:

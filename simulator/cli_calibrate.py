@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
         """Fit physics's coefficients to measured runs (a ground-truth folder or a real trace)
         and write them for --latency-coeffs; with --sim-trace, only report a simulation
         against the real trace (MAPE, Pearson r, percentiles, bias, quality)."""
-        from .cli import _check_writable, _guarded
+        from .cli_app import _check_writable, _guarded
 
         def go() -> None:
             from . import calibrate as cal

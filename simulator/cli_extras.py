@@ -20,14 +20,19 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Draw the standard plots of a saved result as PNG files and print their paths."""
-        from .cli import _guarded
+        from .cli_app import _check_folder_writable, _check_writable, _guarded
 
         def go() -> None:
             from .metrics.persistence import load_result
-            from .metrics.plots import write_plots
+            from .metrics.plots import PLOT_NAMES, write_plots
 
+            folder = out if out is not None else result_dir
+            flag = "--out" if out is not None else "RESULT_DIR"
+            _check_folder_writable(flag, folder)
+            for name in PLOT_NAMES:
+                _check_writable(flag, folder / f"{name}.png")
             result = load_result(result_dir)
-            for path in write_plots(result, out if out is not None else result_dir):
+            for path in write_plots(result, folder):
                 typer.echo(str(path))
 
         _guarded(go)

@@ -3,7 +3,6 @@ record a TraceV2 pair; registered onto the main typer app by `register(app)`."""
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from .errors import ConfigError
-from .interruption import Interrupted
+from .interruption import Interrupted, signal_of
 
 _SRV = "Server"
 _REC = "Recording"
@@ -72,7 +71,7 @@ def _progress_display():
     """A live line on stderr (terminals only): sent, finished by status, in flight."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .cli import _stderr_console
+    from .cli_app import _stderr_console
 
     bar = Progress(
         SpinnerColumn(),
@@ -97,7 +96,7 @@ def _progress_display():
 
 def _scenario(flags: dict[str, Any]):
     from .api import with_overrides
-    from .cli import workload_overrides
+    from .cli_app import workload_overrides
     from .scenario import Scenario
 
     workload = workload_overrides(flags)
@@ -118,7 +117,7 @@ def _scenario(flags: dict[str, Any]):
 
 def register(app: typer.Typer) -> None:
     """Add `observe --server-url URL --model M --trace-header H --trace-data D [traffic]`."""
-    from .cli import _check_writable, _guarded, _setup_logging, _with_flags, _workload_flags
+    from .cli_app import _check_writable, _guarded, _setup_logging, _with_flags, _workload_flags
 
     @app.command("observe")
     @_with_flags(_observe_flags, _workload_flags)
@@ -140,6 +139,7 @@ def register(app: typer.Typer) -> None:
                     f"--trace-data: invalid value {str(data_path)!r}; it is also --trace-header"
                 )
             itl_path = chunk_times_path(data_path) if flags["record_itl"] else None
+            _check_writable("--record-itl", itl_path)
             sc = _scenario(flags)
             options = {
                 "api_format": flags["api_format"],
@@ -170,8 +170,8 @@ def register(app: typer.Typer) -> None:
             except KeyboardInterrupt as exc:
                 # observe() keeps what it measured once sending began; an interrupt that
                 # reaches here came during the pre-flight check, before any request.
-                number = getattr(exc, "signal_number", signal.SIGINT)
-                raise Interrupted(number, "no request was sent; nothing written") from None
+                lost = "no request was sent; nothing written"
+                raise Interrupted(signal_of(exc), lost) from None
             finally:
                 if bar is not None:
                     bar.stop()

@@ -76,11 +76,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Find the fewest instances per GPU type meeting the SLOs (worst seed); print the
         probes and the cheapest choice."""
-        from .cli import _guarded
+        from .cli_app import _check_writable, _guarded
 
         def go() -> None:
             from .plan import plan
 
+            _check_writable("--plot", plot)
             slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
             prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
 

@@ -78,12 +78,13 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Simulate a grid of scenario overrides × seeds; print mean ± 95% CI per point."""
-        from .cli import _guarded
+        from .cli_app import _guarded
         from .interruption import interruptible
 
         def go() -> None:
             from .sweeps import load_sweep_file, sweep
 
+            _check_out_folder(out)
             spec = load_sweep_file(sweep_yaml)
             if check_invariants:
                 spec.base = spec.base.model_copy(update={"check_invariants": True})
@@ -112,6 +113,19 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"(95% CI half-width across seeds: {result.ci_method})")
 
         _guarded(go)
+
+
+def _check_out_folder(out: Path | None) -> None:
+    """Refuse an --out that cannot hold the sweep's files before any run is simulated."""
+    if out is None:
+        return
+    from .atomic_io import check_output, check_output_folder
+    from .sweeps import RUNS_DIR
+
+    check_output_folder(out, "--out")
+    check_output_folder(out / RUNS_DIR, "--out")
+    for name in ("runs.parquet", "runs.csv", "points.csv"):
+        check_output(out / name, "--out")
 
 
 def _sweep_loss(out: Path | None) -> str:

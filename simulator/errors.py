@@ -10,31 +10,73 @@ from collections.abc import Iterable
 
 
 class ServesimError(Exception):
-    """Base class of errors caused by input (configuration, files, flags)."""
+    """Base class of errors caused by input (configuration, files, flags).
+
+    Its text is always one line: the CLI prints it as `error: ...`, and Python callers see
+    the same line. Parsers write one-line messages; a line break that slips through (from a
+    library's message or a user's value) is folded here rather than shown as several lines.
+    """
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class ConfigError(ServesimError, ValueError):
     """A configuration value is invalid."""
 
 
+class OutputError(ServesimError, OSError):
+    """An output cannot be written: the target is not a file servesim may replace (a device,
+    a FIFO, a folder, a path on /proc, ...) or writing failed ("cannot write 'PATH': No space
+    left on device"). Also an OSError, so callers that already catch write failures as
+    OSError keep catching them."""
+
+
+# A value quoted in a message is cut to this many characters: the message must stay one
+# readable line even when the value is a whole file (a CSV field with an unclosed quote).
+EXCERPT_CHARS = 80
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks (any of str.splitlines') folded into single spaces."""
+    parts = text.splitlines()
+    if len(parts) == 1 and parts[0] == text:
+        return text
+    return " ".join(part.strip() for part in parts if part.strip())
+
+
+def shorten(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` cut to `limit` characters, with "…" when something was cut."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """`repr(value)` for a message: one line, at most `limit` characters (then "…")."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for Python to print (over 4,300 digits)
+        return f"<{type(value).__name__} too large to show>"
+    return shorten(one_line(text), limit)
+
+
 def invalid(field: str, value: object, allowed: str) -> ConfigError:
     """Build the standard message: `<field>: invalid value <value>; <allowed>`."""
-    return ConfigError(f"{field}: invalid value {value!r}; {allowed}")
+    return ConfigError(f"{field}: invalid value {excerpt(value)}; {allowed}")
 
 
 def unknown(kind: str, value: object, valid: Iterable[str]) -> ConfigError:
     """Build the standard message for a name that is not in a registry or catalog."""
     names = ", ".join(sorted(valid))
-    return ConfigError(f"unknown {kind} {value!r}; valid: {names}")
+    return ConfigError(f"unknown {kind} {excerpt(value)}; valid: {names}")
 
 
 def is_finite_positive(value: object) -> bool:
     """A real number (not a bool) that is finite and > 0."""
     import math
 
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:  # an int beyond float range
+        return False

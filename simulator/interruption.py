@@ -4,6 +4,15 @@ Both signals become one exception, `Interrupted`, raised wherever the program is
 written atomically (atomic_io), so unwinding never leaves half a file. The command catches
 it, says on one line what was lost, and exits with 128 + the signal number (130 for SIGINT,
 143 for SIGTERM), the shell's convention for "killed by a signal".
+
+The first signal decides: its name is in the message and its number in the exit status. A
+later signal while the command unwinds (a scheduler's SIGTERM after the user's Ctrl-C, or a
+second Ctrl-C) is ignored, so it can neither interrupt the clean-up (a temporary file left
+behind) nor print a second message or a traceback. SIGKILL still stops a clean-up that hangs.
+
+The CLI's entry point installs the handlers before anything else (`stopping_on_signals`), so
+that an interrupt while the simulator's modules are still loading is reported the same way.
+This module imports only the standard library for that reason.
 """
 
 from __future__ import annotations
@@ -40,28 +49,96 @@ class Interrupted(KeyboardInterrupt):
         return f"interrupted by {self.signal_name}{lost}"
 
 
-def _raise_interrupted(signal_number: int, _frame: object) -> None:
+class Stop:
+    """The signal that stopped the command (`first`), and whether its message was printed."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.reported = False
+        self.closed = False  # the command is over: its status is decided
+
+    def record(self, exc: KeyboardInterrupt) -> int:
+        """The signal to report for `exc`: the first one received (a KeyboardInterrupt that
+        no handler of ours raised counts as SIGINT)."""
+        if self.first is None:
+            self.first = exc.signal_number if isinstance(exc, Interrupted) else signal.SIGINT
+        return self.first
+
+
+# The handlers in force (nested blocks share the outermost one).
+_active: list[Stop] = []
+
+
+def _on_signal(signal_number: int, _frame: object) -> None:
+    stop = _active[-1] if _active else None
+    if stop is not None:
+        if stop.first is not None or stop.closed:
+            return  # the first signal decided; this one must not disturb the clean-up
+        stop.first = signal_number
     raise Interrupted(signal_number)
+
+
+def active_stop() -> Stop | None:
+    """The current `stopping_on_signals` state, or None outside one (in-process callers)."""
+    return _active[-1] if _active else None
+
+
+@contextlib.contextmanager
+def stopping_on_signals(then_ignore: bool = False) -> Iterator[Stop]:
+    """Inside the block the first SIGINT or SIGTERM raises `Interrupted` and later ones are
+    ignored. On leaving, the previous handlers come back, or with `then_ignore` (a program's
+    entry point, which exits right after) the signals are ignored: restoring the default
+    would let a signal in the last instant print a KeyboardInterrupt traceback. Outside the
+    main thread signal handlers cannot be installed; the block then runs unprotected."""
+    if _active:
+        yield _active[-1]
+        return
+    stop = Stop()
+    _active.append(stop)  # before the handlers, which look it up
+    try:
+        previous = {s: signal.signal(s, _on_signal) for s in HANDLED_SIGNALS}
+    except ValueError:  # not the main thread
+        _active.remove(stop)
+        yield stop
+        return
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_IGN if then_ignore else handler)
+        _active.remove(stop)
 
 
 @contextlib.contextmanager
 def interruptible(describe_loss: Callable[[], str]) -> Iterator[None]:
     """Inside the block SIGINT and SIGTERM raise `Interrupted`; leaving the block through one
-    attaches `describe_loss()` (what was not written, what is kept). Outside the main thread
-    signal handlers cannot be installed; the block then runs unprotected."""
-    try:
-        previous = {s: signal.signal(s, _raise_interrupted) for s in HANDLED_SIGNALS}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        number = exc.signal_number if isinstance(exc, Interrupted) else signal.SIGINT
-        raise Interrupted(number, describe_loss()) from None
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    attaches `describe_loss()` (what was not written, what is kept), for the first signal."""
+    with stopping_on_signals() as stop:
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            number = stop.record(exc)
+            raise Interrupted(number, describe_loss()) from None
+
+
+def signal_of(exc: KeyboardInterrupt) -> int:
+    """The signal that ends the command `exc` unwinds: the first one received (a
+    KeyboardInterrupt that no handler of ours raised counts as SIGINT)."""
+    stop = active_stop()
+    if stop is not None:
+        return stop.record(exc)
+    return exc.signal_number if isinstance(exc, Interrupted) else signal.SIGINT
+
+
+def to_report(exc: KeyboardInterrupt) -> tuple[Interrupted, bool]:
+    """The interruption that ends the command for `exc` (the first signal's, with what `exc`
+    says was lost), and whether its message is still to be printed (once per command)."""
+    stopped = Interrupted(signal_of(exc), exc.lost if isinstance(exc, Interrupted) else "")
+    stop = active_stop()
+    if stop is None:
+        return stopped, True
+    told, stop.reported = stop.reported, True
+    return stopped, not told
 
 
 def ignore_interrupts_in_worker() -> None:

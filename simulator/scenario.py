@@ -1,7 +1,9 @@
 """The Scenario schema: one YAML file describes a whole run.
 
 Validation is strict (unknown keys are errors) and happens before anything runs, so a typo
-fails fast with the field's dotted path, the value and what is allowed.
+fails fast with the field's dotted path, the value and what is allowed. Every number has the
+range of its kind (instances, tokens, µs, ...; simulator/limits.py), and no string or boolean
+is read as a number, nor anything but true/false as a flag.
 """
 
 from __future__ import annotations
@@ -29,24 +31,53 @@ from .cluster.infra_spec import (
     NodePoolSpec,
 )
 from .errors import ConfigError
+from .input_files import read_yaml_mapping
+from .limits import (
+    MAX_INSTANCES,
+    MAX_NODES,
+    Bandwidth,
+    Blocks,
+    BlockSize,
+    BytesPerToken,
+    Coefficient,
+    Flag,
+    Gpus,
+    Instances,
+    Milliseconds,
+    PositiveBlocks,
+    PositiveInstances,
+    PositiveRequests,
+    PositiveTimeUs,
+    PositiveTokens,
+    Rate,
+    Seed,
+    TimeUs,
+    TokenAmount,
+    TokenBucketTokens,
+    TokenRate,
+    Tokens,
+    number,
+)
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
 from .workload.spec import format_spec_error
-from .yamlfiles import read_yaml_mapping
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+_MemoryFraction = number(0, 1, "", "a fraction of the GPU's memory", lo_open=True)
+
+
 class LengthSpec(_Strict):
     """A token-length distribution: gaussian (clamped to [min, max]) or constant."""
 
     distribution: Literal["gaussian", "constant"] = "gaussian"
-    mean: float = Field(512, ge=0)
-    stdev: float = Field(256, ge=0)
-    min: int = Field(2, ge=1)
-    max: int = Field(7000, ge=1)
-    value: int | None = Field(None, ge=0)
+    mean: TokenAmount = 512
+    stdev: TokenAmount = 256
+    min: PositiveTokens = 2
+    max: PositiveTokens = 7000
+    value: Tokens | None = None
 
     @model_validator(mode="after")
     def _check(self) -> LengthSpec:
@@ -65,12 +96,12 @@ class SyntheticWorkload(_Strict):
 
     preset: str | None = None
     arrival: Literal["poisson", "constant"] = "poisson"
-    rate: float = Field(1.0, gt=0, description="requests per second")
-    num_requests: int = Field(100, gt=0)
-    prefix_tokens: int = Field(0, ge=0, description="shared prefix length (one group)")
+    rate: Rate = Field(1.0, description="requests per second")
+    num_requests: PositiveRequests = 100
+    prefix_tokens: Tokens = Field(0, description="shared prefix length (one group)")
     prompt_tokens: LengthSpec | None = None
     output_tokens: LengthSpec | None = None
-    timeout_us: int = Field(0, ge=0, description="client deadline after arrival; 0 = none")
+    timeout_us: TimeUs = Field(0, description="client deadline after arrival; 0 = none")
 
 
 # Keys that only a v2 workload spec has: their presence selects the v2 schema.
@@ -101,8 +132,8 @@ class TraceSpec(_Strict):
 
 class LatencySpec(_Strict):
     model: str = "roofline"
-    alpha_coeffs: list[float] | None = None
-    beta_coeffs: list[float] | None = None
+    alpha_coeffs: list[Coefficient] | None = None
+    beta_coeffs: list[Coefficient] | None = None
     vllm_version: str | None = None
     # Fitted coefficients written by `servesim calibrate` (latency model physics).
     coeffs_file: Path | None = None
@@ -117,41 +148,42 @@ class LatencySpec(_Strict):
 class EngineSpec(_Strict):
     """One vLLM instance's knobs (BLIS flag names, with units where they have one)."""
 
-    total_kv_blocks: int | None = Field(None, gt=0, description="None = defaults.yaml or auto")
-    block_size_tokens: int = Field(16, gt=0)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_num_running_reqs: int = Field(256, gt=0)
-    max_num_scheduled_tokens: int = Field(2048, gt=0)
-    long_prefill_token_threshold: int = Field(0, ge=0)
-    max_model_len: int | None = Field(None, ge=0, description="None = auto (roofline); 0 = off")
+    total_kv_blocks: PositiveBlocks | None = Field(None, description="None = defaults.yaml or auto")
+    block_size_tokens: BlockSize = 16
+    gpu_memory_utilization: _MemoryFraction = 0.9
+    max_num_running_reqs: PositiveRequests = 256
+    max_num_scheduled_tokens: PositiveTokens = 2048
+    long_prefill_token_threshold: Tokens = 0
+    max_model_len: Tokens | None = Field(None, description="None = auto (roofline); 0 = off")
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
-    enable_prefix_caching: bool = True
-    kv_cpu_blocks: int = Field(0, ge=0, description="CPU KV tier size in blocks; 0 = off")
+    enable_prefix_caching: Flag = True
+    kv_cpu_blocks: Blocks = Field(0, description="CPU KV tier size in blocks; 0 = off")
     kv_offload_policy: Literal["evict", "mirror"] = "evict"
-    kv_transfer_bandwidth_gb_per_s: float = Field(50.0, gt=0, description="host link, per GPU")
-    kv_transfer_base_latency_us: int = Field(0, ge=0)
-    kv_reload_blocking: bool = False
+    kv_transfer_bandwidth_gb_per_s: Bandwidth = Field(50.0, description="host link, per GPU")
+    kv_transfer_base_latency_us: TimeUs = 0
+    kv_reload_blocking: Flag = False
 
 
 class AdmissionSpec(_Strict):
     policy: str = "always-admit"
-    token_bucket_capacity: float | None = Field(None, gt=0, description="tokens")
-    token_bucket_refill_rate: float | None = Field(None, gt=0, description="tokens per second")
-    latency_us: int = Field(0, ge=0)
+    token_bucket_capacity: TokenBucketTokens | None = Field(None, description="tokens")
+    token_bucket_refill_rate: TokenRate | None = Field(None, description="tokens per second")
+    latency_us: TimeUs = 0
 
 
 class RoutingSpec(_Strict):
     policy: str = "round-robin"
     scorers: str | None = Field(None, description='"name:weight,..." for weighted routing')
-    latency_us: int = Field(0, ge=0)
-    snapshot_refresh_interval_us: int = Field(0, ge=0, description="0 = always fresh")
+    latency_us: TimeUs = 0
+    snapshot_refresh_interval_us: TimeUs = Field(0, description="0 = always fresh")
 
 
 class DecisionTraceSpec(_Strict):
     level: Literal["none", "decisions"] = "none"
-    counterfactual_k: int = Field(0, ge=0)
-    summarize: bool = False
+    # Alternatives recorded per decision: there are never more than instances.
+    counterfactual_k: Instances = 0
+    summarize: Flag = False
     path: Path | None = Field(None, description="write decisions as JSON Lines")
 
 
@@ -159,10 +191,10 @@ class PoolSpec(_Strict):
     """Per-pool overrides of the deployment (SPEC §7.4): unset fields inherit the scenario's."""
 
     hardware: str | None = None
-    tp: int | None = Field(None, gt=0)
+    tp: Gpus | None = None
     latency_model: str | None = None
-    max_model_len: int | None = Field(None, ge=0)
-    total_kv_blocks: int | None = Field(None, gt=0)
+    max_model_len: Tokens | None = None
+    total_kv_blocks: PositiveBlocks | None = None
     routing_scorers: str | None = Field(None, description="weighted routing within the pool")
 
     @property
@@ -177,16 +209,16 @@ class PoolSpec(_Strict):
 class PDSpec(_Strict):
     """Prefill/decode disaggregation (SPEC §7): pools, decider, KV transfer link."""
 
-    prefill_instances: int = Field(0, ge=0)
-    decode_instances: int = Field(0, ge=0)
+    prefill_instances: Instances = 0
+    decode_instances: Instances = 0
     decider: str = "never"
-    prefix_threshold: int | None = Field(None, ge=0, description="non-cached tokens; 16")
+    prefix_threshold: Tokens | None = Field(None, description="non-cached tokens; 16")
     prefix_mode: Literal["global", "decode-cache"] = "global"
-    prompt_length_threshold: int | None = Field(None, ge=0, description="tokens; 256")
-    transfer_bandwidth_gb_per_s: float = Field(25.0, gt=0)
-    transfer_base_latency_ms: float = Field(0.05, ge=0)
-    kv_bytes_per_token: int | None = Field(None, gt=0, description="None = model geometry")
-    transfer_contention: bool = True
+    prompt_length_threshold: Tokens | None = Field(None, description="tokens; 256")
+    transfer_bandwidth_gb_per_s: Bandwidth = 25.0
+    transfer_base_latency_ms: Milliseconds = 0.05
+    kv_bytes_per_token: BytesPerToken | None = Field(None, description="None = model geometry")
+    transfer_contention: Flag = True
     prefill: PoolSpec = Field(default_factory=PoolSpec)
     decode: PoolSpec = Field(default_factory=PoolSpec)
 
@@ -198,7 +230,7 @@ class PDSpec(_Strict):
 class ClusterSpec(_Strict):
     """Many instances behind one router (SPEC §6), optionally split into PD pools (§7)."""
 
-    num_instances: int = Field(1, gt=0)
+    num_instances: PositiveInstances = 1
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
     trace: DecisionTraceSpec = Field(default_factory=DecisionTraceSpec)
@@ -231,11 +263,11 @@ class Scenario(_Strict):
 
     name: str = ""
     description: str = ""
-    seed: int = Field(42, ge=0)
-    horizon_us: int | None = Field(None, gt=0)
+    seed: Seed = 42
+    horizon_us: PositiveTimeUs | None = None
     model: str = "meta-llama/llama-3.1-8b-instruct"
     hardware: str | None = None
-    tp: int | None = Field(None, gt=0)
+    tp: Gpus | None = None
     hardware_file: Path | None = None
     latency: LatencySpec = Field(default_factory=LatencySpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -251,7 +283,7 @@ class Scenario(_Strict):
     autoscaler: list[AutoscalerSpec] = Field(default_factory=list)
     # Check the simulator's laws during the run and stop at the first broken one
     # (simulator/invariants.py). Results are identical either way; only slower.
-    check_invariants: bool = False
+    check_invariants: Flag = False
 
     @field_validator("model")
     @classmethod
@@ -301,6 +333,43 @@ class Scenario(_Strict):
                 "each deployment sets its own num_instances; remove cluster.num_instances"
             )
         return self
+
+    @model_validator(mode="after")
+    def _fleet_size(self) -> Scenario:
+        """Each count is bounded on its own; so is the whole fleet, which several deployments,
+        autoscaler headroom and add_instance events could otherwise multiply."""
+        slots = _instance_slots(self)
+        if slots > MAX_INSTANCES:
+            parts = "deployments' num_instances" if self.deployments else "cluster.num_instances"
+            raise ValueError(
+                f"the fleet has up to {slots:,} instances ({parts}, autoscaler max_instances "
+                f"and add_instance events together); at most {MAX_INSTANCES:,}: an instance "
+                "takes about 13 KB of memory before its first request"
+            )
+        nodes = sum(p.max_nodes for p in self.node_pools)
+        if nodes > MAX_NODES:
+            raise ValueError(
+                f"node_pools: max_nodes add up to {nodes:,}; at most {MAX_NODES:,} in all: a "
+                "fleet never needs more nodes than instances"
+            )
+        return self
+
+
+def _instance_slots(scenario: Scenario) -> int:
+    """Instances the fleet can ever hold: the initial ones, each autoscaler's headroom above
+    its deployment's initial count and one per add_instance event. Mirrors the slots that
+    api.plan_fleet builds (deployments in role order; an autoscaler without a deployment
+    scales the first)."""
+    order = {"prefill": 0, "decode": 1, "unified": 2}
+    specs = sorted(scenario.deployments, key=lambda d: order[d.role])
+    initial = {d.name: d.num_instances for d in specs}
+    if not specs:
+        initial = {"": scenario.cluster.num_instances}
+    first = next(iter(initial))
+    slots = sum(initial.values())
+    for a in scenario.autoscaler:
+        slots += max(0, a.max_instances - initial.get(a.deployment or first, 0))
+    return slots + sum(e.action == "add_instance" for e in scenario.events)
 
 
 def _known(field: str, kind: str, value: str | None, known: list[str], none: str) -> None:

@@ -28,11 +28,11 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .atomic_io import write_text_atomically, write_with
-from .errors import ConfigError
+from .errors import ConfigError, excerpt
+from .input_files import read_json, read_yaml_mapping
 from .interruption import ignore_interrupts_in_worker
 from .scenario import Scenario, TraceSpec, scenario_from_dict
 from .workload.spec import format_spec_error
-from .yamlfiles import read_yaml_mapping
 
 RUNS_DIR = "runs.d"
 CI_LEVEL = 0.95
@@ -104,7 +104,7 @@ def check_path(base: Scenario, path: str) -> None:
 
     Checked against the schema, not the dumped dict: `apply_overrides` would create a missing
     key, and the resulting error would not name the grid path."""
-    unknown = ConfigError(f"grid: unknown scenario field {path!r}")
+    unknown = ConfigError(f"grid: unknown scenario field {excerpt(path)}")
     keys = path.split(".")
     node: Any = base
     classes: list[type[BaseModel]] = [type(base)]
@@ -152,7 +152,9 @@ def _validate(
             raise ConfigError("grid: 'seed' cannot be a grid field; use seeds")
         check_path(base, path)
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"grid: {path!r} needs a non-empty list of values, got {values!r}")
+            raise ConfigError(
+                f"grid: {excerpt(path)} needs a non-empty list of values, got {excerpt(values)}"
+            )
     for params in points:
         label = "grid: " + (", ".join(f"{k} = {v!r}" for k, v in params.items()) or "(base)")
         try:
@@ -247,9 +249,9 @@ def _load_done(runs_dir: Path) -> dict[str, dict[str, Any]]:
         return done
     for f in runs_dir.glob("*.json"):
         try:
-            doc = json.loads(f.read_text())
+            doc = read_json(f, "sweep run")
             done[doc["key"]] = doc["metrics"]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ConfigError, KeyError, TypeError):
             continue  # unreadable leftovers are re-run
     return done
 
@@ -260,9 +262,9 @@ def _seeds(seeds: Sequence[int]) -> list[int]:
         raise ConfigError("seeds: needs at least one seed")
     for s in out:
         if not isinstance(s, int) or isinstance(s, bool):
-            raise ConfigError(f"seeds: invalid value {s!r}; seeds are integers")
+            raise ConfigError(f"seeds: invalid value {excerpt(s)}; seeds are integers")
     if len(set(out)) != len(out):
-        raise ConfigError(f"seeds: duplicate seeds in {out}")
+        raise ConfigError(f"seeds: duplicate seeds in {excerpt(out)}; each seed once")
     return out
 
 
@@ -295,10 +297,12 @@ def sweep(
 
     sc = as_scenario(base)
     if not isinstance(grid, dict):
-        raise ConfigError(f"grid: must be a mapping of scenario paths to value lists, not {grid!r}")
+        raise ConfigError(
+            f"grid: must be a mapping of scenario paths to value lists, not {excerpt(grid)}"
+        )
     seed_list = _seeds(seeds)
     if workers is not None and (not isinstance(workers, int) or workers < 1):
-        raise ConfigError(f"workers: invalid value {workers!r}; must be an integer >= 1")
+        raise ConfigError(f"workers: invalid value {excerpt(workers)}; must be an integer >= 1")
     params = list(grid)
     for path in params:  # unknown paths first, so a typo is reported as such
         check_path(sc, path)
@@ -463,6 +467,8 @@ def _inline_scenario(data: dict[str, Any], folder: Path, source: str) -> Scenari
         )
     if sc.hardware_file is not None:
         sc.hardware_file = resolve(sc.hardware_file)
+    if sc.latency.coeffs_file is not None:
+        sc.latency.coeffs_file = resolve(sc.latency.coeffs_file)
     if sc.workload_spec is not None:
         sc.workload_spec = resolve(sc.workload_spec)
     sc._base_dir = folder  # noqa: SLF001

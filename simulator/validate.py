@@ -10,7 +10,6 @@ out-of-sample for the analytical backends.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -20,10 +19,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from .engine.request import RequestState
-from .errors import ConfigError
+from .errors import ConfigError, excerpt
+from .input_files import read_json, read_yaml
 
 REQUESTS_SUFFIX = ".requests.csv"
 META_SUFFIX = ".meta.json"
@@ -129,7 +128,7 @@ def _require(data: dict, key: str, where: Path) -> Any:
 def _positive_int(value: Any, key: str, where: Path) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(
-            f"ground truth: {str(where)!r}: {key}: invalid value {value!r}; "
+            f"ground truth: {str(where)!r}: {key}: invalid value {excerpt(value)}; "
             "must be a positive integer"
         )
     return value
@@ -145,7 +144,7 @@ def bundled_model(model_id: str, where: Path) -> str:
         if name == wanted or name.split("/")[-1] == wanted.split("/")[-1]:
             return name
     raise ConfigError(
-        f"ground truth: {str(where)!r}: model_id {model_id!r} is not a bundled model; "
+        f"ground truth: {str(where)!r}: model_id {excerpt(model_id)} is not a bundled model; "
         f"valid: {', '.join(names)}"
     )
 
@@ -155,11 +154,8 @@ def _max_model_len(config: dict, dataset: Path, name: str, meta_path: Path) -> i
     if config.get("max_model_len") is not None:
         return _positive_int(config["max_model_len"], "config.max_model_len", meta_path)
     exp = dataset / "runs" / name / "exp-config.yaml"
-    if exp.is_file():
-        try:
-            args = yaml.safe_load(exp.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"ground truth: {str(exp)!r} is not valid YAML: {exc}") from None
+    if exp.exists():
+        args = read_yaml(exp, "ground truth") or {}
         if isinstance(args, dict) and args.get("max_model_len") is not None:
             return _positive_int(args["max_model_len"], "max_model_len", exp)
     raise ConfigError(
@@ -170,12 +166,13 @@ def _max_model_len(config: dict, dataset: Path, name: str, meta_path: Path) -> i
 
 def _run_spec(dataset: Path, name: str, csv_path: Path) -> RunSpec:
     meta_path = csv_path.with_name(name + META_SUFFIX)
-    if not meta_path.is_file():
+    if not meta_path.exists():
         raise ConfigError(f"ground truth: {str(meta_path)!r} is missing (needed for {name})")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"ground truth: cannot read {str(meta_path)!r}: {exc}") from None
+    meta = read_json(meta_path, "ground truth")
+    if not isinstance(meta, dict):
+        raise ConfigError(
+            f"ground truth: {str(meta_path)!r} must be a JSON object, not {type(meta).__name__}"
+        )
     config = _require(meta, "config", meta_path)
     model_id = _require(meta, "model_id", meta_path)
     workload = str(_require(meta, "profile", meta_path))
@@ -201,6 +198,18 @@ def _run_spec(dataset: Path, name: str, csv_path: Path) -> RunSpec:
     )
 
 
+def _optional_yaml(path: Path) -> Any:
+    """The document of a load-generator file that only refines a replay: missing or unreadable
+    (bad bytes, not YAML, not a regular file) counts as absent, as the callers' missing keys do.
+    """
+    if not path.exists():
+        return {}
+    try:
+        return read_yaml(path, "ground truth") or {}
+    except ConfigError:
+        return {}
+
+
 def forced_output_tokens(profile: Path) -> int | None:
     """The output length the load generator forced, from a run's profile.yaml: its
     `data.shared_prefix.output_len` when `server.ignore_eos` is set (vLLM then generates
@@ -212,14 +221,12 @@ def forced_output_tokens(profile: Path) -> int | None:
     full-length ones' to within 1.5% in every load stage. So the server generated the full
     length and the count is an artefact of the client; replaying the count would give those
     requests a fraction of the real work."""
-    if not profile.is_file():
-        return None
+    document = _optional_yaml(profile)
     try:
-        document = yaml.safe_load(profile.read_text()) or {}
         if not (document.get("server") or {}).get("ignore_eos"):
             return None
         value = document["data"]["shared_prefix"]["output_len"]
-    except (KeyError, TypeError, AttributeError, OSError, yaml.YAMLError):
+    except (KeyError, TypeError, AttributeError):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         return None
@@ -233,7 +240,8 @@ def select_runs(runs: list[RunSpec], names: Sequence[str] | None) -> list[RunSpe
     for wanted in names:
         if not any(wanted in r.name for r in runs):
             raise ConfigError(
-                f"--runs: no run matches {wanted!r}; available: {', '.join(r.name for r in runs)}"
+                f"--runs: no run matches {excerpt(wanted)}; "
+                f"available: {', '.join(r.name for r in runs)}"
             )
     return [r for r in runs if any(wanted in r.name for wanted in names)]
 
@@ -401,12 +409,11 @@ PREFIX_GROUPS = 10
 def distinct_prompts(run: RunSpec) -> int | None:
     """System prompts x users per system prompt from the run's load-generator profile."""
     profile = run.requests_csv.parent.parent / "runs" / run.name / "profile.yaml"
-    if not profile.is_file():
-        return None
+    document = _optional_yaml(profile)
     try:
-        shared = (yaml.safe_load(profile.read_text()) or {})["data"]["shared_prefix"]
+        shared = document["data"]["shared_prefix"]
         return int(shared["num_unique_system_prompts"]) * int(shared["num_users_per_system_prompt"])
-    except (KeyError, TypeError, ValueError, yaml.YAMLError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
 
 

@@ -2,9 +2,10 @@
 line (a ServesimError; exit status 2 on the command line). No other exception, no hang.
 
 Inputs are real files (scenarios/, tests/data, ../shared) damaged two ways: structurally
-(a node replaced by an odd value, deleted, or an unknown key added; `perturbed`) and as text
-(lines dropped or cut, characters inserted, numbers replaced; `mutated_text`), plus
-strategies over the flag-string grammars. Budgets: tests/fuzzing.py (`make fuzz` for long).
+(a node replaced by an odd value, deleted, or an unknown key added; `perturbed`) and as bytes
+(lines dropped or cut, characters inserted, numbers replaced, invalid UTF-8, NUL bytes, BOMs,
+CR line ends, very long lines; `mutated_bytes`, written with write_bytes), plus strategies
+over the flag-string grammars. Budgets: tests/fuzzing.py (`make fuzz` for long).
 """
 
 from __future__ import annotations
@@ -28,15 +29,18 @@ from simulator.catalog.models import load_model
 from simulator.cli import _coeffs, app
 from simulator.cluster.policy_bundle import load_policy_bundle
 from simulator.cluster.routing import parse_scorers
+from simulator.latency.physics import load_coefficients_file
 from simulator.metrics.fitness import parse_fitness_weights
 from simulator.sweeps import load_sweep_file
+from simulator.workload.lengths import load_empirical_table
+from simulator.workload.servegen import load_servegen_clients
 from simulator.workload.spec import load_workload_spec
 from simulator.workload.trace import load_requests_file, read_groundtruth_rows, read_header
 from tests.fuzzing import (
     accepted_or_one_line_error,
     finishes_within,
     fuzz_settings,
-    mutated_text,
+    mutated_bytes,
     perturbed,
 )
 
@@ -68,9 +72,9 @@ def scratch(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fuzz")
 
 
-def _file(folder: Path, text: str, suffix: str) -> Path:
+def _file(folder: Path, content: str | bytes, suffix: str) -> Path:
     path = folder / f"{uuid.uuid4().hex}{suffix}"
-    path.write_text(text)
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
     return path
 
 
@@ -79,9 +83,9 @@ def _dump(doc) -> str:
 
 
 def damaged_yaml(doc, text: str | None = None):
-    """YAML text of `doc` damaged structurally (`perturbed`), or `text` (default: the dump of
-    `doc`) damaged as text (`mutated_text`)."""
-    return st.one_of(perturbed(doc).map(_dump), mutated_text(text if text else _dump(doc)))
+    """YAML of `doc` damaged structurally (`perturbed`), or `text` (default: the dump of
+    `doc`) damaged as bytes (`mutated_bytes`)."""
+    return st.one_of(perturbed(doc).map(_dump), mutated_bytes(text if text else _dump(doc)))
 
 
 # --- scenario YAML --------------------------------------------------------------------------
@@ -133,10 +137,17 @@ def test_trace_header_file(scratch, text):
 
 
 @fuzz_settings(ci_examples=80)
-@given(mutated_text(TRACE_TEXT))
+@given(mutated_bytes(TRACE_TEXT))
 def test_trace_csv_with_damaged_text(scratch, text):
     data = _file(scratch, text, ".csv")
     accepted_or_one_line_error(load_requests_file, data, TRACE_HEADER)
+
+
+@fuzz_settings(ci_examples=20)
+@given(mutated_bytes(TRACE_TEXT))
+def test_headerless_trace_csv_with_damaged_text(scratch, text):
+    """`servesim replay --trace-data X.csv` alone: the CSV's own header decides its kind."""
+    accepted_or_one_line_error(load_requests_file, _file(scratch, text, ".csv"))
 
 
 @fuzz_settings(ci_examples=30)
@@ -155,7 +166,7 @@ def test_trace_csv_row_of_arbitrary_cells(scratch, cells):
 @given(st.data())
 def test_groundtruth_csv_with_damaged_text(scratch, data):
     source = data.draw(st.sampled_from(GROUNDTRUTH))
-    text = data.draw(mutated_text(_head(source)))
+    text = data.draw(mutated_bytes(_head(source)))
     accepted_or_one_line_error(read_groundtruth_rows, _file(scratch, text, ".csv"))
 
 
@@ -192,6 +203,39 @@ def test_hardware_file_with_damaged_fields(scratch, data):
     accepted_or_one_line_error(load_gpu_file, _file(scratch, text, suffix))
 
 
+@needs_shared
+@fuzz_settings(ci_examples=20)
+@given(st.data())
+def test_hardware_file_with_damaged_bytes(scratch, data):
+    suffix = data.draw(st.sampled_from([".json", ".yaml"]))
+    text = SHARED_HARDWARE.read_text()
+    if suffix == ".yaml":
+        text = _dump(json.loads(text))
+    accepted_or_one_line_error(
+        load_gpu_file, _file(scratch, data.draw(mutated_bytes(text)), suffix)
+    )
+
+
+COEFFICIENTS = {
+    "version": 1,
+    "latency_model": "physics",
+    "coefficients": {
+        "bandwidth_efficiency": 0.8,
+        "prefill_compute_efficiency": 0.6,
+        "per_step_overhead_us": 500.0,
+        "gemm_fixed_rows": 64,
+    },
+    "fitted_on": ["run-a", "run-b"],
+}
+
+
+@fuzz_settings(ci_examples=30)
+@given(damaged_yaml(COEFFICIENTS))
+def test_latency_coefficients_file(scratch, text):
+    """`--latency-coeffs`: a file written by `servesim calibrate`, damaged."""
+    accepted_or_one_line_error(load_coefficients_file, _file(scratch, text, ".yaml"))
+
+
 MODEL_CONFIGS = sorted((ROOT / "simulator" / "catalog" / "data" / "model_configs").glob("*/"))
 
 
@@ -200,8 +244,61 @@ MODEL_CONFIGS = sorted((ROOT / "simulator" / "catalog" / "data" / "model_configs
 def test_hf_config_json(scratch, data):
     """`--model path/to/config.json`: a damaged HuggingFace config of a bundled model."""
     source = data.draw(st.sampled_from(MODEL_CONFIGS)) / "config.json"
-    doc = data.draw(perturbed(json.loads(source.read_text())))
-    accepted_or_one_line_error(load_model, str(_file(scratch, json.dumps(doc), ".json")))
+    if data.draw(st.booleans()):
+        content = json.dumps(data.draw(perturbed(json.loads(source.read_text()))))
+    else:
+        content = data.draw(mutated_bytes(source.read_text()))
+    accepted_or_one_line_error(load_model, str(_file(scratch, content, ".json")))
+
+
+# --- length tables and ServeGen folders -------------------------------------------------------
+
+LENGTH_TABLE = {100: 0.25, 200: 0.5, 400: 0.25}
+
+
+@fuzz_settings(ci_examples=30)
+@given(st.data())
+def test_empirical_length_file(scratch, data):
+    """`empirical` distributions' `file:` as YAML, JSON or a two-column CSV."""
+    suffix = data.draw(st.sampled_from([".yaml", ".json", ".csv"]))
+    if suffix == ".csv":
+        text = "tokens,probability\n" + "".join(f"{k},{v}\n" for k, v in LENGTH_TABLE.items())
+        content = data.draw(mutated_bytes(text))
+    elif suffix == ".json":
+        doc = {str(k): v for k, v in LENGTH_TABLE.items()}
+        content = data.draw(
+            st.one_of(perturbed(doc).map(json.dumps), mutated_bytes(json.dumps(doc, indent=1)))
+        )
+    else:
+        content = data.draw(damaged_yaml(LENGTH_TABLE))
+    accepted_or_one_line_error(load_empirical_table, _file(scratch, content, suffix))
+
+
+SERVEGEN_TRACE = "0,2.0,1.5,Gamma,0.4,1.2\n600,5.0,2.5,Gamma,0.16,0.5\n1200,1.0,1.0,Weibull\n"
+SERVEGEN_DATASET = {
+    "0": {"input_tokens": "{}", "output_tokens": "{}"},
+    "600": {"input_tokens": "{100: 0.25, 200: 0.75,}", "output_tokens": "{50: 1.0}"},
+    "1200": {"input_tokens": "{300: 1}", "output_tokens": "{60: 1}"},
+}
+
+
+@fuzz_settings(ci_examples=30)
+@given(st.data())
+def test_servegen_folder(scratch, data):
+    """A ServeGen chunk: its trace CSV and its dataset JSON, either damaged."""
+    folder = scratch / uuid.uuid4().hex
+    folder.mkdir()
+    trace, dataset = SERVEGEN_TRACE.encode(), json.dumps(SERVEGEN_DATASET, indent=1).encode()
+    which = data.draw(st.sampled_from(["trace", "dataset", "dataset-fields"]))
+    if which == "trace":
+        trace = data.draw(mutated_bytes(trace))
+    elif which == "dataset":
+        dataset = data.draw(mutated_bytes(dataset))
+    else:
+        dataset = json.dumps(data.draw(perturbed(SERVEGEN_DATASET))).encode()
+    (folder / "chunk-0-trace.csv").write_bytes(trace)
+    (folder / "chunk-0-dataset.json").write_bytes(dataset)
+    accepted_or_one_line_error(load_servegen_clients, folder)
 
 
 # --- policy bundle and sweep files ----------------------------------------------------------

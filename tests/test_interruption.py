@@ -121,3 +121,125 @@ def test_interrupted_sweep_keeps_finished_runs_and_resumes(tmp_path):
     pd.testing.assert_frame_equal(
         resumed_runs, fresh.runs.astype(resumed_runs.dtypes.to_dict()), check_exact=False
     )
+
+
+# ------------------------------------------------ the program's edges: start-up, repeats
+
+LONG_RUN = ["run", "--num-requests", "2000000", "--rate", "2000"]
+
+
+def _servesim() -> list[str]:
+    """The console script when installed (its entry point is the one users hit)."""
+    script = Path(sys.executable).with_name("servesim")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "simulator.cli"]
+
+
+def _catches(pid: int, signal_number: int) -> bool:
+    """Whether process `pid` has a handler for `signal_number` (Linux /proc), i.e. servesim's
+    entry point is past its first lines: SIGTERM is left at its default until then."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signal_number - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc")
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_while_the_program_starts_is_one_line(signal_number):
+    """The entry point installs its handlers before the heavy imports: a signal sent as soon
+    as they are there (while typer and the simulator load) is one line and 128 + N."""
+    proc = subprocess.Popen(
+        [*_servesim(), *LONG_RUN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not _catches(proc.pid, signal.SIGTERM):
+        assert proc.poll() is None and time.monotonic() < deadline, "handlers never installed"
+        time.sleep(0.001)
+    proc.send_signal(signal_number)
+    stdout, stderr = proc.communicate(timeout=120)
+    name = signal.Signals(signal_number).name
+    assert proc.returncode == 128 + signal_number, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert stderr.splitlines() == _errors(stderr)  # nothing but the one line
+    (error,) = _errors(stderr)
+    assert error.startswith(f"error: interrupted by {name}")
+    assert stdout == ""
+
+
+def test_the_entry_point_module_loads_nothing_heavy():
+    """`simulator.cli` itself adds no heavy import to the package's: its `main` runs first."""
+    probe = (
+        "import sys, simulator; before = set(sys.modules); import simulator.cli; "
+        "print(' '.join(sorted(set(sys.modules) - before)))"
+    )
+    added = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    heavy = {"typer", "click", "rich", "numpy", "pandas", "simpy", "simulator.cli_app"}
+    assert heavy.isdisjoint(added), added
+
+
+def test_importing_the_console_script_target_is_fast():
+    probe = "import sys, simulator.cli; print(' '.join(sorted(sys.modules)))"
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    assert {"numpy", "pandas", "simpy", "typer", "simulator.api"}.isdisjoint(loaded)
+
+
+def test_a_second_signal_while_unwinding_changes_nothing(tmp_path):
+    """SIGINT, then SIGTERM and SIGINT during the clean-up: the first decides the message and
+    the status; no second line, no traceback, no file."""
+    results = tmp_path / "results.json"
+    proc = _start(
+        [*LONG_RUN, "--results-path", results, "--trace-output", tmp_path / "trace"]
+        + ["--log", "info"]
+    )
+    _wait_for_line(proc, "simulating")
+    time.sleep(0.5)  # inside the event loop by now
+    proc.send_signal(signal.SIGINT)
+    for later in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(later)
+        time.sleep(0.01)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    (error,) = _errors(stderr)
+    assert error.startswith("error: interrupted by SIGINT; the run was abandoned")
+    assert not results.exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_first_signal_decides_in_process():
+    """The handlers themselves: the first signal raises, the next ones are ignored."""
+    from simulator.interruption import Interrupted, interruptible, stopping_on_signals
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as caught, stopping_on_signals() as stop:
+        assert signal.getsignal(signal.SIGTERM) is not previous  # else SIGTERM ends pytest
+        with interruptible(lambda: "lost: everything"):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the handler raises before this ends
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # ignored: SIGINT came first
+                time.sleep(0.01)
+    assert caught.value.signal_number == signal.SIGINT
+    assert caught.value.message() == "interrupted by SIGINT; lost: everything"
+    assert stop.first == signal.SIGINT
+    assert signal.getsignal(signal.SIGTERM) is previous

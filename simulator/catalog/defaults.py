@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from simulator.errors import ConfigError, invalid
-from simulator.yamlfiles import yaml_problem
+from simulator.errors import invalid
+from simulator.input_files import read_yaml
 
 _TOP_KEYS = {
     "defaults",
@@ -112,7 +112,7 @@ def _coeff_list(where: str, value: object, length: int | None) -> list[float]:
         raise invalid(where, value, f"must be a list of {want}")
     out: list[float] = []
     for v in value:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        if not _is_finite_number(v):
             raise invalid(where, value, "every coefficient must be a finite number")
         out.append(float(v))
     return out
@@ -133,8 +133,17 @@ def _whole_number(where: str, value: object) -> int:
     return value
 
 
+def _is_finite_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
 def _finite(where: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not _is_finite_number(value):
         raise invalid(where, value, "must be a finite number")
     return float(value)
 
@@ -201,15 +210,7 @@ def _parse(raw: object, source: str) -> DefaultsFile:
 
 def load_defaults_file(path: str | Path) -> DefaultsFile:
     """Parse and validate a defaults.yaml at `path` (strict: unknown keys are errors)."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise invalid("defaults file", str(path), f"cannot be read ({exc.strerror})") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"defaults file: invalid YAML in {str(path)!r}: {yaml_problem(exc)}"
-        ) from None
+    raw = read_yaml(path, "defaults file")
     return _parse(raw, str(path))
 
 

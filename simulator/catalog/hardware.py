@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -9,10 +10,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from simulator.catalog.types import GPUSpec
-from simulator.errors import ConfigError, invalid, unknown
+from simulator.errors import ConfigError, excerpt, invalid, unknown
+from simulator.input_files import check_path, load_json, load_yaml, read_text
 
 _HARDWARE_CONFIG_PATH = Path(__file__).parent / "data" / "hardware_config.json"
 
@@ -67,15 +67,23 @@ _EXTRA_GPUS: dict[str, dict[str, float]] = {
 }
 
 
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
 def _spec_from_entry(gpu: str, entry: Any, source: str) -> GPUSpec:
     """Validate one table entry (hardware_config.json shape) and build its GPUSpec."""
-    where = f"{source}: GPU {gpu!r}"
+    where = f"{source}: GPU {excerpt(gpu, 40)}"
     if not isinstance(entry, Mapping):
         raise invalid(where, type(entry).__name__, "must be a mapping of " + ", ".join(_FIELDS))
     extra = sorted(str(k) for k in entry if k not in _FIELDS and k != _COMMENT_KEY)
     if extra:
         raise ConfigError(
-            f"{where}: unknown key {extra[0]!r}; valid: {', '.join(_FIELDS)}, {_COMMENT_KEY}"
+            f"{where}: unknown key {excerpt(extra[0], 40)}; "
+            f"valid: {', '.join(_FIELDS)}, {_COMMENT_KEY}"
         )
     missing = [k for k in _FIELDS if k not in entry]
     if missing:
@@ -83,11 +91,7 @@ def _spec_from_entry(gpu: str, entry: Any, source: str) -> GPUSpec:
     values: dict[str, float] = {}
     for key, attr in _FIELDS.items():
         value = entry[key]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
             raise invalid(f"{where}: {key}", value, "must be a finite number")
         if key in _MAY_BE_ZERO:
             if value < 0:
@@ -110,7 +114,7 @@ def _specs_from_table(table: Any, source: str) -> dict[str, GPUSpec]:
             raise invalid(f"{source}: GPU name", gpu, "must be a non-empty string")
         if gpu.lower() in seen:
             raise ConfigError(
-                f"{source}: GPU {gpu!r} duplicates {seen[gpu.lower()]!r} "
+                f"{source}: GPU {excerpt(gpu, 40)} duplicates {excerpt(seen[gpu.lower()], 40)} "
                 "(names are case-insensitive)"
             )
         seen[gpu.lower()] = gpu
@@ -134,17 +138,16 @@ def list_gpus() -> list[str]:
 
 def load_gpu_file(path: str | Path) -> dict[str, GPUSpec]:
     """Read a user GPU table (YAML or JSON, same keys as hardware_config.json)."""
-    file_path = Path(path).expanduser()
+    file_path = check_path(path, "GPU file")
+    with contextlib.suppress(RuntimeError):  # `~user` of an unknown user stays as written
+        file_path = file_path.expanduser()
     source = f"GPU file {str(file_path)!r}"
-    try:
-        text = file_path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read file ({exc.strerror})") from exc
-    try:
-        # YAML is a superset of JSON, but json gives better messages for .json files.
-        table = json.loads(text) if file_path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{source}: cannot parse: {exc}") from exc
+    text = read_text(file_path, "GPU file")
+    # YAML is a superset of JSON, but json gives better messages for .json files.
+    if file_path.suffix.lower() == ".json":
+        table = load_json(text, "GPU file", file_path)
+    else:
+        table = load_yaml(text, "GPU file", file_path)
     return _specs_from_table(table, source)
 
 

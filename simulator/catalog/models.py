@@ -6,7 +6,6 @@ Resolution never touches the network: a model is either one of the configs bundl
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from functools import cache
@@ -16,7 +15,8 @@ from typing import Any
 import yaml
 
 from simulator.catalog.types import ModelConfig
-from simulator.errors import ConfigError, invalid, unknown
+from simulator.errors import ConfigError, excerpt, invalid, unknown
+from simulator.input_files import read_json
 
 _DATA_DIR = Path(__file__).parent / "data"
 _MODEL_CONFIGS_DIR = _DATA_DIR / "model_configs"
@@ -303,17 +303,7 @@ def hf_repo(name: str) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"model config {str(path)!r}: cannot read file ({exc.strerror})") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"model config {str(path)!r}: invalid JSON at line {exc.lineno} column {exc.colno}: "
-            f"{exc.msg}"
-        ) from exc
+    data = read_json(path, "model config")
     if not isinstance(data, dict):
         raise invalid(f"model config {str(path)!r}", type(data).__name__, "must be a JSON object")
     return data
@@ -326,6 +316,22 @@ def _config_path(path: Path) -> Path:
             raise ConfigError(f"model config folder {str(path)!r}: no config.json in it")
         return candidate
     return path
+
+
+def _expand(spec: str) -> Path:
+    try:
+        return Path(spec).expanduser()
+    except RuntimeError:  # `~user` of an unknown user: the name is then not a path
+        return Path(spec)
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; a name the OS cannot take as a path (too long, a NUL byte) is
+    not one, so it is looked up as a model name instead of raising."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -342,8 +348,9 @@ def load_model(spec: str, name: str | None = None) -> ModelConfig:
     if not isinstance(spec, str) or not spec.strip():
         raise invalid("model", spec, "must be a HuggingFace id, bundled model name or path")
     spec = spec.strip()
-    path = Path(spec).expanduser()
-    if path.exists():
+    if "\x00" in spec:
+        raise invalid("model", spec, "a model name or path must not contain a NUL byte")
+    if _exists(path := _expand(spec)):
         config_path = _config_path(path)
         if name is None:
             stem_dir = config_path.parent if config_path.name == "config.json" else None
@@ -353,7 +360,7 @@ def load_model(spec: str, name: str | None = None) -> ModelConfig:
         folder = _lookup_table().get(spec.lower())
         if folder is None:
             if _looks_like_path(spec):
-                raise ConfigError(f"model: path {spec!r} does not exist")
+                raise ConfigError(f"model: path {excerpt(spec)} does not exist")
             raise unknown("model", spec, list_models())
         raw = _read_json(_MODEL_CONFIGS_DIR / folder / "config.json")
         model = parse_hf_config(raw, name or _bundled_index()[folder].lower())

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from ..engine.request import Request
 from ..errors import invalid, is_finite_positive, unknown
+from ..limits import MAX_TOKEN_BUCKET_TOKENS, MAX_TOKEN_RATE_PER_S
 from .snapshot import InstanceSnapshot
 
 # BLIS's flag defaults (--token-bucket-capacity, --token-bucket-refill-rate).
@@ -50,8 +51,8 @@ class TokenBucket(AdmissionPolicy):
     name = "token-bucket"
 
     def __init__(self, capacity_tokens: float, refill_rate_tokens_per_s: float) -> None:
-        _check_positive("token_bucket_capacity", capacity_tokens)
-        _check_positive("token_bucket_refill_rate", refill_rate_tokens_per_s)
+        _check_positive("token_bucket_capacity", capacity_tokens, MAX_TOKEN_BUCKET_TOKENS)
+        _check_positive("token_bucket_refill_rate", refill_rate_tokens_per_s, MAX_TOKEN_RATE_PER_S)
         self.capacity_tokens = float(capacity_tokens)
         self.refill_rate_tokens_per_s = float(refill_rate_tokens_per_s)
         self.tokens = self.capacity_tokens
@@ -115,6 +116,7 @@ def make_admission_policy(
     return ADMISSION_POLICIES[name]()
 
 
-def _check_positive(field: str, value: float) -> None:
-    if not is_finite_positive(value):
-        raise invalid(field, value, "must be a finite number > 0")
+def _check_positive(field: str, value: float, most: float) -> None:
+    # The scenario schema bounds both already; this guards direct construction.
+    if not (is_finite_positive(value) and value <= most):
+        raise invalid(field, value, f"must be a finite number > 0 and at most {most:g}")

@@ -11,16 +11,57 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..limits import (
+    MAX_COST_PER_HOUR,
+    MAX_GPU_MEMORY_GIB,
+    MAX_WARM_UP_FACTOR,
+    BandwidthOrOff,
+    Flag,
+    Gpus,
+    Instances,
+    IntervalSeconds,
+    Nodes,
+    PositiveBlocks,
+    PositiveInstances,
+    PositiveThreshold,
+    Requests,
+    Seconds,
+    Threshold,
+    Tokens,
+    number,
+)
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+_GpuMemoryGib = number(
+    0,
+    MAX_GPU_MEMORY_GIB,
+    "GiB",
+    "its byte count stays exact in float64 (2^53 bytes)",
+    lo_open=True,
+)
+_CostPerHour = number(
+    0,
+    MAX_COST_PER_HOUR,
+    "dollars per node-hour",
+    "thousands of times any GPU node's price; keeps a fleet's cost finite",
+)
+_WarmUpFactor = number(
+    1,
+    MAX_WARM_UP_FACTOR,
+    "",
+    "a cold request a million times slower than a warm one keeps its step on the clock",
+)
+
+
 class DelaySpec(_Strict):
     """A delay in seconds: Gaussian(mean, stddev) clamped at 0; constant when stddev is 0."""
 
-    mean_s: float = Field(0.0, ge=0)
-    stddev_s: float = Field(0.0, ge=0)
+    mean_s: Seconds = 0.0
+    stddev_s: Seconds = 0.0
 
 
 class NodePoolSpec(_Strict):
@@ -28,13 +69,13 @@ class NodePoolSpec(_Strict):
 
     name: str = Field(min_length=1)
     gpu_type: str = Field(min_length=1)
-    gpus_per_node: int = Field(8, ge=1)
-    gpu_memory_gib: float = Field(80.0, gt=0)
-    initial_nodes: int = Field(1, ge=0)
-    min_nodes: int = Field(0, ge=0)
-    max_nodes: int = Field(1, ge=0)
+    gpus_per_node: Gpus = 8
+    gpu_memory_gib: _GpuMemoryGib = 80.0
+    initial_nodes: Nodes = 1
+    min_nodes: Nodes = 0
+    max_nodes: Nodes = 1
     provisioning_delay: DelaySpec = Field(default_factory=DelaySpec)
-    cost_per_hour: float = Field(0.0, ge=0, description="per node, in dollars")
+    cost_per_hour: _CostPerHour = Field(0.0, description="per node, in dollars")
 
     @model_validator(mode="after")
     def _bounds(self) -> NodePoolSpec:
@@ -57,13 +98,13 @@ class LifecycleSpec(_Strict):
 
     loading_delay: DelaySpec = Field(default_factory=DelaySpec)
     # Loading can also be priced as weight bytes over a load bandwidth (0 = off): the two add.
-    load_bandwidth_gb_per_s: float = Field(0.0, ge=0)
-    warm_up_request_count: int = Field(0, ge=0)
-    warm_up_ttft_factor: float = Field(1.0, ge=1.0)
+    load_bandwidth_gb_per_s: BandwidthOrOff = 0.0
+    warm_up_request_count: Requests = 0
+    warm_up_ttft_factor: _WarmUpFactor = 1.0
     drain_policy: DrainPolicyName = "wait"
-    retry_on_failure: bool = False
+    retry_on_failure: Flag = False
     # The fleet the scenario starts with is already loaded and serving at t = 0.
-    initial_instances_loaded: bool = False
+    initial_instances_loaded: Flag = False
 
 
 EventAction = Literal[
@@ -74,7 +115,7 @@ EventAction = Literal[
 class EventSpec(_Strict):
     """One scheduled change to the fleet."""
 
-    at_s: float = Field(ge=0)
+    at_s: Seconds
     action: EventAction
     target: str | None = Field(None, description="instance id (drain/fail_instance)")
     node: str | None = Field(None, description="node id (drain_node, fail_node)")
@@ -101,14 +142,14 @@ class AutoscalerSpec(_Strict):
 
     deployment: str | None = Field(None, description="None = the first deployment")
     signal: Literal["kv_utilization", "queue_depth", "in_flight"] = "in_flight"
-    scale_up_threshold: float = Field(gt=0)
-    scale_down_threshold: float = Field(0.0, ge=0)
-    min_instances: int = Field(1, ge=0)
-    max_instances: int = Field(ge=1)
-    interval_s: float = Field(15.0, gt=0)
-    scrape_delay_s: float = Field(0.0, ge=0)
-    scale_up_stabilization_s: float = Field(0.0, ge=0)
-    scale_down_stabilization_s: float = Field(300.0, ge=0)
+    scale_up_threshold: PositiveThreshold
+    scale_down_threshold: Threshold = 0.0
+    min_instances: Instances = 1
+    max_instances: PositiveInstances
+    interval_s: IntervalSeconds = 15.0
+    scrape_delay_s: Seconds = 0.0
+    scale_up_stabilization_s: Seconds = 0.0
+    scale_down_stabilization_s: Seconds = 300.0
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalerSpec:
@@ -132,10 +173,10 @@ class DeploymentSpec(_Strict):
     name: str = Field(min_length=1)
     model: str | None = None
     hardware: str | None = None
-    tp: int | None = Field(None, gt=0)
-    num_instances: int = Field(1, ge=0)
+    tp: Gpus | None = None
+    num_instances: Instances = 1
     role: Literal["unified", "prefill", "decode"] = "unified"
     pool: str | None = Field(None, description="node pool its instances are placed on")
     latency_model: str | None = None
-    total_kv_blocks: int | None = Field(None, gt=0)
-    max_model_len: int | None = Field(None, ge=0)
+    total_kv_blocks: PositiveBlocks | None = None
+    max_model_len: Tokens | None = None

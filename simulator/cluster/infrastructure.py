@@ -24,6 +24,8 @@ from ..engine.events import ROUTER, event_after
 from ..engine.instance import Instance
 from ..engine.request import Request, RequestState
 from ..errors import ConfigError
+from ..invariants import InvariantViolation
+from ..limits import MAX_TIME_US, duration_us
 from ..rng import subsystem_rng
 from .autoscaler import Autoscaler
 from .infra_spec import AutoscalerSpec, DelaySpec, EventSpec, LifecycleSpec, NodePoolSpec
@@ -76,10 +78,13 @@ class FleetPlan:
         )
 
 
-def _sample_delay_us(delay: DelaySpec, rng: np.random.Generator) -> int:
+def _sample_delay_us(delay: DelaySpec, rng: np.random.Generator, what: str) -> int:
     if delay.stddev_s <= 0:
         return round(delay.mean_s * US_PER_S)
-    return max(0, round(rng.normal(delay.mean_s, delay.stddev_s) * US_PER_S))
+    drawn_us = rng.normal(delay.mean_s, delay.stddev_s) * US_PER_S
+    if drawn_us > MAX_TIME_US:  # a tail draw of a huge spread: refused, naming the setting
+        duration_us(drawn_us, what)
+    return max(0, round(drawn_us))
 
 
 class Infrastructure:
@@ -177,7 +182,11 @@ class Infrastructure:
         if len(self._nodes_in(pool_name)) >= pool.max_nodes:
             return None
         node = self._new_node(pool, reason)
-        delay = _sample_delay_us(pool.provisioning_delay, self._provision_rng)
+        delay = _sample_delay_us(
+            pool.provisioning_delay,
+            self._provision_rng,
+            f"node_pools[{pool.name}].provisioning_delay (a draw)",
+        )
         event_after(self.env, delay, ROUTER).callbacks.append(lambda _e: self._node_ready(node))
         return node
 
@@ -262,9 +271,18 @@ class Infrastructure:
         if slot.initial and lc.initial_instances_loaded and now == 0:
             self._loaded(rec)
             return
-        delay = _sample_delay_us(lc.loading_delay, self._loading_rng)
+        delay = _sample_delay_us(
+            lc.loading_delay, self._loading_rng, "instance_lifecycle.loading_delay (a draw)"
+        )
         if lc.load_bandwidth_gb_per_s > 0:
-            delay += round(slot.weight_bytes / (lc.load_bandwidth_gb_per_s * 1e9) * US_PER_S)
+            load_us = slot.weight_bytes / (lc.load_bandwidth_gb_per_s * 1e9) * US_PER_S
+            if delay + load_us > MAX_TIME_US:
+                duration_us(
+                    delay + load_us,
+                    f"loading {slot.weight_bytes:.4g} bytes of weights at "
+                    f"instance_lifecycle.load_bandwidth_gb_per_s {lc.load_bandwidth_gb_per_s:g}",
+                )
+            delay += round(load_us)
         if delay <= 0:
             self._loaded(rec)
             return
@@ -497,6 +515,15 @@ class Infrastructure:
         step = scaler.decide(now, value, len(live))
         if self.check:
             self.check_invariants()
+            # The autoscaler itself never grows the deployment past max_instances (scheduled
+            # add_instance events may: they are the operator's, not the scaler's).
+            if step > 0 and scaler.spec.min_instances <= len(live) >= scaler.spec.max_instances:
+                raise InvariantViolation(
+                    "autoscaler bounds (INV-FLEET)",
+                    now,
+                    f"{scaler.deployment}: scale-up with {len(live)} live instances, "
+                    f"max_instances {scaler.spec.max_instances}",
+                )
         scaler.samples.append((now, value, len(live)))
         if step > 0:
             why = f"scale-up: {scaler.spec.signal}={value:.3g}"
@@ -547,6 +574,15 @@ class Infrastructure:
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self) -> None:
+        """GPU accounting and routability agree with the instances' states; a broken law
+        stops the run as an InvariantViolation naming it (a servesim bug, exit 3)."""
+        try:
+            self._assert_fleet_laws()
+        except AssertionError as exc:
+            detail = ", ".join(repr(a) for a in exc.args) or "fleet self-check failed"
+            raise InvariantViolation("fleet state (INV-FLEET)", self.env.now, detail) from None
+
+    def _assert_fleet_laws(self) -> None:
         for node in self.nodes:
             assert node.allocated_gpus + node.free_gpus == len(node.gpus), node
             holders = {g for g in node.gpus if g is not None}
@@ -557,6 +593,3 @@ class Infrastructure:
         for key, indices in served.routable.items():
             for i in indices:
                 assert self.records[i].routable and self.records[i].model == key, i
-        for scaler in self.autoscalers:
-            live = len(self._live(scaler.deployment))
-            assert live <= scaler.spec.max_instances, (scaler.deployment, live)

@@ -27,9 +27,10 @@ import simpy
 
 from ..engine.events import event_after
 from ..errors import invalid, is_finite_positive
+from ..limits import MAX_TIME_US, check_time_us, duration_us
 
-BANDWIDTH_FIELD = "pd.transfer_bandwidth_gb_per_s"
-BASE_LATENCY_FIELD = "pd.transfer_base_latency_ms"
+BANDWIDTH_FIELD = "cluster.pd.transfer_bandwidth_gb_per_s"
+BASE_LATENCY_FIELD = "cluster.pd.transfer_base_latency_ms"
 
 TransferId = Hashable
 
@@ -191,6 +192,10 @@ class KVTransferLink:
     `start(id, size_bytes, on_done)` begins a transfer now; `on_done(end_us)` is called at
     `end_us`. All wake-ups are scheduled with `priority`; a single wake-up is outstanding at a
     time and a generation counter makes superseded ones no-ops.
+
+    `bandwidth_field` and `base_latency_field` name the settings in errors (the PD link's by
+    default; an instance's host link passes the engine's). A transfer that would end beyond
+    the simulator's clock is refused with a ConfigError naming them.
     """
 
     def __init__(
@@ -200,17 +205,22 @@ class KVTransferLink:
         base_latency_ms: float,
         contention: bool = True,
         priority: int = 0,
+        *,
+        bandwidth_field: str = BANDWIDTH_FIELD,
+        base_latency_field: str = BASE_LATENCY_FIELD,
     ) -> None:
         if not is_finite_positive(bandwidth_gb_per_s):
-            raise invalid(BANDWIDTH_FIELD, bandwidth_gb_per_s, "must be a finite number > 0")
+            raise invalid(bandwidth_field, bandwidth_gb_per_s, "must be a finite number > 0")
         if (
             isinstance(base_latency_ms, bool)
             or not isinstance(base_latency_ms, int | float)
             or not math.isfinite(base_latency_ms)
             or base_latency_ms < 0
         ):
-            raise invalid(BASE_LATENCY_FIELD, base_latency_ms, "must be a finite number >= 0")
+            raise invalid(base_latency_field, base_latency_ms, "must be a finite number >= 0")
         self.env = env
+        self.bandwidth_field = bandwidth_field
+        self.base_latency_field = base_latency_field
         self.bandwidth_gb_per_s = float(bandwidth_gb_per_s)
         self.base_latency_ms = float(base_latency_ms)
         self.contention = contention
@@ -251,6 +261,7 @@ class KVTransferLink:
         if transfer_id in self._on_link or any(p.transfer_id == transfer_id for p in self._waiting):
             raise ValueError(f"transfer {transfer_id!r} is already in flight")
         now = int(self.env.now)
+        self._check_on_clock(size_bytes, now)
         self.initiated += 1
         pending = _Pending(transfer_id, size_bytes, now, now + self.base_latency_us, on_done)
         self._waiting.append(pending)
@@ -288,6 +299,20 @@ class KVTransferLink:
         return area / until_us
 
     # ------------------------------------------------------------------ internals
+    def _settings(self) -> str:
+        return (
+            f"{self.bandwidth_field} ({self.bandwidth_gb_per_s:g} GB/s) and "
+            f"{self.base_latency_field} ({self.base_latency_ms:g} ms)"
+        )
+
+    def _check_on_clock(self, size_bytes: float, now: int) -> None:
+        """Once per transfer: even alone on the link it must end on the clock. (Sharing only
+        stretches it; `_reschedule` catches that.)"""
+        lone = self.base_latency_us + size_bytes / self.bandwidth_bytes_per_us
+        if now + lone > MAX_TIME_US:
+            what = f"{self._settings()}: a KV transfer of {size_bytes:.6g} bytes"
+            check_time_us(now + duration_us(lone, what), f"{what} requested at {now} µs ends")
+
     def _next_event_us(self) -> int | None:
         """Integer µs at which something next needs doing."""
         wake_us = ceil_us(self._waiting[0].start_us) if self._waiting else None
@@ -308,6 +333,11 @@ class KVTransferLink:
             return
         now = int(self.env.now)
         wake_us = max(wake_us, now)
+        if wake_us > MAX_TIME_US:  # transfers sharing the link stretched beyond the clock
+            check_time_us(
+                wake_us,
+                f"{self._settings()}: {self.active_count} KV transfers sharing the link end",
+            )
         self._generation += 1
         self._wake_us = wake_us
         generation = self._generation

@@ -18,10 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..engine.policies import PRIORITY_POLICIES, SCHEDULERS
-from ..errors import ConfigError, is_finite_positive, unknown
+from ..errors import ConfigError, excerpt, is_finite_positive, unknown
+from ..input_files import read_yaml
 from .admission import ADMISSION_POLICIES
 from .routing import ROUTING_POLICIES, check_scorers
 
@@ -34,40 +33,12 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
 _SCORER_KEYS = ("name", "weight")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def load_policy_bundle(path: str | Path) -> dict[str, Any]:
     """Read a policy bundle and return dotted scenario overrides, e.g.
     {"cluster.routing.policy": "weighted", "cluster.routing.scorers": "queue-depth:2"}."""
-    p = Path(path)
-    src = f"policy bundle {str(p)!r}"
-    try:
-        data = yaml.load(p.read_text(), Loader=_StrictLoader)
-    except OSError as exc:
-        raise ConfigError(f"{src}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{src}: not valid YAML: {problem}{where}") from None
-    return policy_bundle_overrides(data, src)
+    src = f"policy bundle {str(path)!r}"
+    # The reader refuses duplicate keys (PyYAML would keep the last one silently).
+    return policy_bundle_overrides(read_yaml(path, "policy bundle"), src)
 
 
 def policy_bundle_overrides(data: Any, src: str = "policy bundle") -> dict[str, Any]:
@@ -126,13 +97,14 @@ def _known(section: dict, allowed: tuple[str, ...], src: str, parent: str) -> No
     for key in section:
         if key not in allowed:
             raise ConfigError(
-                f"{src}: unknown key {key!r} in {parent}; valid keys: {', '.join(allowed)}"
+                f"{src}: unknown key {excerpt(key, 40)} in {parent}; "
+                f"valid keys: {', '.join(allowed)}"
             )
 
 
 def _name(value: Any, registry: dict, kind: str, src: str, where: str) -> str:
     if not isinstance(value, str):
-        raise ConfigError(f"{src}: {where} must be a string, got {value!r}")
+        raise ConfigError(f"{src}: {where} must be a string, got {excerpt(value)}")
     if value not in registry:
         raise ConfigError(f"{src}: {where}: {unknown(kind, value, registry)}")
     return value
@@ -140,7 +112,9 @@ def _name(value: Any, registry: dict, kind: str, src: str, where: str) -> str:
 
 def _positive(value: Any, src: str, where: str) -> float:
     if not is_finite_positive(value):
-        raise ConfigError(f"{src}: {where}: invalid value {value!r}; must be a finite number > 0")
+        raise ConfigError(
+            f"{src}: {where}: invalid value {excerpt(value)}; must be a finite number > 0"
+        )
     return float(value)
 
 
@@ -156,7 +130,9 @@ def _scorers(value: Any, src: str) -> str:
         if missing:
             raise ConfigError(f"{src}: {where}[{i}] needs {' and '.join(missing)}")
         if not isinstance(entry["name"], str):
-            raise ConfigError(f"{src}: {where}[{i}].name must be a string, got {entry['name']!r}")
+            raise ConfigError(
+                f"{src}: {where}[{i}].name must be a string, got {excerpt(entry['name'])}"
+            )
         pairs.append((entry["name"], entry["weight"]))
     checked = check_scorers(pairs, field=f"{src}: {where}")
     # repr() keeps every digit of the weight, so the string round-trips exactly.

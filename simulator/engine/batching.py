@@ -17,6 +17,7 @@ from enum import StrEnum
 from operator import attrgetter
 
 from ..latency.base import StepBatch
+from ..limits import MAX_TIME_US, duration_us
 from ..metrics.recorder import PACK_AFTER_ROWS, StepLog
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
@@ -54,11 +55,20 @@ class EngineConfig:
     kv_reload_blocking: bool = False
 
     def reload_us(self, blocks: int) -> int:
-        """Time to bring `blocks` back from the CPU tier over an idle host link."""
+        """Time to bring `blocks` back from the CPU tier over an idle host link; a reload that
+        the clock cannot hold is a ConfigError naming the host link's settings."""
         size_bytes = blocks * self.kv_bytes_per_block
-        return self.kv_transfer_base_latency_us + -(
+        duration = self.kv_transfer_base_latency_us + -(
             -size_bytes // (self.kv_transfer_bandwidth_gb_per_s * 1e3)
         )
+        if not duration <= MAX_TIME_US:  # once per reload, never per step
+            duration_us(
+                duration,
+                f"engine.kv_transfer_bandwidth_gb_per_s ({self.kv_transfer_bandwidth_gb_per_s:g} "
+                f"GB/s) and engine.kv_transfer_base_latency_us "
+                f"({self.kv_transfer_base_latency_us}): a CPU-tier reload of {blocks} blocks",
+            )
+        return duration
 
 
 class EnqueueOutcome(StrEnum):

@@ -12,6 +12,7 @@ import simpy
 
 from ..invariants import STALLED_STEPS_LIMIT, check_step, stalled
 from ..latency.base import StepBatch, StepTimeModel
+from ..limits import MAX_TIME_US, duration_us
 from .batching import EnqueueOutcome, VLLMEngine
 from .events import (
     ARRIVAL,
@@ -191,6 +192,8 @@ class Instance:
                 cfg.kv_transfer_base_latency_us / 1000,
                 contention=True,
                 priority=self._arrival_priority,
+                bandwidth_field="engine.kv_transfer_bandwidth_gb_per_s",
+                base_latency_field="engine.kv_transfer_base_latency_us",
             )
         for req, size_bytes in self.engine.new_reloads:
             ticket = req.reload_ticket
@@ -224,7 +227,14 @@ class Instance:
         for r in chunks:
             if r in warm and r.computed_tokens + r.num_new_tokens >= r.prefill_target:
                 warm.discard(r)  # its last prefill chunk: warm-up is over for it
-        return max(0, round((self.warm_up_factor - 1.0) * warm_cost_us))
+        extra_us = (self.warm_up_factor - 1.0) * warm_cost_us
+        if extra_us > MAX_TIME_US:
+            duration_us(
+                extra_us,
+                f"{self.instance_id}: a warm-up step (instance_lifecycle.warm_up_ttft_factor "
+                f"{self.warm_up_factor:g})",
+            )
+        return max(0, round(extra_us))
 
     def evict(self) -> list[Request]:
         """Take every request this instance holds (queued, running, still in its arrival

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from simulator.catalog.types import GPUSpec, ModelConfig
-from simulator.errors import ConfigError, invalid, is_finite_positive
+from simulator.errors import ConfigError, excerpt, invalid, is_finite_positive
 from simulator.latency.base import StepBatch, StepTimeModel
 from simulator.latency.roofline import validate_roofline_inputs
 
@@ -281,17 +281,22 @@ def coefficients_from_mapping(data: Mapping[str, Any], where: str) -> PhysicsCoe
     """Strict: unknown names are errors; missing names keep the physical defaults."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: coefficients must be a mapping of name: number")
-    extra = sorted(set(data) - set(COEFFICIENT_NAMES))
+    # Keys of a user's file may be of any type (null, numbers): sort them as text.
+    extra = sorted(set(data) - set(COEFFICIENT_NAMES), key=repr)
     if extra:
         raise ConfigError(
-            f"{where}: unknown coefficient {extra[0]!r}; valid: {', '.join(COEFFICIENT_NAMES)}"
+            f"{where}: unknown coefficient {excerpt(extra[0], 40)}; "
+            f"valid: {', '.join(COEFFICIENT_NAMES)}"
         )
+    for name, value in data.items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**1023:
+            raise invalid(f"{where}: {name}", value, "must be a number within float range")
     return replace(PhysicsCoefficients(), **dict(data)).check(where)
 
 
 def load_coefficients_file(path: str | Path) -> PhysicsCoefficients:
     """Read a file written by `servesim calibrate` (or by hand): `coefficients: {name: value}`."""
-    from simulator.yamlfiles import read_yaml_mapping
+    from simulator.input_files import read_yaml_mapping
 
     data = read_yaml_mapping(path, "latency coefficients file")
     model = data.get("latency_model", PhysicsModel.name)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ServesimError, one_line, shorten
+from ..input_files import check_path, open_binary, read_json
 
 if TYPE_CHECKING:
     from .plots import PlotAccessor
@@ -116,7 +117,21 @@ def save_result(result: Any, directory: str | Path) -> Path:
     replaced only once the new one is complete. A folder that exists but is not a saved
     result (no summary.json, not empty) is refused rather than replaced.
     """
-    target = Path(directory)
+    from ..atomic_io import check_output_folder, write_failed
+
+    given = Path(directory)
+    # The same checks as every output (no pseudo file system, a symbolic link to a folder is
+    # followed); an OSError while writing is one line naming the folder.
+    target = check_output_folder(given)
+    try:
+        return _replace_folder(result, target)
+    except OSError as exc:
+        if isinstance(exc, ServesimError):
+            raise
+        raise write_failed(given, exc) from exc
+
+
+def _replace_folder(result: Any, target: Path) -> Path:
     if target.exists():
         if not target.is_dir():
             raise ConfigError(f"save_result: {str(target)!r} exists and is not a folder")
@@ -151,24 +166,24 @@ def save_result(result: Any, directory: str | Path) -> Path:
 
 def load_result(directory: str | Path) -> SavedResult:
     """Read a folder written by `save_result`; a folder without summary.json is an error."""
-    folder = Path(directory)
+    folder = check_path(directory, "load_result")
     summary_path = folder / SUMMARY_FILE
-    if not summary_path.is_file():
+    if not summary_path.exists():
         raise ConfigError(f"load_result: {str(folder)!r} is not a saved result (no {SUMMARY_FILE})")
-    try:
-        document = json.loads(summary_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"load_result: cannot read {str(summary_path)!r}: {exc}") from None
+    document = read_json(summary_path, "load_result")
     if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
         raise ConfigError(f"load_result: {str(summary_path)!r} is not a servesim result summary")
     empty = document.get("empty_frames", {})
+    if not isinstance(empty, dict):
+        empty = {}
     frames: dict[str, pd.DataFrame] = {}
     for name in FRAME_NAMES:
         path = folder / f"{name}.parquet"
-        if path.is_file():
-            frames[name] = pd.read_parquet(path, engine="pyarrow")
+        if path.exists():
+            frames[name] = _read_frame(path)
         else:
-            frames[name] = pd.DataFrame(columns=empty.get(name, []))
+            columns = empty.get(name)
+            frames[name] = pd.DataFrame(columns=columns if isinstance(columns, list) else [])
     dicts = {name: document.get(name) for name in DICT_NAMES}
     return SavedResult(
         summary=document.get("summary", {}),
@@ -189,3 +204,18 @@ def load_result(directory: str | Path) -> SavedResult:
         scenario=dicts["scenario"] or {},
         path=folder,
     )
+
+
+def _read_frame(path: Path) -> pd.DataFrame:
+    """A saved table; a damaged or foreign file is a one-line ConfigError."""
+    # Through the reader's checks first: a FIFO or device under the name must not block.
+    import pyarrow
+
+    with open_binary(path, "load_result") as handle:
+        try:
+            return pd.read_parquet(handle, engine="pyarrow")
+        except (pyarrow.ArrowException, ValueError, TypeError, KeyError, IndexError) as exc:
+            raise ConfigError(
+                f"load_result: {str(path)!r} is not a readable Parquet table: "
+                f"{shorten(one_line(str(exc)) or type(exc).__name__)}"
+            ) from None

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ..errors import ConfigError, invalid, unknown
+from ..limits import MAX_TIME_US, check_time_us
 
 log = logging.getLogger("servesim")
 
@@ -27,9 +28,11 @@ WEIBULL_CV_RANGE = (0.01, 10.4)
 _WEIBULL_K_RANGE = (0.1, 200.0)
 
 
-# Gaps are capped here (about 146,000 years) so that a vanishing rate cannot overflow the
-# int64 conversion into a negative gap; any horizon or request count ends the stream first.
-MAX_GAP_US = 2**62
+# Gaps are capped just beyond the clock's range (MAX_TIME_US, about 285 years): a vanishing
+# rate cannot overflow the int64 conversion into a negative gap, and a capped gap still lands
+# beyond the clock, where the generator refuses it (no run can use it). 2^53 + 2 is the first
+# float64 above 2^53 (2^53 + 1 would round back onto the clock).
+MAX_GAP_US = MAX_TIME_US + 2
 
 
 def _floor_gaps(gaps_us: np.ndarray) -> np.ndarray:
@@ -56,8 +59,14 @@ class ArrivalProcess:
         raise NotImplementedError
 
     def arrival_times_us(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        """Absolute arrival times: the first request arrives one gap after t = 0."""
-        return np.cumsum(self.gaps_us(rng, count))
+        """Absolute arrival times: the first request arrives one gap after t = 0. Refused
+        (ConfigError) when the last one lies beyond the simulator's clock."""
+        gaps = self.gaps_us(rng, count)
+        # Summed in float first: an int64 cumsum of many capped gaps would wrap around.
+        if count and float(gaps.sum(dtype=np.float64)) > MAX_TIME_US:
+            total = int(gaps.sum(dtype=object))
+            check_time_us(total, f"rate {self.rate_per_s:g} requests/s: arrival {count} of {count}")
+        return np.cumsum(gaps)
 
 
 class PoissonArrivals(ArrivalProcess):

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import math
 
+from pydantic import ValidationError
+
 from ..errors import ConfigError
+from ..limits import MAX_INFERENCE_PERF_CLIENTS, MAX_TIME_US, duration_us
 from .spec import (
     ActiveWindow,
     ClientSpec,
@@ -34,6 +37,7 @@ from .spec import (
     ReasoningSpec,
     SpikeSpec,
     WorkloadSpec,
+    format_spec_error,
 )
 
 HOURS_PER_DAY = 24
@@ -153,11 +157,20 @@ def _stage_windows(durations_s: list[int]) -> list[ActiveWindow]:
     return windows
 
 
-def _session_reasoning(rate_per_s: float, duration_s: int, sessions: int) -> ReasoningSpec:
+def _session_reasoning(
+    rate_per_s: float, duration_s: int, sessions: int, where: str = "inference_perf"
+) -> ReasoningSpec:
     """inference-perf multi-turn chat as BLIS maps it: each of N users cycles through
     ceil(R·D/N) rounds, N/R seconds apart, with fixed-length (not accumulated) prompts."""
     max_rounds = max(1, math.ceil(rate_per_s * duration_s / sessions))
-    think_time_us = int(sessions / rate_per_s * 1e6)
+    think_us = sessions / rate_per_s * 1e6
+    if think_us > MAX_TIME_US:
+        duration_us(
+            think_us,
+            f"{where}: {sessions} sessions at {rate_per_s:g} requests/s: the think time "
+            "between a session's rounds",
+        )
+    think_time_us = int(think_us)
     return ReasoningSpec(
         reason_ratio_distribution=_constant(0),
         multi_turn=MultiTurnSpec(
@@ -190,15 +203,25 @@ def expand_inference_perf(spec: WorkloadSpec) -> WorkloadSpec:
     (exactly R·D requests spread over the stage) are replaced by Poisson arrivals at the same
     rate.
     """
+    try:
+        return _expand_inference_perf(spec)
+    except ValidationError as exc:
+        # A value derived from valid stages can still leave its bounds (the summed rate, a
+        # session's rounds): named as the field of the expanded spec it would fill.
+        raise ConfigError(format_spec_error(exc, "inference_perf (expanded to clients)")) from None
+
+
+def _expand_inference_perf(spec: WorkloadSpec) -> WorkloadSpec:
     ip = spec.inference_perf
     if ip is None:
         raise ConfigError("inference_perf: missing; expand_inference_perf needs that section")
     sp = ip.shared_prefix
     n_clients = sp.num_unique_system_prompts * sp.num_users_per_system_prompt
-    if n_clients > 1_000_000:
+    if n_clients > MAX_INFERENCE_PERF_CLIENTS:
         raise ConfigError(
             f"inference_perf.shared_prefix: invalid client count {n_clients}; "
-            "num_unique_system_prompts × num_users_per_system_prompt must be <= 1000000"
+            "num_unique_system_prompts × num_users_per_system_prompt must be <= "
+            f"{MAX_INFERENCE_PERF_CLIENTS}"
         )
     multi_stage = len(ip.stages) > 1
     windows = _stage_windows([s.duration for s in ip.stages]) if multi_stage else [None]
@@ -210,7 +233,7 @@ def expand_inference_perf(spec: WorkloadSpec) -> WorkloadSpec:
                 f"{stage.rate * stage.duration:g}; must give at least 1 request"
             )
         reasoning = (
-            _session_reasoning(stage.rate, stage.duration, n_clients)
+            _session_reasoning(stage.rate, stage.duration, n_clients, f"inference_perf.stages[{s}]")
             if sp.enable_multi_turn_chat
             else None
         )

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..engine.request import Request, RequestState
 from ..errors import ConfigError
+from ..limits import MAX_TIME_US, check_time_us
 from .arrivals import ArrivalProcess, make_arrivals
 from .cohorts import expand_cohorts, expand_inference_perf
 from .lengths import LengthDistribution, from_dist_spec, ratio_from_dist_spec
@@ -195,6 +196,14 @@ class ClientPlan:
             req.private_from_token = input_tokens - fresh
         return req
 
+    def check_deadline(self, req: Request) -> None:
+        """Refuse a deadline (arrival + timeout) the clock cannot hold."""
+        check_time_us(
+            req.deadline_us,
+            f"client {self.key!r}: timeout ({self.timeout_us} µs) after arrival at "
+            f"{req.arrival_us} µs: the deadline",
+        )
+
     def next_round_context(self, prev: Request, produced_tokens: int) -> list | None:
         """Prompt prefix of the next round: everything said so far when context accumulates."""
         if self.multi_turn is None or self.multi_turn.context_growth != "accumulate":
@@ -267,7 +276,16 @@ class SessionManager:
         if self.horizon_us is not None and arrival > self.horizon_us:
             session.outcome = "horizon_interrupted"
             return None
+        if arrival > MAX_TIME_US:
+            check_time_us(
+                arrival,
+                f"client {plan.key!r}: think_time_us "
+                f"({plan.multi_turn.think_time_us}): round {session.rounds_done} of "
+                f"{session.session_id}, after {now_us} µs, arrives",
+            )
         nxt = plan.new_request(arrival, plan.next_round_context(req, req.generated_tokens))
+        if nxt.deadline_us > MAX_TIME_US:
+            plan.check_deadline(nxt)
         nxt.session_id = session.session_id
         nxt.round_index = session.rounds_done
         nxt.request_id = f"{session.session_id}_round_{session.rounds_done}"
@@ -397,9 +415,32 @@ class WorkloadStream:
     def __iter__(self) -> Iterator[Request]:
         merged = heapq.merge(*(self._client_requests(p) for p in self.plans))
         limit = self.num_requests
-        for i, (_, _, _, req) in enumerate(merged):
+        clock_end = MAX_TIME_US
+        for i, (t, index, _, req) in enumerate(merged):
             if limit is not None and i >= limit:
                 return
+            # Every time a generated request carries (its arrival, its deadline) must be on
+            # the clock; closed-loop rounds are checked where they are made.
+            if t > clock_end or req.deadline_us > clock_end:
+                self._beyond_clock(i, self.plans[index], req)
             req.request_id = f"request_{i}"
             req.index = i
             yield req
+
+    def _beyond_clock(self, i: int, plan: ClientPlan, req: Request) -> None:
+        if req.arrival_us > MAX_TIME_US:
+            # No horizon (it is on the clock and ends every stream), so the rate and the
+            # request count decide how far the arrivals reach.
+            rate = self.spec.aggregate_rate
+            causes = [
+                f"rate (aggregate_rate) {rate:g} requests/s" if rate else "rate",
+                f"num_requests {self.num_requests}" if self.num_requests else "no num_requests",
+            ]
+            if plan.multi_turn is not None:
+                causes.append(f"think_time_us {plan.multi_turn.think_time_us}")
+            check_time_us(
+                req.arrival_us,
+                f"workload ({', '.join(causes)}, no horizon): request {i}, from client "
+                f"{plan.key!r} at {plan.rate_per_s:g} requests/s, arrives",
+            )
+        plan.check_deadline(req)

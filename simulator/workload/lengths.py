@@ -20,17 +20,16 @@ number of images in a multimodal prompt).
 
 from __future__ import annotations
 
-import csv
-import json
+import contextlib
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import yaml
 
-from ..errors import ConfigError, unknown
+from ..errors import ConfigError, excerpt, unknown
+from ..input_files import check_path, csv_records, load_json, load_yaml, read_text
 
 if TYPE_CHECKING:
     from .spec import DistSpec
@@ -61,7 +60,7 @@ def _round(values: np.ndarray) -> np.ndarray:
 
 def _need(condition: bool, field: str, value: object, allowed: str) -> None:
     if not condition:
-        raise ConfigError(f"{field}: invalid value {value!r}; {allowed}")
+        raise ConfigError(f"{field}: invalid value {excerpt(value)}; {allowed}")
 
 
 # No model has a context anywhere near this; larger values are typos (and overflow int64).
@@ -243,17 +242,20 @@ def _parse_table(raw: Mapping, where: str) -> dict[int, float]:
     for key, prob in raw.items():
         try:
             tokens_f = float(key)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(
-                f"{where}: invalid token count {key!r}; keys must be whole numbers"
+                f"{where}: invalid token count {excerpt(key)}; keys must be whole numbers"
             ) from None
         if not tokens_f.is_integer():
-            raise ConfigError(f"{where}: invalid token count {key!r}; keys must be whole numbers")
+            raise ConfigError(
+                f"{where}: invalid token count {excerpt(key)}; keys must be whole numbers"
+            )
         try:
             prob_f = float(prob)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(
-                f"{where}[{key}]: invalid probability {prob!r}; must be a number"
+                f"{where}[{excerpt(key, 40)}]: invalid probability {excerpt(prob)}; "
+                "must be a number"
             ) from None
         tokens = int(tokens_f)
         pdf[tokens] = pdf.get(tokens, 0.0) + prob_f
@@ -264,8 +266,8 @@ def _parse_table(raw: Mapping, where: str) -> dict[int, float]:
 
 def _read_csv_table(path: Path, where: str) -> dict[int, float]:
     rows = []
-    with path.open(newline="") as fh:
-        for lineno, row in enumerate(csv.reader(fh), start=1):
+    with contextlib.closing(csv_records(path, where)) as records:
+        for lineno, row in records:
             cells = [c.strip() for c in row]
             if not cells or all(not c for c in cells) or cells[0].startswith("#"):
                 continue
@@ -295,16 +297,14 @@ def _is_number(text: str) -> bool:
 
 def load_empirical_table(path: Path, where: str = "empirical.file") -> dict[int, float]:
     """Read a {tokens: probability} table from YAML/JSON (a mapping) or CSV (two columns)."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {str(path)!r}: {exc.strerror}") from None
+    path = check_path(path, where)
     if path.suffix.lower() == ".csv":
         return _read_csv_table(path, where)
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{where}: {str(path)!r} is not valid YAML/JSON: {exc}") from None
+    text = read_text(path, where)
+    if path.suffix.lower() == ".json":
+        data = load_json(text, where, path)
+    else:
+        data = load_yaml(text, where, path)
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"{where}: {str(path)!r} must hold a mapping tokens: probability "

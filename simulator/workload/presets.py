@@ -13,12 +13,14 @@ import math
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from ..catalog.defaults import workload_presets
 from ..errors import ConfigError, invalid, unknown
+from ..limits import MAX_RATE_PER_S, MAX_REQUESTS, MAX_TOKENS, MIN_RATE_PER_S
 from .arrivals import ARRIVAL_PROCESSES
 from .cohorts import expand_cohorts, expand_inference_perf
-from .spec import WorkloadSpec, workload_spec_from_dict
+from .spec import WorkloadSpec, format_spec_error, workload_spec_from_dict
 
 # defaults.yaml `workloads:` (chatbot, contentgen, summarization, multidoc); multidoc leaves
 # prefix_tokens unset, which means 0.
@@ -52,15 +54,23 @@ def _gaussian(mean: float, std_dev: float, lo: int, hi: int) -> dict[str, Any]:
     }
 
 
+# The bounds of simulator/limits.py, said with the flag names of this mode.
+_TOKENS_WHY = f"at most {MAX_TOKENS:,} tokens, the bound of a request's size (simulator/limits.py)"
+
+
 def _check_lengths(prefix: str, mean: float, stdev: float, lo: int, hi: int) -> None:
-    if not (math.isfinite(mean) and mean >= 0):
-        raise invalid(f"{prefix}_tokens", mean, "must be a finite number >= 0")
-    if not (math.isfinite(stdev) and stdev >= 0):
-        raise invalid(f"{prefix}_tokens_stdev", stdev, "must be a finite number >= 0")
+    if not (math.isfinite(mean) and 0 <= mean <= MAX_TOKENS):
+        raise invalid(f"{prefix}_tokens", mean, f"must be a finite number >= 0, {_TOKENS_WHY}")
+    if not (math.isfinite(stdev) and 0 <= stdev <= MAX_TOKENS):
+        raise invalid(
+            f"{prefix}_tokens_stdev", stdev, f"must be a finite number >= 0, {_TOKENS_WHY}"
+        )
     if lo < 1:
         raise invalid(f"{prefix}_tokens_min", lo, "must be >= 1")
     if hi < lo:
         raise invalid(f"{prefix}_tokens_max", hi, f"must be >= {prefix}_tokens_min ({lo})")
+    if hi > MAX_TOKENS:
+        raise invalid(f"{prefix}_tokens_max", hi, f"must be {_TOKENS_WHY}")
 
 
 def distribution_spec(
@@ -80,12 +90,21 @@ def distribution_spec(
     client_id: str = "c0",
 ) -> WorkloadSpec:
     """The CLI distribution mode as a one-client v2 spec (rate in req/s)."""
-    if not (math.isfinite(rate) and rate > 0):
-        raise invalid("rate", rate, "must be a finite number > 0")
-    if num_requests < 0:
-        raise invalid("num_requests", num_requests, "must be >= 0")
-    if prefix_tokens < 0:
-        raise invalid("prefix_tokens", prefix_tokens, "must be >= 0")
+    if not (math.isfinite(rate) and MIN_RATE_PER_S <= rate <= MAX_RATE_PER_S):
+        raise invalid(
+            "rate",
+            rate,
+            f"must be from {MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:g} requests per second: the "
+            "mean gap must fit the simulator's clock (simulator/limits.py)",
+        )
+    if not 0 <= num_requests <= MAX_REQUESTS:
+        raise invalid(
+            "num_requests",
+            num_requests,
+            f"must be from 0 to {MAX_REQUESTS:,}: a run keeps every finished request",
+        )
+    if not 0 <= prefix_tokens <= MAX_TOKENS:
+        raise invalid("prefix_tokens", prefix_tokens, f"must be >= 0, {_TOKENS_WHY}")
     if arrival not in ARRIVAL_PROCESSES:
         raise unknown("arrival process", arrival, ARRIVAL_PROCESSES)
     _check_lengths(
@@ -184,15 +203,19 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
             )
     horizons = [s.horizon for s in flat if s.horizon]
     counts = [s.num_requests for s in flat]
-    return WorkloadSpec(
-        version="2",
-        seed=flat[0].seed,
-        category=flat[0].category,
-        aggregate_rate=total_rate,
-        horizon=max(horizons) if horizons else None,
-        num_requests=sum(counts) if all(c for c in counts) else None,
-        clients=clients,
-    )
+    try:
+        return WorkloadSpec(
+            version="2",
+            seed=flat[0].seed,
+            category=flat[0].category,
+            aggregate_rate=total_rate,
+            horizon=max(horizons) if horizons else None,
+            num_requests=sum(counts) if all(c for c in counts) else None,
+            clients=clients,
+        )
+    except ValidationError as exc:
+        # Each spec is within bounds; their sums (rate, request count) may not be.
+        raise ConfigError(format_spec_error(exc, "compose (the merged spec)")) from None
 
 
 # --- YAML -------------------------------------------------------------------------------------

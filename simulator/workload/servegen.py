@@ -17,15 +17,17 @@ law, as in BLIS-Mar's schema).
 
 from __future__ import annotations
 
-import csv
-import json
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from pydantic import ValidationError
+
+from ..errors import ConfigError, excerpt
+from ..input_files import csv_records, read_json
 from .arrivals import WEIBULL_CV_RANGE
-from .spec import ClientSpec, WorkloadSpec
+from .spec import ClientSpec, WorkloadSpec, format_spec_error
 
 WHERE = "servegen_data"
 
@@ -40,9 +42,15 @@ class TraceRow:
 
 def parse_pdf_string(text: str, where: str) -> dict[int, float]:
     """A Python dict string "{100: 0.5, 200: 0.3}" as {tokens: probability}."""
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"{where}: invalid PDF {excerpt(text, 40)}; expected a string '{{tokens: prob, ...}}'"
+        )
     body = text.strip()
     if not (body.startswith("{") and body.endswith("}")):
-        raise ConfigError(f"{where}: invalid PDF {text[:40]!r}; expected '{{tokens: prob, ...}}'")
+        raise ConfigError(
+            f"{where}: invalid PDF {excerpt(text, 40)}; expected '{{tokens: prob, ...}}'"
+        )
     pdf: dict[int, float] = {}
     for pair in body[1:-1].split(","):
         if not pair.strip():
@@ -53,28 +61,27 @@ def parse_pdf_string(text: str, where: str) -> dict[int, float]:
                 raise ValueError
             tokens = int(float(key.strip().strip("\"'")))
             prob = float(value.strip())
-        except ValueError:
-            raise ConfigError(f"{where}: invalid PDF entry {pair.strip()!r}") from None
+        except (ValueError, OverflowError):
+            raise ConfigError(
+                f"{where}: invalid PDF entry {excerpt(pair.strip())}; expected tokens: probability"
+            ) from None
         pdf[tokens] = prob
     if not pdf:
-        raise ConfigError(f"{where}: empty PDF {text!r}")
+        raise ConfigError(f"{where}: empty PDF {excerpt(text)}; expected '{{tokens: prob, ...}}'")
     return pdf
 
 
 def read_trace(path: Path) -> list[TraceRow]:
     rows = []
-    try:
-        with path.open(newline="") as fh:
-            for record in csv.reader(fh):
-                if len(record) < 4:
-                    continue
-                try:
-                    start, rate, cv = (float(record[i].strip()) for i in range(3))
-                except ValueError:
-                    continue  # header or damaged row, skipped like BLIS
-                rows.append(TraceRow(start, rate, cv, record[3].strip()))
-    except OSError as exc:
-        raise ConfigError(f"{WHERE}: cannot read {str(path)!r}: {exc.strerror}") from None
+    with contextlib.closing(csv_records(path, WHERE)) as records:
+        for _, record in records:
+            if len(record) < 4:
+                continue
+            try:
+                start, rate, cv = (float(record[i].strip()) for i in range(3))
+            except ValueError:
+                continue  # header or damaged row, skipped like BLIS
+            rows.append(TraceRow(start, rate, cv, record[3].strip()))
     return rows
 
 
@@ -87,12 +94,7 @@ def _in_span(start_s: float, span_start: int, span_end: int) -> bool:
 def _dataset_pdfs(
     path: Path, span_start: int, span_end: int
 ) -> tuple[dict[int, float], dict[int, float]]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{WHERE}: cannot read {str(path)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{WHERE}: {str(path)!r} is not valid JSON: {exc}") from None
+    data = read_json(path, WHERE)
     if not isinstance(data, dict):
         raise ConfigError(f"{WHERE}: {str(path)!r} must map window start times to PDFs")
     windows = []
@@ -153,18 +155,23 @@ def load_servegen_clients(folder: Path, span_start: int = 0, span_end: int = 0) 
         inputs, outputs = _dataset_pdfs(
             folder / f"chunk-{chunk_id}-dataset.json", span_start, span_end
         )
-        clients.append(
-            ClientSpec.model_validate(
-                {
-                    "id": f"servegen-chunk-{chunk_id}",
-                    "tenant_id": f"chunk-{chunk_id}",
-                    "rate_fraction": best.rate_per_s,
-                    "arrival": _arrival(best),
-                    "input_distribution": {"type": "empirical", "params": _pdf_params(inputs)},
-                    "output_distribution": {"type": "empirical", "params": _pdf_params(outputs)},
-                }
-            )
-        )
+        client = {
+            "id": f"servegen-chunk-{chunk_id}",
+            "tenant_id": f"chunk-{chunk_id}",
+            "rate_fraction": best.rate_per_s,
+            "arrival": _arrival(best),
+            "input_distribution": {"type": "empirical", "params": _pdf_params(inputs)},
+            "output_distribution": {"type": "empirical", "params": _pdf_params(outputs)},
+        }
+        try:
+            clients.append(ClientSpec.model_validate(client))
+        except ValidationError as exc:
+            # The values come from the chunk's files: name them, not the client built here.
+            raise ConfigError(
+                format_spec_error(
+                    exc, f"{WHERE}: chunk {chunk_id} ({str(trace)!r} and its dataset)"
+                )
+            ) from None
     if not clients:
         raise ConfigError(f"{WHERE}: no chunk in {str(folder)!r} has traffic in the span")
     return clients

@@ -2,7 +2,8 @@
 
 Field names are BLIS's, so an existing BLIS workload file loads unchanged. Version "1" or an
 empty version is upgraded as BLIS does (SLO classes realtime → critical, interactive →
-standard). Unknown keys are errors naming the key and its parent.
+standard). Unknown keys are errors naming the key and its parent. Every number has the range
+of its kind (simulator/limits.py): a count of requests, tokens, µs, a rate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from ..limits import (
+    CV,
+    MAX_BANDWIDTH_GB_PER_S,
+    MAX_INFERENCE_PERF_CLIENTS,
+    MAX_PEAK_TO_TROUGH,
+    MAX_TIME_S,
+    MAX_TIME_US,
+    MAX_TOKENS,
+    Flag,
+    Milliseconds,
+    PositiveRequests,
+    PositiveTimeUs,
+    PositiveTokens,
+    PositiveWholeSeconds,
+    Rate,
+    RateFraction,
+    Requests,
+    Seed,
+    TimeUs,
+    Tokens,
+    WholeSeconds,
+    integer,
+    number,
+)
 
 log = logging.getLogger("servesim")
 
@@ -38,9 +63,33 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# A distribution's parameters are token counts, percentages (reason ratios), log-scale or shape
+# numbers, or probabilities (empirical): none needs to exceed a request's token bound.
+_Param = number(
+    -MAX_TOKENS,
+    MAX_TOKENS,
+    "",
+    "parameters are token counts, percentages, shapes or "
+    "probabilities, bounded like a request's tokens (10^8)",
+)
+_Mbps = number(
+    0, MAX_BANDWIDTH_GB_PER_S * 8000, "Mbit/s", "bandwidths are at most 10^6 GB/s (1 PB/s)"
+)
+_PeakHour = integer(0, 23, "", "an hour of the day")
+_PeakToTrough = number(
+    1, MAX_PEAK_TO_TROUGH, "", "beyond it the trough hour's window is already 1 µs long"
+)
+# Each member is a client with its own random streams; a cohort is a way to write many
+# clients, not an unbounded population.
+_Population = integer(1, MAX_COHORT_POPULATION, "members", "each member is a whole client")
+_PromptCount = integer(
+    1, MAX_INFERENCE_PERF_CLIENTS, "", "prompts × users make the clients, at most 1,000,000"
+)
+
+
 class DistSpec(_Strict):
     type: Literal["gaussian", "exponential", "pareto_lognormal", "empirical", "constant"]
-    params: dict[str, float] = Field(default_factory=dict)
+    params: dict[str, _Param] = Field(default_factory=dict)
     file: str | None = None
 
     @model_validator(mode="after")
@@ -69,7 +118,7 @@ class DistSpec(_Strict):
 
 class ArrivalSpec(_Strict):
     process: Literal["poisson", "gamma", "weibull", "constant"]
-    cv: float | None = Field(None, gt=0)
+    cv: CV | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ArrivalSpec:
@@ -81,13 +130,13 @@ class ArrivalSpec(_Strict):
 
 
 class NetworkSpec(_Strict):
-    rtt_ms: float = Field(0.0, ge=0)
-    bandwidth_mbps: float = Field(0.0, ge=0)
+    rtt_ms: Milliseconds = 0.0
+    bandwidth_mbps: _Mbps = 0.0
 
 
 class ActiveWindow(_Strict):
-    start_us: int = Field(ge=0)
-    end_us: int = Field(ge=0)
+    start_us: TimeUs
+    end_us: TimeUs
 
     @model_validator(mode="after")
     def _order(self) -> ActiveWindow:
@@ -111,10 +160,10 @@ class MultimodalSpec(_Strict):
 
 
 class MultiTurnSpec(_Strict):
-    max_rounds: int = Field(ge=1)
-    think_time_us: int = Field(0, ge=0)
+    max_rounds: PositiveRequests
+    think_time_us: TimeUs = 0
     context_growth: Literal["", "accumulate"] = ""
-    single_session: bool = False
+    single_session: Flag = False
 
 
 class ReasoningSpec(_Strict):
@@ -128,18 +177,18 @@ class _ClientFields(_Strict):
     tenant_id: str = ""
     slo_class: str = ""
     model: str = ""
-    rate_fraction: float = Field(gt=0)
+    rate_fraction: RateFraction
     arrival: ArrivalSpec
     input_distribution: DistSpec
     output_distribution: DistSpec
     prefix_group: str = ""
-    prefix_length: int | None = Field(None, ge=0)
-    streaming: bool = False
+    prefix_length: Tokens | None = None
+    streaming: Flag = False
     network: NetworkSpec | None = None
     multimodal: MultimodalSpec | None = None
     reasoning: ReasoningSpec | None = None
-    timeout: int | None = Field(None, ge=0, description="µs; None = 300 s for sessions")
-    closed_loop: bool | None = None
+    timeout: TimeUs | None = Field(None, description="µs; None = 300 s for sessions")
+    closed_loop: Flag | None = None
 
     @field_validator("slo_class")
     @classmethod
@@ -149,13 +198,6 @@ class _ClientFields(_Strict):
                 f"unknown slo_class {v!r}; valid: critical, standard, sheddable, batch, "
                 "background, or empty"
             )
-        return v
-
-    @field_validator("rate_fraction")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError(f"must be a finite number, got {v}")
         return v
 
     @property
@@ -182,23 +224,42 @@ class ClientSpec(_ClientFields):
 
 
 class DiurnalSpec(_Strict):
-    peak_hour: int = Field(ge=0, le=23)
-    peak_to_trough_ratio: float = Field(ge=1.0)
+    peak_hour: _PeakHour
+    peak_to_trough_ratio: _PeakToTrough
+
+
+def _ends_on_clock(start_us: int, length_us: int, length_name: str) -> None:
+    # The window [start, start + length) is built from the sum; it must stay on the clock.
+    if start_us + length_us > MAX_TIME_US:
+        raise ValueError(
+            f"start_time_us + {length_name} = {start_us + length_us:,} µs; at most "
+            f"{MAX_TIME_US:,} µs (the clock's range, about 285 years)"
+        )
 
 
 class SpikeSpec(_Strict):
-    start_time_us: int = Field(ge=0)
-    duration_us: int = Field(gt=0)
+    start_time_us: TimeUs
+    duration_us: PositiveTimeUs
+
+    @model_validator(mode="after")
+    def _end(self) -> SpikeSpec:
+        _ends_on_clock(self.start_time_us, self.duration_us, "duration_us")
+        return self
 
 
 class DrainSpec(_Strict):
-    start_time_us: int = Field(ge=0)
-    ramp_duration_us: int = Field(gt=0)
+    start_time_us: TimeUs
+    ramp_duration_us: PositiveTimeUs
+
+    @model_validator(mode="after")
+    def _end(self) -> DrainSpec:
+        _ends_on_clock(self.start_time_us, self.ramp_duration_us, "ramp_duration_us")
+        return self
 
 
 class CohortSpec(_ClientFields):
     id: str = ""
-    population: int = Field(gt=0, le=MAX_COHORT_POPULATION)
+    population: _Population
     diurnal: DiurnalSpec | None = None
     spike: SpikeSpec | None = None
     drain: DrainSpec | None = None
@@ -206,38 +267,49 @@ class CohortSpec(_ClientFields):
 
 class ServeGenDataSpec(_Strict):
     path: str
-    span_start: int = Field(0, ge=0)
-    span_end: int = Field(0, ge=0)
+    span_start: WholeSeconds = 0
+    span_end: WholeSeconds = 0
 
 
 class StageSpec(_Strict):
-    rate: float = Field(gt=0, description="req/s")
-    duration: int = Field(gt=0, description="s")
+    rate: Rate = Field(description="req/s")
+    duration: PositiveWholeSeconds = Field(description="s")
 
 
 class SharedPrefixSpec(_Strict):
-    num_unique_system_prompts: int = Field(gt=0)
-    num_users_per_system_prompt: int = Field(gt=0)
-    system_prompt_len: int = Field(ge=0)
-    question_len: int = Field(gt=0)
-    output_len: int = Field(gt=0)
-    enable_multi_turn_chat: bool = False
+    num_unique_system_prompts: _PromptCount
+    num_users_per_system_prompt: _PromptCount
+    system_prompt_len: Tokens
+    question_len: PositiveTokens
+    output_len: PositiveTokens
+    enable_multi_turn_chat: Flag = False
 
 
 class InferencePerfSpec(_Strict):
     stages: list[StageSpec] = Field(min_length=1)
     shared_prefix: SharedPrefixSpec
 
+    @model_validator(mode="after")
+    def _length(self) -> InferencePerfSpec:
+        # Stages run back to back from t = 0: together they must stay on the clock.
+        total_s = sum(stage.duration for stage in self.stages)
+        if total_s > MAX_TIME_S:
+            raise ValueError(
+                f"stages: durations add up to {total_s:,} s; at most {MAX_TIME_S:,} s (the "
+                "clock's range, 2^53 µs, about 285 years)"
+            )
+        return self
+
 
 class WorkloadSpec(_Strict):
     """A whole v2 workload: clients (and cohorts) with their shares of an aggregate rate."""
 
     version: str = "2"
-    seed: int | None = Field(None, ge=0)
+    seed: Seed | None = None
     category: Literal["", "language", "multimodal", "reasoning"] = ""
-    aggregate_rate: float | None = Field(None, gt=0, description="req/s over all clients")
-    horizon: int | None = Field(None, gt=0, description="µs")
-    num_requests: int | None = Field(None, ge=0, description="0 or None = unlimited")
+    aggregate_rate: Rate | None = Field(None, description="req/s over all clients")
+    horizon: PositiveTimeUs | None = Field(None, description="µs")
+    num_requests: Requests | None = Field(None, description="0 or None = unlimited")
     clients: list[ClientSpec] = Field(default_factory=list)
     cohorts: list[CohortSpec] = Field(default_factory=list)
     servegen_data: ServeGenDataSpec | None = None
@@ -315,21 +387,30 @@ def _location(loc: tuple) -> str:
 
 
 def format_spec_error(exc: ValidationError, source: str) -> str:
+    """Pydantic's errors as one line: each problem's place, message and the value (excerpted),
+    the first few of them (a list of a million bad items must not make a million-item line)."""
+    from ..errors import excerpt, one_line, shorten
+
+    most = 8
+    errors = exc.errors()
     parts = []
-    for err in exc.errors():
+    for err in errors[:most]:
         loc = tuple(
             p for p in err["loc"] if not str(p).startswith("function-") and p not in _UNION_TAGS
         )
-        if err["type"] == "extra_forbidden":
-            parent = _location(loc[:-1]) or "(top level)"
-            parts.append(f"{parent}: unknown key {loc[-1]!r}")
+        if err["type"] == "extra_forbidden" and loc:
+            parent = shorten(_location(loc[:-1]) or "(top level)", 120)
+            parts.append(f"{parent}: unknown key {excerpt(loc[-1], 60)}")
             continue
-        where = _location(loc) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
+        where = shorten(_location(loc) or "(top level)", 120)
+        # A validator's message may quote a user's value with its line breaks.
+        msg = shorten(one_line(str(err["msg"]).removeprefix("Value error, ")), 300)
         value = err.get("input")
-        shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
+        shown = "" if isinstance(value, dict | list) else f" (got {excerpt(value)})"
         parts.append(f"{where}: {msg}{shown}")
-    return f"{source}: " + "; ".join(parts)
+    if len(errors) > most:
+        parts.append(f"… and {len(errors) - most} more problem(s)")
+    return f"{one_line(str(source))}: " + "; ".join(parts)
 
 
 def workload_spec_from_dict(data: dict, source: str = "workload spec") -> WorkloadSpec:
@@ -341,6 +422,6 @@ def workload_spec_from_dict(data: dict, source: str = "workload spec") -> Worklo
 
 def load_workload_spec(path: str | Path) -> WorkloadSpec:
     """Read a BLIS v2 (or v1) workload YAML file strictly."""
-    from ..yamlfiles import read_yaml_mapping
+    from ..input_files import read_yaml_mapping
 
     return workload_spec_from_dict(read_yaml_mapping(path, "workload spec"), source=str(path))

@@ -8,6 +8,7 @@ them (SPEC §12.2). Version 3 — BLIS after March 2026 — adds a `prefix_lengt
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -21,8 +22,9 @@ import yaml
 
 from ..atomic_io import replacing
 from ..engine.request import Request, RequestState
-from ..errors import ConfigError
-from ..yamlfiles import read_yaml_mapping
+from ..errors import ConfigError, excerpt
+from ..input_files import csv_header, csv_records, read_yaml_mapping
+from ..limits import MAX_REQUESTS, MAX_TIME_US, MAX_TOKENS
 
 TRACE_COLUMNS = [
     "request_id",
@@ -104,6 +106,8 @@ GROUNDTRUTH_COLUMNS = [
     "e2e_s",
 ]
 _GROUNDTRUTH_REQUIRED = ("index", "arrival_time_us", "input_tokens", "output_tokens")
+# A ground-truth index only names its request; it must fit the int64 columns of results.
+_MAX_INDEX = 2**63 - 1
 
 
 def prefix_key(group: str) -> tuple[str, str]:
@@ -166,22 +170,26 @@ def read_header(path: str | Path) -> dict:
     extra = set(data) - HEADER_KEYS - HEADER_KEYS_V3
     if extra:
         raise ConfigError(
-            f"{where}: unknown key(s) {sorted(extra)}; "
+            f"{where}: unknown key(s) {_keys(extra)}; "
             f"valid: {', '.join(sorted(HEADER_KEYS | HEADER_KEYS_V3))}"
         )
     version = data.get("trace_version")
     if version not in TRACE_VERSIONS or isinstance(version, bool):
-        raise ConfigError(f"{where}: trace_version: invalid value {version!r}; must be 2 or 3")
+        raise ConfigError(
+            f"{where}: trace_version: invalid value {excerpt(version)}; must be 2 or 3"
+        )
     unit = data.get("time_unit", "microseconds")
     if unit != "microseconds":
-        raise ConfigError(f"{where}: time_unit: invalid value {unit!r}; must be microseconds")
+        raise ConfigError(
+            f"{where}: time_unit: invalid value {excerpt(unit)}; must be microseconds"
+        )
     mode = data.get("mode", "generated")
     if mode not in MODES:
-        raise ConfigError(f"{where}: mode: invalid value {mode!r}; must be one of {MODES}")
+        raise ConfigError(f"{where}: mode: invalid value {excerpt(mode)}; must be one of {MODES}")
     warm = data.get("warm_up_requests", 0)
     if not isinstance(warm, int) or isinstance(warm, bool) or warm < 0:
         raise ConfigError(
-            f"{where}: warm_up_requests: invalid value {warm!r}; must be an integer >= 0"
+            f"{where}: warm_up_requests: invalid value {excerpt(warm)}; must be an integer >= 0"
         )
     for key, valid in (("server", SERVER_KEYS), ("network", NETWORK_KEYS)):
         section = data.get(key) or {}
@@ -189,47 +197,37 @@ def read_header(path: str | Path) -> dict:
             raise ConfigError(f"{where}: {key}: must be a mapping with keys {sorted(valid)}")
         if set(section) - valid:
             raise ConfigError(
-                f"{where}: {key}: unknown key(s) {sorted(set(section) - valid)}; "
+                f"{where}: {key}: unknown key(s) {_keys(set(section) - valid)}; "
                 f"valid: {', '.join(sorted(valid))}"
             )
     return data
 
 
+def _keys(keys: Iterable[object], most: int = 5) -> str:
+    """Keys of any type (a YAML key may be null or a number) for a message, excerpted."""
+    shown = sorted(keys, key=repr)
+    text = ", ".join(excerpt(k, 40) for k in shown[:most])
+    return f"[{text}{f', … ({len(shown) - most} more)' if len(shown) > most else ''}]"
+
+
 def _csv_header(path: Path, kind: str) -> list[str]:
-    try:
-        with path.open(newline="") as handle:
-            header = next(csv.reader(handle), None)
-    except OSError as exc:
-        raise ConfigError(f"{kind}: cannot read {str(path)!r}: {exc.strerror}") from None
-    if header is None:
-        raise ConfigError(f"{kind}: {str(path)!r} is empty")
-    return [name.strip() for name in header]
+    return [name.strip() for name in csv_header(path, kind)]
 
 
 def _records(path: Path, kind: str, width: int) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of each non-empty data line after the header; every line must
     have `width` fields."""
-    try:
-        handle = path.open(newline="")
-    except OSError as exc:
-        raise ConfigError(f"{kind}: cannot read {str(path)!r}: {exc.strerror}") from None
-    with handle:
-        reader = csv.reader(handle)
-        next(reader, None)
-        try:
-            for rec in reader:
-                if not rec:
-                    continue
-                if len(rec) != width:
-                    raise ConfigError(
-                        f"{kind}: {str(path)!r} line {reader.line_num}: {len(rec)} columns, "
-                        f"expected {width}"
-                    )
-                yield reader.line_num, rec
-        except csv.Error as exc:
-            raise ConfigError(
-                f"{kind}: {str(path)!r} line {reader.line_num}: malformed CSV: {exc}"
-            ) from None
+    with contextlib.closing(csv_records(path, kind)) as records:
+        next(records, None)
+        for line, rec in records:
+            if not rec:
+                continue
+            if len(rec) != width:
+                raise ConfigError(
+                    f"{kind}: {str(path)!r} line {line}: {len(rec)} columns, expected {width} "
+                    "(as many as the header)"
+                )
+            yield line, rec
 
 
 class _Fields:
@@ -241,19 +239,25 @@ class _Fields:
     def fail(self, column: str, value: object, allowed: str) -> ConfigError:
         return ConfigError(
             f"{self.kind}: {str(self.path)!r} line {self.line}: column {column}: "
-            f"invalid value {value!r}; {allowed}"
+            f"invalid value {excerpt(value)}; {allowed}"
         )
 
     def text(self, column: str) -> str:
         i = self.col.get(column)
         return self.rec[i].strip() if i is not None else ""
 
-    def as_int(self, column: str, *, required: bool = False, minimum: int | None = 0) -> int:
+    def as_int(self, column: str, maximum: int, *, required: bool = False, minimum: int = 0) -> int:
+        """An integer in [minimum, maximum]: the bounds are what the simulator represents
+        (simulator/limits.py), so a larger value is refused here, not overflowed later."""
         raw = self.text(column)
+        allowed = f"must be an integer >= {minimum} and <= {maximum}"
         if not raw:
             if required:
-                raise self.fail(column, raw, "must be an integer")
+                raise self.fail(column, raw, allowed)
             return 0
+        # Python refuses to convert integers of more than 4,300 digits; none is in range.
+        if len(raw) > 40:
+            raise self.fail(column, raw, allowed)
         try:
             value = int(raw)
         except ValueError:
@@ -263,10 +267,10 @@ class _Fields:
             except ValueError:
                 as_float = float("nan")
             if not as_float.is_integer():
-                raise self.fail(column, raw, "must be an integer") from None
+                raise self.fail(column, raw, allowed) from None
             value = int(as_float)
-        if minimum is not None and value < minimum:
-            raise self.fail(column, raw, f"must be >= {minimum}")
+        if not minimum <= value <= maximum:
+            raise self.fail(column, raw, allowed)
         return value
 
     def as_float(self, column: str, lo: float, hi: float) -> float:
@@ -300,6 +304,15 @@ class _Fields:
         raise self.fail(column, raw, "must be true or false")
 
 
+def _names(names: list[str], most: int = 5) -> str:
+    """Column names from a file for a message: each excerpted, at most `most` of them (an
+    unclosed quote can make one name of the whole file)."""
+    shown = ", ".join(
+        n if n.isprintable() and len(n) <= 40 else excerpt(n, 40) for n in names[:most]
+    )
+    return shown + (f", … ({len(names) - most} more)" if len(names) > most else "")
+
+
 def _trace_columns(path: Path, header: list[str]) -> dict[str, int]:
     missing = sorted(_REQUIRED_COLUMNS - set(header), key=TRACE_V3_COLUMNS.index)
     unknown = [name for name in header if name not in _KNOWN_COLUMNS]
@@ -309,9 +322,9 @@ def _trace_columns(path: Path, header: list[str]) -> dict[str, int]:
         if missing:
             problems.append(f"missing column(s) {', '.join(missing)}")
         if unknown:
-            problems.append(f"unknown column(s) {', '.join(unknown)}")
+            problems.append(f"unknown column(s) {_names(unknown)}")
         if duplicated:
-            problems.append(f"repeated column(s) {', '.join(duplicated)}")
+            problems.append(f"repeated column(s) {_names(duplicated)}")
         raise ConfigError(
             f"trace data: {str(path)!r}: CSV header does not match TraceV2: "
             f"{'; '.join(problems)}; expected columns "
@@ -328,39 +341,47 @@ def read_rows(path: str | Path) -> list[TraceRow]:
     col = _trace_columns(p, header)
     has_prefix_length = "prefix_length" in col
     rows = []
+    first_line: dict[str, int] = {}
     for line, rec in _records(p, kind, len(header)):
         f = _Fields(kind, p, line, col, rec)
         row = TraceRow(
             request_id=f.text("request_id"),
-            arrival_time_us=f.as_int("arrival_time_us", required=True),
-            input_tokens=f.as_int("input_tokens", required=True),
-            output_tokens=f.as_int("output_tokens", required=True),
+            arrival_time_us=f.as_int("arrival_time_us", MAX_TIME_US, required=True),
+            input_tokens=f.as_int("input_tokens", MAX_TOKENS, required=True),
+            output_tokens=f.as_int("output_tokens", MAX_TOKENS, required=True),
             client_id=f.text("client_id"),
             tenant_id=f.text("tenant_id"),
             slo_class=f.text("slo_class"),
             prefix_group=f.text("prefix_group"),
             model=f.text("model"),
-            deadline_us=f.as_int("deadline_us"),
-            first_chunk_time_us=f.as_int("first_chunk_time_us", minimum=None),
-            last_chunk_time_us=f.as_int("last_chunk_time_us", minimum=None),
+            deadline_us=f.as_int("deadline_us", MAX_TIME_US),
+            first_chunk_time_us=f.as_int("first_chunk_time_us", MAX_TIME_US, minimum=-MAX_TIME_US),
+            last_chunk_time_us=f.as_int("last_chunk_time_us", MAX_TIME_US, minimum=-MAX_TIME_US),
             status=f.text("status"),
             session_id=f.text("session_id"),
-            round_index=f.as_int("round_index"),
-            prefix_length=f.as_int("prefix_length") if has_prefix_length else None,
+            round_index=f.as_int("round_index", MAX_REQUESTS),
+            prefix_length=f.as_int("prefix_length", MAX_TOKENS) if has_prefix_length else None,
             streaming=f.as_bool("streaming"),
-            text_tokens=f.as_int("text_tokens"),
-            image_tokens=f.as_int("image_tokens"),
-            audio_tokens=f.as_int("audio_tokens"),
-            video_tokens=f.as_int("video_tokens"),
+            text_tokens=f.as_int("text_tokens", MAX_TOKENS),
+            image_tokens=f.as_int("image_tokens", MAX_TOKENS),
+            audio_tokens=f.as_int("audio_tokens", MAX_TOKENS),
+            video_tokens=f.as_int("video_tokens", MAX_TOKENS),
             reason_ratio=f.as_float("reason_ratio", 0.0, 1.0),
-            server_input_tokens=f.as_int("server_input_tokens"),
-            send_time_us=f.as_int("send_time_us", minimum=None),
-            num_chunks=f.as_int("num_chunks"),
+            server_input_tokens=f.as_int("server_input_tokens", MAX_TOKENS),
+            send_time_us=f.as_int("send_time_us", MAX_TIME_US, minimum=-MAX_TIME_US),
+            num_chunks=f.as_int("num_chunks", MAX_TOKENS),
             error_message=f.text("error_message"),
             finish_reason=f.text("finish_reason"),
         )
         if not row.request_id:
             raise f.fail("request_id", "", "must not be empty")
+        # Two rows with one ID would become two requests with one name (results, decision
+        # logs and the prefix cache key requests by it): a corrupt or concatenated trace.
+        seen = first_line.setdefault(row.request_id, line)
+        if seen != line:
+            raise f.fail(
+                "request_id", row.request_id, f"already used on line {seen}; IDs must be unique"
+            )
         # A deadline before arrival would time the request out on arrival: a corrupt trace.
         if 0 < row.deadline_us < row.arrival_time_us:
             raise f.fail(
@@ -389,6 +410,12 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
     for i, row in enumerate(rows):
         rid = f"request_{row.request_id}"
         shared = group_tokens.get(row.prefix_group, 0) if row.prefix_group else 0
+        if shared + row.input_tokens > MAX_TOKENS:
+            raise ConfigError(
+                f"trace data: request_id {excerpt(row.request_id)}: prefix_length {shared} of "
+                f"group {excerpt(row.prefix_group)} + input_tokens {row.input_tokens} is "
+                f"beyond the simulator's prompt size; a prompt may be at most {MAX_TOKENS} tokens"
+            )
         segments = None
         if shared:
             segments = [(prefix_key(row.prefix_group), shared)]
@@ -442,19 +469,23 @@ def read_groundtruth_rows(path: str | Path) -> list[GroundTruthRow]:
         )
     col = {name: i for i, name in enumerate(header)}
     rows = []
+    first_line: dict[int, int] = {}
     for line, rec in _records(p, kind, len(header)):
         f = _Fields(kind, p, line, col, rec)
-        rows.append(
-            GroundTruthRow(
-                index=f.as_int("index", required=True),
-                arrival_time_us=f.as_int("arrival_time_us", required=True),
-                input_tokens=f.as_int("input_tokens", required=True),
-                output_tokens=f.as_int("output_tokens", required=True),
-                has_error=f.as_bool("has_error"),
-                ttft_s=f.optional_float("ttft_s"),
-                e2e_s=f.optional_float("e2e_s"),
-            )
+        row = GroundTruthRow(
+            index=f.as_int("index", _MAX_INDEX, required=True),
+            arrival_time_us=f.as_int("arrival_time_us", MAX_TIME_US, required=True),
+            input_tokens=f.as_int("input_tokens", MAX_TOKENS, required=True),
+            output_tokens=f.as_int("output_tokens", MAX_TOKENS, required=True),
+            has_error=f.as_bool("has_error"),
+            ttft_s=f.optional_float("ttft_s"),
+            e2e_s=f.optional_float("e2e_s"),
         )
+        # The index names the replayed request (request_<index>), as request_id does.
+        seen = first_line.setdefault(row.index, line)
+        if seen != line:
+            raise f.fail("index", row.index, f"already used on line {seen}; indices must be unique")
+        rows.append(row)
     return rows
 
 

@@ -129,7 +129,7 @@ def test_bad_user_file_entries_name_file_gpu_and_key(tmp_path, mutate, pattern):
         ("- just\n- a list\n", "must be a non-empty mapping"),
         ("", "must be a non-empty mapping"),
         ("X1: [1, 2]\n", "GPU 'X1'"),
-        ("X1: {TFlopsPeak: [\n", "cannot parse"),
+        ("X1: {TFlopsPeak: [\n", "not valid YAML"),
     ],
 )
 def test_malformed_user_files(tmp_path, text, pattern):

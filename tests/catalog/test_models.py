@@ -310,7 +310,7 @@ def test_missing_path_and_folder_without_config(tmp_path):
 def test_invalid_json_names_the_path(tmp_path):
     bad = tmp_path / "broken.json"
     bad.write_text("{not json")
-    with pytest.raises(ConfigError, match="broken.json.*invalid JSON"):
+    with pytest.raises(ConfigError, match="broken.json.*not valid JSON"):
         load_model(str(bad))
     top_list = tmp_path / "list.json"
     top_list.write_text("[1, 2]")

@@ -375,3 +375,19 @@ def test_sub_requests_inherit_the_private_mark_and_each_instance_sees_one_phase(
     assert {roles[p.prefill_sub.instance_id] for p in parents} == {"prefill"}
     assert {roles[p.decode_sub.instance_id] for p in parents} == {"decode"}
     assert sum(p.decode_sub.private_from_token == 0 for p in parents) > 50
+
+
+def test_lifecycle_settings_that_change_nothing_keep_the_pd_pools():
+    """Found by the random-configuration fuzzer: a lifecycle field (here retry_on_failure,
+    which no failure exercises) sent the scenario down the fleet path, which built every
+    instance as unified, so prefill sub-requests ran outside the prefill pool (INV-PD-2)."""
+    scenario = _pd_scenario(_synthetic(20, 10, 200, 20), n_prefill=1, n_decode=1)
+    scenario["cluster"]["pd"]["decider"] = "always"
+    plain = simulator.simulate(scenario)
+    scenario["instance_lifecycle"] = {"retry_on_failure": True}
+    with_lifecycle = simulator.simulate(scenario)
+    assert with_lifecycle.instance_roles == ["prefill", "decode"]
+    assert with_lifecycle.summary == plain.summary
+    for parent in with_lifecycle.request_records:
+        assert parent.prefill_sub.instance_id == "instance_0"
+        assert parent.decode_sub.instance_id == "instance_1"

@@ -168,5 +168,5 @@ def test_strict_parsing_rejects_unknown_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"models\[3\]\.alpha_coeffs"):
         load_defaults_file(bad)
 
-    with pytest.raises(ConfigError, match="cannot be read"):
+    with pytest.raises(ConfigError, match="cannot read"):
         load_defaults_file(tmp_path / "missing.yaml")

@@ -11,6 +11,7 @@ import pytest
 
 import simulator
 from simulator.engine.request import RequestState
+from simulator.limits import MAX_REQUESTS
 from simulator.workload.generator import WorkloadStream
 from simulator.workload.spec import load_workload_spec, workload_spec_from_dict
 
@@ -126,8 +127,9 @@ def test_private_content_is_marked_only_where_no_other_request_can_share_it():
 
 
 def test_generation_is_lazy():
-    """A billion-request spec yields its first requests at once (nothing is materialised)."""
-    s = spec([client("a")], aggregate_rate=1000, num_requests=1_000_000_000)
+    """A spec of the most requests a run may hold (MAX_REQUESTS, 10^8) yields its first
+    requests at once (nothing is materialised)."""
+    s = spec([client("a")], aggregate_rate=1000, num_requests=MAX_REQUESTS)
     first = list(itertools.islice(WorkloadStream(s, seed=1), 1000))
     assert len(first) == 1000
 

@@ -1,0 +1,831 @@
+"""`servesim` command line: BLIS's flag names over servesim's scenario files.
+
+Every flag overrides the matching scenario field (the tables below say which). Bad input
+prints one line on stderr and exits with status 2, before anything is written; so does an
+output flag naming something servesim must not replace (a device, a FIFO, a path on /proc),
+checked before simulating (atomic_io.check_output).
+
+The program starts in `simulator.cli.main`, which installs the signal handlers and the
+stdout guard before importing this module (typer, then the simulator on first use).
+
+`run` and `replay` share their deployment, engine and cluster flags: the flags are declared
+once, as the parameters of template functions, and grafted onto each command's signature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .atomic_io import (
+    atomic_open,
+    check_output,
+    check_output_folder,
+    write_json_atomically,
+    write_with,
+)
+from .errors import ConfigError, ServesimError
+from .interruption import interruptible, to_report
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="servesim: discrete-event simulator of LLM inference serving (BLIS-compatible flags).",
+)
+
+_SIM = "Deployment and engine"
+_CL = "Cluster"
+_WL = "Workload"
+_PD = "Prefill/decode disaggregation"
+_OUT = "Output"
+_FL = "Fleet (node pools, lifecycle, autoscaling)"
+
+
+def _opt(flag: str, panel: str, help: str | None = None) -> typer.models.OptionInfo:  # noqa: A002
+    return typer.Option(flag, help=help, rich_help_panel=panel)
+
+
+# Flag parameter → scenario field (dotted path). Flags left out here are handled by hand.
+SCENARIO_FIELDS = {
+    "model": "model",
+    "hardware": "hardware",
+    "hardware_config": "hardware_file",
+    "tp": "tp",
+    "latency_model": "latency.model",
+    "vllm_version": "latency.vllm_version",
+    "latency_coeffs": "latency.coeffs_file",
+    "total_kv_blocks": "engine.total_kv_blocks",
+    "block_size_in_tokens": "engine.block_size_tokens",
+    "gpu_memory_utilization": "engine.gpu_memory_utilization",
+    "max_num_running_reqs": "engine.max_num_running_reqs",
+    "max_num_scheduled_tokens": "engine.max_num_scheduled_tokens",
+    "long_prefill_token_threshold": "engine.long_prefill_token_threshold",
+    "max_model_len": "engine.max_model_len",
+    "scheduler": "engine.scheduler",
+    "priority_policy": "engine.priority_policy",
+    "kv_cpu_blocks": "engine.kv_cpu_blocks",
+    "kv_offload_policy": "engine.kv_offload_policy",
+    "kv_transfer_bandwidth": "engine.kv_transfer_bandwidth_gb_per_s",
+    "kv_transfer_base_latency": "engine.kv_transfer_base_latency_us",
+    "kv_reload_blocking": "engine.kv_reload_blocking",
+    "seed": "seed",
+    "horizon": "horizon_us",
+    "check_invariants": "check_invariants",
+    "num_instances": "cluster.num_instances",
+    "admission_policy": "cluster.admission.policy",
+    "admission_latency": "cluster.admission.latency_us",
+    "token_bucket_capacity": "cluster.admission.token_bucket_capacity",
+    "token_bucket_refill_rate": "cluster.admission.token_bucket_refill_rate",
+    "routing_policy": "cluster.routing.policy",
+    "routing_scorers": "cluster.routing.scorers",
+    "routing_latency": "cluster.routing.latency_us",
+    "snapshot_refresh_interval": "cluster.routing.snapshot_refresh_interval_us",
+    "trace_level": "cluster.trace.level",
+    "counterfactual_k": "cluster.trace.counterfactual_k",
+    "summarize_trace": "cluster.trace.summarize",
+    "decisions_path": "cluster.trace.path",
+    "fitness_weights": "cluster.fitness_weights",
+    "prefill_instances": "cluster.pd.prefill_instances",
+    "decode_instances": "cluster.pd.decode_instances",
+    "pd_decider": "cluster.pd.decider",
+    "pd_prefix_threshold": "cluster.pd.prefix_threshold",
+    "pd_prefix_mode": "cluster.pd.prefix_mode",
+    "pd_prompt_length_threshold": "cluster.pd.prompt_length_threshold",
+    "pd_transfer_bandwidth": "cluster.pd.transfer_bandwidth_gb_per_s",
+    "pd_transfer_base_latency": "cluster.pd.transfer_base_latency_ms",
+    "pd_kv_bytes_per_token": "cluster.pd.kv_bytes_per_token",
+    "prefill_hardware": "cluster.pd.prefill.hardware",
+    "decode_hardware": "cluster.pd.decode.hardware",
+    "prefill_tp": "cluster.pd.prefill.tp",
+    "decode_tp": "cluster.pd.decode.tp",
+    "prefill_latency_model": "cluster.pd.prefill.latency_model",
+    "decode_latency_model": "cluster.pd.decode.latency_model",
+    "prefill_max_model_len": "cluster.pd.prefill.max_model_len",
+    "decode_max_model_len": "cluster.pd.decode.max_model_len",
+    "prefill_routing_scorers": "cluster.pd.prefill.routing_scorers",
+    "decode_routing_scorers": "cluster.pd.decode.routing_scorers",
+    "drain_policy": "instance_lifecycle.drain_policy",
+    "retry_on_failure": "instance_lifecycle.retry_on_failure",
+    "warm_up_requests": "instance_lifecycle.warm_up_request_count",
+    "warm_up_ttft_factor": "instance_lifecycle.warm_up_ttft_factor",
+    "loading_delay": "instance_lifecycle.loading_delay.mean_s",
+}
+WORKLOAD_FIELDS = {
+    "rate": "workload.rate",
+    "arrival": "workload.arrival",
+    "num_requests": "workload.num_requests",
+    "prompt_tokens": "workload.prompt_tokens.mean",
+    "prompt_tokens_stdev": "workload.prompt_tokens.stdev",
+    "prompt_tokens_min": "workload.prompt_tokens.min",
+    "prompt_tokens_max": "workload.prompt_tokens.max",
+    "output_tokens": "workload.output_tokens.mean",
+    "output_tokens_stdev": "workload.output_tokens.stdev",
+    "output_tokens_min": "workload.output_tokens.min",
+    "output_tokens_max": "workload.output_tokens.max",
+    "timeout_us": "workload.timeout_us",
+    "workload": "workload.preset",
+    "prefix_tokens": "workload.prefix_tokens",
+}
+
+
+def _common_flags(
+    model: Annotated[str | None, _opt("--model", _SIM, "HF id, bundled name or path")] = None,
+    hardware: Annotated[str | None, _opt("--hardware", _SIM, "GPU type, e.g. H100")] = None,
+    hardware_config: Annotated[
+        Path | None, _opt("--hardware-config", _SIM, "extra GPU table (YAML/JSON)")
+    ] = None,
+    tp: Annotated[int | None, _opt("--tp", _SIM, "tensor parallelism")] = None,
+    latency_model: Annotated[
+        str | None,
+        _opt(
+            "--latency-model",
+            _SIM,
+            "roofline | physics | blackbox | crossmodel | trained-roofline",
+        ),
+    ] = None,
+    latency_coeffs: Annotated[
+        Path | None,
+        _opt("--latency-coeffs", _SIM, "coefficients YAML from `servesim calibrate` (physics)"),
+    ] = None,
+    alpha_coeffs: Annotated[str | None, _opt("--alpha-coeffs", _SIM, "a0,a1,a2")] = None,
+    beta_coeffs: Annotated[str | None, _opt("--beta-coeffs", _SIM, "b0,b1,b2")] = None,
+    vllm_version: Annotated[str | None, _opt("--vllm-version", _SIM)] = None,
+    total_kv_blocks: Annotated[int | None, _opt("--total-kv-blocks", _SIM)] = None,
+    block_size_in_tokens: Annotated[int | None, _opt("--block-size-in-tokens", _SIM)] = None,
+    gpu_memory_utilization: Annotated[float | None, _opt("--gpu-memory-utilization", _SIM)] = None,
+    max_num_running_reqs: Annotated[int | None, _opt("--max-num-running-reqs", _SIM)] = None,
+    max_num_scheduled_tokens: Annotated[
+        int | None, _opt("--max-num-scheduled-tokens", _SIM)
+    ] = None,
+    long_prefill_token_threshold: Annotated[
+        int | None, _opt("--long-prefill-token-threshold", _SIM)
+    ] = None,
+    max_model_len: Annotated[int | None, _opt("--max-model-len", _SIM)] = None,
+    scheduler: Annotated[
+        str | None, _opt("--scheduler", _SIM, "fcfs | priority-fcfs | sjf | reverse-priority")
+    ] = None,
+    priority_policy: Annotated[
+        str | None, _opt("--priority-policy", _SIM, "constant | slo-based | inverted-slo")
+    ] = None,
+    kv_cpu_blocks: Annotated[
+        int | None, _opt("--kv-cpu-blocks", _SIM, "CPU KV tier in blocks (0 = off)")
+    ] = None,
+    kv_offload_policy: Annotated[
+        str | None, _opt("--kv-offload-policy", _SIM, "evict | mirror")
+    ] = None,
+    kv_transfer_bandwidth: Annotated[
+        float | None, _opt("--kv-transfer-bandwidth", _SIM, "CPU<->GPU GB/s per GPU (50)")
+    ] = None,
+    kv_transfer_base_latency: Annotated[
+        int | None, _opt("--kv-transfer-base-latency", _SIM, "µs per reload (0)")
+    ] = None,
+    kv_reload_blocking: Annotated[
+        bool | None, _opt("--kv-reload-blocking", _SIM, "BLIS: reloads stall the step")
+    ] = None,
+    seed: Annotated[int | None, _opt("--seed", _SIM)] = None,
+    horizon: Annotated[int | None, _opt("--horizon", _SIM, "end time in µs")] = None,
+    check_invariants: Annotated[
+        bool | None,
+        _opt("--check-invariants", _OUT, "check conservation and causality laws during the run"),
+    ] = None,
+    num_instances: Annotated[int | None, _opt("--num-instances", _CL)] = None,
+    admission_policy: Annotated[
+        str | None, _opt("--admission-policy", _CL, "always-admit | token-bucket | reject-all")
+    ] = None,
+    admission_latency: Annotated[int | None, _opt("--admission-latency", _CL, "µs")] = None,
+    token_bucket_capacity: Annotated[
+        float | None, _opt("--token-bucket-capacity", _CL, "tokens")
+    ] = None,
+    token_bucket_refill_rate: Annotated[
+        float | None, _opt("--token-bucket-refill-rate", _CL, "tokens/s")
+    ] = None,
+    routing_policy: Annotated[
+        str | None,
+        _opt("--routing-policy", _CL, "round-robin | least-loaded | weighted | always-busiest"),
+    ] = None,
+    routing_scorers: Annotated[
+        str | None, _opt("--routing-scorers", _CL, '"name:weight,..." for weighted')
+    ] = None,
+    routing_latency: Annotated[int | None, _opt("--routing-latency", _CL, "µs")] = None,
+    snapshot_refresh_interval: Annotated[
+        int | None, _opt("--snapshot-refresh-interval", _CL, "µs; 0 = always fresh")
+    ] = None,
+    policy_config: Annotated[
+        Path | None, _opt("--policy-config", _CL, "BLIS policy bundle YAML")
+    ] = None,
+    trace_level: Annotated[str | None, _opt("--trace-level", _CL, "none | decisions")] = None,
+    counterfactual_k: Annotated[int | None, _opt("--counterfactual-k", _CL)] = None,
+    summarize_trace: Annotated[bool | None, _opt("--summarize-trace", _CL)] = None,
+    decisions_path: Annotated[
+        Path | None, _opt("--decisions-path", _CL, "write routing decisions (JSON Lines)")
+    ] = None,
+    prefill_instances: Annotated[int | None, _opt("--prefill-instances", _PD)] = None,
+    decode_instances: Annotated[int | None, _opt("--decode-instances", _PD)] = None,
+    pd_decider: Annotated[
+        str | None,
+        _opt("--pd-decider", _PD, "never | always | prefix-threshold | prompt-length"),
+    ] = None,
+    pd_prefix_threshold: Annotated[
+        int | None, _opt("--pd-prefix-threshold", _PD, "non-cached tokens (default 16)")
+    ] = None,
+    pd_prefix_mode: Annotated[
+        str | None, _opt("--pd-prefix-mode", _PD, "global | decode-cache")
+    ] = None,
+    pd_prompt_length_threshold: Annotated[
+        int | None, _opt("--pd-prompt-length-threshold", _PD, "tokens (default 256)")
+    ] = None,
+    pd_transfer_bandwidth: Annotated[
+        float | None, _opt("--pd-transfer-bandwidth", _PD, "GB/s (default 25)")
+    ] = None,
+    pd_transfer_base_latency: Annotated[
+        float | None, _opt("--pd-transfer-base-latency", _PD, "ms (default 0.05)")
+    ] = None,
+    pd_kv_bytes_per_token: Annotated[
+        int | None, _opt("--pd-kv-bytes-per-token", _PD, "default: model KV geometry")
+    ] = None,
+    pd_transfer_contention: Annotated[
+        str | None, _opt("--pd-transfer-contention", _PD, "on | off (default on)")
+    ] = None,
+    prefill_hardware: Annotated[str | None, _opt("--prefill-hardware", _PD)] = None,
+    decode_hardware: Annotated[str | None, _opt("--decode-hardware", _PD)] = None,
+    prefill_tp: Annotated[int | None, _opt("--prefill-tp", _PD)] = None,
+    decode_tp: Annotated[int | None, _opt("--decode-tp", _PD)] = None,
+    prefill_latency_model: Annotated[str | None, _opt("--prefill-latency-model", _PD)] = None,
+    decode_latency_model: Annotated[str | None, _opt("--decode-latency-model", _PD)] = None,
+    prefill_max_model_len: Annotated[int | None, _opt("--prefill-max-model-len", _PD)] = None,
+    decode_max_model_len: Annotated[int | None, _opt("--decode-max-model-len", _PD)] = None,
+    prefill_routing_scorers: Annotated[str | None, _opt("--prefill-routing-scorers", _PD)] = None,
+    decode_routing_scorers: Annotated[str | None, _opt("--decode-routing-scorers", _PD)] = None,
+    drain_policy: Annotated[
+        str | None, _opt("--drain-policy", _FL, "immediate | wait | redirect")
+    ] = None,
+    retry_on_failure: Annotated[
+        bool | None, _opt("--retry-on-failure", _FL, "re-route requests of failed nodes")
+    ] = None,
+    warm_up_requests: Annotated[
+        int | None, _opt("--warm-up-requests", _FL, "slow first requests per instance")
+    ] = None,
+    warm_up_ttft_factor: Annotated[
+        float | None, _opt("--warm-up-ttft-factor", _FL, "prefill cost factor (>= 1)")
+    ] = None,
+    loading_delay: Annotated[
+        float | None, _opt("--loading-delay", _FL, "s to load an instance's weights")
+    ] = None,
+    no_autoscaler: Annotated[
+        bool, _opt("--no-autoscaler", _FL, "ignore the scenario's autoscaler")
+    ] = False,
+    timeline_path: Annotated[
+        Path | None, _opt("--timeline-path", _OUT, "lifecycle transitions (CSV)")
+    ] = None,
+    fitness_weights: Annotated[
+        str | None, _opt("--fitness-weights", _OUT, '"key:weight,..."')
+    ] = None,
+    results_path: Annotated[
+        Path | None, _opt("--results-path", _OUT, "summary + per-request records (JSON)")
+    ] = None,
+    log: Annotated[str, _opt("--log", _OUT, "log level on stderr")] = "warning",
+    quiet: Annotated[bool, _opt("--quiet", _OUT, "no progress display")] = False,
+) -> None:
+    """Template: the flags of both `run` and `replay`."""
+
+
+def _workload_flags(
+    rate: Annotated[float | None, _opt("--rate", _WL, "req/s")] = None,
+    arrival: Annotated[str | None, _opt("--arrival", _WL, "poisson | constant")] = None,
+    num_requests: Annotated[int | None, _opt("--num-requests", _WL)] = None,
+    prompt_tokens: Annotated[float | None, _opt("--prompt-tokens", _WL)] = None,
+    prompt_tokens_stdev: Annotated[float | None, _opt("--prompt-tokens-stdev", _WL)] = None,
+    prompt_tokens_min: Annotated[int | None, _opt("--prompt-tokens-min", _WL)] = None,
+    prompt_tokens_max: Annotated[int | None, _opt("--prompt-tokens-max", _WL)] = None,
+    output_tokens: Annotated[float | None, _opt("--output-tokens", _WL)] = None,
+    output_tokens_stdev: Annotated[float | None, _opt("--output-tokens-stdev", _WL)] = None,
+    output_tokens_min: Annotated[int | None, _opt("--output-tokens-min", _WL)] = None,
+    output_tokens_max: Annotated[int | None, _opt("--output-tokens-max", _WL)] = None,
+    timeout_us: Annotated[
+        int | None, _opt("--timeout-us", _WL, "client deadline after arrival")
+    ] = None,
+    workload: Annotated[
+        str | None,
+        _opt("--workload", _WL, "preset (chatbot, contentgen, summarization, multidoc)"),
+    ] = None,
+    workload_spec: Annotated[
+        Path | None, _opt("--workload-spec", _WL, "BLIS v2 workload YAML")
+    ] = None,
+    prefix_tokens: Annotated[int | None, _opt("--prefix-tokens", _WL, "shared prefix")] = None,
+) -> None:
+    """Template: the traffic flags of `run` (and `observe`)."""
+
+
+def _trace_output_flag(
+    trace_output: Annotated[
+        str | None, _opt("--trace-output", _OUT, "write TraceV2 PREFIX.yaml + PREFIX.csv")
+    ] = None,
+) -> None:
+    """Template: `run`'s trace export."""
+
+
+def workload_overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    """Synthetic-workload overrides (`workload.rate`, ...) from the traffic flags given."""
+    return {
+        path: flags[name] for name, path in WORKLOAD_FIELDS.items() if flags.get(name) is not None
+    }
+
+
+def _with_flags(*templates: Callable) -> Callable:
+    """Give a `**flags` command the parameters of `templates`, so Typer exposes them."""
+
+    def graft(command: Callable) -> Callable:
+        own = [
+            p
+            for p in inspect.signature(command, eval_str=True).parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
+        extra = [
+            p for t in templates for p in inspect.signature(t, eval_str=True).parameters.values()
+        ]
+        command.__signature__ = inspect.Signature(own + extra)
+        return command
+
+    return graft
+
+
+def _coeffs(flag: str, text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"{flag}: invalid value {text!r}; expected comma-separated numbers"
+        ) from None
+
+
+def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    """Scenario overrides from the common flags: a policy bundle first, explicit flags last."""
+    from .cluster.policy_bundle import load_policy_bundle
+
+    overrides: dict[str, Any] = {}
+    if flags.get("policy_config") is not None:
+        overrides.update(load_policy_bundle(flags["policy_config"]))
+    alpha = _coeffs("--alpha-coeffs", flags.get("alpha_coeffs"))
+    beta = _coeffs("--beta-coeffs", flags.get("beta_coeffs"))
+    if (alpha is None) != (beta is None):
+        raise ConfigError("--alpha-coeffs/--beta-coeffs: must be given together")
+    if alpha is not None:
+        overrides["latency.alpha_coeffs"] = alpha
+        overrides["latency.beta_coeffs"] = beta
+        if flags.get("latency_model") is None:
+            overrides["latency.model"] = "blackbox"  # BLIS: coefficients imply blackbox
+    if flags.get("latency_coeffs") is not None and flags.get("latency_model") is None:
+        overrides["latency.model"] = "physics"  # only physics reads a coefficients file
+    for name, path in SCENARIO_FIELDS.items():
+        if flags.get(name) is not None:
+            overrides[path] = flags[name]
+    contention = flags.get("pd_transfer_contention")
+    if contention is not None:
+        if contention.lower() not in ("on", "off", "true", "false"):
+            raise ConfigError(
+                f"--pd-transfer-contention: invalid value {contention!r}; valid: on, off"
+            )
+        overrides["cluster.pd.transfer_contention"] = contention.lower() in ("on", "true")
+    if flags.get("no_autoscaler"):
+        overrides["autoscaler"] = []
+    if "cluster.trace.path" in overrides and "cluster.trace.level" not in overrides:
+        overrides["cluster.trace.level"] = "decisions"
+    return overrides
+
+
+def _setup_logging(level: str) -> None:
+    numeric = getattr(logging, level.upper(), None)
+    if not isinstance(numeric, int):
+        raise ConfigError(
+            f"--log: invalid value {level!r}; valid: debug, info, warning, error, critical"
+        )
+    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(message)s")
+
+
+def _check_writable(flag: str, path: str | os.PathLike[str] | None) -> None:
+    """Refuse, before any work, an output servesim could not or must not replace."""
+    if path is not None:
+        check_output(path, flag)
+
+
+def _check_folder_writable(flag: str, path: str | os.PathLike[str] | None) -> None:
+    """The same for an output folder (files are written inside it)."""
+    if path is not None:
+        check_output_folder(path, flag)
+
+
+def _execute(
+    scenario: Path | None,
+    overrides: dict[str, Any],
+    results_path: Path | None,
+    workload_overrides: dict[str, Any] | None = None,
+    trace_output: str | None = None,
+    quiet: bool = False,
+    timeline_path: Path | None = None,
+) -> None:
+    from .api import as_scenario, simulate, with_overrides
+    from .scenario import Scenario
+
+    _check_writable("--results-path", results_path)
+    _check_writable("--timeline-path", timeline_path)
+    _check_writable("--decisions-path", overrides.get("cluster.trace.path"))
+    if trace_output is not None:
+        _check_writable("--trace-output", f"{trace_output}.yaml")
+        _check_writable("--trace-output", f"{trace_output}.csv")
+    sc = as_scenario(scenario) if scenario is not None else Scenario()
+    sc = with_overrides(sc, overrides, workload_overrides)
+    if "cluster.trace.path" not in overrides:
+        _check_writable("cluster.trace.path", sc.cluster.trace.path)  # from the scenario file
+    outputs = _planned_outputs(results_path, sc.cluster.trace.path, trace_output)
+    if timeline_path is not None:
+        outputs.append(str(timeline_path))
+    written: list[str] = []
+
+    def lost() -> str:
+        missing = [o for o in outputs if o not in written]
+        if not outputs:
+            return "the run was abandoned; no output files were requested"
+        kept = f"; complete: {', '.join(written)}" if written else ""
+        return f"the run was abandoned; not written: {', '.join(missing)}{kept}"
+
+    with interruptible(lost):
+        logging.getLogger("servesim").info("simulating %s", scenario or "flags-only scenario")
+        # A progress display only on a terminal: pipes and CI logs get clean stderr.
+        show_progress = not quiet and sys.stderr.isatty()
+        result = _simulate_with_progress(sc) if show_progress else simulate(sc)
+        if sc.cluster.trace.path is not None:
+            written.append(str(sc.cluster.trace.path))
+        typer.echo(result.report_text())
+        if results_path is not None:
+            write_json_atomically(results_path, result.results_document())
+            written.append(str(results_path))
+            logging.getLogger("servesim").info("wrote %s", results_path)
+        if trace_output is not None:
+            yaml_path, csv_path = result.write_trace(trace_output)
+            written.append(f"{trace_output}.yaml/.csv")
+            logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
+        if timeline_path is not None:
+            with atomic_open(timeline_path, newline="") as handle:
+                result.timeline.to_csv(handle, index=False)
+            written.append(str(timeline_path))
+
+
+def _planned_outputs(
+    results_path: Path | None, decisions_path: Path | None, trace_output: str | None
+) -> list[str]:
+    """The files a run was asked to write, named as its interruption message names them."""
+    outputs = [str(p) for p in (decisions_path, results_path) if p is not None]
+    if trace_output is not None:
+        outputs.append(f"{trace_output}.yaml/.csv")
+    return outputs
+
+
+def _simulate_with_progress(sc):
+    """A progress line on stderr (a terminal only) while the run takes more than a moment."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .api import simulate
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, transient=True, console=_stderr_console()) as bar:
+        task = bar.add_task("simulating", start=True)
+
+        def report(now_us: int, completed: int) -> None:
+            bar.update(task, description=f"simulated {now_us / 1e6:,.0f} s, {completed:,} done")
+
+        return simulate(sc, progress=report)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _guarded(fn: Callable[[], None]) -> None:
+    """Run a command body; bad input or an unusable output, a broken invariant or an
+    interrupt end it with one line on stderr and exit status 2, 3, or 128 + the signal
+    number."""
+    from .invariants import InvariantViolation
+
+    try:
+        _refuse_nul_bytes()
+        fn()
+    except ServesimError as exc:
+        # Parsers write one-line messages; a line break that slips through is still shown
+        # on one line (the fuzz tests catch the parser that let it through).
+        error_line(" ".join(str(exc).splitlines()))
+        raise typer.Exit(2) from None
+    except InvariantViolation as exc:
+        error_line(str(exc))
+        raise typer.Exit(INVARIANT_EXIT_CODE) from None
+    except KeyboardInterrupt as exc:
+        # Commands without their own `interruptible` block (validate, plan, ...) too.
+        stopped, untold = to_report(exc)
+        if untold:
+            error_line(stopped.message())
+        raise typer.Exit(stopped.exit_code) from None
+    except OSError as exc:
+        # Every writer raises OutputError and every reader ConfigError; an OSError that
+        # still gets here (a folder a library creates itself) is the environment's, not a
+        # bug's: one line, like any other unusable file.
+        error_line(os_error_text(exc))
+        raise typer.Exit(2) from None
+
+
+def error_line(text: str) -> None:
+    """`error: TEXT` on stderr; a stderr that cannot be written to is not worth a traceback."""
+    with contextlib.suppress(OSError):
+        typer.echo(f"error: {text}", err=True)
+
+
+def os_error_text(exc: OSError) -> str:
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is None:
+        return reason
+    return f"{str(exc.filename)!r}: {reason}"
+
+
+def _refuse_nul_bytes() -> None:
+    """A NUL byte in any flag's value is refused up front: no path, name or number may hold
+    one, and the OS would turn it into a ValueError deep inside open(). (Only in-process
+    callers can pass one: an OS argument list cannot.)"""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, str | Path) and "\x00" in str(item):
+                name = param.opts[0] if isinstance(param, click.Option) else param.name
+                raise ConfigError(
+                    f"{name}: invalid value {str(item)!r}; a value cannot contain a NUL byte"
+                )
+
+
+INVARIANT_EXIT_CODE = 3
+
+
+@app.command()
+@_with_flags(_common_flags, _workload_flags, _trace_output_flag)
+def run(
+    scenario: Annotated[
+        Path | None, typer.Argument(help="scenario YAML (flags override its fields)")
+    ] = None,
+    **flags: Any,
+) -> None:
+    """Simulate a scenario file, or synthetic traffic described by flags."""
+
+    def go() -> None:
+        _setup_logging(flags["log"])
+        overrides = _overrides(flags)
+        if flags.get("workload_spec") is not None:
+            overrides["workload_spec"] = flags["workload_spec"]
+        workload = workload_overrides(flags)
+        _execute(
+            scenario,
+            overrides,
+            flags["results_path"],
+            workload,
+            flags["trace_output"],
+            flags["quiet"],
+            flags["timeline_path"],
+        )
+
+    _guarded(go)
+
+
+@app.command()
+@_with_flags(_common_flags, _trace_output_flag)
+def replay(
+    trace_data: Annotated[
+        Path, typer.Option("--trace-data", help="TraceV2 CSV, or a plain request CSV")
+    ],
+    trace_header: Annotated[
+        Path | None,
+        typer.Option("--trace-header", help="TraceV2 header YAML (omit for a plain CSV)"),
+    ] = None,
+    scenario: Annotated[
+        Path | None, typer.Option("--scenario", help="scenario YAML for the deployment")
+    ] = None,
+    **flags: Any,
+) -> None:
+    """Simulate exactly the requests of a BLIS TraceV2 file (arrival times, token counts)."""
+
+    def go() -> None:
+        _setup_logging(flags["log"])
+        overrides = _overrides(flags)
+        overrides["workload"] = None
+        overrides["workload_spec"] = None
+        overrides["trace"] = {"header": trace_header, "data": trace_data}
+        _execute(
+            scenario,
+            overrides,
+            flags["results_path"],
+            trace_output=flags["trace_output"],
+            quiet=flags["quiet"],
+            timeline_path=flags["timeline_path"],
+        )
+
+    _guarded(go)
+
+
+convert_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Turn other workload forms into a v2 spec."
+)
+app.add_typer(convert_app, name="convert")
+
+
+@convert_app.command("preset")
+def convert_preset(
+    name: Annotated[str, typer.Option("--name", help="chatbot, contentgen, summarization, ...")],
+    rate: Annotated[float, typer.Option("--rate", help="req/s")] = 1.0,
+    num_requests: Annotated[int, typer.Option("--num-requests")] = 100,
+    arrival: Annotated[str, typer.Option("--arrival", help="poisson | constant")] = "poisson",
+) -> None:
+    """Print a BLIS preset as a v2 workload spec (YAML) on stdout."""
+
+    def go() -> None:
+        from .workload.presets import preset_spec, spec_to_yaml
+
+        typer.echo(spec_to_yaml(preset_spec(name, rate, num_requests, arrival)), nl=False)
+
+    _guarded(go)
+
+
+@app.command("compose")
+def compose(
+    sources: Annotated[
+        list[Path], typer.Option("--from", help="v2 workload spec; repeat to merge several")
+    ],
+) -> None:
+    """Merge v2 workload specs into one (aggregate rate = sum) and print it on stdout."""
+
+    def go() -> None:
+        from .workload.presets import compose_specs, spec_to_yaml
+        from .workload.spec import load_workload_spec
+
+        typer.echo(spec_to_yaml(compose_specs([load_workload_spec(p) for p in sources])), nl=False)
+
+    _guarded(go)
+
+
+@app.command("models")
+def list_models_cmd() -> None:
+    """List the bundled models (HuggingFace ids)."""
+    from .catalog.models import list_models
+
+    for name in list_models():
+        typer.echo(name)
+
+
+@app.command("hardware")
+def list_hardware_cmd() -> None:
+    """List the GPU catalog with its peak rates."""
+    from .catalog.hardware import get_gpu, list_gpus
+
+    typer.echo(
+        f"{'gpu':<10} {'bf16_tflops':>11} {'fp8_tflops':>10} {'hbm_tbs':>8} {'memory_gib':>10}"
+    )
+    for name in list_gpus():
+        g = get_gpu(name)
+        typer.echo(
+            f"{g.name:<10} {g.tflops_peak:>11.1f} {g.tflops_fp8:>10.1f} {g.bw_peak_tbs:>8.3f} "
+            f"{g.memory_gib:>10.1f}"
+        )
+
+
+@app.command("validate")
+def validate_cmd(
+    folder: Annotated[
+        Path | None,
+        typer.Argument(
+            help="ground-truth folder (a dataset folder or its parent); "
+            "default ../shared/groundtruth"
+        ),
+    ] = None,
+    latency_models: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--latency-model",
+            help="step-time backend (repeat to compare several: roofline, physics, blackbox, "
+            "crossmodel, trained-roofline)",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", help="write the per-run table as CSV")
+    ] = None,
+    runs: Annotated[
+        list[str] | None,
+        typer.Option("--runs", help="only runs whose name contains NAME (repeatable)"),
+    ] = None,
+    latency_coeffs: Annotated[
+        Path | None,
+        typer.Option("--latency-coeffs", help="coefficients YAML for physics (from calibrate)"),
+    ] = None,
+    prompt_reuse: Annotated[
+        bool,
+        typer.Option(
+            "--prompt-reuse",
+            help="share the load generator's few distinct prompts whole, prefix caching on",
+        ),
+    ] = False,
+    forced_output_length: Annotated[
+        bool,
+        typer.Option(
+            "--forced-output-length/--reported-output-length",
+            help="replay the output length an ignore_eos profile forced (default), or the "
+            "count the client reported, which undercounts (docs/accuracy.md)",
+        ),
+    ] = True,
+) -> None:
+    """Replay the measured vLLM runs and score TTFT, E2E, ITL and throughput against them."""
+    import time
+
+    def go() -> None:
+        from .validate import format_summary, format_table, summarize, validate_folder
+
+        started_s = time.perf_counter()
+        where = folder
+        if where is None:
+            where = Path.cwd().parent / "shared" / "groundtruth"
+            if not where.is_dir():
+                raise ConfigError(f"validate: no ground truth at {str(where)!r}; pass FOLDER")
+        _check_writable("--output", output)
+
+        def progress(outcome: dict[str, Any]) -> None:
+            typer.echo(
+                f"{outcome['run']}: {outcome['n_success']}/{outcome['n_requests']} scored, "
+                f"{outcome['wall_s']:.1f} s",
+                err=True,
+            )
+
+        import pandas as pd
+
+        models = latency_models or ["roofline"]
+        frames = []
+        medians = {}
+        for model in models:
+            extra = {"latency__coeffs_file": latency_coeffs} if latency_coeffs else None
+            frame = validate_folder(
+                where,
+                model,
+                runs,
+                on_run=progress,
+                extra_overrides=extra,
+                prompt_reuse=prompt_reuse,
+                forced_output=forced_output_length,
+            )
+            typer.echo(format_table(frame))
+            typer.echo("")
+            typer.echo(f"summary ({model}; error = |predicted - measured| / measured)")
+            summary = summarize(frame)
+            typer.echo(format_summary(summary))
+            typer.echo("")
+            accuracy = summary[summary["group"] == "accuracy"]
+            medians[model] = dict(zip(accuracy["metric"], accuracy["median_error"], strict=True))
+            frames.append(frame.assign(latency_model=model))
+        if len(models) > 1:
+            typer.echo("median error on the accuracy runs, by backend")
+            typer.echo(f"{'metric':<20}" + "".join(f"{m:>18}" for m in models))
+            for metric in medians[models[0]]:
+                cells = "".join(
+                    f"{100 * medians[m].get(metric, float('nan')):>17.1f}%" for m in models
+                )
+                typer.echo(f"{metric:<20}{cells}")
+        frame = pd.concat(frames, ignore_index=True)
+        if output is not None:
+            write_with(output, lambda tmp: frame.to_csv(tmp, index=False))
+            typer.echo(f"wrote {output}", err=True)
+        typer.echo(f"wall time {time.perf_counter() - started_s:.1f} s", err=True)
+
+    _guarded(go)
+
+
+def _register_extras() -> None:
+    from .cli_calibrate import register as register_calibrate
+    from .cli_extras import register as register_plot
+    from .cli_observe import register as register_observe
+    from .cli_plan import register as register_plan
+    from .cli_sweep import register as register_sweep
+
+    register_plot(app)
+    register_sweep(app)
+    register_plan(app)
+    register_observe(app)
+    register_calibrate(app)
+
+
+_register_extras()

@@ -1,0 +1,58 @@
+"""What `simulate` / `as_scenario` accept as a scenario (simulator/api.py).
+
+The law: a Scenario, a dict of its fields or the path of a YAML file; anything else is one
+ConfigError naming what was given ("scenario: expected a path to a YAML file, a dict or a
+Scenario; got int 5"), never a TypeError or ValueError from deep inside, and a NUL byte in a
+path is a ConfigError too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import simulator
+from simulator.api import as_scenario
+from simulator.errors import ConfigError
+
+EXPECTED = "scenario: expected a path to a YAML file, a dict or a Scenario; got "
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (5, "int 5"),
+        (1.5, "float 1.5"),
+        (True, "bool True"),
+        (None, "None"),
+        (["scenarios/quickstart.yaml"], "list ['scenarios/quickstart.yaml']"),
+        (b"scenarios/quickstart.yaml", "bytes b'scenarios/quickstart.yaml'"),
+        (("a", "b"), "tuple ('a', 'b')"),
+    ],
+)
+def test_wrong_type_is_one_config_error(value, shown):
+    for entry in (simulator.simulate, as_scenario):
+        with pytest.raises(ConfigError) as caught:
+            entry(value)
+        assert str(caught.value) == EXPECTED + shown
+
+
+def test_a_huge_value_is_cut_in_the_message():
+    with pytest.raises(ConfigError) as caught:
+        simulator.simulate(list(range(10_000)))
+    assert len(str(caught.value)) < 200 and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("path", ["a\x00b.yaml", Path("a\x00b.yaml")])
+def test_nul_byte_in_a_scenario_path_is_one_config_error(path):
+    with pytest.raises(ConfigError) as caught:
+        simulator.simulate(path)
+    assert "NUL byte" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_accepted_forms_still_work():
+    scenario = as_scenario({"workload": {"num_requests": 3}})
+    assert as_scenario(scenario) is scenario
+    assert as_scenario("scenarios/quickstart.yaml").workload is not None
+    assert simulator.simulate({"workload": {"num_requests": 3}}).summary["completed_requests"] == 3
