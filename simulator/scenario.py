@@ -134,7 +134,8 @@ class LatencySpec(_Strict):
     model: str = "roofline"
     alpha_coeffs: list[Coefficient] | None = None
     beta_coeffs: list[Coefficient] | None = None
-    vllm_version: str | None = None
+    # A release name such as "v0.8.4" or "0.15.1": long text is a mistake, not a version.
+    vllm_version: str | None = Field(None, max_length=64)
     # Fitted coefficients written by `servesim calibrate` (latency model physics).
     coeffs_file: Path | None = None
 

@@ -859,3 +859,28 @@ def test_parse_time_refusal_is_fast():
         with pytest.raises(ConfigError):
             scenario_from_dict(data)
     assert (time.perf_counter() - start) / 400 < 0.01
+
+
+def test_a_horizon_bounded_workload_may_not_promise_more_requests_than_a_run_holds():
+    """No num_requests: the horizon alone ends the traffic, so rate x horizon is its expected
+    size. 20,000 req/s for 6 hours is 20,000 x 21,600 = 432 million requests > 10^8; 4,000
+    req/s for the same 6 hours is 86.4 million, allowed."""
+    from simulator.workload.generator import WorkloadStream
+    from simulator.workload.spec import workload_spec_from_dict
+
+    def stream(rate: float) -> WorkloadStream:
+        client = {
+            "id": "c",
+            "rate_fraction": 1,
+            "arrival": {"process": "poisson"},
+            "input_distribution": {"type": "constant", "params": {"value": 10}},
+            "output_distribution": {"type": "constant", "params": {"value": 10}},
+        }
+        spec = workload_spec_from_dict(
+            {"version": "2", "aggregate_rate": rate, "clients": [client]}
+        )
+        return WorkloadStream(spec, seed=1, horizon_us=21_600_000_000)
+
+    with pytest.raises(ConfigError, match=r"about 4\.32e\+08 requests; at most 100,000,000"):
+        stream(20_000)
+    assert next(iter(stream(4_000))).arrival_us >= 0

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from simulator.catalog.defaults import coefficient_entries, lookup_coefficients
 from simulator.catalog.types import GPUSpec, ModelConfig
-from simulator.errors import ConfigError, invalid
+from simulator.errors import ConfigError, excerpt, invalid, one_line, shorten
 from simulator.latency.base import StepBatch, StepTimeModel
 
 COEFFS_LEN = 3
@@ -107,10 +107,10 @@ class BlackboxModel(StepTimeModel):
 
 
 def _no_coefficients_message(model_id: str, gpu: str, tp: int, vllm_version: str | None) -> str:
-    version = vllm_version or "any"
+    version = shorten(one_line(vllm_version), 40) if vllm_version else "any"
     head = (
-        f"blackbox: no fitted coefficients for model {model_id!r} on GPU {gpu!r} with TP {tp} "
-        f"(vLLM version {version})"
+        f"blackbox: no fitted coefficients for model {excerpt(model_id)} on GPU {excerpt(gpu)} "
+        f"with TP {tp} (vLLM version {version})"
     )
     entries = coefficient_entries(model_id)
     if not entries:

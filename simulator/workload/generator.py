@@ -25,7 +25,7 @@ import numpy as np
 
 from ..engine.request import Request, RequestState
 from ..errors import ConfigError
-from ..limits import MAX_TIME_US, check_time_us
+from ..limits import MAX_REQUESTS, MAX_TIME_US, check_time_us
 from .arrivals import ArrivalProcess, make_arrivals
 from .cohorts import expand_cohorts, expand_inference_perf
 from .lengths import LengthDistribution, from_dist_spec, ratio_from_dist_spec
@@ -216,12 +216,30 @@ class ClientPlan:
         if horizon_us is not None:
             stop = horizon_us if stop is None else min(stop, horizon_us)
         while True:
-            for gap in self.arrivals.gaps_us(self.arrival_rng, CHUNK).tolist():
+            gaps = self.arrivals.gaps_us(self.arrival_rng, CHUNK)
+            if self.windows and not self.active(t):
+                # A whole chunk of arrivals that all fall before the next window opens (a
+                # client that comes online later) is skipped at once; same draws, same result.
+                opens = self._next_window_start(t)
+                chunk_end = t + float(gaps.sum(dtype=np.float64))
+                if (
+                    opens is not None
+                    and chunk_end < opens - 1
+                    and (stop is None or chunk_end < stop)
+                ):
+                    t += int(gaps.sum())
+                    continue
+            for gap in gaps.tolist():
                 t += gap
                 if stop is not None and t >= stop:
                     return
                 if self.active(t):
                     yield t
+
+    def _next_window_start(self, t_us: int) -> int | None:
+        """Start of the first activity window after `t_us` (None when none is left)."""
+        i = bisect.bisect_right(self.windows, (t_us, float("inf")))
+        return self.windows[i][0] if i < len(self.windows) else None
 
 
 @dataclass
@@ -328,6 +346,19 @@ def resolve_clients(spec: WorkloadSpec, base_dir: Path | None = None) -> tuple[W
     return spec, expand_cohorts(spec)
 
 
+def _check_expected_count(rate_per_s: float, horizon_us: int) -> None:
+    """A workload bounded only by its horizon must not promise more requests than one run can
+    hold (MAX_REQUESTS): rate x horizon is its expected size."""
+    expected = rate_per_s * horizon_us / 1e6
+    if expected > MAX_REQUESTS:
+        raise ConfigError(
+            f"workload: aggregate_rate {rate_per_s:,.6g} req/s over a horizon of "
+            f"{horizon_us / 1e6:,.6g} s is about {expected:,.3g} requests; at most "
+            f"{MAX_REQUESTS:,} per run (a run keeps every finished request): lower the rate "
+            "or the horizon, or set num_requests"
+        )
+
+
 class WorkloadStream:
     """The requests of one workload, lazily, in arrival order, with IDs `request_<i>`."""
 
@@ -348,6 +379,8 @@ class WorkloadStream:
                 "workload: neither num_requests nor a horizon is set, so the traffic never "
                 "ends; set workload num_requests or horizon (µs)"
             )
+        if self.num_requests is None:
+            _check_expected_count(spec.aggregate_rate or 0.0, self.horizon_us)
         total_fraction = sum(c.rate_fraction for c in clients)
         prefix = _prefix_lengths(clients)
         keys = [c.id or f"#{i}" for i, c in enumerate(clients)]

@@ -78,6 +78,21 @@ def test_lifecycle_windows_are_honoured():
     assert len(reqs) == pytest.approx(400, rel=0.15)
 
 
+def test_a_window_far_ahead_filters_the_same_arrivals_and_is_reached_quickly():
+    """Windows only filter a client's arrival stream: the windowed client's arrivals are the
+    unwindowed client's (same seed, same id) that fall inside a window. The generator skips
+    whole chunks of draws that end before a window opens (a window ten minutes away at 2,000
+    req/s is 1.2 million arrivals to pass); the skip must not change a single arrival."""
+    windows = [{"start_us": 600_000_000, "end_us": 601_000_000}]
+    windowed = spec([client("w", lifecycle={"windows": windows})], aggregate_rate=2000)
+    plain = spec([client("w")], aggregate_rate=2000)
+    horizon_us = 601_000_000
+    got = [r.arrival_us for r in WorkloadStream(windowed, seed=4, horizon_us=horizon_us)]
+    (plan,) = WorkloadStream(plain, seed=4, horizon_us=horizon_us).plans
+    expected = [t for t in plan.arrival_times(horizon_us) if t >= 600_000_000]
+    assert got == expected and len(got) == pytest.approx(2000, rel=0.1)
+
+
 def test_prefix_groups_share_token_content():
     s = spec(
         [client("x", prefix_group="g", prefix_length=64), client("y", prefix_group="h")],
