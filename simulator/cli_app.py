@@ -620,16 +620,33 @@ def replay(
     scenario: Annotated[
         Path | None, typer.Option("--scenario", help="scenario YAML for the deployment")
     ] = None,
+    prefix_caching: Annotated[
+        bool | None,
+        typer.Option(
+            "--prefix-caching/--no-prefix-caching",
+            help="override what the recorded server did (default: its configuration next to "
+            "the trace, else vLLM's default, on)",
+            show_default=False,
+        ),
+    ] = None,
     **flags: Any,
 ) -> None:
-    """Simulate exactly the requests of a BLIS TraceV2 file (arrival times, token counts)."""
+    """Simulate exactly the requests of a BLIS TraceV2 file (send/arrival times, token counts)."""
 
     def go() -> None:
+        from .workload.trace import trace_notes
+
         _setup_logging(flags["log"])
         overrides = _overrides(flags)
         overrides["workload"] = None
         overrides["workload_spec"] = None
         overrides["trace"] = {"header": trace_header, "data": trace_data}
+        choice, apply = _replay_prefix_caching(
+            prefix_caching, scenario, overrides, trace_header, trace_data
+        )
+        if apply:
+            overrides["engine.enable_prefix_caching"] = choice.enabled
+        notes = trace_notes(trace_header, trace_data)
         _execute(
             scenario,
             overrides,
@@ -638,8 +655,38 @@ def replay(
             quiet=flags["quiet"],
             timeline_path=flags["timeline_path"],
         )
+        # After the run: a refused input must leave its error as the only line on stderr.
+        typer.echo(choice.line(), err=True)
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
 
     _guarded(go)
+
+
+def _replay_prefix_caching(
+    flag: bool | None,
+    scenario: Path | None,
+    overrides: dict[str, Any],
+    trace_header: Path | None,
+    trace_data: Path,
+) -> tuple[Any, bool]:
+    """The prefix-caching setting of a replay and whether the replay must be told it: the
+    flag, else a policy bundle's or the scenario file's own setting (already in force),
+    else what the recorded server did (`recorded_prefix_caching`)."""
+    from .api import as_scenario
+    from .workload.server_settings import PrefixCaching, recorded_prefix_caching
+
+    if flag is not None:
+        return PrefixCaching(flag, "--prefix-caching" if flag else "--no-prefix-caching"), True
+    if "engine.enable_prefix_caching" in overrides:
+        return PrefixCaching(
+            bool(overrides["engine.enable_prefix_caching"]), "--policy-config"
+        ), False
+    if scenario is not None:
+        engine = as_scenario(scenario).engine
+        if "enable_prefix_caching" in engine.model_fields_set:
+            return PrefixCaching(engine.enable_prefix_caching, f"scenario {scenario}"), False
+    return recorded_prefix_caching(trace_header, trace_data), True
 
 
 convert_app = typer.Typer(
@@ -712,8 +759,9 @@ def validate_cmd(
     folder: Annotated[
         Path | None,
         typer.Argument(
-            help="ground-truth folder (a dataset folder or its parent); "
-            "default ../shared/groundtruth"
+            help="ground-truth folder: a dataset folder (vllm-0.15.1 request CSVs or "
+            "vllm-0.23.0 observe cells), one cell, or their parent; default "
+            "../shared/groundtruth"
         ),
     ] = None,
     latency_models: Annotated[
@@ -729,7 +777,7 @@ def validate_cmd(
     ] = None,
     runs: Annotated[
         list[str] | None,
-        typer.Option("--runs", help="only runs whose name contains NAME (repeatable)"),
+        typer.Option("--runs", help="only runs/cells whose name contains NAME (repeatable)"),
     ] = None,
     latency_coeffs: Annotated[
         Path | None,
@@ -739,7 +787,8 @@ def validate_cmd(
         bool,
         typer.Option(
             "--prompt-reuse",
-            help="share the load generator's few distinct prompts whole, prefix caching on",
+            help="share the load generator's few distinct prompts whole, prefix caching on "
+            "(request-CSV runs)",
         ),
     ] = False,
     forced_output_length: Annotated[
@@ -750,12 +799,21 @@ def validate_cmd(
             "count the client reported, which undercounts (docs/accuracy.md)",
         ),
     ] = True,
+    prefix_caching: Annotated[
+        bool | None,
+        typer.Option(
+            "--prefix-caching/--no-prefix-caching",
+            help="override what each recorded server did (default: its configuration, "
+            "else vLLM's default, on)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Replay the measured vLLM runs and score TTFT, E2E, ITL and throughput against them."""
     import time
 
     def go() -> None:
-        from .validate import format_summary, format_table, summarize, validate_folder
+        from .validate import ALL_DATASETS, summarize, validate_datasets
 
         started_s = time.perf_counter()
         where = folder
@@ -767,8 +825,8 @@ def validate_cmd(
 
         def progress(outcome: dict[str, Any]) -> None:
             typer.echo(
-                f"{outcome['run']}: {outcome['n_success']}/{outcome['n_requests']} scored, "
-                f"{outcome['wall_s']:.1f} s",
+                f"{outcome['dataset']} {outcome['run']}: {outcome['n_success']}/"
+                f"{outcome['n_requests']} scored, {outcome['wall_s']:.1f} s",
                 err=True,
             )
 
@@ -779,7 +837,7 @@ def validate_cmd(
         medians = {}
         for model in models:
             extra = {"latency__coeffs_file": latency_coeffs} if latency_coeffs else None
-            frame = validate_folder(
+            done = validate_datasets(
                 where,
                 model,
                 runs,
@@ -787,16 +845,20 @@ def validate_cmd(
                 extra_overrides=extra,
                 prompt_reuse=prompt_reuse,
                 forced_output=forced_output_length,
+                prefix_caching=prefix_caching,
             )
-            typer.echo(format_table(frame))
-            typer.echo("")
-            typer.echo(f"summary ({model}; error = |predicted - measured| / measured)")
-            summary = summarize(frame)
-            typer.echo(format_summary(summary))
-            typer.echo("")
+            if model == models[0]:
+                _echo_prefix_caching(done.runs, prefix_caching, prompt_reuse)
+            _echo_validation(done, model)
+            summary = summarize(done.frame)
             accuracy = summary[summary["group"] == "accuracy"]
-            medians[model] = dict(zip(accuracy["metric"], accuracy["median_error"], strict=True))
-            frames.append(frame.assign(latency_model=model))
+            # Over every dataset's accuracy runs: the `all` rows when there are several.
+            if (accuracy["dataset"] == ALL_DATASETS).any():
+                overall = accuracy[accuracy["dataset"] == ALL_DATASETS]
+            else:
+                overall = accuracy
+            medians[model] = dict(zip(overall["metric"], overall["median_error"], strict=True))
+            frames.append(done.frame.assign(latency_model=model))
         if len(models) > 1:
             typer.echo("median error on the accuracy runs, by backend")
             typer.echo(f"{'metric':<20}" + "".join(f"{m:>18}" for m in models))
@@ -812,6 +874,61 @@ def validate_cmd(
         typer.echo(f"wall time {time.perf_counter() - started_s:.1f} s", err=True)
 
     _guarded(go)
+
+
+def _echo_prefix_caching(runs: list, flag: bool | None, prompt_reuse: bool) -> None:
+    """One stderr line per dataset: the prefix-caching choice and where it came from."""
+    from .workload.server_settings import PrefixCaching
+
+    seen: dict[str, PrefixCaching] = {}
+    for run in runs:
+        if flag is not None:
+            choice = PrefixCaching(flag, "--prefix-caching" if flag else "--no-prefix-caching")
+        elif prompt_reuse and run.kind == "requests":
+            choice = PrefixCaching(True, "--prompt-reuse")
+        else:
+            choice = PrefixCaching(run.prefix_caching, run.prefix_caching_source)
+        seen.setdefault(run.dataset, choice)
+    for dataset, choice in seen.items():
+        typer.echo(f"{dataset}: {choice.line()}", err=True)
+
+
+def _echo_validation(done: Any, model: str) -> None:
+    """The per-dataset tables, the overloaded runs, the load sweep and the summary."""
+    from .validate import (
+        format_load,
+        format_saturation,
+        format_summary,
+        format_table,
+        saturation,
+        summarize,
+    )
+
+    frame = done.frame
+    for dataset in dict.fromkeys(frame["dataset"]):
+        part = frame[(frame["dataset"] == dataset) & ~frame["overloaded"]]
+        if part.empty:
+            continue
+        typer.echo(f"{dataset}: {part['run'].nunique()} runs ({model})")
+        typer.echo(format_table(part))
+        typer.echo("")
+    overloaded = frame[frame["overloaded"]]
+    if not overloaded.empty:
+        typer.echo(f"overloaded runs, kept out of the accuracy summary ({model})")
+        for run in done.runs:
+            if run.overloaded and run.name in set(overloaded["run"]):
+                typer.echo(f"  {run.dataset} {run.name}: {run.overload_reason}")
+        typer.echo(format_table(overloaded))
+        typer.echo("")
+    for dataset in dict.fromkeys(done.load["dataset"]):
+        cells = done.load[done.load["dataset"] == dataset]
+        typer.echo(f"{dataset}: load sweep, achieved throughput in req/s ({model})")
+        typer.echo(format_load(cells))
+        typer.echo(format_saturation(saturation(cells)))
+        typer.echo("")
+    typer.echo(f"summary ({model}; error = |predicted - measured| / measured)")
+    typer.echo(format_summary(summarize(frame)))
+    typer.echo("")
 
 
 def _register_extras() -> None:

@@ -1,16 +1,25 @@
-"""Score servesim against real vLLM runs (shared/groundtruth/vllm-0.15.1-h100).
+"""Score servesim against real vLLM runs (shared/groundtruth).
 
-Each run is replayed exactly as its README prescribes (one H100 instance with the run's
-server settings and measured KV capacity, every request at its recorded arrival time, prefix
-caching off) and the measured and predicted latency figures of the successful requests are
-compared metric by metric. Nothing here is fitted on the runs, so every figure is
-out-of-sample for the analytical backends.
+Two layouts are understood, and a folder holding both datasets scores both:
+
+- `vllm-0.15.1-h100`: `requests/<run>.requests.csv` + `<run>.meta.json`, server arguments in
+  `runs/<run>/exp-config.yaml` (three models, moderate load plus overloaded runs);
+- `vllm-0.23.0-h100-qwen3-14b`: one folder per load cell holding the BLIS `observe` trace
+  (`trace.yaml` + `trace.csv`, TraceV2 version 3) and the server's settings in
+  `server_config.json` at the top (a load sweep from 2 req/s into saturation).
+
+Each run is replayed as its README prescribes (one H100 instance with the run's server settings
+and measured KV capacity, every request at its recorded time) and the measured and predicted
+latency figures of the successful requests are compared metric by metric. Prefix caching
+follows what the server did (`recorded_prefix_caching`). Nothing here is fitted on the runs,
+so every figure is out-of-sample for the analytical backends.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -23,14 +32,25 @@ import pandas as pd
 from .engine.request import RequestState
 from .errors import ConfigError, excerpt
 from .input_files import read_json, read_yaml
+from .workload.server_settings import SERVER_CONFIG, recorded_prefix_caching
 
 REQUESTS_SUFFIX = ".requests.csv"
 META_SUFFIX = ".meta.json"
+TRACE_HEADER = "trace.yaml"
+TRACE_DATA = "trace.csv"
 HARDWARE = "H100"
 # The README's load marks these workloads as overloaded (many client timeouts): scored for
 # the record, but kept out of the accuracy summary.
 OVERLOADED_WORKLOADS = frozenset({"reasoning"})
 WORKLOADS = ("general", "codegen", "roleplay", "reasoning")
+# A load cell whose client took this much longer to send its requests than they were
+# scheduled over fell behind the server: the offered load was not delivered, so the cell
+# measures the server's capacity, not latency at that load (vllm-0.23.0 agg18/24/30: +5 %,
+# +38 %, +71 %; every other cell within 0.01 %).
+CLIENT_BEHIND_TOLERANCE = 0.02
+# vllm-0.23.0's README: max_num_seqs was not recorded; the saturated cells hold about 255
+# requests in flight, consistent with 256.
+DEFAULT_MAX_NUM_SEQS = 256
 METRICS = (
     "ttft_mean_ms",
     "ttft_p90_ms",
@@ -50,6 +70,18 @@ FRAME_COLUMNS = [
     "predicted",
     "error",
     "signed_error",
+    "overloaded",
+    "dataset",
+]
+LOAD_COLUMNS = [
+    "dataset",
+    "run",
+    "requests",
+    "offered_rps",
+    "sent_rps",
+    "measured_rps",
+    "predicted_rps",
+    "predicted_at",
     "overloaded",
 ]
 
@@ -75,36 +107,109 @@ class RunSpec:
     # text, which for Llama-2-7B is far lower (p10 31-64 of 247-251) although E2E shows the
     # full length was generated; see `forced_output_tokens`.
     forced_output_tokens: int | None = None
+    # The dataset the run belongs to, tagged by vLLM version ("vllm-0.15.1").
+    dataset: str = ""
+    # A BLIS observe cell: its trace header (requests_csv is then its trace.csv and
+    # meta_json the dataset's server_config.json). None for a ground-truth request CSV.
+    trace_header: Path | None = None
+    # What the server did (see simulator.workload.server_settings) and where that was read.
+    prefix_caching: bool = True
+    prefix_caching_source: str = ""
+    # The cell's client sent its requests more than CLIENT_BEHIND_TOLERANCE later than they
+    # were scheduled (see CLIENT_BEHIND_TOLERANCE).
+    client_fell_behind: bool = False
 
     @property
     def overloaded(self) -> bool:
-        return self.workload in OVERLOADED_WORKLOADS
+        return self.workload in OVERLOADED_WORKLOADS or self.client_fell_behind
+
+    @property
+    def kind(self) -> str:
+        """The layout: `trace` for a BLIS observe cell, `requests` for a request CSV."""
+        return "trace" if self.trace_header is not None else "requests"
+
+    @property
+    def overload_reason(self) -> str:
+        if self.client_fell_behind:
+            return "client fell behind its schedule"
+        if self.workload in OVERLOADED_WORKLOADS:
+            return "README: client timeouts"
+        return ""
 
 
 # ---------------------------------------------------------------------------------- discovery
 
 
 def _dataset_folders(folder: Path) -> list[Path]:
-    """The dataset folder itself, or the dataset folders directly under it."""
+    """The request-CSV dataset folder itself, or those directly under it."""
     if (folder / "requests").is_dir():
         return [folder]
     return sorted(p for p in folder.iterdir() if (p / "requests").is_dir())
 
 
-def discover_runs(folder: Path, forced_output: bool = True) -> list[RunSpec]:
-    """Every `requests/<run>.requests.csv` with its meta.json, sorted by dataset and run.
+def _is_cell(folder: Path) -> bool:
+    return (folder / TRACE_HEADER).is_file() and (folder / TRACE_DATA).is_file()
+
+
+def _trace_datasets(folder: Path) -> list[tuple[Path, list[Path]]]:
+    """(dataset folder, its cell folders) of the BLIS observe layout: `folder` as one cell,
+    as a dataset of cells, or as the parent of such datasets."""
+    if _is_cell(folder):
+        return [(folder.parent, [folder])]
+
+    def cells(dataset: Path) -> list[Path]:
+        return sorted((p for p in dataset.iterdir() if p.is_dir() and _is_cell(p)), key=_natural)
+
+    if cells(folder):
+        return [(folder, cells(folder))]
+    found = []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if cells(sub):
+            found.append((sub, cells(sub)))
+    return found
+
+
+def _natural(path: Path) -> list[Any]:
+    """Sort key that orders the cells of a sweep by load: agg6 before agg12."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", path.name)]
+
+
+def dataset_tag(dataset: Path, version: object = None) -> str:
+    """`vllm-<version>`: from the server's own record when it has one, else the folder name
+    (vllm-0.15.1-h100 -> vllm-0.15.1); the folder name itself when neither says."""
+    if isinstance(version, str) and re.fullmatch(r"\d+(\.\d+)*\S*", version):
+        return f"vllm-{version}"
+    found = re.match(r"vllm-(\d+(?:\.\d+)+)", dataset.name)
+    return f"vllm-{found.group(1)}" if found else dataset.name
+
+
+def discover_runs(folder: Path, forced_output: bool = True, traces: bool = False) -> list[RunSpec]:
+    """Every `requests/<run>.requests.csv` with its meta.json, sorted by dataset and run; with
+    `traces`, also every BLIS observe cell (`<cell>/trace.yaml` + `trace.csv` under a folder
+    with `server_config.json`), after them.
 
     With `forced_output` (the default), a run whose profile forced its output length
     (ignore_eos) replays every successful request at that length (`forced_output_tokens`);
-    without it (the README's replay) at the count the client reported, which undercounts."""
+    without it (the README's replay) at the count the client reported, which undercounts.
+    `traces` is off by default so that callers that read the request CSVs themselves
+    (calibrate's ground-truth cases) see only that layout."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"ground truth: {str(folder)!r} is not a folder")
-    datasets = _dataset_folders(folder)
-    if not datasets:
+    datasets = [] if _is_cell(folder) else _dataset_folders(folder)
+    cells = _trace_datasets(folder) if traces else []
+    if not datasets and not cells:
+        expected = "requests/ folder, nor any dataset folder holding one"
+        if traces:
+            expected = (
+                "requests/ folder or <cell>/trace.yaml + trace.csv, nor any dataset folder "
+                "holding them"
+            )
         raise ConfigError(
-            f"ground truth: {str(folder)!r} has no requests/ folder, nor any dataset folder "
-            "holding one (expected e.g. vllm-0.15.1-h100/requests/<run>.requests.csv)"
+            f"ground truth: {str(folder)!r} has no {expected} (expected e.g. "
+            "vllm-0.15.1-h100/requests/<run>.requests.csv"
+            + (" or vllm-0.23.0-h100-qwen3-14b/<cell>/trace.yaml" if traces else "")
+            + ")"
         )
     runs = []
     for dataset in datasets:
@@ -114,6 +219,9 @@ def discover_runs(folder: Path, forced_output: bool = True) -> list[RunSpec]:
             if not forced_output:
                 spec = dataclasses.replace(spec, forced_output_tokens=None)
             runs.append(spec)
+    for dataset, cell_folders in cells:
+        server = _server_config(dataset, cell_folders[0].name)
+        runs.extend(_cell_spec(dataset, cell, server) for cell in cell_folders)
     if not runs:
         raise ConfigError(f"ground truth: no *{REQUESTS_SUFFIX} files under {str(folder)!r}")
     return runs
@@ -182,6 +290,7 @@ def _run_spec(dataset: Path, name: str, csv_path: Path) -> RunSpec:
             raise ConfigError(f"ground truth: {str(meta_path)!r}: missing key 'config.{key}'")
         return _positive_int(config[key], f"config.{key}", meta_path)
 
+    caching = recorded_prefix_caching(dataset / "runs" / name / "exp-config.yaml", csv_path)
     return RunSpec(
         name=name,
         requests_csv=csv_path,
@@ -195,6 +304,63 @@ def _run_spec(dataset: Path, name: str, csv_path: Path) -> RunSpec:
         gpu_kv_blocks=cfg("kv_blocks_total_gpu"),
         workload=workload,
         forced_output_tokens=forced_output_tokens(dataset / "runs" / name / "profile.yaml"),
+        dataset=dataset_tag(dataset),
+        prefix_caching=caching.enabled,
+        prefix_caching_source=caching.source,
+    )
+
+
+def _server_config(dataset: Path, cell: str) -> dict[str, Any]:
+    path = dataset / SERVER_CONFIG
+    if not path.exists():
+        raise ConfigError(
+            f"ground truth: {str(path)!r} is missing (needed for {cell}: the server's settings)"
+        )
+    config = read_json(path, "ground truth")
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"ground truth: {str(path)!r} must be a JSON object, not {type(config).__name__}"
+        )
+    return config
+
+
+def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
+    """A BLIS observe cell, replayed with the dataset's server settings (its README)."""
+    from .workload.trace import read_header, trace_spans
+
+    config_path = dataset / SERVER_CONFIG
+
+    def cfg(*keys: str, default: int | None = None) -> int:
+        for key in keys:
+            if server.get(key) is not None:
+                return _positive_int(server[key], key, config_path)
+        if default is not None:
+            return default
+        raise ConfigError(f"ground truth: {str(config_path)!r}: missing key {keys[0]!r}")
+
+    header_path = cell / TRACE_HEADER
+    read_header(header_path)
+    spans = trace_spans(cell / TRACE_DATA)
+    scheduled = spans.scheduled_span_us
+    behind = spans.send_span_us > scheduled * (1 + CLIENT_BEHIND_TOLERANCE) if scheduled else False
+    caching = recorded_prefix_caching(header_path)
+    return RunSpec(
+        name=cell.name,
+        requests_csv=cell / TRACE_DATA,
+        meta_json=config_path,
+        model=bundled_model(_require(server, "model", config_path), config_path),
+        tp=cfg("tensor_parallel_size", "tensor_parallelism"),
+        max_num_seqs=cfg("max_num_seqs", default=DEFAULT_MAX_NUM_SEQS),
+        max_num_batched_tokens=cfg("max_num_batched_tokens"),
+        max_model_len=cfg("max_model_len", "max_seq_len"),
+        block_size_tokens=cfg("block_size"),
+        gpu_kv_blocks=cfg("num_gpu_blocks", "kv_blocks_total_gpu"),
+        workload=cell.name.split("-")[0],
+        dataset=dataset_tag(dataset, server.get("vllm_version")),
+        trace_header=header_path,
+        prefix_caching=caching.enabled,
+        prefix_caching_source=caching.source,
+        client_fell_behind=behind,
     )
 
 
@@ -296,27 +462,81 @@ def score(measured: dict[str, float], predicted: dict[str, float]) -> list[dict[
     return rows
 
 
-def _measured(path: Path) -> tuple[dict[str, float], list[int], list[int]]:
-    """Measured figures of the successful rows, their row positions, and every row's output
-    tokens as the client reported them (the count ITL and throughput use).
+@dataclass(frozen=True)
+class MeasuredRun:
+    """What a run measured, per successful request, as validate scores it.
 
-    Throughput's window runs from the first arrival to the last response of any request
-    (failed ones included), the way targets_summary.csv computes it."""
+    `positions` are the successful rows (their position in the request file, which is the
+    replayed request's `index`); `ttft_ms`, `e2e_ms` and `output_tokens` follow them.
+    `reported` is every row's output-token count as the client reported it, `window_s` the
+    throughput window and `requests` the number of rows, failed ones included."""
+
+    positions: list[int]
+    ttft_ms: np.ndarray
+    e2e_ms: np.ndarray
+    output_tokens: np.ndarray
+    reported: list[int]
+    window_s: float
+    requests: int
+
+
+def measured_requests(run: RunSpec) -> MeasuredRun:
+    """The measured side of a run (either layout), over its successful requests.
+
+    Request CSV (vllm-0.15.1): `has_error == 0` rows, TTFT and E2E as the client measured
+    them; the window runs from the first arrival to the last response of any request (failed
+    ones included), the way targets_summary.csv computes it.
+    Observe trace (vllm-0.23.0): `status == ok` rows with both chunk times, TTFT = first chunk
+    − send and E2E = last chunk − send (send_time_us; arrival_time_us when it is 0); the
+    window runs from the first send to the last chunk of any request."""
+    if run.kind == "trace":
+        return _measured_trace(run.requests_csv)
     from .workload.trace import read_groundtruth_rows
 
+    path = run.requests_csv
     rows = read_groundtruth_rows(path)
     ok = [i for i, r in enumerate(rows) if not r.has_error and r.ttft_s is not None and r.e2e_s]
     if not ok:
         raise ConfigError(f"ground truth: {str(path)!r} has no successful request to score")
     start_us = min(r.arrival_time_us for r in rows)
     end_s = max(r.arrival_time_us / 1e6 + r.e2e_s for r in rows if r.e2e_s is not None)
-    metrics = run_metrics(
-        (rows[i].ttft_s * 1e3 for i in ok),
-        (rows[i].e2e_s * 1e3 for i in ok),
-        (rows[i].output_tokens for i in ok),
-        end_s - start_us / 1e6,
+    return MeasuredRun(
+        positions=ok,
+        ttft_ms=np.asarray([rows[i].ttft_s * 1e3 for i in ok]),
+        e2e_ms=np.asarray([rows[i].e2e_s * 1e3 for i in ok]),
+        output_tokens=np.asarray([rows[i].output_tokens for i in ok], dtype=float),
+        reported=[r.output_tokens for r in rows],
+        window_s=end_s - start_us / 1e6,
+        requests=len(rows),
     )
-    return metrics, ok, [r.output_tokens for r in rows]
+
+
+def _measured_trace(path: Path) -> MeasuredRun:
+    from .workload.trace import read_rows
+
+    rows = read_rows(path)
+    ok = [
+        i
+        for i, r in enumerate(rows)
+        if r.status == "ok" and r.first_chunk_time_us > 0 and r.last_chunk_time_us > 0
+    ]
+    if not ok:
+        raise ConfigError(f"ground truth: {str(path)!r} has no successful (ok) request to score")
+    sent = [r.injection_basis_us for r in rows]
+    ends = [r.last_chunk_time_us for r in rows if r.last_chunk_time_us > 0]
+    return MeasuredRun(
+        positions=ok,
+        ttft_ms=np.asarray([(rows[i].first_chunk_time_us - sent[i]) / 1e3 for i in ok]),
+        e2e_ms=np.asarray([(rows[i].last_chunk_time_us - sent[i]) / 1e3 for i in ok]),
+        output_tokens=np.asarray([rows[i].output_tokens for i in ok], dtype=float),
+        reported=[r.output_tokens for r in rows],
+        window_s=(max(ends) - min(sent)) / 1e6,
+        requests=len(rows),
+    )
+
+
+def _figures(m: MeasuredRun) -> dict[str, float]:
+    return run_metrics(m.ttft_ms, m.e2e_ms, m.output_tokens, m.window_s)
 
 
 def _predicted(
@@ -345,8 +565,21 @@ def _predicted(
     return metrics, len(done)
 
 
+def achieved_rps(records: Iterable) -> float:
+    """Requests completed per second of a replay, from its first arrival to its last
+    completion: under overload, the server's capacity."""
+    records = list(records)
+    finished = [r for r in records if r.state is RequestState.COMPLETED]
+    if not finished:
+        return math.nan
+    start_us = min(r.arrival_us for r in records)
+    span_us = max(r.completion_us for r in finished) - start_us
+    return len(finished) / (span_us / 1e6) if span_us > 0 else math.nan
+
+
 def replay_overrides(run: RunSpec, latency_model: str) -> dict[str, Any]:
-    """README step 1: one H100 instance with the run's server settings and KV capacity."""
+    """README step 1: one H100 instance with the run's server settings and KV capacity;
+    prefix caching as the server had it (`RunSpec.prefix_caching`)."""
     return {
         "model": run.model,
         "hardware": HARDWARE,
@@ -357,8 +590,7 @@ def replay_overrides(run: RunSpec, latency_model: str) -> dict[str, Any]:
         "engine__max_model_len": run.max_model_len,
         "engine__block_size_tokens": run.block_size_tokens,
         "engine__total_kv_blocks": run.gpu_kv_blocks,
-        # Group membership of the shared system prompts was not recorded: baseline is off.
-        "engine__enable_prefix_caching": False,
+        "engine__enable_prefix_caching": run.prefix_caching,
         "cluster__num_instances": 1,
     }
 
@@ -368,37 +600,97 @@ def validate_run(
     latency_model: str = "roofline",
     extra_overrides: dict[str, Any] | None = None,
     trace: tuple[Path, Path] | None = None,
+    offered_load: bool | None = None,
 ) -> dict[str, Any]:
-    """Replay one run and score it. Returns the run's identity, counts, wall time and
-    `scores` (one dict per metric, see `score`). `trace` (header, data) replays those requests
-    instead of the run's CSV, in the same order (e.g. `shared_prefix_trace`)."""
+    """Replay one run and score it. Returns the run's identity, counts, wall time, `scores`
+    (one dict per metric, see `score`) and, for an observe cell, `load` (see `load_row`).
+    `trace` (header, data) replays those requests instead of the run's own, in the same order
+    (e.g. `shared_prefix_trace`).
+
+    `offered_load` (default: for a cell whose client fell behind) also replays the cell's
+    requests at their *scheduled* times, the load that was offered, for the predicted
+    achieved throughput: replayed at their send times, an overloaded cell would offer the
+    simulated server only what the real one let the client send."""
     import tempfile
 
     from .api import replay
 
     started_s = time.perf_counter()
-    measured, positions, reported = _measured(run.requests_csv)
+    measured = measured_requests(run)
     overrides = replay_overrides(run, latency_model) | (extra_overrides or {})
     with tempfile.TemporaryDirectory(prefix="servesim-") as tmp:
         header, data = trace if trace is not None else baseline_trace(run, Path(tmp))
         result = replay(header, data, **overrides)
-    # With a forced length, the simulated client counts what the real one reported.
-    forced = run.forced_output_tokens is not None
+        load = None
+        if run.kind == "trace":
+            if offered_load is None:
+                offered_load = run.client_fell_behind
+            at_schedule = None
+            if offered_load:
+                at_schedule = replay(*scheduled_trace(run, Path(tmp)), **overrides)
+            load = load_row(run, measured, result.request_records, at_schedule)
+    # With a forced length (or an observe cell's exact count), the simulated client counts
+    # what the real one reported.
+    counted = run.forced_output_tokens is not None or run.kind == "trace"
     predicted, n_predicted = _predicted(
-        result.request_records, positions, reported if forced else None
+        result.request_records, measured.positions, measured.reported if counted else None
     )
-    return {
+    outcome = {
         "run": run.name,
+        "dataset": run.dataset,
         "model": run.model,
         "workload": run.workload,
         "overloaded": run.overloaded,
         "latency_model": latency_model,
-        "n_requests": len(reported),
-        "n_success": len(positions),
+        "prefix_caching": overrides.get("engine__enable_prefix_caching"),
+        "n_requests": measured.requests,
+        "n_success": len(measured.positions),
         "n_predicted": n_predicted,
         "wall_s": time.perf_counter() - started_s,
-        "scores": score(measured, predicted),
+        "scores": score(_figures(measured), predicted),
     }
+    if load is not None:
+        outcome["load"] = load
+    return outcome
+
+
+def load_row(
+    run: RunSpec, measured: MeasuredRun, at_sends: list, at_schedule: Any = None
+) -> dict[str, Any]:
+    """One cell of a load sweep: offered, sent and achieved request rates (req/s).
+
+    offered = requests / scheduled span (arrival_time_us); sent = requests / send span;
+    measured = successful requests / the measured window (first send to last chunk);
+    predicted = completed requests / (last completion − first arrival) of the replay at the
+    scheduled times when `at_schedule` (a replay Result) is given, else of the replay at the
+    send times (which, for a cell whose client kept up, is the offered load within 2 %)."""
+    from .workload.trace import trace_spans
+
+    spans = trace_spans(run.requests_csv)
+    n = spans.rows
+    records = at_schedule.request_records if at_schedule is not None else at_sends
+    return {
+        "dataset": run.dataset,
+        "run": run.name,
+        "requests": n,
+        "offered_rps": n / (spans.scheduled_span_us / 1e6) if spans.scheduled_span_us else math.nan,
+        "sent_rps": n / (spans.send_span_us / 1e6) if spans.send_span_us else math.nan,
+        "measured_rps": len(measured.positions) / measured.window_s
+        if measured.window_s > 0
+        else math.nan,
+        "predicted_rps": achieved_rps(records),
+        "predicted_at": "schedule" if at_schedule is not None else "sends",
+        "overloaded": run.overloaded,
+    }
+
+
+def scheduled_trace(run: RunSpec, workdir: Path) -> tuple[Path, Path]:
+    """An observe cell's requests at their scheduled times (arrival_time_us, the offered
+    load) instead of their send times, otherwise as `replay_requests` builds them."""
+    from .workload.trace import read_rows, requests_from_rows, write_trace
+
+    rows = [dataclasses.replace(r, send_time_us=0) for r in read_rows(run.requests_csv)]
+    return write_trace(workdir / f"{run.name}-scheduled", requests_from_rows(rows))
 
 
 # README: the system prompt every request starts with, by workload.
@@ -407,7 +699,10 @@ PREFIX_GROUPS = 10
 
 
 def distinct_prompts(run: RunSpec) -> int | None:
-    """System prompts x users per system prompt from the run's load-generator profile."""
+    """System prompts x users per system prompt from the run's load-generator profile (None
+    for an observe cell, which has no such profile)."""
+    if run.kind == "trace":
+        return None
     profile = run.requests_csv.parent.parent / "runs" / run.name / "profile.yaml"
     document = _optional_yaml(profile)
     try:
@@ -453,10 +748,18 @@ def shared_prefix_trace(
 def replay_requests(run: RunSpec) -> list:
     """The run's requests as README step 2 replays them (`read_groundtruth_csv`), except that
     every successful request generates the run's `forced_output_tokens` when it has one (see
-    `forced_output_tokens`); failed requests keep max(1, the reported count)."""
+    `forced_output_tokens`); failed requests keep max(1, the reported count). An observe
+    cell's requests are its trace's, as replay rebuilds them (`load_trace`)."""
     from .engine.request import Request
-    from .workload.trace import read_groundtruth_csv, read_groundtruth_rows
+    from .workload.trace import (
+        read_groundtruth_csv,
+        read_groundtruth_rows,
+        read_rows,
+        requests_from_rows,
+    )
 
+    if run.kind == "trace":
+        return requests_from_rows(read_rows(run.requests_csv))
     requests = read_groundtruth_csv(run.requests_csv)
     forced = run.forced_output_tokens
     if forced is None:
@@ -471,13 +774,15 @@ def replay_requests(run: RunSpec) -> list:
 
 
 def baseline_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path | None, Path]:
-    """The README's baseline replay (no sharing, prefix caching off): the run's CSV itself,
-    or, when the run has `forced_output_tokens`, a trace of `replay_requests` written under
-    `workdir` (a new temporary folder if None)."""
+    """The README's baseline replay (every prompt its own): the run's CSV itself (an observe
+    cell: its trace pair), or, when the run has `forced_output_tokens`, a trace of
+    `replay_requests` written under `workdir` (a new temporary folder if None)."""
     import tempfile
 
     from .workload.trace import write_trace
 
+    if run.kind == "trace":
+        return run.trace_header, run.requests_csv
     if run.forced_output_tokens is None:
         return None, run.requests_csv
     folder = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="servesim-"))
@@ -489,6 +794,11 @@ def reuse_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path, Path]:
     assigned round-robin (written under `workdir`, a new temporary folder if None)."""
     import tempfile
 
+    if run.kind == "trace":
+        raise ConfigError(
+            f"--prompt-reuse: {run.name}: an observe cell records its own prompts; "
+            "it has no load-generator profile to reuse"
+        )
     prompts = distinct_prompts(run)
     if prompts is None:
         raise ConfigError(
@@ -499,7 +809,19 @@ def reuse_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path, Path]:
     return shared_prefix_trace(run, folder / f"{run.name}-reuse", prompts, whole_prompt=True)
 
 
-def validate_folder(
+@dataclass
+class Validation:
+    """Everything `validate_datasets` scored: one row per run × metric (`frame`,
+    FRAME_COLUMNS), one row per load cell (`load`, LOAD_COLUMNS), the runs and their
+    outcomes (as `validate_run` returns them)."""
+
+    frame: pd.DataFrame
+    load: pd.DataFrame
+    runs: list[RunSpec]
+    outcomes: list[dict[str, Any]]
+
+
+def validate_datasets(
     folder: Path,
     latency_model: str = "roofline",
     runs: Sequence[str] | None = None,
@@ -507,27 +829,34 @@ def validate_folder(
     extra_overrides: dict[str, Any] | None = None,
     prompt_reuse: bool = False,
     forced_output: bool = True,
-) -> pd.DataFrame:
-    """One row per run × metric (FRAME_COLUMNS); `on_run` sees each run's result as it ends.
-    `extra_overrides` (dotted with `__`) apply to every replay, e.g. latency__coeffs_file;
-    `prompt_reuse` replays the load generator's repeated prompts with prefix caching on;
+    traces: bool = True,
+    prefix_caching: bool | None = None,
+) -> Validation:
+    """Replay and score every run under `folder` (both layouts; `traces=False` only the
+    request CSVs). `on_run` sees each run's result as it ends. `extra_overrides` (dotted with
+    `__`) apply to every replay, e.g. latency__coeffs_file; `prefix_caching` overrides what
+    each server did; `prompt_reuse` replays the load generator's repeated prompts with prefix
+    caching on (request-CSV runs only: an observe cell replays its own prompts);
     `forced_output` replays forced output lengths (see `discover_runs`)."""
     import tempfile
 
-    rows = []
-    for spec in select_runs(discover_runs(Path(folder), forced_output), runs):
-        if prompt_reuse:
+    specs = select_runs(discover_runs(Path(folder), forced_output, traces=traces), runs)
+    rows, load, outcomes = [], [], []
+    for spec in specs:
+        overrides = dict(extra_overrides or {})
+        if prefix_caching is not None:
+            overrides.setdefault("engine__enable_prefix_caching", prefix_caching)
+        if prompt_reuse and spec.kind == "requests":
+            overrides.setdefault("engine__enable_prefix_caching", True)
             with tempfile.TemporaryDirectory() as tmp:
-                outcome = validate_run(
-                    spec,
-                    latency_model,
-                    (extra_overrides or {}) | {"engine__enable_prefix_caching": True},
-                    reuse_trace(spec, Path(tmp)),
-                )
+                outcome = validate_run(spec, latency_model, overrides, reuse_trace(spec, Path(tmp)))
         else:
-            outcome = validate_run(spec, latency_model, extra_overrides)
+            outcome = validate_run(spec, latency_model, overrides)
         if on_run is not None:
             on_run(outcome)
+        outcomes.append(outcome)
+        if "load" in outcome:
+            load.append(outcome["load"])
         for s in outcome["scores"]:
             rows.append(
                 {
@@ -536,46 +865,123 @@ def validate_folder(
                     "workload": spec.workload,
                     **s,
                     "overloaded": spec.overloaded,
+                    "dataset": spec.dataset,
                 }
             )
-    return pd.DataFrame(rows, columns=FRAME_COLUMNS)
+    return Validation(
+        frame=pd.DataFrame(rows, columns=FRAME_COLUMNS),
+        load=pd.DataFrame(load, columns=LOAD_COLUMNS),
+        runs=specs,
+        outcomes=outcomes,
+    )
+
+
+def validate_folder(
+    folder: Path,
+    latency_model: str = "roofline",
+    runs: Sequence[str] | None = None,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+    extra_overrides: dict[str, Any] | None = None,
+    prompt_reuse: bool = False,
+    forced_output: bool = True,
+    traces: bool = True,
+    prefix_caching: bool | None = None,
+) -> pd.DataFrame:
+    """One row per run × metric (FRAME_COLUMNS) of `validate_datasets`."""
+    return validate_datasets(
+        folder,
+        latency_model,
+        runs,
+        on_run,
+        extra_overrides,
+        prompt_reuse,
+        forced_output,
+        traces,
+        prefix_caching,
+    ).frame
+
+
+SUMMARY_COLUMNS = [
+    "group",
+    "dataset",
+    "metric",
+    "runs",
+    "mean_error",
+    "median_error",
+    "mean_signed_error",
+]
+ALL_DATASETS = "all"
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per metric and group (accuracy runs / overloaded runs): runs, mean and median error,
-    mean signed error."""
+    """Per group (accuracy runs / overloaded runs), dataset and metric: runs, mean and median
+    error, mean signed error. With several datasets, each group also gets an `all` row per
+    metric over every dataset's runs."""
+    if "dataset" not in frame.columns:
+        frame = frame.assign(dataset="")
+    datasets = list(dict.fromkeys(frame["dataset"]))
+    scopes = datasets + ([ALL_DATASETS] if len(datasets) > 1 else [])
     rows = []
-    for overloaded, group in (("accuracy", False), ("overloaded", True)):
-        part = frame[frame["overloaded"] == group]
-        for metric in METRICS:
-            values = part[part["metric"] == metric]
-            if values.empty:
-                continue
-            rows.append(
-                {
-                    "group": overloaded,
-                    "metric": metric,
-                    "runs": len(values),
-                    "mean_error": float(values["error"].mean()),
-                    "median_error": float(values["error"].median()),
-                    "mean_signed_error": float(values["signed_error"].mean()),
-                }
-            )
+    for group, overloaded in (("accuracy", False), ("overloaded", True)):
+        part = frame[frame["overloaded"] == overloaded]
+        for scope in scopes:
+            here = part if scope == ALL_DATASETS else part[part["dataset"] == scope]
+            for metric in METRICS:
+                values = here[here["metric"] == metric]
+                if values.empty:
+                    continue
+                rows.append(
+                    {
+                        "group": group,
+                        "dataset": scope,
+                        "metric": metric,
+                        "runs": len(values),
+                        "mean_error": float(values["error"].mean()),
+                        "median_error": float(values["error"].median()),
+                        "mean_signed_error": float(values["signed_error"].mean()),
+                    }
+                )
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def saturation(load: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset: the saturation throughput, the largest achieved request rate over its
+    cells, measured and predicted, and the cells that reached it."""
+    rows = []
+    for dataset, cells in load.groupby("dataset", sort=False):
+        measured = cells.loc[cells["measured_rps"].idxmax()]
+        predicted = (
+            cells.loc[cells["predicted_rps"].idxmax()]
+            if cells["predicted_rps"].notna().any()
+            else None
+        )
+        rows.append(
+            {
+                "dataset": dataset,
+                "measured_rps": float(measured["measured_rps"]),
+                "measured_run": measured["run"],
+                "predicted_rps": float(predicted["predicted_rps"])
+                if predicted is not None
+                else math.nan,
+                "predicted_run": predicted["run"] if predicted is not None else "",
+            }
+        )
     return pd.DataFrame(
-        rows,
-        columns=["group", "metric", "runs", "mean_error", "median_error", "mean_signed_error"],
+        rows, columns=["dataset", "measured_rps", "measured_run", "predicted_rps", "predicted_run"]
     )
 
 
 def format_table(frame: pd.DataFrame) -> str:
     """Per-run table: one line per run × metric, errors in percent."""
+    width = max([46, *(len(str(r)) for r in frame["run"])])
     lines = [
-        f"{'run':<46} {'metric':<20} {'measured':>11} {'predicted':>11} {'error':>8} {'signed':>8}"
+        f"{'run':<{width}} {'metric':<20} {'measured':>11} {'predicted':>11} {'error':>8} "
+        f"{'signed':>8}"
     ]
     for row in frame.itertuples(index=False):
         flag = " (overloaded)" if row.overloaded and row.metric == METRICS[0] else ""
         lines.append(
-            f"{row.run:<46} {row.metric:<20} {row.measured:>11.2f} {row.predicted:>11.2f} "
+            f"{row.run:<{width}} {row.metric:<20} {row.measured:>11.2f} {row.predicted:>11.2f} "
             f"{row.error:>8.1%} {row.signed_error:>+8.1%}{flag}"
         )
     return "\n".join(lines)
@@ -583,12 +989,42 @@ def format_table(frame: pd.DataFrame) -> str:
 
 def format_summary(summary: pd.DataFrame) -> str:
     lines = [
-        f"{'group':<11} {'metric':<20} {'runs':>4} {'mean err':>9} {'median err':>10} "
-        f"{'mean signed':>11}"
+        f"{'group':<11} {'dataset':<14} {'metric':<20} {'runs':>4} {'mean err':>9} "
+        f"{'median err':>10} {'mean signed':>11}"
     ]
     for row in summary.itertuples(index=False):
         lines.append(
-            f"{row.group:<11} {row.metric:<20} {row.runs:>4} {row.mean_error:>9.1%} "
-            f"{row.median_error:>10.1%} {row.mean_signed_error:>+11.1%}"
+            f"{row.group:<11} {row.dataset or '-':<14} {row.metric:<20} {row.runs:>4} "
+            f"{row.mean_error:>9.1%} {row.median_error:>10.1%} {row.mean_signed_error:>+11.1%}"
+        )
+    return "\n".join(lines)
+
+
+def format_load(load: pd.DataFrame) -> str:
+    """Per load cell: offered, sent, measured and predicted achieved rates (req/s)."""
+    width = max([26, *(len(str(r)) for r in load["run"])])
+    lines = [
+        f"{'cell':<{width}} {'requests':>8} {'offered':>8} {'sent':>8} {'measured':>9} "
+        f"{'predicted':>9} {'error':>7}  predicted at"
+    ]
+    for row in load.itertuples(index=False):
+        error = (row.predicted_rps - row.measured_rps) / row.measured_rps
+        flag = " (overloaded)" if row.overloaded else ""
+        lines.append(
+            f"{row.run:<{width}} {row.requests:>8} {row.offered_rps:>8.2f} {row.sent_rps:>8.2f} "
+            f"{row.measured_rps:>9.2f} {row.predicted_rps:>9.2f} {error:>+7.1%}  "
+            f"{row.predicted_at}{flag}"
+        )
+    return "\n".join(lines)
+
+
+def format_saturation(table: pd.DataFrame) -> str:
+    lines = []
+    for row in table.itertuples(index=False):
+        error = (row.predicted_rps - row.measured_rps) / row.measured_rps
+        lines.append(
+            f"saturation throughput {row.dataset}: measured {row.measured_rps:.2f} req/s "
+            f"({row.measured_run}), predicted {row.predicted_rps:.2f} req/s "
+            f"({row.predicted_run}), {error:+.1%}"
         )
     return "\n".join(lines)

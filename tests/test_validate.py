@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -163,14 +165,32 @@ def test_score_errors_are_relative_and_signed() -> None:
 def test_summarize_keeps_overloaded_runs_apart() -> None:
     rows = []
     for run, err, overloaded in (("a", 0.1, False), ("b", 0.3, False), ("c", 0.9, False)):
-        rows.append((run, "x", "general", "itl_ms", 1.0, 1.0, err, -err, overloaded))
-    rows.append(("d", "x", "reasoning", "itl_ms", 1.0, 1.0, 5.0, 5.0, True))
+        rows.append((run, "x", "general", "itl_ms", 1.0, 1.0, err, -err, overloaded, "v1"))
+    rows.append(("d", "x", "reasoning", "itl_ms", 1.0, 1.0, 5.0, 5.0, True, "v1"))
     frame = pd.DataFrame(rows, columns=FRAME_COLUMNS)
     summary = summarize(frame).set_index("group")
     assert summary.loc["accuracy", "runs"] == 3
+    assert summary.loc["accuracy", "dataset"] == "v1"
     assert summary.loc["accuracy", "mean_error"] == pytest.approx(13 / 30)
     assert summary.loc["accuracy", "median_error"] == pytest.approx(0.3)
     assert summary.loc["overloaded", "mean_error"] == pytest.approx(5.0)
+    # A frame without a dataset column (older callers) is one unnamed dataset.
+    legacy = summarize(frame.drop(columns="dataset")).set_index("group")
+    assert legacy.loc["accuracy", "runs"] == 3 and legacy.loc["accuracy", "dataset"] == ""
+
+
+def test_summarize_per_dataset_and_over_all() -> None:
+    rows = [
+        ("a", "x", "w", "itl_ms", 1.0, 1.0, 0.1, 0.1, False, "vllm-1"),
+        ("b", "x", "w", "itl_ms", 1.0, 1.0, 0.3, -0.3, False, "vllm-2"),
+        ("c", "x", "w", "itl_ms", 1.0, 1.0, 0.5, 0.5, False, "vllm-2"),
+    ]
+    summary = summarize(pd.DataFrame(rows, columns=FRAME_COLUMNS)).set_index("dataset")
+    assert list(summary.index) == ["vllm-1", "vllm-2", "all"]
+    assert summary.loc["vllm-2", "runs"] == 2
+    assert summary.loc["vllm-2", "median_error"] == pytest.approx(0.4)
+    assert summary.loc["all", "runs"] == 3
+    assert summary.loc["all", "median_error"] == pytest.approx(0.3)
 
 
 def test_validate_folder_end_to_end(fake_groundtruth: Path) -> None:
@@ -187,6 +207,7 @@ def test_validate_folder_end_to_end(fake_groundtruth: Path) -> None:
         "general": False,
         "reasoning": True,
     }
+    assert set(frame["dataset"]) == {"vllm-0.15.1"}
 
 
 def test_cli_validate_writes_csv(fake_groundtruth: Path, tmp_path: Path) -> None:
@@ -418,3 +439,167 @@ def test_cli_forced_output_length_replays_the_forced_length(
         frame = pd.read_csv(out)
         e2e[not flag] = frame.loc[frame.metric == "e2e_mean_ms", "predicted"].item()
     assert e2e[True] > e2e[False]  # forced: three requests generate 20 tokens, not 3
+
+
+# ----------------------------------------------------------- the vllm-0.23.0 observe layout
+
+OBSERVE = Path(__file__).resolve().parent / "data" / "observe_v3"
+V23 = "vllm-0.23.0-h100-qwen3-14b"
+
+
+def _write_cell(dataset: Path, name: str, rows: list[dict[str, str]]) -> None:
+    cell = dataset / name
+    cell.mkdir(parents=True)
+    shutil.copy(OBSERVE / "sweep_rate-agg_2rps" / "trace.yaml", cell / "trace.yaml")
+    with (cell / "trace.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.fixture
+def both_layouts(fake_groundtruth: Path) -> Path:
+    """The fake vllm-0.15.1 dataset next to a vllm-0.23.0 one: the fixture cell's first 60
+    rows as it is, and the same rows as a cell whose client sent 10 % slower than scheduled
+    (latencies unchanged): overloaded."""
+    dataset = fake_groundtruth / V23
+    dataset.mkdir()
+    shutil.copy(OBSERVE / "server_config.json", dataset / "server_config.json")
+    with (OBSERVE / "sweep_rate-agg_2rps" / "trace.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))[:60]
+    _write_cell(dataset, "sweep-agg2", rows)
+    first_send, first_arrival = int(rows[0]["send_time_us"]), int(rows[0]["arrival_time_us"])
+    late = []
+    for row in rows:
+        send = first_send + (int(row["arrival_time_us"]) - first_arrival) * 11 // 10
+        moved = send - int(row["send_time_us"])
+        late.append(
+            row
+            | {
+                "send_time_us": str(send),
+                "first_chunk_time_us": str(int(row["first_chunk_time_us"]) + moved),
+                "last_chunk_time_us": str(int(row["last_chunk_time_us"]) + moved),
+            }
+        )
+    _write_cell(dataset, "sweep-agg20", late)
+    return fake_groundtruth
+
+
+def test_discovery_of_observe_cells(both_layouts: Path) -> None:
+    # The request-CSV layout alone by default (calibrate reads those files itself).
+    assert {r.kind for r in discover_runs(both_layouts)} == {"requests"}
+    runs = discover_runs(both_layouts, traces=True)
+    assert [(r.dataset, r.kind) for r in runs] == [
+        ("vllm-0.15.1", "requests"),
+        ("vllm-0.15.1", "requests"),
+        ("vllm-0.23.0", "trace"),
+        ("vllm-0.23.0", "trace"),
+    ]
+    calm, late = runs[2:]
+    assert (calm.name, late.name) == ("sweep-agg2", "sweep-agg20")  # by load, not by text
+    assert calm.model == "qwen/qwen3-14b"
+    assert (calm.tp, calm.max_num_seqs, calm.max_num_batched_tokens) == (1, 256, 8192)
+    assert (calm.max_model_len, calm.block_size_tokens, calm.gpu_kv_blocks) == (40960, 16, 18038)
+    assert (calm.prefix_caching, calm.prefix_caching_source) == (True, "server_config.json")
+    assert calm.trace_header == both_layouts / V23 / "sweep-agg2" / "trace.yaml"
+    assert not calm.overloaded and late.overloaded and late.client_fell_behind
+    assert late.overload_reason == "client fell behind its schedule"
+    # The dataset folder and a single cell are found on their own too.
+    assert discover_runs(both_layouts / V23, traces=True) == [calm, late]
+    assert discover_runs(both_layouts / V23 / "sweep-agg2", traces=True) == [calm]
+    # 0.15.1 runs: no prefix-caching argument in exp-config.yaml, so vLLM's default.
+    assert runs[0].prefix_caching and "exp-config.yaml records no setting" in (
+        runs[0].prefix_caching_source
+    )
+
+
+def test_observe_cell_needs_its_server_config(both_layouts: Path) -> None:
+    (both_layouts / V23 / "server_config.json").unlink()
+    with pytest.raises(ConfigError, match=r"server_config\.json' is missing .*sweep-agg2"):
+        discover_runs(both_layouts, traces=True)
+
+
+def test_observe_cell_measured_side_counts_from_the_send(both_layouts: Path) -> None:
+    from simulator.validate import measured_requests
+
+    calm = discover_runs(both_layouts / V23, traces=True)[0]
+    with calm.requests_csv.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    m = measured_requests(calm)
+    sends = [int(r["send_time_us"]) for r in rows]
+    assert m.positions == list(range(60))
+    assert m.ttft_ms[0] == pytest.approx((int(rows[0]["first_chunk_time_us"]) - sends[0]) / 1e3)
+    assert m.e2e_ms[5] == pytest.approx((int(rows[5]["last_chunk_time_us"]) - sends[5]) / 1e3)
+    ends = [int(r["last_chunk_time_us"]) for r in rows]
+    assert m.window_s == pytest.approx((max(ends) - min(sends)) / 1e6)
+
+
+def test_validate_scores_both_datasets_and_the_load_sweep(both_layouts: Path) -> None:
+    from simulator.validate import LOAD_COLUMNS, saturation, validate_datasets
+
+    done = validate_datasets(both_layouts)
+    frame = done.frame
+    assert list(frame.columns) == FRAME_COLUMNS
+    assert frame.groupby("run")["dataset"].first().to_dict() == {
+        "20260101-000000-llama-2-7b-tp1-general": "vllm-0.15.1",
+        "20260101-010000-llama-2-7b-tp1-reasoning": "vllm-0.15.1",
+        "sweep-agg2": "vllm-0.23.0",
+        "sweep-agg20": "vllm-0.23.0",
+    }
+    assert frame.groupby("run")["overloaded"].first().to_dict()["sweep-agg20"]
+    assert np.isfinite(frame["predicted"]).all()
+    load = done.load.set_index("run")
+    assert list(done.load.columns) == LOAD_COLUMNS
+    assert list(load.index) == ["sweep-agg2", "sweep-agg20"]
+    # The late cell is predicted at its scheduled times, the offered load.
+    assert load.loc["sweep-agg2", "predicted_at"] == "sends"
+    assert load.loc["sweep-agg20", "predicted_at"] == "schedule"
+    assert load.loc["sweep-agg20", "sent_rps"] < load.loc["sweep-agg20", "offered_rps"]
+    assert load.loc["sweep-agg2", "sent_rps"] == pytest.approx(
+        load.loc["sweep-agg2", "offered_rps"], rel=1e-3
+    )
+    top = saturation(done.load).iloc[0]
+    assert top["measured_rps"] == pytest.approx(load["measured_rps"].max())
+    assert top["predicted_rps"] == pytest.approx(load["predicted_rps"].max())
+    summary = summarize(frame)
+    accuracy = summary[summary["group"] == "accuracy"]
+    assert set(accuracy["dataset"]) == {"vllm-0.15.1", "vllm-0.23.0", "all"}
+    # Deterministic: a second pass gives the same figures.
+    again = validate_datasets(both_layouts)
+    pd.testing.assert_frame_equal(again.frame, frame)
+    pd.testing.assert_frame_equal(again.load, done.load)
+
+
+def test_cli_validate_on_the_parent_of_both_datasets(both_layouts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "scores.csv"
+    result = CliRunner().invoke(app, ["validate", str(both_layouts), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    stdout, stderr = result.stdout, result.stderr
+    assert "vllm-0.15.1: 1 runs (roofline)" in stdout
+    assert "vllm-0.23.0: 1 runs (roofline)" in stdout
+    assert "overloaded runs, kept out of the accuracy summary" in stdout
+    assert "vllm-0.23.0 sweep-agg20: client fell behind its schedule" in stdout
+    assert "vllm-0.15.1 20260101-010000-llama-2-7b-tp1-reasoning: README" in stdout
+    assert "vllm-0.23.0: load sweep, achieved throughput in req/s" in stdout
+    assert "saturation throughput vllm-0.23.0: measured" in stdout
+    assert "accuracy    all" in stdout
+    assert "vllm-0.23.0: prefix caching: on (server_config.json)" in stderr
+    assert "vllm-0.15.1: prefix caching: on (vLLM's default" in stderr
+    assert "wall time" in stderr
+    written = pd.read_csv(out)
+    assert set(written["dataset"]) == {"vllm-0.15.1", "vllm-0.23.0"}
+    off = CliRunner().invoke(
+        app, ["validate", str(both_layouts / V23), "--runs", "agg2", "--no-prefix-caching"]
+    )
+    assert off.exit_code == 0, off.output
+    assert "vllm-0.23.0: prefix caching: off (--no-prefix-caching)" in off.stderr
+
+
+def test_prompt_reuse_leaves_observe_cells_as_recorded(both_layouts: Path) -> None:
+    from simulator.validate import reuse_trace
+
+    cell = discover_runs(both_layouts / V23, traces=True)[0]
+    with pytest.raises(ConfigError, match="--prompt-reuse: sweep-agg2: an observe cell"):
+        reuse_trace(cell)
+    frame = validate_folder(both_layouts / V23, runs=["agg2"], prompt_reuse=True)
+    assert set(frame["run"]) == {"sweep-agg2", "sweep-agg20"}

@@ -2,8 +2,9 @@
 
 A TraceV2 is a YAML header plus a CSV with one row per request. servesim reads traces written
 by BLIS (`blis run --trace-output`, `blis observe`) and by itself (`write_trace`), and replays
-them (SPEC §12.2). Version 3 — BLIS after March 2026 — adds a `prefix_length` column after
-`prefix_group`, in which case `input_tokens` counts only the tokens after the shared prefix.
+them (SPEC §12.2). Version 3 — BLIS after March 2026 (SPEC-blis-current §4.5–4.6) — adds a
+`prefix_length` column after `prefix_group`, in which case `input_tokens` counts only the tokens
+after the shared prefix, and the header keys and optional columns of `blis observe`.
 """
 
 from __future__ import annotations
@@ -60,13 +61,18 @@ TRACE_V3_COLUMNS = [
     "prefix_length",
     *TRACE_COLUMNS[TRACE_COLUMNS.index("prefix_group") + 1 :],
 ]
-# Newer BLIS writes these only when they carry information; servesim reads past them.
-OPTIONAL_COLUMNS = frozenset({"vllm_priority", "slo_target_us", "x_request_id", "adapter"})
+# Newer BLIS writes these only when they carry information (vllm_priority after slo_class,
+# slo_target_us after deadline_us, the rest trailing); servesim finds every column by name.
+OPTIONAL_COLUMNS = frozenset(
+    {"vllm_priority", "slo_target_us", "x_request_id", "adapter", "think_time_us"}
+)
 # finish_reason arrived late in v2: 25-column files are still valid.
 _REQUIRED_COLUMNS = frozenset(TRACE_COLUMNS[:-1])
 _KNOWN_COLUMNS = frozenset(TRACE_V3_COLUMNS) | OPTIONAL_COLUMNS
 
 TRACE_VERSIONS = (2, 3)
+# run/replay write "microseconds", observe writes "us"; BLIS reads both as µs.
+TIME_UNITS = ("microseconds", "us")
 HEADER_KEYS = {
     "trace_version",
     "time_unit",
@@ -78,8 +84,14 @@ HEADER_KEYS = {
     "network",
 }
 # BLIS decodes every version into one struct with unknown keys rejected, so the keys that
-# came with v3 (and the seed record added next to them) are valid in any version.
-HEADER_KEYS_V3 = {"goodput_slo_targets", "workload_seed"}
+# came with v3 are valid in any version.
+HEADER_KEYS_V3 = {
+    "goodput_slo_targets",
+    "workload_seed",
+    "session_context_growth",
+    "kv_offload",
+    "observed_kv_metrics",
+}
 SERVER_KEYS = {
     "type",
     "model",
@@ -90,6 +102,30 @@ SERVER_KEYS = {
     "max_model_len",
 }
 NETWORK_KEYS = {"measured_rtt_ms"}
+# The sections servesim accepts and does not model; their keys are BLIS's (f90a1e3a), so a
+# typo is still an error.
+SLO_TARGET_KEYS = {"ttft_ms", "itl_ms", "e2e_ms"}
+KV_OFFLOAD_KEYS = {
+    "cpu_bytes_to_use",
+    "per_block_bytes",
+    "block_size",
+    "blocks_per_chunk",
+    "tokens_per_hash",
+    "eviction_policy",
+    "offload_prompt_only",
+    "self_describing_kv_events",
+    "secondary_tiers",
+}
+OBSERVED_KV_KEYS = {
+    "source",
+    "hit_rate",
+    "block_hits",
+    "block_queries",
+    "read_time_total",
+    "write_time_total",
+    "vllm_commit",
+}
+SESSION_CONTEXT_GROWTH = ("accumulate",)
 MODES = ("real", "generated", "replayed")
 STATUSES = ("ok", "error", "timeout", "incomplete")
 # BLIS replay of a v2 trace gives every request of a prefix group the same fixed-length prefix.
@@ -108,6 +144,8 @@ GROUNDTRUTH_COLUMNS = [
 _GROUNDTRUTH_REQUIRED = ("index", "arrival_time_us", "input_tokens", "output_tokens")
 # A ground-truth index only names its request; it must fit the int64 columns of results.
 _MAX_INDEX = 2**63 - 1
+# vllm_priority is a Go int in BLIS: any int64.
+_MAX_PRIORITY = 2**63 - 1
 
 
 def prefix_key(group: str) -> tuple[str, str]:
@@ -145,6 +183,28 @@ class TraceRow:
     num_chunks: int = 0
     error_message: str = ""
     finish_reason: str = ""
+    # Optional columns of newer BLIS (0 / "" / None when the file has none). Replay has no
+    # place for them on a request yet; they are read so that the values are checked.
+    vllm_priority: int = 0
+    slo_target_us: int = 0
+    x_request_id: str = ""
+    adapter: str = ""
+    think_time_us: int | None = None
+
+    @property
+    def replay_input_tokens(self) -> int:
+        """The prompt tokens replay gives this row (after any group prefix), BLIS's
+        `effectiveInputTokenCount`: the server's own count when it recorded one and the row
+        has no prefix group (observe traces: it includes the chat template), else
+        input_tokens (a group row's server count includes the prefix that replay prepends)."""
+        if self.server_input_tokens > 0 and not self.prefix_group:
+            return self.server_input_tokens
+        return self.input_tokens
+
+    @property
+    def injection_basis_us(self) -> int:
+        """BLIS's `injectionTime`: send_time_us when positive, else arrival_time_us."""
+        return self.send_time_us if self.send_time_us > 0 else self.arrival_time_us
 
 
 @dataclass(frozen=True)
@@ -179,9 +239,9 @@ def read_header(path: str | Path) -> dict:
             f"{where}: trace_version: invalid value {excerpt(version)}; must be 2 or 3"
         )
     unit = data.get("time_unit", "microseconds")
-    if unit != "microseconds":
+    if unit not in TIME_UNITS:
         raise ConfigError(
-            f"{where}: time_unit: invalid value {excerpt(unit)}; must be microseconds"
+            f"{where}: time_unit: invalid value {excerpt(unit)}; must be microseconds or us"
         )
     mode = data.get("mode", "generated")
     if mode not in MODES:
@@ -191,16 +251,52 @@ def read_header(path: str | Path) -> dict:
         raise ConfigError(
             f"{where}: warm_up_requests: invalid value {excerpt(warm)}; must be an integer >= 0"
         )
-    for key, valid in (("server", SERVER_KEYS), ("network", NETWORK_KEYS)):
-        section = data.get(key) or {}
-        if not isinstance(section, dict):
-            raise ConfigError(f"{where}: {key}: must be a mapping with keys {sorted(valid)}")
-        if set(section) - valid:
-            raise ConfigError(
-                f"{where}: {key}: unknown key(s) {_keys(set(section) - valid)}; "
-                f"valid: {', '.join(sorted(valid))}"
-            )
+    seed = data.get("workload_seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ConfigError(
+            f"{where}: workload_seed: invalid value {excerpt(seed)}; must be an integer"
+        )
+    growth = data.get("session_context_growth")
+    if growth not in (None, "", *SESSION_CONTEXT_GROWTH):
+        raise ConfigError(
+            f"{where}: session_context_growth: invalid value {excerpt(growth)}; "
+            "must be accumulate or absent"
+        )
+    for key, valid in (
+        ("server", SERVER_KEYS),
+        ("network", NETWORK_KEYS),
+        ("kv_offload", KV_OFFLOAD_KEYS),
+        ("observed_kv_metrics", OBSERVED_KV_KEYS),
+    ):
+        _check_section(where, key, data.get(key), valid)
+    targets = data.get("goodput_slo_targets") or {}
+    if not isinstance(targets, dict):
+        raise ConfigError(
+            f"{where}: goodput_slo_targets: must be a mapping of SLO class to "
+            f"{{{', '.join(sorted(SLO_TARGET_KEYS))}}}"
+        )
+    for slo_class, dims in targets.items():
+        name = f"goodput_slo_targets.{excerpt(slo_class, 40)}"
+        _check_section(where, name, dims, SLO_TARGET_KEYS)
+        for dim, value in (dims or {}).items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(
+                    f"{where}: {name}.{dim}: invalid value {excerpt(value)}; "
+                    "must be a number >= 0 (ms)"
+                )
     return data
+
+
+def _check_section(where: str, key: str, section: object, valid: set[str]) -> None:
+    if not section:
+        return
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: {key}: must be a mapping with keys {sorted(valid)}")
+    if set(section) - valid:
+        raise ConfigError(
+            f"{where}: {key}: unknown key(s) {_keys(set(section) - valid)}; "
+            f"valid: {', '.join(sorted(valid))}"
+        )
 
 
 def _keys(keys: Iterable[object], most: int = 5) -> str:
@@ -340,6 +436,8 @@ def read_rows(path: str | Path) -> list[TraceRow]:
     header = _csv_header(p, kind)
     col = _trace_columns(p, header)
     has_prefix_length = "prefix_length" in col
+    # BLIS tells a recorded 0 from an absent think time (#1608): empty stays None.
+    has_think_time = "think_time_us" in col
     rows = []
     first_line: dict[str, int] = {}
     for line, rec in _records(p, kind, len(header)):
@@ -372,6 +470,15 @@ def read_rows(path: str | Path) -> list[TraceRow]:
             num_chunks=f.as_int("num_chunks", MAX_TOKENS),
             error_message=f.text("error_message"),
             finish_reason=f.text("finish_reason"),
+            vllm_priority=f.as_int("vllm_priority", _MAX_PRIORITY),
+            slo_target_us=f.as_int("slo_target_us", MAX_TIME_US),
+            x_request_id=f.text("x_request_id"),
+            adapter=f.text("adapter"),
+            think_time_us=(
+                f.as_int("think_time_us", MAX_TIME_US)
+                if has_think_time and f.text("think_time_us")
+                else None
+            ),
         )
         if not row.request_id:
             raise f.fail("request_id", "", "must not be empty")
@@ -391,13 +498,32 @@ def read_rows(path: str | Path) -> list[TraceRow]:
     return rows
 
 
-def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
-    """Rebuild requests from trace rows as BLIS replay does: lengths, arrival, deadline, tags.
+def injection_origin_shift(rows: list[TraceRow]) -> int:
+    """What replay subtracts from every row's injection basis (send_time_us when positive,
+    else arrival_time_us): min(basis) − min(arrival_time_us), BLIS's `injectionOriginShift`
+    (inference-sim #1606).
 
-    A row with a prefix_group gets its group's shared prefix *in front of* its input_tokens
-    (BLIS replay.go prepends it). The group's length is the first positive prefix_length of
-    the group (v3) or 50 tokens when the file has no prefix_length column (v2); a v3 group
-    whose rows all say 0 shares nothing, as in BLIS.
+    `blis observe` writes send_time_us as Unix-epoch µs but arrival_time_us and deadline_us
+    on a clock that starts with the run; the shift puts injection back on that clock (the
+    first send lands at the first arrival) while keeping the spacing of the sends, which
+    carries how far the client fell behind. A simulated trace has send == arrival, so the
+    shift is 0 and its requests arrive exactly when they did."""
+    if not rows:
+        return 0
+    return min(r.injection_basis_us for r in rows) - min(r.arrival_time_us for r in rows)
+
+
+def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
+    """Rebuild requests from trace rows as BLIS replay does (fixed session mode): injection
+    time, lengths, deadline, tags.
+
+    A request arrives at its row's send_time_us (arrival_time_us when that is 0) minus
+    `injection_origin_shift`. Its prompt is `replay_input_tokens` (the server's own count
+    when recorded), after its group's shared prefix when the row has a prefix_group (BLIS
+    replay.go prepends it). The group's length is the first positive prefix_length of the
+    group (v3) or 50 tokens when the file has no prefix_length column (v2); a v3 group whose
+    rows all say 0 shares nothing, as in BLIS. The deadline stays on the arrival clock, as
+    in BLIS. Sessions are replayed open-loop: every row is injected at its own time.
     """
     group_tokens: dict[str, int] = {}
     for row in rows:
@@ -405,27 +531,37 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
             length = REPLAY_PREFIX_TOKENS if row.prefix_length is None else row.prefix_length
             if length > 0:
                 group_tokens[row.prefix_group] = length
+    shift = injection_origin_shift(rows)
     id_counts = Counter(row.request_id for row in rows)
     requests = []
     for i, row in enumerate(rows):
         rid = f"request_{row.request_id}"
         shared = group_tokens.get(row.prefix_group, 0) if row.prefix_group else 0
-        if shared + row.input_tokens > MAX_TOKENS:
+        own = row.replay_input_tokens
+        if shared + own > MAX_TOKENS:
             raise ConfigError(
                 f"trace data: request_id {excerpt(row.request_id)}: prefix_length {shared} of "
-                f"group {excerpt(row.prefix_group)} + input_tokens {row.input_tokens} is "
+                f"group {excerpt(row.prefix_group)} + input_tokens {own} is "
                 f"beyond the simulator's prompt size; a prompt may be at most {MAX_TOKENS} tokens"
+            )
+        arrival_us = row.injection_basis_us - shift
+        if arrival_us > MAX_TIME_US:
+            # Only when sends precede arrivals by more than the clock holds: a corrupt trace.
+            raise ConfigError(
+                f"trace data: request_id {excerpt(row.request_id)}: injection time "
+                f"{arrival_us} µs (send_time_us {row.send_time_us} re-based by {-shift}) is "
+                f"beyond the simulator's clock; times may be at most {MAX_TIME_US} µs"
             )
         segments = None
         if shared:
             segments = [(prefix_key(row.prefix_group), shared)]
-            if row.input_tokens:
-                segments.append((("req", rid), row.input_tokens))
+            if own:
+                segments.append((("req", rid), own))
         requests.append(
             Request(
                 rid,
-                row.arrival_time_us,
-                shared + row.input_tokens,
+                arrival_us,
+                shared + own,
                 row.output_tokens,
                 index=i,
                 deadline_us=row.deadline_us,
@@ -449,6 +585,99 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
             # Its own tokens are named by its ID alone (the KV cache defers hashing them).
             requests[-1].private_from_token = shared
     return requests
+
+
+@dataclass(frozen=True)
+class TraceSpans:
+    """How long a trace's client took to send what it scheduled (µs, on the file's clocks)."""
+
+    rows: int
+    first_arrival_us: int
+    last_arrival_us: int
+    first_send_us: int  # injection basis: send_time_us when positive, else arrival_time_us
+    last_send_us: int
+
+    @property
+    def scheduled_span_us(self) -> int:
+        return self.last_arrival_us - self.first_arrival_us
+
+    @property
+    def send_span_us(self) -> int:
+        return self.last_send_us - self.first_send_us
+
+
+def trace_spans(path: str | Path) -> TraceSpans:
+    """The arrival and send spans of a TraceV2/v3 CSV, reading only those two columns (a
+    quick look at a large trace; `read_rows` checks every column)."""
+    p = Path(path)
+    kind = "trace data"
+    header = _csv_header(p, kind)
+    col = _trace_columns(p, header)
+    arrivals, sends = [], []
+    for line, rec in _records(p, kind, len(header)):
+        f = _Fields(kind, p, line, col, rec)
+        arrival = f.as_int("arrival_time_us", MAX_TIME_US, required=True)
+        send = f.as_int("send_time_us", MAX_TIME_US, minimum=-MAX_TIME_US)
+        arrivals.append(arrival)
+        sends.append(send if send > 0 else arrival)
+    if not arrivals:
+        return TraceSpans(0, 0, 0, 0, 0)
+    return TraceSpans(len(arrivals), min(arrivals), max(arrivals), min(sends), max(sends))
+
+
+# A send time past 2001-09-09 in µs since 1970 is a wall-clock reading, not a run's clock.
+_EPOCH_LIKE_US = 10**15
+# What replay does with the recorded information it has no model for (header key or column).
+IGNORED_HEADER_KEYS = {
+    "kv_offload": "the recorded KV offload configuration is not modelled (servesim's CPU "
+    "tier is --kv-cpu-blocks)",
+    "observed_kv_metrics": "the observed KV hit rate is a record of the real run; not used",
+    "goodput_slo_targets": "goodput SLO targets are not used",
+}
+IGNORED_COLUMNS = {
+    "think_time_us": "recorded think times are not used: replay is open-loop, every row is "
+    "injected at its own time",
+    "adapter": "LoRA adapters are not modelled: every request runs on the base model",
+    "slo_target_us": "per-request TTFT targets are not used",
+    "vllm_priority": "the priority sent to vLLM is not used (servesim's priority comes from "
+    "the scheduler and priority policy)",
+}
+
+
+def trace_notes(header_path: str | Path | None, data_path: str | Path) -> list[str]:
+    """One line per thing a replay of this trace leaves out or re-bases, for the user: the
+    header keys and columns servesim reads but does not model, sessions replayed open-loop,
+    and the injection clock when send times are on another clock than arrivals."""
+    notes = []
+    header = read_header(header_path) if header_path is not None else {}
+    if header.get("session_context_growth") == "accumulate":
+        notes.append(
+            "session_context_growth: accumulate: replay is open-loop, so each round's "
+            "input_tokens (a delta in such a trace) is replayed as its whole prompt"
+        )
+    for key, text in IGNORED_HEADER_KEYS.items():
+        if header.get(key):
+            notes.append(f"{key}: {text}")
+    p = Path(data_path)
+    columns = set(_csv_header(p, "trace data"))
+    if "request_id" not in columns:
+        return notes
+    for column, text in IGNORED_COLUMNS.items():
+        if column in columns:
+            notes.append(f"{column}: {text}")
+    spans = trace_spans(p)
+    shift = spans.first_send_us - spans.first_arrival_us
+    if shift:
+        clocks = ""
+        if spans.first_send_us >= _EPOCH_LIKE_US:
+            clocks = (
+                " (send_time_us is Unix-epoch time, arrival_time_us counts from the run's start)"
+            )
+        notes.append(
+            f"send_time_us: requests are injected at their send times moved by {-shift:+,} µs, "
+            f"so that the first send is at the first arrival{clocks}"
+        )
+    return notes
 
 
 def load_trace(header_path: str | Path, data_path: str | Path) -> tuple[dict, list[Request]]:
