@@ -47,18 +47,24 @@ _EXPERT_COUNT_KEYS = ("num_routed_experts", "n_routed_experts", "num_experts")
 # ---------------------------------------------------------------------------------------------
 
 
+# No real config has a size near this (vocabularies are ~10^5, context windows ~10^7); a
+# larger one is damage, and it would overflow the floats the latency models compute with.
+MAX_CONFIG_INT = 2**40
+
+
 def _int_field(cfg: dict[str, Any], key: str, name: str) -> int:
     """Read an integer field; absent or null -> 0. Integral floats (e.g. 8.0) are accepted."""
     value = cfg.get(key)
     if value is None:
         return 0
+    allowed = f"must be an integer of at most {MAX_CONFIG_INT:,}"
     if isinstance(value, bool):
-        raise invalid(f"{name}: {key}", value, "must be an integer")
-    if isinstance(value, int):
-        return value
+        raise invalid(f"{name}: {key}", value, allowed)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    raise invalid(f"{name}: {key}", value, "must be an integer")
+        value = int(value)
+    if isinstance(value, int) and abs(value) <= MAX_CONFIG_INT:
+        return value
+    raise invalid(f"{name}: {key}", value, allowed)
 
 
 def _first_nonzero(cfg: dict[str, Any], keys: tuple[str, ...], name: str) -> int:
@@ -176,8 +182,10 @@ def parse_hf_config(raw: dict, name: str) -> ModelConfig:
         weight_bytes = weight_bytes_from_name(name)
 
     head_dim = cfg.get("head_dim")
+    # A non-numeric head_dim is ignored (some configs write null or a string); a numeric one
+    # is read like every other size.
     config_head_dim = (
-        int(head_dim)
+        _int_field(cfg, "head_dim", name) or None
         if isinstance(head_dim, int | float) and not isinstance(head_dim, bool)
         else None
     )

@@ -374,3 +374,21 @@ def test_tp_must_divide_kv_heads_when_not_fewer():
 def test_tp_must_be_positive_integer(tp):
     with pytest.raises(ConfigError, match="tp: invalid value"):
         validate_tp(_model(4, 4), tp)
+
+
+@pytest.mark.parametrize("value", [float("inf"), 1e300, 2**40 + 1, 12.5])
+def test_a_size_no_model_has_is_refused_naming_the_field(value):
+    """Found by fuzzing: head_dim 1e30928 (JSON reads it as infinity) reached int() and
+    raised OverflowError. Sizes are integers of at most 2^40 (far above any vocabulary or
+    context window); anything else is a one-line ConfigError naming the field."""
+    config = {
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "vocab_size": 1000,
+        "torch_dtype": "bfloat16",
+        "head_dim": value,
+    }
+    with pytest.raises(ConfigError, match="head_dim.*at most 1,099,511,627,776"):
+        parse_hf_config(config, "toy")
+    assert parse_hf_config({**config, "head_dim": 2**40}, "toy").config_head_dim == 2**40
