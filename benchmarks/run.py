@@ -58,7 +58,7 @@ def _standard(num_requests: int) -> dict:
         "model": MODEL,
         "hardware": "H100",
         "tp": 1,
-        "latency": {"model": "roofline"},
+        "latency": {"model": "roofline"},  # BLIS's backend: like-for-like with its binary
         "engine": {"total_kv_blocks": 1_000_000},
         "workload": _fixed_512_128(42, num_requests),
     }
@@ -72,6 +72,7 @@ def _weighted_cluster(instances: int, num_requests: int) -> dict:
         "model": MODEL,
         "hardware": "H100",
         "tp": 1,
+        "latency": {"model": "roofline"},  # BLIS's backend: like-for-like with its binary
         "cluster": {"num_instances": instances, "routing": {"policy": "weighted"}},
         "workload": _fixed_512_128(LOAD * SATURATION_REQ_PER_S * instances, num_requests),
     }
@@ -83,6 +84,7 @@ def _pd(num_requests: int) -> dict:
         "model": MODEL,
         "hardware": "H100",
         "tp": 1,
+        "latency": {"model": "roofline"},  # BLIS's backend: like-for-like with its binary
         "cluster": {
             "num_instances": 4,
             "pd": {"prefill_instances": 2, "decode_instances": 2, "decider": "always"},
@@ -103,6 +105,7 @@ def _chatbot_prefix(num_requests: int) -> dict:
         "model": MODEL,
         "hardware": "H100",
         "tp": 1,
+        "latency": {"model": "roofline"},  # BLIS's backend: like-for-like with its binary
         "engine": {"enable_prefix_caching": True},
         "cluster": {
             "num_instances": 4,

@@ -19,7 +19,7 @@ from .cluster.infrastructure import FleetPlan, SlotPlan
 from .engine.batching import EngineConfig
 from .engine.policies import make_priority_policy, make_scheduler
 from .engine.request import Request
-from .errors import ConfigError
+from .errors import ConfigError, excerpt
 from .latency import build_step_time_model
 from .latency.base import StepTimeModel
 from .latency.kv_capacity import (
@@ -28,6 +28,7 @@ from .latency.kv_capacity import (
     kv_bytes_per_token,
     model_weight_bytes,
 )
+from .limits import MAX_REQUESTS
 from .metrics.results import Result
 from .scenario import (
     PDSpec,
@@ -42,7 +43,7 @@ from .workload.generator import WorkloadStream
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
 from .workload.spec import load_workload_spec
 from .workload.synthetic import synthetic_to_spec
-from .workload.trace import load_requests_file
+from .workload.trace import ClientReplay, load_requests_file, recorded_client
 
 log = logging.getLogger("servesim")
 
@@ -68,6 +69,7 @@ class Deployment:
             "hardware": self.gpu.name,
             "tp": self.tp,
             "latency_model": self.step_model.name,
+            "latency": self.step_model.provenance(),
             "total_kv_blocks": self.engine.total_kv_blocks,
             "kv_blocks_source": self.kv_blocks_source,
             "max_model_len": self.engine.max_model_len,
@@ -476,7 +478,9 @@ def _workload_base_dir(scenario: Scenario) -> Path | None:
 def build_traffic(scenario: Scenario) -> tuple[Iterable[Request], WorkloadStream | None]:
     """The requests of a run: a trace's rows, or a lazy stream from the workload spec."""
     if scenario.trace is not None:
-        return load_requests_file(scenario.trace.data, scenario.trace.header), None
+        trace = scenario.trace
+        at_schedule = trace.timing == "schedule"
+        return load_requests_file(trace.data, trace.header, at_schedule), None
     stream = WorkloadStream(
         workload_spec_of(scenario),
         scenario.seed,
@@ -521,6 +525,9 @@ def simulate(
     sessions = stream.sessions if stream is not None and stream.spec.has_sessions else None
     setups, fleet, sc = plan_fleet(sc, deployment)
     info["resolved"]["roles"] = [s.role for s in setups]
+    pools = {s.role: s.step_model.provenance() for s in setups}
+    if any(p != info["resolved"]["latency"] for p in pools.values()):
+        info["resolved"]["latency_by_role"] = pools
     if fleet is not None and len(fleet.model_aliases) > 1:
         info["resolved"]["models"] = sorted(fleet.model_aliases)
     result = run_simulation(
@@ -536,6 +543,7 @@ def simulate(
         pd_kv_bytes_per_token=kv_bytes_per_token(deployment.model),
         progress=progress,
         check_invariants=sc.check_invariants,
+        max_in_flight=sc.trace.max_in_flight if sc.trace is not None else None,
     )
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)
@@ -546,14 +554,44 @@ def replay(
     trace_header: str | Path | None,
     trace_data: str | Path,
     scenario: Scenario | dict | str | Path | None = None,
+    max_in_flight: int | str = "auto",
     **overrides: Any,
 ) -> Result:
-    """Simulate exactly the requests of a TraceV2 pair (arrival times and token counts)."""
+    """Simulate exactly the requests of a TraceV2 pair (arrival times and token counts).
+
+    `max_in_flight`: "auto" replays as the recorded client behaved (`recorded_client`: at the
+    send times, or, for a client that fell behind a saturated server, at the scheduled times
+    with its cap on outstanding requests); "off" at the send times; a number sends at the
+    scheduled times with at most that many requests outstanding."""
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = sc.model_copy(update={"workload": None, "workload_spec": None})
     header = Path(trace_header) if trace_header is not None else None
-    sc.trace = TraceSpec(header=header, data=Path(trace_data))
+    client = client_replay(max_in_flight, trace_data)
+    sc.trace = TraceSpec(
+        header=header,
+        data=Path(trace_data),
+        timing="schedule" if client.at_schedule else "sends",
+        max_in_flight=client.max_in_flight,
+    )
     return simulate(sc, **overrides)
+
+
+def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> ClientReplay:
+    """The client of a replay from a `max_in_flight` choice: "auto" (what the recorded client
+    did), "off" (the send times) or a positive number (the scheduled times, that cap)."""
+    if max_in_flight is None or max_in_flight == "off":
+        return ClientReplay(False, None, "--max-in-flight off")
+    if max_in_flight == "auto":
+        return recorded_client(trace_data)
+    value = max_in_flight
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REQUESTS:
+        raise ConfigError(
+            f"max_in_flight: invalid value {excerpt(max_in_flight)}; must be auto, off or a "
+            f"whole number from 1 to {MAX_REQUESTS:,}"
+        )
+    return ClientReplay(True, value, "--max-in-flight")
 
 
 # Flags of BLIS's distribution mode that also mean something for a v2 workload spec.

@@ -6,10 +6,11 @@ the deployment to replay them on, and the measured TTFT / E2E of the successful 
 Objective. For every case the per-run figures TTFT mean, TTFT p99, E2E mean and ITL
 (= (E2E mean − TTFT mean) / (mean output tokens − 1), as in simulator/validate.py) are
 predicted, and the residual is the log ratio predicted / measured, weighted by
-`METRIC_WEIGHTS`. A log-normal prior pulls each coefficient's log towards its physical
-default with a width that says how well the physics knows it (`PRIOR_SIGMA`): it keeps what
-the data cannot separate (e.g. per-step versus per-layer overhead with only three models, or
-the KV-read efficiency when no training model reads much KV) near physically sensible values.
+`METRIC_WEIGHTS`. A log-normal prior pulls each coefficient's log towards its value at the
+start (by default; its physical default with `prior="physical"`) with a width that says how
+well the physics knows it (`PRIOR_SIGMA`): it keeps what the data cannot separate (e.g.
+per-step versus per-layer overhead with only three models, or the KV-read efficiency when no
+training model reads much KV) where earlier knowledge put it.
 `output_lag_steps` is not fitted (vLLM's async scheduler runs exactly one step ahead).
 Coefficients are
 optimised in log space (positive by construction, efficiencies ≤ 1) by scipy's trust-region
@@ -21,15 +22,35 @@ coefficients (`PhysicsTerms`). So each case is replayed once with the current co
 recording every step's terms and each request's place in the step sequence; the optimiser
 then re-prices all steps for trial coefficients with numpy and rebuilds each request's TTFT
 and E2E as the sum of the steps it waited through and took part in — exact as long as the
-schedule (which requests share which step) stays the same. The schedule does shift a little
-when step times change, so the fit alternates: replay with the new coefficients, re-record,
-re-fit (`rounds`), and the reported figures come from a final full replay.
+schedule (which requests share which step) stays the same.
+
+Why it is damped. The schedule does shift when step times change, and under load it shifts in
+the direction that amplifies the change: longer steps let more requests join each batch, which
+lengthens the steps again. The fixed-schedule fit cannot see that feedback, so its step
+overshoots (on cells near saturation by about a factor of two, and the rounds oscillate:
+E2E +16%, -17%, +8%, -12%). So every round is a line search along the fitted step, judged by
+full replays: try the step (scaled by what the previous round kept), fit a line through the
+replayed residuals at the current point and at the trial, try the step length that line says
+is best if it differs, and move only to a point whose replayed in-sample score beats the best
+so far. The starting point is round 0; a round that improves nothing ends the fit, and if no
+round improved the result is the starting point, unchanged (`FitResult.improved` is False).
+
+Where it starts. From the coefficients the deployment uses without calibration (the shipped
+fit for the GPU, `physics.default_coefficients`), or from the coefficients given as `start`.
+The prior is centred on the start: a shipped fit is what earlier runs taught (itself fitted
+with the physical prior), and new runs should move it only where they can see. Centred on the
+physical defaults instead, it pulled what low-load runs cannot see (the KV-read and decode
+GEMM efficiencies, which set the throughput at saturation) back to the defaults: fitting
+Qwen3-14B cells at 2-10 req/s from the shipped fit then took the held-out saturated cells from
++34..115% E2E to +112..246% (centred on the start: -30..-47%; docs/calibrate.md).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,18 +58,23 @@ from typing import Any
 import numpy as np
 
 from .engine.request import RequestState
-from .errors import ConfigError, invalid
+from .errors import ConfigError, excerpt, invalid
 from .latency.physics import (
+    COEFFICIENT_NAMES,
     PhysicsCoefficients,
     PhysicsModel,
     PhysicsTerms,
     RecordingStepModel,
     coefficients_document,
+    default_coefficients,
+    load_coefficients_file,
     price_terms,
     request_delay_s,
 )
 
-# Coefficients the fit moves (all of PhysicsCoefficients but the two below).
+# Coefficients the fit moves (all of PhysicsCoefficients but the two below). A name the
+# physics model no longer has is dropped, and a coefficient it gains is not fitted until it is
+# listed here with a prior width: both keep their starting value.
 FITTED = (
     "bandwidth_efficiency",
     "kv_bandwidth_efficiency",
@@ -62,17 +88,30 @@ FITTED = (
     "per_sequence_overhead_us",
     "request_overhead_us",
 )
+FITTED = tuple(name for name in FITTED if name in COEFFICIENT_NAMES)
 # Not fitted: `single_process_overhead_us` stays at 0 (see PhysicsCoefficients), and
 # `output_lag_steps` stays at 1, the one step vLLM V1's async scheduler runs
 # ahead (see PhysicsCoefficients); fitting it as well left the folds disagreeing on how TTFT
 # splits between it and `request_overhead_us`.
 FIT_METRICS = ("e2e_mean_ms", "itl_ms", "ttft_mean_ms", "ttft_p99_ms")
+# Fitted only where it was measured: the median gap between streamed tokens (a BLIS observe
+# cell's summary.json records it). The mean ITL mixes decode-only steps with steps that carry
+# a prefill chunk; the median is the decode-only step, so it pins how a step's cost grows
+# with the batch (the KV reads per sequence), which sets where a server saturates.
+OPTIONAL_METRICS = ("itl_p50_ms",)
 # The tail is noisier than the means (one burst moves it), so it counts half.
-METRIC_WEIGHTS = {"e2e_mean_ms": 1.0, "itl_ms": 1.0, "ttft_mean_ms": 1.0, "ttft_p99_ms": 0.5}
-# The prior: each coefficient's log is pulled towards its physical default with weight
-# PRIOR_DATA_SCALE / sigma, where sigma is how far (in log units) the physics allows it to be
-# off. That is the MAP estimate with a log-normal prior of width sigma when a run's residuals
-# have scale PRIOR_DATA_SCALE (the soft-L1 scale: the size of error the model form leaves).
+METRIC_WEIGHTS = {
+    "e2e_mean_ms": 1.0,
+    "itl_ms": 1.0,
+    "ttft_mean_ms": 1.0,
+    "ttft_p99_ms": 0.5,
+    "itl_p50_ms": 1.0,
+}
+# The prior: each coefficient's log is pulled towards its prior centre (the start, or the
+# physical default) with weight PRIOR_DATA_SCALE / sigma, where sigma is how far (in log
+# units) the physics allows it to be off. That is the MAP estimate with a log-normal prior of
+# width sigma when a run's residuals have scale PRIOR_DATA_SCALE (the soft-L1 scale: the size
+# of error the model form leaves).
 PRIOR_DATA_SCALE = 0.1
 PRIOR_SIGMA = {
     # Streaming HBM efficiency is well measured on H100 (STREAM-like copies ~0.8-0.9).
@@ -97,6 +136,23 @@ SOFT_L1_SCALE = 0.1
 # Overheads are fitted in log space, so they need a positive floor (µs).
 OVERHEAD_FLOOR_US = 0.1
 DEFAULT_ROUNDS = 3
+# A replayed point beats the best so far only when it lowers the in-sample score by this
+# fraction: a smaller change is the schedule's noise, not a better fit, and calling it an
+# improvement would hide a calibration that did nothing.
+MIN_IMPROVEMENT = 1e-3
+# The line search's shortest step (fraction of the fitted step) and its resolution.
+MIN_STEP = 0.05
+STEP_GRID = np.linspace(MIN_STEP, 1.0, 96)  # steps of 0.01
+# A second trial along the line is worth a full replay only when the line puts the best step
+# this far (as a ratio) from the first trial's.
+RETRY_RATIO = 1.25
+# `start` values that name a starting point rather than a file.
+START_SHIPPED = "shipped"
+START_PHYSICAL = "physical"
+# `prior` values: where the prior is centred.
+PRIOR_AT_START = "start"
+PRIOR_AT_PHYSICAL = "physical"
+PRIOR_CENTRES = (PRIOR_AT_START, PRIOR_AT_PHYSICAL)
 
 
 @dataclass
@@ -115,6 +171,12 @@ class Case:
     measured_e2e_ms: np.ndarray
     output_tokens: np.ndarray
     measured: dict[str, float] = field(default_factory=dict)
+    vllm_version: str | None = None  # of the server measured, when known (provenance, start)
+    # A saturated cell (its client fell behind its schedule): only its step-level figures
+    # (OPTIONAL_METRICS) are fitted. Its request latencies sit on a knife edge — a percent of
+    # capacity moves them by tens of percent — and the fit's re-pricing of a recorded schedule
+    # cannot follow a queue that builds or drains, so they are scored, never fitted.
+    step_level_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.measured:
@@ -168,7 +230,19 @@ def groundtruth_case(run: Any, prompt_reuse: bool = False, workdir: Path | None 
         measured_ttft_ms=np.asarray([rows[i].ttft_s * 1e3 for i in ok]),
         measured_e2e_ms=np.asarray([rows[i].e2e_s * 1e3 for i in ok]),
         output_tokens=np.asarray([max(1, rows[i].output_tokens) for i in ok], dtype=float),
+        vllm_version=version_in_name(Path(run.requests_csv).parent.parent.name),
     )
+
+
+# Dataset folders are named after the server they measured (vllm-0.15.1-h100): nothing else
+# in the ground truth's 0.15.1 files records the version.
+_VERSION_IN_NAME = re.compile(r"vllm[-_]v?(\d+(?:\.\d+)+)", re.IGNORECASE)
+
+
+def version_in_name(name: str) -> str | None:
+    """The vLLM version a folder name carries (`vllm-0.15.1-h100` -> "0.15.1"), or None."""
+    found = _VERSION_IN_NAME.search(name)
+    return found.group(1) if found else None
 
 
 # TraceV2 header `server` key -> replay override, so a recorded trace carries its deployment.
@@ -182,13 +256,22 @@ HEADER_SERVER_FIELDS = {
 
 
 def trace_case(
-    trace_header: Path, trace_data: Path, scenario: Any = None, **overrides: Any
+    trace_header: Path,
+    trace_data: Path,
+    scenario: Any = None,
+    *,
+    case_name: str | None = None,
+    vllm_version: str | None = None,
+    recorded: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> Case:
     """A case from a real TraceV2 pair (as `servesim observe` records): TTFT = first chunk −
     send, E2E = last chunk − send over the `ok` rows after the header's warm-up requests.
     Deployment: `overrides` (dotted with `__`) win, then the header's `server` section, then
-    `scenario`'s own fields."""
-    from .workload.trace import read_header, read_rows
+    `recorded` (the server settings recorded next to the trace, `read_server_config`), then
+    `scenario`'s own fields. The case is named `case_name`, else after the data file (after
+    its folder when the file is just `trace.csv`)."""
+    from .workload.trace import read_header, read_rows, trace_spans
 
     header = read_header(trace_header)
     server = header.get("server") or {}
@@ -197,7 +280,9 @@ def trace_case(
         for name, key in HEADER_SERVER_FIELDS.items()
         if server.get(name) not in (None, "", 0)
     }
-    overrides = from_header | {k: v for k, v in overrides.items() if v is not None}
+    overrides = (
+        dict(recorded or {}) | from_header | {k: v for k, v in overrides.items() if v is not None}
+    )
     rows = read_rows(trace_data)
     warm_up = int(header.get("warm_up_requests") or 0)
     ok = [
@@ -218,22 +303,172 @@ def trace_case(
 
     sc = as_scenario(scenario) if scenario is not None else None
     model = overrides.get("model") or (sc.model if sc is not None else "")
+    ttft_ms = np.asarray([(rows[i].first_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok])
+    e2e_ms = np.asarray([(rows[i].last_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok])
+    output_tokens = np.asarray([max(1, rows[i].output_tokens) for i in ok], dtype=float)
+    measured = per_run_figures(ttft_ms, e2e_ms, output_tokens)
+    itl_p50 = recorded_itl_p50_ms(Path(trace_data).parent / OBSERVE_SUMMARY_FILE)
+    if itl_p50 is not None:
+        measured["itl_p50_ms"] = itl_p50
     return Case(
-        name=Path(trace_data).stem,
+        name=case_name or trace_name(Path(trace_data)),
         model=str(model),
         trace_header=Path(trace_header),
         trace_data=Path(trace_data),
         scenario=sc,
         overrides={"latency__model": PhysicsModel.name, **overrides},
         positions=np.asarray(ok),
-        measured_ttft_ms=np.asarray(
-            [(rows[i].first_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok]
-        ),
-        measured_e2e_ms=np.asarray(
-            [(rows[i].last_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok]
-        ),
-        output_tokens=np.asarray([max(1, rows[i].output_tokens) for i in ok], dtype=float),
+        measured_ttft_ms=ttft_ms,
+        measured_e2e_ms=e2e_ms,
+        output_tokens=output_tokens,
+        measured=measured,
+        step_level_only=trace_spans(trace_data).client_fell_behind,
+        vllm_version=vllm_version
+        or (sc.latency.vllm_version if sc is not None else None)
+        or version_in_name(Path(trace_data).resolve().parent.name),
     )
+
+
+# What BLIS `observe` writes beside a cell's trace: its own aggregate of the streamed chunks.
+OBSERVE_SUMMARY_FILE = "summary.json"
+
+
+def recorded_itl_p50_ms(path: Path) -> float | None:
+    """The median inter-token gap (ms) an observe `summary.json` recorded (`overall.itl_ms.p50`),
+    or None when there is no such file or figure."""
+    from .input_files import read_json
+
+    if not path.is_file():
+        return None
+    data = read_json(path, "observe summary")
+    overall = data.get("overall") if isinstance(data, dict) else None
+    itl = overall.get("itl_ms") if isinstance(overall, dict) else None
+    value = itl.get("p50") if isinstance(itl, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+# The data file of a trace pair, by the file name BLIS `observe` writes in a cell's folder.
+TRACE_CELL_FILES = ("trace.yaml", "trace.csv")
+# server_config.json (as the residency-vllm load generator records it) -> replay override.
+SERVER_CONFIG_FILE = "server_config.json"
+SERVER_CONFIG_FIELDS = {
+    "model": "model",
+    "tensor_parallel_size": "tp",
+    "max_num_seqs": "engine__max_num_running_reqs",
+    "max_num_batched_tokens": "engine__max_num_scheduled_tokens",
+    "block_size": "engine__block_size_tokens",
+    "num_gpu_blocks": "engine__total_kv_blocks",
+    "max_seq_len": "engine__max_model_len",
+    "max_model_len": "engine__max_model_len",
+    "enable_prefix_caching": "engine__enable_prefix_caching",
+}
+
+
+def trace_name(data: Path) -> str:
+    """A trace's case name: its data file's stem without `.trace`, or its folder's name when
+    the file is a cell's generic `trace.csv`."""
+    stem = data.name.removesuffix(".csv").removesuffix(".trace")
+    return data.resolve().parent.name if stem == "trace" else stem
+
+
+def read_server_config(path: Path) -> tuple[dict[str, Any], str | None]:
+    """Replay overrides and the vLLM version from a `server_config.json`; keys it does not
+    map (e.g. `kv_cache_tokens`, which `num_gpu_blocks` already says) are ignored."""
+    from .input_files import read_json
+
+    data = read_json(path, "server config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"server config {str(path)!r}: must be a JSON object")
+    overrides: dict[str, Any] = {}
+    for name, key in SERVER_CONFIG_FIELDS.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        if name == "model":
+            ok = isinstance(value, str) and value.strip() != ""
+        elif name == "enable_prefix_caching":
+            ok = isinstance(value, bool)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        if not ok:
+            raise invalid(f"server config {str(path)!r}: {name}", value, "wrong type or range")
+        overrides[key] = value
+    version = data.get("vllm_version")
+    if version is not None and not (isinstance(version, str) and 0 < len(version) <= 64):
+        raise invalid(f"server config {str(path)!r}: vllm_version", version, "must be a string")
+    return overrides, version
+
+
+def trace_pairs(folder: Path) -> list[tuple[str, Path, Path]]:
+    """(name, header, data) of the trace pairs in `folder`, sorted by name: the folder itself
+    when it is one cell (trace.yaml + trace.csv), else each sub-folder that is one, named
+    after it, and each `NAME.yaml` + `NAME.csv` pair directly inside (NAME without `.trace`)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"--traces: {str(folder)!r} is not a folder")
+    header, data = (folder / f for f in TRACE_CELL_FILES)
+    if header.is_file() and data.is_file():
+        return [(folder.resolve().name, header, data)]
+    pairs = []
+    for sub in sorted(folder.iterdir()):
+        header, data = (sub / f for f in TRACE_CELL_FILES)
+        if sub.is_dir() and header.is_file() and data.is_file():
+            pairs.append((sub.name, header, data))
+        elif sub.suffix == ".yaml" and sub.with_suffix(".csv").is_file():
+            pairs.append((trace_name(sub.with_suffix(".csv")), sub, sub.with_suffix(".csv")))
+    if not pairs:
+        raise ConfigError(
+            f"--traces: {str(folder)!r} holds no trace pair (a sub-folder with "
+            f"{' + '.join(TRACE_CELL_FILES)}, or NAME.yaml + NAME.csv)"
+        )
+    return sorted(pairs, key=lambda pair: pair[0])
+
+
+def trace_cases(folder: Path, scenario: Any = None, **overrides: Any) -> list[Case]:
+    """`trace_case` for every pair of `trace_pairs(folder)`. A `server_config.json` in a cell's
+    folder, else in `folder`, supplies the deployment below the header (`trace_case`) and
+    the vLLM version; the folder names are the next source of the version."""
+    folder = Path(folder)
+    cases = []
+    for name, header, data in trace_pairs(folder):
+        recorded: dict[str, Any] = {}
+        version = None
+        for where in (header.parent, folder):
+            if (where / SERVER_CONFIG_FILE).is_file():
+                recorded, version = read_server_config(where / SERVER_CONFIG_FILE)
+                break
+        version = (
+            version
+            or version_in_name(header.resolve().parent.name)
+            or version_in_name(folder.resolve().name)
+        )
+        cases.append(
+            trace_case(
+                header,
+                data,
+                scenario,
+                case_name=name,
+                vllm_version=version,
+                recorded=recorded,
+                **overrides,
+            )
+        )
+    return cases
+
+
+def is_trace_folder(folder: Path) -> bool:
+    """A folder of trace pairs rather than a ground-truth dataset (`requests/` folders)."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / "requests").is_dir():
+        return False
+    if any((p / "requests").is_dir() for p in folder.iterdir()):
+        return False
+    try:
+        return bool(trace_pairs(folder))
+    except ConfigError:
+        return False
 
 
 # ------------------------------------------------------------------------- replay and record
@@ -248,6 +483,8 @@ class Recording:
     terms: np.ndarray  # (steps, len(PhysicsTerms._fields)), PhysicsTerms columns
     start_us: np.ndarray
     end_us: np.ndarray
+    busy: np.ndarray  # bool per step: something was scheduled (an empty step costs 1 µs)
+    decode_tokens: np.ndarray  # per step: tokens it decoded (the gaps it made, for itl_p50)
     # Per scored request: index of the step running when it reached the engine (-1 if none),
     # the fraction of that step still to go, and the steps that ended its TTFT and E2E.
     wait_step: np.ndarray
@@ -322,6 +559,8 @@ def record(case: Case, coefficients: PhysicsCoefficients) -> Recording:
         terms=terms,
         start_us=start,
         end_us=end,
+        busy=steps["batch_size"].to_numpy() > 0,
+        decode_tokens=steps["decode_tokens"].to_numpy(),
         wait_step=safe,
         wait_fraction=np.where(wait_step >= 0, fraction, 0.0),
         first_token_step=np.searchsorted(end, first_token, side="left"),
@@ -336,7 +575,22 @@ def record(case: Case, coefficients: PhysicsCoefficients) -> Recording:
         (completion[done] - arrivals[done]) / 1e3,
         case.output_tokens[done],
     )
+    if "itl_p50_ms" in case.measured:
+        recording.predicted["itl_p50_ms"] = median_gap_ms(end - start, recording.decode_tokens)
     return recording
+
+
+def median_gap_ms(step_us: np.ndarray, decode_tokens: np.ndarray) -> float:
+    """The median gap between a request's streamed tokens: each token a step decodes arrives
+    one step after the request's previous one, so the gaps are the step durations weighted
+    by the tokens each step decoded."""
+    busy = decode_tokens > 0
+    if not busy.any():
+        return math.nan
+    durations, weights = np.asarray(step_us, dtype=float)[busy], decode_tokens[busy]
+    order = np.argsort(durations, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    return float(durations[order][np.searchsorted(cumulative, cumulative[-1] / 2)]) / 1e3
 
 
 def reprice(rec: Recording, c: PhysicsCoefficients) -> dict[str, float]:
@@ -344,7 +598,7 @@ def reprice(rec: Recording, c: PhysicsCoefficients) -> dict[str, float]:
     t = rec.terms
     step_s = price_terms(tuple(t.T), c, np.maximum)
     # Empty steps (nothing scheduled) cost the engine 1 µs whatever the coefficients.
-    step_s = np.where(t[:, 6] > 0, step_s, 1e-6)
+    step_s = np.where(rec.busy, step_s, 1e-6)
     elapsed = np.concatenate(([0.0], np.cumsum(step_s)))
     done = rec.completed
     waited = rec.wait_fraction[done] * step_s[rec.wait_step[done]]
@@ -355,7 +609,10 @@ def reprice(rec: Recording, c: PhysicsCoefficients) -> dict[str, float]:
     )
     ttft_s = queue_s + waited + elapsed[rec.first_token_step[done] + 1] - elapsed[first]
     e2e_s = queue_s + waited + elapsed[rec.completion_step[done] + 1] - elapsed[first]
-    return per_run_figures(ttft_s * 1e3, e2e_s * 1e3, rec.case.output_tokens[done])
+    figures = per_run_figures(ttft_s * 1e3, e2e_s * 1e3, rec.case.output_tokens[done])
+    if "itl_p50_ms" in rec.case.measured:
+        figures["itl_p50_ms"] = median_gap_ms(step_s * 1e6, rec.decode_tokens)
+    return figures
 
 
 # ------------------------------------------------------------------------------------- fitting
@@ -381,20 +638,80 @@ def _bounds() -> tuple[list[float], list[float]]:
     return lower, upper
 
 
+def _prior_weights() -> np.ndarray:
+    return np.asarray([PRIOR_DATA_SCALE / PRIOR_SIGMA[name] for name in FITTED])
+
+
+def _weighted_log_ratios(
+    measured: Mapping[str, float], predicted: Mapping[str, float], step_level_only: bool = False
+) -> list:
+    """One case's data residuals: weighted log(predicted / measured) of each measured figure
+    (a figure the replay could not produce counts as a thousandfold miss)."""
+    out = []
+    fitted = () if step_level_only else FIT_METRICS
+    for metric in (*fitted, *(m for m in OPTIONAL_METRICS if m in measured)):
+        meas, pred = measured[metric], predicted.get(metric, math.nan)
+        if math.isfinite(meas) and meas > 0:
+            ratio = pred / meas if math.isfinite(pred) and pred > 0 else 1e-3
+            out.append(METRIC_WEIGHTS[metric] * math.log(ratio))
+    return out
+
+
 def residuals(
     recordings: Sequence[Recording], c: PhysicsCoefficients, prior: PhysicsCoefficients
 ) -> np.ndarray:
     """Weighted log(predicted / measured) per case and metric, then the prior terms."""
     out = []
     for rec in recordings:
-        predicted = reprice(rec, c)
-        for metric in FIT_METRICS:
-            meas, pred = rec.case.measured[metric], predicted[metric]
-            if math.isfinite(meas) and meas > 0:
-                ratio = pred / meas if math.isfinite(pred) and pred > 0 else 1e-3
-                out.append(METRIC_WEIGHTS[metric] * math.log(ratio))
-    out.extend(PRIOR_WEIGHTS * (_to_vector(c) - _to_vector(prior)))
+        out.extend(
+            _weighted_log_ratios(rec.case.measured, reprice(rec, c), rec.case.step_level_only)
+        )
+    out.extend(_prior_weights() * (_to_vector(c) - _to_vector(prior)))
     return np.asarray(out)
+
+
+def soft_l1(r: np.ndarray) -> float:
+    """The fit's loss of residuals `r` (up to scipy's constant factor scale² / 2)."""
+    z = (np.asarray(r, dtype=float) / SOFT_L1_SCALE) ** 2
+    return float(np.sum(2 * (np.sqrt(1 + z) - 1)))
+
+
+def replayed_residuals(recordings: Sequence[Recording]) -> np.ndarray:
+    """The data residuals (no prior) of actual replays: what the fit is judged on."""
+    out = []
+    for rec in recordings:
+        out.extend(_weighted_log_ratios(rec.case.measured, rec.predicted, rec.case.step_level_only))
+    return np.asarray(out)
+
+
+def score(scores: Mapping[str, Mapping[str, Mapping[str, float]]]) -> float:
+    """The in-sample score of per-case {"measured", "predicted"} figures: the fit's soft-L1
+    loss without the prior. 0 is perfect; a case off by 10% on all four figures adds ~3.1."""
+    r = [x for s in scores.values() for x in _weighted_log_ratios(s["measured"], s["predicted"])]
+    return soft_l1(np.asarray(r))
+
+
+def signed_errors(
+    scores: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> dict[str, dict[str, float]]:
+    """Per case and metric: predicted / measured − 1 (NaN where nothing was measured)."""
+    out = {}
+    for name, s in scores.items():
+        out[name] = {}
+        for m in FIT_METRICS:
+            meas, pred = s["measured"][m], s["predicted"][m]
+            ok = math.isfinite(meas) and meas > 0 and math.isfinite(pred)
+            out[name][m] = float(pred / meas - 1) if ok else math.nan
+    return out
+
+
+def mean_abs_errors(errors: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Per metric, the mean over cases of |signed error| (cases without the figure skipped)."""
+    out = {}
+    for m in FIT_METRICS:
+        values = [abs(e[m]) for e in errors.values() if math.isfinite(e[m])]
+        out[m] = float(np.mean(values)) if values else math.nan
+    return out
 
 
 def fit_recorded(
@@ -418,33 +735,118 @@ def fit_recorded(
     return _from_vector(solution.x, start)
 
 
+def line_step(r0: np.ndarray, r1: np.ndarray, tried: float) -> float:
+    """The step length (fraction of the fitted step, in [MIN_STEP, 1]) that minimises the
+    soft-L1 loss of the line through the replayed residuals `r0` at the current point and
+    `r1` at the trial `tried` of the way along the step. Residuals are close to linear in the
+    log-coefficients over one step, and the replays carry the schedule's feedback that the
+    fixed-schedule fit missed, so this corrects the fit's overshoot (or undershoot)."""
+    slope = (np.asarray(r1) - np.asarray(r0)) / tried
+    losses = [soft_l1(r0 + a * slope) for a in STEP_GRID]
+    return round(float(STEP_GRID[int(np.argmin(losses))]), 2)
+
+
+@dataclass(frozen=True)
+class RoundScore:
+    """One full replay of the fitted cases: round 0 is the start; a round may try two steps."""
+
+    round: int
+    step: float  # fraction of the round's fitted step taken (0 for the start)
+    score: float  # in-sample soft-L1 score of the replay (see `score`)
+    errors: dict[str, dict[str, float]]  # per case and metric, signed
+    kept: bool  # became the best point so far
+    coefficients: PhysicsCoefficients
+
+    def mean_abs_errors(self) -> dict[str, float]:
+        return mean_abs_errors(self.errors)
+
+
+def _figures(recordings: Sequence[Recording]) -> dict[str, dict[str, dict[str, float]]]:
+    return {
+        rec.case.name: {"measured": dict(rec.case.measured), "predicted": dict(rec.predicted)}
+        for rec in recordings
+    }
+
+
 @dataclass
 class FitResult:
+    """What `fit` found, with every replayed round and the held-out cases' figures."""
+
     coefficients: PhysicsCoefficients
-    cases: list[str]
-    rounds: int
-    # Per case: measured and predicted figures of the final full replay.
+    cases: list[str]  # the fitted cases
+    rounds: int  # rounds asked for (at most)
+    # Per fitted case: measured and predicted figures of a full replay with `coefficients`.
     scores: dict[str, dict[str, dict[str, float]]]
+    start: PhysicsCoefficients = field(default_factory=PhysicsCoefficients)
+    start_source: str = "physical defaults"
+    prior: str = PRIOR_AT_START  # where the prior was centred (PRIOR_CENTRES)
+    start_scores: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    held_out: list[str] = field(default_factory=list)
+    # Held-out cases' figures with the result and with the start (replayed, never fitted on).
+    held_out_scores: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    start_held_out_scores: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    history: list[RoundScore] = field(default_factory=list)
+    stopped_early: bool = False  # a round improved nothing (or the fit proposed no move)
+    vllm_version: str | None = None
+
+    @property
+    def score(self) -> float:
+        return score(self.scores)
+
+    @property
+    def start_score(self) -> float:
+        return score(self.start_scores)
+
+    @property
+    def improved(self) -> bool:
+        """False when no round beat the start: `coefficients` is then the start, unchanged."""
+        return any(r.kept and r.round > 0 for r in self.history)
+
+    @property
+    def rounds_run(self) -> int:
+        return max((r.round for r in self.history), default=0)
 
     def document(self, **about: Any) -> dict[str, Any]:
         """The coefficients YAML (load with --latency-coeffs), with the fit's provenance."""
-        return coefficients_document(
-            self.coefficients,
-            fit={
-                "objective": "soft-L1 least squares of weighted log(predicted/measured) of "
-                + ", ".join(f"{m} (x{METRIC_WEIGHTS[m]:g})" for m in FIT_METRICS)
-                + " per run, plus a log-normal prior towards the physical defaults (width "
-                + ", ".join(f"{n} {PRIOR_SIGMA[n]:g}" for n in FITTED)
-                + f"; residual scale {PRIOR_DATA_SCALE:g})",
-                "rounds": self.rounds,
-                "runs": list(self.cases),
-                "in_sample_errors": {
-                    name: {m: float(s["predicted"][m] / s["measured"][m] - 1) for m in FIT_METRICS}
-                    for name, s in self.scores.items()
-                },
+
+        def errors(scores: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+            return {n: dict(e) for n, e in signed_errors(scores).items()}
+
+        fit_section: dict[str, Any] = {
+            "objective": "soft-L1 least squares of weighted log(predicted/measured) of "
+            + ", ".join(f"{m} (x{METRIC_WEIGHTS[m]:g})" for m in FIT_METRICS)
+            + " per run, plus a log-normal prior towards "
+            + ("the start" if self.prior == PRIOR_AT_START else "the physical defaults")
+            + " (width "
+            + ", ".join(f"{n} {PRIOR_SIGMA[n]:g}" for n in FITTED)
+            + f"; residual scale {PRIOR_DATA_SCALE:g})",
+            "rounds": self.rounds,
+            "rounds_run": self.rounds_run,
+            "runs": list(self.cases),
+            "held_out": list(self.held_out),
+            "vllm_version": self.vllm_version,
+            "start": {
+                "source": self.start_source,
+                "coefficients": coefficients_dict(self.start),
             },
-            **about,
-        )
+            "prior": self.prior,
+            "improved": self.improved,
+            "score": {"start": self.start_score, "fitted": self.score},
+            "round_scores": [
+                {"round": r.round, "step": r.step, "score": r.score, "kept": r.kept}
+                for r in self.history
+            ],
+            "in_sample_errors": errors(self.scores),
+            "start_in_sample_errors": errors(self.start_scores),
+        }
+        if self.held_out:
+            fit_section["held_out_score"] = {
+                "start": score(self.start_held_out_scores),
+                "fitted": score(self.held_out_scores),
+            }
+            fit_section["held_out_errors"] = errors(self.held_out_scores)
+            fit_section["start_held_out_errors"] = errors(self.start_held_out_scores)
+        return coefficients_document(self.coefficients, fit=fit_section, **about)
 
 
 def record_all(
@@ -455,55 +857,226 @@ def record_all(
         return [record(case, coefficients) for case in cases]
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(cases))) as pool:
         return list(pool.map(record, cases, [coefficients] * len(cases)))
+
+
+def split_holdout(
+    cases: Sequence[Case], holdout: Sequence[str] | None
+) -> tuple[list[Case], list[Case]]:
+    """(fitted, held out): a case is held out when its name equals or contains one of
+    `holdout`. Every name must match a case, and at least one case must stay to fit on."""
+    names = [str(n) for n in holdout or ()]
+    for wanted in names:
+        if not wanted or not any(wanted in case.name for case in cases):
+            raise ConfigError(
+                f"--holdout: no run matches {excerpt(wanted)}; "
+                f"available: {', '.join(case.name for case in cases)}"
+            )
+    held = [case for case in cases if any(w in case.name for w in names)]
+    fitted = [case for case in cases if case not in held]
+    if not fitted:
+        raise ConfigError(
+            f"--holdout: {', '.join(map(excerpt, names))} holds out every run; nothing left "
+            "to fit on"
+        )
+    return fitted, held
+
+
+def case_deployment(case: Case) -> Any:
+    """The deployment `case` replays on (model, GPU, TP, ...), resolved without running."""
+    from .api import as_scenario, resolve_deployment
+    from .scenario import Scenario, TraceSpec, apply_overrides
+
+    sc = as_scenario(case.scenario) if case.scenario is not None else Scenario()
+    sc = sc.model_copy(update={"workload": None, "workload_spec": None})
+    sc.trace = TraceSpec(header=case.trace_header, data=case.trace_data)
+    sc = apply_overrides(sc, {k.replace("__", "."): v for k, v in case.overrides.items()})
+    return resolve_deployment(sc)
+
+
+def shipped_coefficients(gpu: Any, vllm_version: str | None) -> tuple[PhysicsCoefficients, str]:
+    """`physics.default_coefficients` for the GPU, and for the vLLM version when the shipped
+    calibrations are keyed by it (whatever it returns is what replays use uncalibrated)."""
+    parameters = inspect.signature(default_coefficients).parameters
+    if "vllm_version" in parameters:
+        return default_coefficients(gpu, vllm_version=vllm_version)
+    return default_coefficients(gpu)
+
+
+def model_key(model: str) -> str:
+    """A model's name for comparing: lower case, without the organisation."""
+    return str(model).strip().lower().split("/")[-1]
+
+
+def shipped_fit_models(cases: Sequence[Case], vllm_version: str | None) -> set[str] | None:
+    """The models (`model_key`) the shipped start for `cases` was fitted on; None when the
+    shipped coefficients do not say (then any held-out run may have been among them)."""
+    gpu = case_deployment(cases[0]).gpu
+    _, source = shipped_coefficients(gpu, vllm_version)
+    if str(getattr(source, "kind", source)) == "physical defaults":
+        return set()
+    models = getattr(source, "fit_models", None)
+    return None if models is None else {model_key(m) for m in models}
+
+
+def resolve_start(
+    start: PhysicsCoefficients | str | Path | None,
+    cases: Sequence[Case],
+    vllm_version: str | None = None,
+) -> tuple[PhysicsCoefficients, str]:
+    """The starting coefficients and where they come from. None or "shipped": what the cases'
+    GPU uses uncalibrated (its shipped fit, else the physical defaults); "physical": the
+    physical defaults; a path: a coefficients file; or the coefficients themselves."""
+    if isinstance(start, PhysicsCoefficients):
+        return start.check("calibrate: start"), "given"
+    if start is None or str(start) == START_SHIPPED:
+        gpus = {}
+        for case in cases:
+            gpu = case_deployment(case).gpu
+            gpus.setdefault(gpu.name, gpu)
+        if len(gpus) != 1:
+            raise ConfigError(
+                f"calibrate: the runs are on several GPUs ({', '.join(sorted(gpus))}), each "
+                "with its own shipped coefficients; choose a start (--start FILE or physical)"
+            )
+        gpu = next(iter(gpus.values()))
+        c, source = shipped_coefficients(gpu, vllm_version)
+        # The source is a label or an object that describes itself (its `kind` says which).
+        kind = str(getattr(source, "kind", source))
+        text = source.describe() if hasattr(source, "describe") else str(source)
+        if kind == "physical defaults":
+            return c, f"physical defaults (no shipped calibration for {gpu.name})"
+        return c, f"shipped coefficients for {gpu.name}: {text}"
+    if str(start) == START_PHYSICAL:
+        return PhysicsCoefficients(), "physical defaults"
+    if isinstance(start, str | Path):
+        return load_coefficients_file(start), f"file {str(start)}"
+    raise invalid(
+        "calibrate: start", start, "must be coefficients, a file, 'shipped' or 'physical'"
+    )
+
+
+def common_version(cases: Sequence[Case]) -> str | None:
+    """The vLLM version all `cases` were measured on, if they agree and it is known."""
+    versions = {case.vllm_version for case in cases}
+    return versions.pop() if len(versions) == 1 else None
+
+
+def _replay_step(
+    cases: Sequence[Case],
+    base: PhysicsCoefficients,
+    x: np.ndarray,
+    direction: np.ndarray,
+    step: float,
+    round_index: int,
+    workers: int,
+) -> tuple[RoundScore, list[Recording]]:
+    """Replay every case `step` of the way along `direction` from `x` (log-coefficients)."""
+    c = _from_vector(x + step * direction, base)
+    recordings = record_all(cases, c, workers)
+    figures = _figures(recordings)
+    return RoundScore(round_index, step, score(figures), signed_errors(figures), False, c), (
+        recordings
+    )
 
 
 def fit(
     cases: Sequence[Case],
-    start: PhysicsCoefficients | None = None,
+    start: PhysicsCoefficients | str | Path | None = None,
     rounds: int = DEFAULT_ROUNDS,
-    on_round: Callable[[int, PhysicsCoefficients], None] | None = None,
+    on_round: Callable[[RoundScore], None] | None = None,
     workers: int = 1,
+    holdout: Sequence[str] | None = None,
+    vllm_version: str | None = None,
+    start_source: str | None = None,
+    prior: str = PRIOR_AT_START,
 ) -> FitResult:
-    """Alternate replay-and-record with a least-squares fit `rounds` times; score the result
-    with one more replay of every case."""
+    """Fit on `cases` but those `holdout` names (see `split_holdout`), from `start` (see
+    `resolve_start`; default the coefficients the deployment uses uncalibrated), in at most
+    `rounds` damped replay-and-fit rounds (module docstring). `on_round` sees every replay
+    of a round once the round has decided which, if any, to keep. The result is the best
+    replayed point, the start itself when no round improved on it (`improved` is then False);
+    held-out cases are replayed with the start and the result only, never fitted on.
+    `start_source` labels a `start` given as coefficients in the provenance. The prior is
+    centred on the start, or with `prior="physical"` on the physical defaults."""
     if not cases:
         raise ConfigError("calibrate: nothing to fit on (no runs selected)")
-    if rounds < 1:
-        raise invalid("calibrate: rounds", rounds, "must be >= 1")
-    prior = PhysicsCoefficients()
-    c = start or prior
-    # The fixed-schedule fit cannot see a queue build up, so a round can overshoot into
-    # overload; every round's coefficients are scored by full replays and the best one kept.
-    best: tuple[float, PhysicsCoefficients, list[Recording]] | None = None
-    for round_index in range(rounds + 1):
-        recordings = record_all(cases, c, workers)
-        replayed_cost = _replayed_cost(recordings)
-        if best is None or replayed_cost < best[0]:
-            best = (replayed_cost, c, recordings)
-        if round_index == rounds:
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise invalid("calibrate: rounds", rounds, "must be an integer >= 0")
+    if prior not in PRIOR_CENTRES:
+        raise invalid("calibrate: prior", prior, f"must be one of {', '.join(PRIOR_CENTRES)}")
+    names = [case.name for case in cases]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"calibrate: two runs are named {excerpt(repeated[0])}; rename one")
+    train, held = split_holdout(cases, holdout)
+    version = vllm_version or common_version(cases)
+    start_c, resolved_source = resolve_start(start, cases, version)
+    start_source = start_source or resolved_source
+    centre = start_c if prior == PRIOR_AT_START else PhysicsCoefficients()
+
+    recorded = record_all([*train, *held], start_c, workers)
+    current, held_start = recorded[: len(train)], recorded[len(train) :]
+    start_figures = _figures(current)
+    best = RoundScore(0, 0.0, score(start_figures), signed_errors(start_figures), True, start_c)
+    history = [best]
+    if on_round is not None:
+        on_round(best)
+    step, stopped = 1.0, False
+    for k in range(1, rounds + 1):
+        proposal = fit_recorded(current, best.coefficients, centre)
+        x = _to_vector(best.coefficients)
+        direction = _to_vector(proposal) - x
+        if not np.any(np.abs(direction) > 1e-9):
+            stopped = True
             break
-        c = fit_recorded(recordings, c, prior)
-        if on_round is not None:
-            on_round(round_index + 1, c)
-    _, c, final = best
-    scores = {
-        rec.case.name: {"measured": rec.case.measured, "predicted": rec.predicted} for rec in final
-    }
-    return FitResult(c, [case.name for case in cases], rounds, scores)
+        trials = [_replay_step(train, best.coefficients, x, direction, step, k, workers)]
+        better = line_step(replayed_residuals(current), replayed_residuals(trials[0][1]), step)
+        if not (step / RETRY_RATIO <= better <= step * RETRY_RATIO):
+            trials.append(_replay_step(train, best.coefficients, x, direction, better, k, workers))
+        bar = best.score * (1 - MIN_IMPROVEMENT)
+        shortest = min(t.step for t, _ in trials)
+        if min(t.score for t, _ in trials) >= bar and shortest / 2 >= MIN_STEP:
+            # The line was wrong (the replays are not linear this far out): backtrack once
+            # before calling the round a failure.
+            trials.append(
+                _replay_step(train, best.coefficients, x, direction, shortest / 2, k, workers)
+            )
+        # Ties go to the earlier trial, the step the previous rounds found to work.
+        chosen = min(range(len(trials)), key=lambda i: trials[i][0].score)
+        improved = trials[chosen][0].score < bar
+        for i, (t, _) in enumerate(trials):
+            history.append(replace(t, kept=improved and i == chosen))
+            if on_round is not None:
+                on_round(history[-1])
+        if not improved:
+            stopped = True
+            break
+        best, current = replace(trials[chosen][0], kept=True), trials[chosen][1]
+        step = best.step
 
-
-def _replayed_cost(recordings: Sequence[Recording]) -> float:
-    """The fit's soft-L1 cost (without the prior) on the figures of actual replays."""
-    total = 0.0
-    for rec in recordings:
-        for metric in FIT_METRICS:
-            meas, pred = rec.case.measured[metric], rec.predicted[metric]
-            if math.isfinite(meas) and meas > 0:
-                r = METRIC_WEIGHTS[metric] * math.log(pred / meas if pred > 0 else 1e-3)
-                total += 2 * ((1 + (r / SOFT_L1_SCALE) ** 2) ** 0.5 - 1)
-    return total
+    result_c = best.coefficients
+    if held and result_c is not start_c:
+        held_result = record_all(held, result_c, workers)
+    else:
+        held_result = held_start
+    return FitResult(
+        coefficients=result_c,
+        cases=[case.name for case in train],
+        rounds=rounds,
+        scores=_figures(current),
+        start=start_c,
+        start_source=start_source,
+        prior=prior,
+        start_scores=start_figures,
+        held_out=[case.name for case in held],
+        held_out_scores=_figures(held_result),
+        start_held_out_scores=_figures(held_start),
+        history=history,
+        stopped_early=stopped,
+        vllm_version=version,
+    )
 
 
 def write_coefficients(path: Path, document: dict[str, Any]) -> None:
@@ -521,10 +1094,15 @@ def coefficients_dict(c: PhysicsCoefficients) -> dict[str, float]:
 __all__ = [
     "Case",
     "FitResult",
+    "RoundScore",
     "fit",
     "groundtruth_case",
+    "line_step",
     "record",
     "replay_case",
     "reprice",
+    "resolve_start",
+    "split_holdout",
     "trace_case",
+    "trace_cases",
 ]

@@ -629,24 +629,43 @@ def replay(
             show_default=False,
         ),
     ] = None,
+    max_in_flight: Annotated[
+        str,
+        typer.Option(
+            "--max-in-flight",
+            help="the load generator's cap on outstanding requests: auto (what the recorded "
+            "client did: its send times, or, if it fell behind a saturated server, the "
+            "scheduled times with its cap), off (the send times, as BLIS), or N (the scheduled "
+            "times, at most N outstanding)",
+        ),
+    ] = "auto",
     **flags: Any,
 ) -> None:
     """Simulate exactly the requests of a BLIS TraceV2 file (send/arrival times, token counts)."""
 
     def go() -> None:
+        from .api import client_replay
         from .workload.trace import trace_notes
 
         _setup_logging(flags["log"])
         overrides = _overrides(flags)
         overrides["workload"] = None
         overrides["workload_spec"] = None
-        overrides["trace"] = {"header": trace_header, "data": trace_data}
+        client = client_replay(max_in_flight, trace_data)
+        overrides["trace"] = {
+            "header": trace_header,
+            "data": trace_data,
+            "timing": "schedule" if client.at_schedule else "sends",
+            "max_in_flight": client.max_in_flight,
+        }
         choice, apply = _replay_prefix_caching(
             prefix_caching, scenario, overrides, trace_header, trace_data
         )
         if apply:
             overrides["engine.enable_prefix_caching"] = choice.enabled
         notes = trace_notes(trace_header, trace_data)
+        if client.at_schedule:  # the send times are not used
+            notes = [n for n in notes if not n.startswith("send_time_us:")]
         _execute(
             scenario,
             overrides,
@@ -657,6 +676,7 @@ def replay(
         )
         # After the run: a refused input must leave its error as the only line on stderr.
         typer.echo(choice.line(), err=True)
+        typer.echo(client.line(), err=True)
         for note in notes:
             typer.echo(f"note: {note}", err=True)
 
@@ -832,7 +852,9 @@ def validate_cmd(
 
         import pandas as pd
 
-        models = latency_models or ["roofline"]
+        from .scenario import DEFAULT_LATENCY_MODEL
+
+        models = latency_models or [DEFAULT_LATENCY_MODEL]
         frames = []
         medians = {}
         for model in models:

@@ -3,36 +3,117 @@ real trace (SPEC §12.2). Registered onto the main typer app by `register(app)`.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .errors import ConfigError
+from .errors import ConfigError, excerpt
+
+# Exit status when --fail-if-no-improvement is given and no round beat the start. Bad input
+# is 2, a broken invariant 3 (cli_app): 1 is the conventional "ran, but the answer is no".
+NO_IMPROVEMENT_EXIT_CODE = 1
+METRIC_LABELS = {
+    "e2e_mean_ms": "E2E mean",
+    "itl_ms": "ITL",
+    "ttft_mean_ms": "TTFT mean",
+    "ttft_p99_ms": "TTFT p99",
+}
 
 
-def _print_fit(result: Any) -> None:
-    from .calibrate import FIT_METRICS
+def _pct(value: float, signed: bool = False) -> str:
+    if not math.isfinite(value):
+        return "-"
+    return f"{value:+.1%}" if signed else f"{value:.1%}"
 
-    typer.echo(f"{'run':<46}" + "".join(f"{m:>15}" for m in FIT_METRICS))
-    for name, s in result.scores.items():
-        cells = "".join(f"{s['predicted'][m] / s['measured'][m] - 1:>+15.1%}" for m in FIT_METRICS)
-        typer.echo(f"{name:<46}{cells}")
-    typer.echo("(signed error of a full replay with the fitted coefficients; in-sample)")
+
+def format_round(r: Any) -> str:
+    """One line per replay (stderr): round, step, in-sample score and mean |error|s."""
+    errors = r.mean_abs_errors()
+    if r.round == 0:
+        where = "round 0 (the start)"
+    elif r.step == 1.0:
+        where = f"round {r.round}, full step"
+    else:
+        where = f"round {r.round}, {r.step:.2f} of the step"
+    figures = "  ".join(f"{METRIC_LABELS[m]} {_pct(v)}" for m, v in errors.items())
+    kept = "  (kept)" if r.kept and r.round > 0 else ""
+    return f"calibrate: {where}: score {r.score:.4g}  {figures}{kept}"
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def format_summary(result: Any) -> str:
+    """Per metric, the mean |error| over runs of the start and of the result, in-sample and
+    held out side by side; then every run's signed errors (result, and start in brackets)."""
+    from .calibrate import FIT_METRICS, mean_abs_errors, score, signed_errors
+
+    columns = [("in-sample", result.start_scores, result.scores)]
+    if result.held_out:
+        columns.append(("held-out", result.start_held_out_scores, result.held_out_scores))
+    lines = [
+        f"{'mean |error| per run':<22}"
+        + "".join(f"{f'{label} ({_runs(len(now))})':>25}" for label, _, now in columns),
+        f"{'':<22}" + "".join(f"{'start':>16}{'fitted':>9}" for _ in columns),
+    ]
+    means = [
+        (mean_abs_errors(signed_errors(before)), mean_abs_errors(signed_errors(now)))
+        for _, before, now in columns
+    ]
+    for m in FIT_METRICS:
+        cells = "".join(f"{_pct(before[m]):>16}{_pct(now[m]):>9}" for before, now in means)
+        lines.append(f"{METRIC_LABELS[m]:<22}{cells}")
+    cells = "".join(f"{score(before):>16.4g}{score(now):>9.4g}" for _, before, now in columns)
+    lines.append(f"{'score (soft-L1)':<22}{cells}")
+    lines.append("")
+    width = max(len(n) for n in [*result.scores, *result.held_out_scores, "run"]) + 2
+    lines.append(
+        f"{'run':<{width}}{'set':<10}" + "".join(f"{METRIC_LABELS[m]:>21}" for m in FIT_METRICS)
+    )
+    for label, start_scores, scores in (
+        ("fitted", result.start_scores, result.scores),
+        ("held-out", result.start_held_out_scores, result.held_out_scores),
+    ):
+        now, before = signed_errors(scores), signed_errors(start_scores)
+        for name, errors in now.items():
+            cells = "".join(
+                f"{f'{_pct(errors[m], True)} ({_pct(before[name][m], True)})':>21}"
+                for m in FIT_METRICS
+            )
+            lines.append(f"{name:<{width}}{label:<10}{cells}")
+    lines.append(
+        "(signed error of full replays: with the result, and with the start in brackets; "
+        "held-out runs were never fitted on)"
+    )
+    return "\n".join(lines)
 
 
 def register(app: typer.Typer) -> None:
-    """Add `calibrate [FOLDER] | --trace-header H --trace-data D [--sim-trace S]`."""
+    """Add `calibrate [FOLDER] | --trace-header H --trace-data D [--sim-trace S] | --traces F`."""
 
     @app.command("calibrate")
     def calibrate_cmd(
         folder: Annotated[
             Path | None,
-            typer.Argument(help="ground-truth folder to fit on (default ../shared/groundtruth)"),
+            typer.Argument(
+                help="ground-truth folder to fit on (default ../shared/groundtruth), or a "
+                "folder of trace cells (as --traces)"
+            ),
         ] = None,
         runs: Annotated[
             list[str] | None,
             typer.Option("--runs", help="only runs whose name contains NAME (repeatable)"),
+        ] = None,
+        holdout: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--holdout",
+                help="hold runs/cells whose name contains NAME out of the fit and score them "
+                "separately (repeatable)",
+            ),
         ] = None,
         include_overloaded: Annotated[
             bool, typer.Option("--include-overloaded", help="also fit on overloaded runs")
@@ -54,10 +135,22 @@ def register(app: typer.Typer) -> None:
             ),
         ] = True,
         trace_header: Annotated[
-            Path | None, typer.Option("--trace-header", help="real TraceV2 header (YAML)")
+            list[Path] | None,
+            typer.Option("--trace-header", help="real TraceV2 header (YAML; repeatable)"),
         ] = None,
         trace_data: Annotated[
-            Path | None, typer.Option("--trace-data", help="real TraceV2 data (CSV)")
+            list[Path] | None,
+            typer.Option(
+                "--trace-data", help="real TraceV2 data (CSV; repeatable, paired in order)"
+            ),
+        ] = None,
+        traces: Annotated[
+            list[Path] | None,
+            typer.Option(
+                "--traces",
+                help="folder of trace cells: sub-folders with trace.yaml + trace.csv, or "
+                "NAME.yaml + NAME.csv pairs (repeatable)",
+            ),
         ] = None,
         sim_trace: Annotated[
             Path | None,
@@ -78,9 +171,42 @@ def register(app: typer.Typer) -> None:
         max_num_scheduled_tokens: Annotated[
             int | None, typer.Option("--max-num-scheduled-tokens")
         ] = None,
+        vllm_version: Annotated[
+            str | None,
+            typer.Option(
+                "--vllm-version",
+                help="vLLM version of the measured server (start lookup and provenance; "
+                "default: recorded with the runs)",
+            ),
+        ] = None,
+        start: Annotated[
+            str | None,
+            typer.Option(
+                "--start",
+                help="starting coefficients: 'shipped' (default: what the GPU uses "
+                "uncalibrated), 'physical' (the physical defaults) or a coefficients FILE",
+            ),
+        ] = None,
+        prior: Annotated[
+            str,
+            typer.Option(
+                "--prior",
+                help="centre the log-normal prior on the 'start' (default) or on the "
+                "'physical' defaults",
+            ),
+        ] = "start",
         rounds: Annotated[
-            int, typer.Option("--rounds", help="replay-and-fit rounds (default 3)")
+            int,
+            typer.Option("--rounds", help="at most this many replay-and-fit rounds (default 3)"),
         ] = 3,
+        fail_if_no_improvement: Annotated[
+            bool,
+            typer.Option(
+                "--fail-if-no-improvement",
+                help=f"exit with status {NO_IMPROVEMENT_EXIT_CODE} when no round improves on "
+                "the start (the start is still printed and written)",
+            ),
+        ] = False,
         output: Annotated[
             Path | None, typer.Option("--output", help="write the fitted coefficients (YAML)")
         ] = None,
@@ -94,73 +220,188 @@ def register(app: typer.Typer) -> None:
             float, typer.Option("--network-bandwidth-mbps", help="0 = no transfer delay")
         ] = 0.0,
     ) -> None:
-        """Fit physics's coefficients to measured runs (a ground-truth folder or a real trace)
-        and write them for --latency-coeffs; with --sim-trace, only report a simulation
-        against the real trace (MAPE, Pearson r, percentiles, bias, quality)."""
+        """Fit physics's coefficients to measured runs (a ground-truth folder or real traces)
+        and write them for --latency-coeffs, scoring held-out runs side by side; with
+        --sim-trace, only report a simulation against the real trace (MAPE, Pearson r,
+        percentiles, bias, quality)."""
         from .cli_app import _check_writable, _guarded
+
+        unchanged: list[bool] = []
 
         def go() -> None:
             from . import calibrate as cal
             from .calibration_report import calibration_report, format_report
 
-            if (trace_header is None) != (trace_data is None):
-                raise ConfigError("--trace-header/--trace-data: must be given together")
+            headers, datas = list(trace_header or []), list(trace_data or [])
+            if len(headers) != len(datas):
+                raise ConfigError(
+                    f"--trace-header/--trace-data: must be given together, in pairs "
+                    f"({len(headers)} headers, {len(datas)} data files)"
+                )
             if sim_trace is not None:
-                if trace_header is None:
-                    raise ConfigError("--sim-trace: needs the real --trace-header/--trace-data")
+                if len(headers) != 1:
+                    raise ConfigError(
+                        "--sim-trace: needs exactly one real --trace-header/--trace-data pair"
+                    )
                 report = calibration_report(
-                    trace_header, trace_data, sim_trace, rtt_ms, network_bandwidth_mbps
+                    headers[0], datas[0], sim_trace, rtt_ms, network_bandwidth_mbps
                 )
                 typer.echo(format_report(report))
                 return
             _check_writable("--output", output)
-            progress = lambda i, c: typer.echo(f"round {i}/{rounds} done", err=True)  # noqa: E731
-            if trace_header is not None:
-                flags = {
-                    "model": model,
-                    "hardware": hardware,
-                    "tp": tp,
-                    "engine__total_kv_blocks": total_kv_blocks,
-                    "engine__max_num_running_reqs": max_num_running_reqs,
-                    "engine__max_num_scheduled_tokens": max_num_scheduled_tokens,
-                }
-                case = cal.trace_case(trace_header, trace_data, scenario, **flags)
-                result = cal.fit([case], rounds=rounds, on_round=progress, workers=workers)
-                _print_fit(result)
-                replayed = cal.replay_case(case, result.coefficients)
-                report = calibration_report(
-                    trace_header, trace_data, replayed, rtt_ms, network_bandwidth_mbps
+            if rounds < 0:
+                raise ConfigError(f"--rounds: invalid value {rounds}; must be an integer >= 0")
+            if prior not in cal.PRIOR_CENTRES:
+                raise ConfigError(
+                    f"--prior: invalid value {excerpt(prior)}; must be one of "
+                    + ", ".join(cal.PRIOR_CENTRES)
                 )
-                typer.echo(format_report(report))
-                about = {"trace": str(trace_data)}
-            else:
-                from .validate import discover_runs, select_runs
-
-                where = folder
-                if where is None:
-                    where = Path.cwd().parent / "shared" / "groundtruth"
-                    if not where.is_dir():
-                        raise ConfigError(
-                            f"calibrate: no ground truth at {str(where)!r}; pass FOLDER"
-                        )
-                specs = select_runs(discover_runs(where, forced_output_length), runs)
-                specs = [s for s in specs if include_overloaded or not s.overloaded]
-                import tempfile
-
-                with tempfile.TemporaryDirectory() as tmp:
-                    result = cal.fit(
-                        [cal.groundtruth_case(s, prompt_reuse, Path(tmp)) for s in specs],
-                        rounds=rounds,
-                        on_round=progress,
-                        workers=workers,
+            flags = {
+                "model": model,
+                "hardware": hardware,
+                "tp": tp,
+                "engine__total_kv_blocks": total_kv_blocks,
+                "engine__max_num_running_reqs": max_num_running_reqs,
+                "engine__max_num_scheduled_tokens": max_num_scheduled_tokens,
+            }
+            trace_folders = list(traces or [])
+            groundtruth = folder
+            if folder is not None and cal.is_trace_folder(folder):
+                trace_folders.insert(0, folder)
+                groundtruth = None
+            elif folder is None and not headers and not trace_folders:
+                groundtruth = Path.cwd().parent / "shared" / "groundtruth"
+                if not groundtruth.is_dir():
+                    raise ConfigError(
+                        f"calibrate: no ground truth at {str(groundtruth)!r}; pass FOLDER"
                     )
-                _print_fit(result)
-                about = {"groundtruth": str(where)}
+            cases = [
+                cal.trace_case(h, d, scenario, vllm_version=vllm_version, **flags)
+                for h, d in zip(headers, datas, strict=True)
+            ]
+            _name_apart(cases)
+            for where in trace_folders:
+                cases.extend(cal.trace_cases(where, scenario, **flags))
+            cases = _select(cases, runs, groundtruth is not None)
+            about: dict[str, Any] = {}
+            if headers:
+                about["trace"] = [str(d) for d in datas] if len(datas) > 1 else str(datas[0])
+            if trace_folders:
+                about["traces"] = [str(f) for f in trace_folders]
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                if groundtruth is not None:
+                    from .validate import discover_runs
+
+                    specs = discover_runs(groundtruth, forced_output_length)
+                    specs = [s for s in specs if include_overloaded or not s.overloaded]
+                    specs = [s for s in specs if not runs or any(w in s.name for w in runs)]
+                    gt_cases = [cal.groundtruth_case(s, prompt_reuse, Path(tmp)) for s in specs]
+                    cases = _select([*cases, *gt_cases], runs, False)
+                    about["groundtruth"] = str(groundtruth)
+                if not cases:
+                    raise ConfigError("calibrate: nothing to fit on (no runs selected)")
+                _, held = cal.split_holdout(cases, holdout)  # bad names fail before a replay
+                version = vllm_version or cal.common_version(cases)
+                start_c, start_source = cal.resolve_start(start, cases, version)
+                typer.echo(f"calibrate: starting from {start_source}", err=True)
+                if held and start_source.startswith("shipped"):
+                    _note_dependent_holdout(cal, cases, held, version)
+                result = cal.fit(
+                    cases,
+                    start=start_c,
+                    rounds=rounds,
+                    on_round=lambda r: typer.echo(format_round(r), err=True),
+                    workers=workers,
+                    holdout=holdout,
+                    vllm_version=version,
+                    start_source=start_source,
+                    prior=prior,
+                )
+            best = max((r for r in result.history if r.kept), key=lambda r: r.round)
+            if result.improved:
+                typer.echo(
+                    f"calibrate: kept round {best.round} ({best.step:.2f} of its step): score "
+                    f"{result.start_score:.4g} -> {result.score:.4g}"
+                    + ("; a later round improved nothing, stopped" if result.stopped_early else ""),
+                    err=True,
+                )
+            typer.echo(format_summary(result))
             typer.echo("coefficients:")
             for name, value in cal.coefficients_dict(result.coefficients).items():
                 typer.echo(f"  {name}: {value:.6g}")
             if output is not None:
                 cal.write_coefficients(output, result.document(**about))
+            if rounds > 0 and not result.improved:
+                what = "writing" if output is not None else "keeping"
+                typer.echo(
+                    "calibrate: no round improved on the starting coefficients "
+                    f"(score {result.start_score:.4g}); {what} them unchanged",
+                    err=True,
+                )
+                unchanged.append(True)
+            if output is not None:
                 typer.echo(f"wrote {output}", err=True)
+            if len(cases) == 1 and cases[0].trace_header is not None:
+                _report_one(cases[0], result, rtt_ms, network_bandwidth_mbps)
 
         _guarded(go)
+        if unchanged and fail_if_no_improvement:
+            raise typer.Exit(NO_IMPROVEMENT_EXIT_CODE)
+
+
+def _note_dependent_holdout(cal: Any, cases: list, held: list, version: str | None) -> None:
+    """Held-out runs of a model the shipped start was fitted on are not an independent test
+    of a fit that starts there (the start already saw them): say so."""
+    seen = cal.shipped_fit_models(cases, version)
+    dependent = [c.name for c in held if seen is None or cal.model_key(c.model) in seen]
+    if dependent:
+        typer.echo(
+            "calibrate: note: the shipped start was fitted on "
+            + ("the models of" if seen is not None else "runs that may include")
+            + f" held-out runs ({', '.join(dependent)}); their held-out scores are not "
+            "independent of it (--start physical is)",
+            err=True,
+        )
+
+
+def _select(cases: list, names: list[str] | None, more_to_come: bool) -> list:
+    """The cases whose name contains one of `names` (all without names); a name that matches
+    no case is an error unless more cases are still to come."""
+    if not names:
+        return cases
+    if not more_to_come:
+        for wanted in names:
+            if not any(wanted in c.name for c in cases):
+                available = ", ".join(c.name for c in cases) or "none"
+                raise ConfigError(
+                    f"--runs: no run matches {excerpt(wanted)}; available: {available}"
+                )
+    return [c for c in cases if any(wanted in c.name for wanted in names)]
+
+
+def _name_apart(cases: list) -> None:
+    """Trace pairs named alike (two folders' trace.csv of one name) get their folder's name
+    in front, so every run keeps a distinct name in the output and the provenance."""
+    names = [c.name for c in cases]
+    for case in cases:
+        if names.count(case.name) > 1:
+            case.name = f"{Path(case.trace_data).resolve().parent.name}/{case.name}"
+
+
+def _report_one(case: Any, result: Any, rtt_ms: float | None, bandwidth: float) -> None:
+    """BLIS's calibration report of the one fitted trace, replayed with the result (it needs
+    a real recording: `mode: real`)."""
+    from . import calibrate as cal
+    from .calibration_report import calibration_report, format_report
+    from .workload.trace import read_header
+
+    if read_header(case.trace_header).get("mode", "generated") != "real":
+        typer.echo(
+            "calibrate: no calibration report: the trace header's mode is not 'real'", err=True
+        )
+        return
+    replayed = cal.replay_case(case, result.coefficients)
+    report = calibration_report(case.trace_header, case.trace_data, replayed, rtt_ms, bandwidth)
+    typer.echo(format_report(report))

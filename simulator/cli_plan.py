@@ -100,6 +100,8 @@ def register(app: typer.Typer) -> None:
                 prices=prices,
                 progress=None if quiet else progress,
             )
+            for warning in result.warnings:
+                typer.echo(f"warning: {warning}", err=True)
             typer.echo(result.table())
             if plot is not None:
                 from .atomic_io import write_with

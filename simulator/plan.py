@@ -94,6 +94,8 @@ class PlanResult:
     seeds: list[int]
     max_instances: int
     prices_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
+    # Said before any answer: GPUs whose latencies rest on different evidence.
+    warnings: list[str] = field(default_factory=list)
 
     def plot(self, metric: str | None = None):
         """The frontier: worst-seed `metric` (default: the first SLO) against instance count,
@@ -127,6 +129,7 @@ class PlanResult:
             bounds.append(f"goodput >= {_fmt(self.min_goodput)}")
         lines = [
             f"SLOs: {', '.join(bounds)} (worst of seeds {self.seeds})",
+            *(f"warning: {w}" for w in self.warnings),
             "",
             "probes:",
             _text_table(self.frontier),
@@ -272,12 +275,15 @@ def plan(
 
     probes: list[dict[str, Any]] = []
     answers: list[dict[str, Any]] = []
+    provenance: dict[str, dict[str, Any]] = {}
     for gpu in gpu_names:
         gpu_sc = with_overrides(sc, {"hardware": gpu}, source=f"plan: hardware {gpu}")
         try:
-            tp = resolve_deployment(gpu_sc).tp
+            deployment = resolve_deployment(gpu_sc)
         except ConfigError as exc:
             raise ConfigError(f"plan: GPU {gpu}: {exc}") from None
+        tp = deployment.tp
+        provenance[gpu] = deployment.step_model.provenance()
         price = price_table.get(gpu.lower(), math.nan)
 
         def probe(n: int, gpu: str = gpu, gpu_sc: Scenario = gpu_sc, tp: int = tp) -> bool:
@@ -310,6 +316,8 @@ def plan(
                 "instances": found if found is not None else math.nan,
                 "total_gpus": found * tp if found is not None else math.nan,
                 "cost_per_hour_usd": found * tp * price if found is not None else math.nan,
+                "latency_model": provenance[gpu]["latency_model"],
+                "evidence": evidence(provenance[gpu]),
             }
         )
 
@@ -343,7 +351,33 @@ def plan(
         seeds=seed_list,
         max_instances=max_instances,
         prices_usd_per_gpu_hour={g: price_table.get(g.lower(), math.nan) for g in gpu_names},
+        warnings=mixed_evidence(provenance),
     )
+
+
+def evidence(provenance: Mapping[str, Any]) -> str:
+    """How a GPU's step times are known: `calibrated` (physics, fitted on this GPU),
+    `transferred` (physics, another GPU's fit), `physical defaults`, `given` (a coefficients
+    file) or `analytical`/`fitted` for BLIS's backends."""
+    if provenance.get("latency_model") == "physics":
+        return str(provenance.get("source", "given"))
+    return str(provenance.get("coefficients", "")).split(":")[0] or "analytical"
+
+
+def mixed_evidence(provenance: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One warning when the compared GPUs' latencies rest on different evidence: a GPU whose
+    fit was measured on it against one whose fit was carried over is not a like-for-like
+    comparison (docs/planning.md)."""
+    kinds = {gpu: evidence(p) for gpu, p in provenance.items()}
+    if len(set(kinds.values())) <= 1:
+        return []
+    parts = [f"{gpu}: {kind}" for gpu, kind in kinds.items()]
+    return [
+        "the GPUs' step times rest on different evidence (" + "; ".join(parts) + "); a "
+        "calibrated GPU is measured, a transferred one uses another GPU's fit as fractions of "
+        "its own peaks, so their comparison carries that GPU's transfer error "
+        "(docs/latency-models.md)"
+    ]
 
 
 def _gpu_order(gpu_names: list[str]) -> Callable[[pd.Series], pd.Series]:

@@ -124,14 +124,26 @@ WorkloadField = Annotated[
 
 
 class TraceSpec(_Strict):
-    """Replay recorded requests: a BLIS TraceV2 pair, or a plain request CSV without header."""
+    """Replay recorded requests: a BLIS TraceV2 pair, or a plain request CSV without header.
+
+    `timing`: inject each row at its recorded send time (`sends`, BLIS's replay) or at its
+    scheduled arrival_time_us (`schedule`). `max_in_flight`: the load generator's cap on
+    outstanding requests; a request due while that many are outstanding is sent when one
+    finishes, and its latencies count from that send (docs/traces.md)."""
 
     header: Path | None = None
     data: Path
+    timing: Literal["sends", "schedule"] = "sends"
+    max_in_flight: PositiveRequests | None = None
+
+
+# The step-time model of a run that names none: physics with the shipped fit for its GPU and
+# vLLM version (docs/latency-models.md); BLIS's own backends are chosen by name.
+DEFAULT_LATENCY_MODEL = "physics"
 
 
 class LatencySpec(_Strict):
-    model: str = "roofline"
+    model: str = DEFAULT_LATENCY_MODEL
     alpha_coeffs: list[Coefficient] | None = None
     beta_coeffs: list[Coefficient] | None = None
     # A release name such as "v0.8.4" or "0.15.1": long text is a mistake, not a version.
@@ -143,6 +155,8 @@ class LatencySpec(_Strict):
     def _pair(self) -> LatencySpec:
         if (self.alpha_coeffs is None) != (self.beta_coeffs is None):
             raise ValueError("alpha_coeffs and beta_coeffs must be given together")
+        if self.alpha_coeffs is not None and "model" not in self.model_fields_set:
+            self.model = "blackbox"  # BLIS: alpha/beta coefficients imply blackbox
         return self
 
 

@@ -32,6 +32,7 @@ import pandas as pd
 from .engine.request import RequestState
 from .errors import ConfigError, excerpt
 from .input_files import read_json, read_yaml
+from .scenario import DEFAULT_LATENCY_MODEL
 from .workload.server_settings import SERVER_CONFIG, recorded_prefix_caching
 
 REQUESTS_SUFFIX = ".requests.csv"
@@ -43,11 +44,10 @@ HARDWARE = "H100"
 # the record, but kept out of the accuracy summary.
 OVERLOADED_WORKLOADS = frozenset({"reasoning"})
 WORKLOADS = ("general", "codegen", "roleplay", "reasoning")
-# A load cell whose client took this much longer to send its requests than they were
-# scheduled over fell behind the server: the offered load was not delivered, so the cell
-# measures the server's capacity, not latency at that load (vllm-0.23.0 agg18/24/30: +5 %,
-# +38 %, +71 %; every other cell within 0.01 %).
-CLIENT_BEHIND_TOLERANCE = 0.02
+# A load cell whose client took more than trace.CLIENT_BEHIND_TOLERANCE longer to send its
+# requests than they were scheduled over fell behind the server: the offered load was not
+# delivered, so the cell measures the server's capacity, not latency at that load
+# (vllm-0.23.0 agg18/24/30: +5 %, +38 %, +71 %; every other cell within 0.01 %).
 # vllm-0.23.0's README: max_num_seqs was not recorded; the saturated cells hold about 255
 # requests in flight, consistent with 256.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -116,12 +116,18 @@ class RunSpec:
     prefix_caching: bool = True
     prefix_caching_source: str = ""
     # The cell's client sent its requests more than CLIENT_BEHIND_TOLERANCE later than they
-    # were scheduled (see CLIENT_BEHIND_TOLERANCE).
+    # were scheduled (see trace.CLIENT_BEHIND_TOLERANCE).
     client_fell_behind: bool = False
 
     @property
     def overloaded(self) -> bool:
         return self.workload in OVERLOADED_WORKLOADS or self.client_fell_behind
+
+    @property
+    def vllm_version(self) -> str | None:
+        """The measured server's vLLM version, from the dataset tag ("vllm-0.15.1")."""
+        found = re.fullmatch(r"vllm-(\d+(?:\.\d+)+\S*)", self.dataset)
+        return found.group(1) if found else None
 
     @property
     def kind(self) -> str:
@@ -341,8 +347,7 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
     header_path = cell / TRACE_HEADER
     read_header(header_path)
     spans = trace_spans(cell / TRACE_DATA)
-    scheduled = spans.scheduled_span_us
-    behind = spans.send_span_us > scheduled * (1 + CLIENT_BEHIND_TOLERANCE) if scheduled else False
+    behind = spans.client_fell_behind
     caching = recorded_prefix_caching(header_path)
     return RunSpec(
         name=cell.name,
@@ -579,8 +584,12 @@ def achieved_rps(records: Iterable) -> float:
 
 def replay_overrides(run: RunSpec, latency_model: str) -> dict[str, Any]:
     """README step 1: one H100 instance with the run's server settings and KV capacity;
-    prefix caching as the server had it (`RunSpec.prefix_caching`)."""
-    return {
+    prefix caching as the server had it (`RunSpec.prefix_caching`); physics uses its fit for
+    the measured server's vLLM version."""
+    version = {}
+    if latency_model == "physics" and run.vllm_version is not None:
+        version = {"latency__vllm_version": run.vllm_version}
+    return version | {
         "model": run.model,
         "hardware": HARDWARE,
         "tp": run.tp,
@@ -597,7 +606,7 @@ def replay_overrides(run: RunSpec, latency_model: str) -> dict[str, Any]:
 
 def validate_run(
     run: RunSpec,
-    latency_model: str = "roofline",
+    latency_model: str = DEFAULT_LATENCY_MODEL,
     extra_overrides: dict[str, Any] | None = None,
     trace: tuple[Path, Path] | None = None,
     offered_load: bool | None = None,
@@ -823,7 +832,7 @@ class Validation:
 
 def validate_datasets(
     folder: Path,
-    latency_model: str = "roofline",
+    latency_model: str = DEFAULT_LATENCY_MODEL,
     runs: Sequence[str] | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
     extra_overrides: dict[str, Any] | None = None,
@@ -878,7 +887,7 @@ def validate_datasets(
 
 def validate_folder(
     folder: Path,
-    latency_model: str = "roofline",
+    latency_model: str = DEFAULT_LATENCY_MODEL,
     runs: Sequence[str] | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
     extra_overrides: dict[str, Any] | None = None,

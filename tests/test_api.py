@@ -135,3 +135,24 @@ def test_progress_reporting_does_not_change_results(scenario):
         + plain.admission_rejections
         + plain.routing_rejections
     )
+
+
+def test_default_quickstart_decodes_no_faster_than_reading_the_weights_once():
+    """The default latency model is physics, and a decode step of Llama-3.1-8B on an H100 can
+    never be shorter than streaming its weights once from HBM: 8.03e9 parameters x 2 bytes
+    (BF16) = 16.06 GB at 3.35 TB/s = 4.79 ms. (roofline, BLIS's backend, printed 3.3 ms.)"""
+    from simulator.catalog.hardware import get_gpu
+    from simulator.catalog.models import load_model
+    from simulator.latency.kv_capacity import model_param_count
+
+    result = simulator.simulate("scenarios/quickstart.yaml", **SMALL)
+    model = load_model("meta-llama/llama-3.1-8b-instruct")
+    gpu = get_gpu("H100")
+    weights_bytes = model_param_count(model) * model.effective_weight_bytes_per_param
+    one_read_ms = weights_bytes / (gpu.bw_peak_tbs * 1e12) * 1e3
+    assert 4.7 < one_read_ms < 4.9  # the hand computation above
+    assert result.summary["itl_p50_ms"] >= one_read_ms
+    provenance = result.latency_provenance
+    assert provenance["latency_model"] == "physics"
+    assert provenance["fit_gpu"] == "H100" and provenance["gpu_covered_by_fit"] is True
+    assert "=== Latency Model ===" in result.report_text()

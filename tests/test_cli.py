@@ -66,8 +66,11 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def parse_summary(stdout: str) -> dict:
+    """The summary block: the first JSON object after the header (later blocks, such as
+    `=== Latency Model ===`, follow it)."""
     assert stdout.startswith(HEADER + "\n"), stdout[:200]
-    return json.loads(stdout[len(HEADER) :])
+    summary, _end = json.JSONDecoder().raw_decode(stdout[len(HEADER) :].lstrip())
+    return summary
 
 
 def assert_rejected(res, out_file: Path, *needles: str) -> None:

@@ -187,3 +187,24 @@ def test_registered_on_main_app() -> None:
 
     res = CliRunner().invoke(app, ["plan", "--help"])
     assert res.exit_code == 0 and "--slo" in res.stdout
+
+
+def test_plan_says_when_gpus_rest_on_different_evidence() -> None:
+    """physics on H100 uses a fit measured there; on A100 the H100 fit is transferred. The
+    plan must say so instead of comparing them silently; with one kind of evidence (blackbox
+    on both) it says nothing."""
+    physics = {
+        **BASE,
+        "latency": {"model": "physics"},
+        "workload": {**BASE["workload"], "rate": 5, "num_requests": 20},
+    }
+    res = plan(
+        physics, {"ttft_p99_ms": 5_000.0}, gpus=["H100", "A100-SXM"], seeds=(1,),
+        max_instances=2, workers=1,
+    )  # fmt: skip
+    assert list(res.per_gpu["evidence"]) == ["calibrated", "transferred"]
+    assert len(res.warnings) == 1
+    assert "H100: calibrated; A100-SXM: transferred" in res.warnings[0]
+    assert res.table().count("warning: the GPUs' step times rest on different evidence") == 1
+    same = plan(BASE, SLO, gpus=["H100", "L40S"], seeds=(1,), max_instances=8, workers=1)
+    assert same.warnings == [] and len(set(same.per_gpu["evidence"])) == 1

@@ -26,9 +26,9 @@ GOLDEN = Path(__file__).parent / "golden"
 
 CASES = {
     # case: deployment flags of the BLIS run (see tests/data/blis and shared/reference/README)
-    "r1_fixed512": dict(hardware="H100", tp=1),
-    "r2_chat": dict(hardware="H100", tp=1),
-    "r3_summ": dict(hardware="H100", tp=1),
+    "r1_fixed512": dict(hardware="H100", tp=1, latency__model="roofline"),
+    "r2_chat": dict(hardware="H100", tp=1, latency__model="roofline"),
+    "r3_summ": dict(hardware="H100", tp=1, latency__model="roofline"),
     "r4_blackbox": dict(
         hardware="H100", tp=2, latency__model="blackbox", latency__vllm_version="v0.8.4"
     ),

@@ -219,7 +219,7 @@ def test_cli_validate_writes_csv(fake_groundtruth: Path, tmp_path: Path) -> None
     assert "ttft_mean_ms" in result.stdout and "median err" in result.stdout
     written = pd.read_csv(out)
     assert list(written.columns) == [*FRAME_COLUMNS, "latency_model"]
-    assert len(written) == len(METRICS) and set(written.latency_model) == {"roofline"}
+    assert len(written) == len(METRICS) and set(written.latency_model) == {"physics"}  # the default
 
 
 def test_cli_validate_compares_backends(fake_groundtruth: Path, tmp_path: Path) -> None:
@@ -575,8 +575,8 @@ def test_cli_validate_on_the_parent_of_both_datasets(both_layouts: Path, tmp_pat
     result = CliRunner().invoke(app, ["validate", str(both_layouts), "--output", str(out)])
     assert result.exit_code == 0, result.output
     stdout, stderr = result.stdout, result.stderr
-    assert "vllm-0.15.1: 1 runs (roofline)" in stdout
-    assert "vllm-0.23.0: 1 runs (roofline)" in stdout
+    assert "vllm-0.15.1: 1 runs (physics)" in stdout
+    assert "vllm-0.23.0: 1 runs (physics)" in stdout
     assert "overloaded runs, kept out of the accuracy summary" in stdout
     assert "vllm-0.23.0 sweep-agg20: client fell behind its schedule" in stdout
     assert "vllm-0.15.1 20260101-010000-llama-2-7b-tp1-reasoning: README" in stdout

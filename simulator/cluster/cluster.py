@@ -46,10 +46,20 @@ class _Source:
     """Injects requests at their arrival times from a (possibly lazy) arrival-ordered stream."""
 
     def __init__(
-        self, requests: Iterable[Request], horizon_us: int | None, table: RequestTable | None
+        self,
+        requests: Iterable[Request],
+        horizon_us: int | None,
+        table: RequestTable | None,
+        max_in_flight: int | None = None,
     ) -> None:
         self.requests = requests
         self.horizon_us = horizon_us
+        # A load generator's cap on outstanding requests (a trace's `max_in_flight`): a
+        # request whose time has come waits for one of these slots, then is sent.
+        self.max_in_flight = max_in_flight
+        self.slots: simpy.Container | None = None
+        self.client_delayed = 0  # requests sent after their scheduled time for want of a slot
+        self.client_wait_us = 0
         # With a table, finished requests become rows there (`retire`) and only unfinished
         # ones stay objects here, keyed by id with their injection ordinal; without one
         # (PD: parents keep their sub-requests anyway) every request stays in `injected`.
@@ -65,6 +75,8 @@ class _Source:
     def run(self, env: simpy.Environment):
         horizon = self.horizon_us
         previous = 0
+        if self.max_in_flight is not None:
+            self.slots = simpy.Container(env, capacity=self.max_in_flight, init=self.max_in_flight)
         for req in self.requests:
             if horizon is not None and req.arrival_us > horizon:
                 self.not_arrived += 1
@@ -78,8 +90,31 @@ class _Source:
             delay = req.arrival_us - env.now
             if delay > 0:
                 yield env.timeout(delay)
+            if self.slots is not None:
+                yield self.slots.get(1)
+                if env.now > req.arrival_us:
+                    if horizon is not None and env.now > horizon:
+                        self.not_arrived += 1
+                        self.slots.put(1)
+                        continue
+                    self._send_late(req, int(env.now))
             self.inject(req)
         self.exhausted = True
+
+    def _send_late(self, req: Request, now_us: int) -> None:
+        """The client sends `req` when a slot frees: latency is measured from the send, as a
+        real client measures it, and a deadline keeps its distance from the send."""
+        wait_us = now_us - req.arrival_us
+        self.client_delayed += 1
+        self.client_wait_us += wait_us
+        if req.deadline_us:
+            req.deadline_us += wait_us
+        req.arrival_us = now_us
+
+    def release_slot(self, req: Request) -> None:
+        """A user-facing request left the system: its client slot is free again."""
+        if self.slots is not None and req.parent is None:
+            self.slots.put(1)
 
     def inject(self, req: Request) -> None:
         if self.table is None:
@@ -184,6 +219,7 @@ def run_simulation(
     pd_kv_bytes_per_token: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
     fleet: FleetPlan | None = None,
+    max_in_flight: int | None = None,
 ) -> Result:
     """Simulate `requests` on a cluster until all finish or the horizon passes.
 
@@ -194,6 +230,8 @@ def run_simulation(
     follow-up round, which re-enters through the router at its arrival time. `fleet` makes
     the fleet change while traffic flows (node pools, lifecycle, events, autoscaling, several
     models); without it every instance serves `model_name` and is routable from t = 0.
+    `max_in_flight` caps the user-facing requests outstanding at once, as a load generator
+    with that many connections does: a request due while all are busy is sent when one frees.
     """
     cluster = cluster or ClusterSpec()
     check_invariants = invariants_requested(check_invariants)
@@ -223,7 +261,7 @@ def run_simulation(
     ]
     block_size = setups[0].engine.block_size
     compact = COMPACT_FINISHED_REQUESTS and not cluster.pd.enabled
-    source = _Source(requests, horizon_us, RequestTable() if compact else None)
+    source = _Source(requests, horizon_us, RequestTable() if compact else None, max_in_flight)
     for engine in engines:
         engine.keep_completed = source.table is None
     finished = _on_finished(env, sessions, source, check_invariants)
@@ -348,6 +386,8 @@ def run_simulation(
         instance_ids=instance_ids,
         scenario=scenario or {},
         not_arrived=source.not_arrived,
+        client_delayed_requests=source.client_delayed,
+        client_wait_us=source.client_wait_us,
         session_counts=sessions.finalize() if sessions is not None and sessions.sessions else {},
         horizon_us=horizon_us,
         instance_summaries=per_instance,
@@ -455,6 +495,7 @@ def _on_finished(
 
     def on_finished(req: Request) -> None:
         source.finished += 1
+        source.release_slot(req)
         req.forget_block_hashes()
         if check_invariants:
             check_finished(req, env.now)

@@ -29,8 +29,6 @@ _ModelClass = TypeVar("_ModelClass", bound=type[StepTimeModel])
 
 LATENCY_MODELS: dict[str, type[StepTimeModel]] = {}
 
-DEFAULT_LATENCY_MODEL = "roofline"
-
 
 def register_latency_model(cls: _ModelClass) -> _ModelClass:
     """Add a backend to LATENCY_MODELS under `cls.name`; usable as a class decorator."""
@@ -92,7 +90,6 @@ def build_step_time_model(
 
 
 __all__ = [
-    "DEFAULT_LATENCY_MODEL",
     "LATENCY_MODELS",
     "BlackboxModel",
     "PhysicsModel",

@@ -45,6 +45,12 @@ class StepTimeModel:
     name: str = ""
     # True for backends whose from_deployment takes `coeffs_file` (a fitted-coefficients YAML).
     accepts_coeffs_file: bool = False
+    # Where the coefficients come from, as results report it (set by each backend).
+    coefficients_source: str = "analytical: no fitted coefficients"
+
+    def provenance(self) -> dict:
+        """Which model produced a result, and from which coefficients (every summary says)."""
+        return {"latency_model": self.name, "coefficients": self.coefficients_source}
 
     def step_time_us(self, batch: StepBatch) -> int:
         raise NotImplementedError

@@ -83,11 +83,18 @@ class BlackboxModel(StepTimeModel):
             missing = "beta_coeffs" if beta is None else "alpha_coeffs"
             raise invalid(missing, None, "alpha_coeffs and beta_coeffs must be given together")
         if alpha is not None and beta is not None:
-            return cls(alpha, beta)
+            model_ = cls(alpha, beta)
+            model_.coefficients_source = "given alpha/beta coefficients"
+            return model_
         entry = lookup_coefficients(model.name, gpu.name, tp, vllm_version)
         if entry is None:
             raise ConfigError(_no_coefficients_message(model.name, gpu.name, tp, vllm_version))
-        return cls(entry.alpha, entry.beta, total_kv_blocks=entry.total_kv_blocks)
+        fitted = cls(entry.alpha, entry.beta, total_kv_blocks=entry.total_kv_blocks)
+        fitted.coefficients_source = (
+            f"BLIS's fit for {gpu.name} TP{tp}, vLLM {entry.vllm_version.rsplit(':', 1)[-1]} "
+            "(defaults.yaml)"
+        )
+        return fitted
 
     def step_time_us(self, batch: StepBatch) -> int:
         prefill_tokens = 0

@@ -48,7 +48,13 @@ class CrossModel(StepTimeModel):
         vllm_version: str | None = None,
     ) -> CrossModel:
         """Explicit coefficients win; else BLIS's `crossmodel_defaults` (defaults.yaml)."""
-        return cls(model, tp, *coefficients_or_defaults(alpha, beta, crossmodel_defaults()))
+        built = cls(model, tp, *coefficients_or_defaults(alpha, beta, crossmodel_defaults()))
+        built.coefficients_source = (
+            "given alpha/beta coefficients"
+            if alpha is not None or beta is not None
+            else "BLIS's global crossmodel fit (defaults.yaml)"
+        )
+        return built
 
     def step_time_us(self, batch: StepBatch) -> int:
         prefill = 0

@@ -267,14 +267,95 @@ def interconnect_gb_per_s(gpu: GPUSpec) -> float:
     return float(table.get(gpu.name, table["default"]))
 
 
-def default_coefficients(gpu: GPUSpec) -> tuple[PhysicsCoefficients, str]:
-    """The shipped calibration for this GPU if there is one, else the physical defaults."""
-    calibrated = _hardware_table().get("calibrated", {}).get(gpu.name)
-    if calibrated:
-        return coefficients_from_mapping(calibrated, f"physics.yaml calibrated.{gpu.name}"), (
-            "calibrated"
-        )
-    return PhysicsCoefficients(), "physical defaults"
+@dataclass(frozen=True)
+class CoefficientSource:
+    """Where a physics model's coefficients come from, as every result reports it.
+
+    `fit` is the calibration used ("" for the physical defaults or given coefficients),
+    `fit_gpu` / `fit_vllm` what it was fitted on, and `covers_gpu` whether the run's GPU is
+    the one the fit saw (a fit transfers to other GPUs as fractions of their peaks)."""
+
+    kind: str  # "calibrated" | "transferred" | "physical defaults" | "given"
+    fit_gpu: str = ""
+    fit_vllm: str = ""
+    fitted_on: str = ""
+    covers_gpu: bool = False
+    note: str = ""
+    fit_models: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "calibrated":
+            return f"fit for {self.fit_gpu}, vLLM {self.fit_vllm} ({self.fitted_on}){self.note}"
+        if self.kind == "transferred":
+            return (
+                f"transferred from the {self.fit_gpu} fit, vLLM {self.fit_vllm} "
+                f"({self.fitted_on}): efficiencies as fractions of this GPU's peaks, not "
+                f"measured on it{self.note}"
+            )
+        return self.kind + self.note
+
+
+# The GPU whose fits carry to GPUs without one of their own (docs/latency-models.md).
+REFERENCE_GPU = "H100"
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    digits = [int(p) for p in version.lstrip("vV").split(".") if p.isdigit()]
+    return tuple(digits)
+
+
+def calibrations() -> dict[str, dict[str, dict[str, Any]]]:
+    """Shipped fits: GPU -> vLLM version -> {coefficients: ..., fitted_on: ...}."""
+    return _hardware_table().get("calibrated", {}) or {}
+
+
+def choose_calibration(
+    gpu_name: str, vllm_version: str | None
+) -> tuple[str, str, dict[str, Any]] | None:
+    """(fit GPU, fit vLLM version, entry) for a GPU and an optional vLLM version.
+
+    The GPU's own fits, else the reference GPU's (transferred). Without a version the newest
+    fit; with one, that version's fit, else the nearest older one, else the oldest."""
+    fits = calibrations()
+    fit_gpu = gpu_name if gpu_name in fits else REFERENCE_GPU
+    by_version = fits.get(fit_gpu)
+    if not by_version:
+        return None
+    ordered = sorted(by_version, key=_version_key)
+    if vllm_version is None:
+        chosen = ordered[-1]
+    else:
+        wanted = _version_key(vllm_version)
+        older = [v for v in ordered if _version_key(v) <= wanted]
+        chosen = older[-1] if older else ordered[0]
+    return fit_gpu, chosen, by_version[chosen]
+
+
+def default_coefficients(
+    gpu: GPUSpec, vllm_version: str | None = None
+) -> tuple[PhysicsCoefficients, CoefficientSource]:
+    """The shipped calibration for this GPU and vLLM version (newest when none is given), the
+    reference GPU's transferred to it when it has none, else the physical defaults."""
+    chosen = choose_calibration(gpu.name, vllm_version)
+    if chosen is None:
+        return PhysicsCoefficients(), CoefficientSource("physical defaults")
+    fit_gpu, fit_vllm, entry = chosen
+    where = f"physics.yaml calibrated.{fit_gpu}.{fit_vllm}"
+    coefficients = coefficients_from_mapping(entry["coefficients"], where)
+    note = ""
+    if vllm_version is not None and _version_key(vllm_version) != _version_key(fit_vllm):
+        note = f"; no fit for vLLM {vllm_version}, nearest used"
+    kind = "calibrated" if fit_gpu == gpu.name else "transferred"
+    source = CoefficientSource(
+        kind,
+        fit_gpu,
+        fit_vllm,
+        str(entry.get("fitted_on", "")),
+        kind == "calibrated",
+        note,
+        tuple(m.lower() for m in entry.get("models", ())),
+    )
+    return coefficients, source
 
 
 def coefficients_from_mapping(data: Mapping[str, Any], where: str) -> PhysicsCoefficients:
@@ -331,12 +412,14 @@ class PhysicsModel(StepTimeModel):
         gpu: GPUSpec,
         tp: int,
         coefficients: PhysicsCoefficients | None = None,
+        vllm_version: str | None = None,
+        given_from: str = "",
     ) -> None:
         validate_roofline_inputs(model, gpu, tp)
         if coefficients is None:
-            coefficients, self.coefficients_source = default_coefficients(gpu)
+            coefficients, self.source = default_coefficients(gpu, vllm_version)
         else:
-            self.coefficients_source = "given"
+            self.source = CoefficientSource("given", note=f" ({given_from})" if given_from else "")
         self.coefficients = coefficients.check()
         self.model, self.gpu, self.tp = model, gpu, tp
         self.shape = model_shape(model, tp)
@@ -381,7 +464,14 @@ class PhysicsModel(StepTimeModel):
                 "--latency-coeffs), not alpha/beta",
             )
         coefficients = load_coefficients_file(coeffs_file) if coeffs_file is not None else None
-        return cls(model, gpu, tp, coefficients)
+        return cls(
+            model,
+            gpu,
+            tp,
+            coefficients,
+            vllm_version=vllm_version,
+            given_from=f"file {str(coeffs_file)!r}" if coeffs_file is not None else "",
+        )
 
     def expected_experts(self, step_tokens: int) -> float:
         """Distinct experts per layer that `step_tokens` uniformly routed tokens touch."""
@@ -432,6 +522,22 @@ class PhysicsModel(StepTimeModel):
             kv_bytes / self.peak_bytes_per_s,
             1 if self.tp == 1 else 0,
         )
+
+    @property
+    def coefficients_source(self) -> str:
+        return self.source.describe()
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "latency_model": self.name,
+            "coefficients": self.source.describe(),
+            "source": self.source.kind,
+            "fit_gpu": self.source.fit_gpu,
+            "fit_vllm_version": self.source.fit_vllm,
+            "gpu": self.gpu.name,
+            "gpu_covered_by_fit": self.source.covers_gpu,
+            "model_covered_by_fit": self.model.name.lower() in self.source.fit_models,
+        }
 
     def step_time_us(self, batch: StepBatch) -> int:
         if batch.batch_size == 0:

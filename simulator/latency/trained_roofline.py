@@ -86,7 +86,13 @@ class TrainedRoofline(StepTimeModel):
     ) -> TrainedRoofline:
         """Explicit coefficients win; else BLIS's `trained_roofline_defaults`."""
         coefficients = coefficients_or_defaults(alpha, beta, trained_roofline_defaults())
-        return cls(model, gpu, tp, *coefficients)
+        built = cls(model, gpu, tp, *coefficients)
+        built.coefficients_source = (
+            "given alpha/beta coefficients"
+            if alpha is not None or beta is not None
+            else "BLIS's global trained-roofline fit (defaults.yaml)"
+        )
+        return built
 
     def step_time_us(self, batch: StepBatch) -> int:
         L, d, d_kv, d_h, d_ff = self.layers, self.d, self.d_kv, self.d_h, self.d_ff

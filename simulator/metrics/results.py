@@ -27,6 +27,8 @@ KV_HEADER = "=== KV Cache Metrics ==="
 TENANT_HEADER = "=== Per-Tenant Metrics ==="
 PD_HEADER = "=== PD Metrics ==="
 SESSION_HEADER = "=== Session Metrics ==="
+CLIENT_HEADER = "=== Client ==="
+LATENCY_HEADER = "=== Latency Model ==="
 FLEET_HEADER = "=== Fleet Metrics ==="
 MODEL_HEADER = "=== Per-Model Metrics ==="
 # BLIS's MetricsOutput fields (SPEC §10.2), in BLIS's order; kv_allocation_failures is omitted
@@ -383,6 +385,9 @@ class Result:
     instance_ids: list[str] = field(repr=False)
     scenario: dict[str, Any] = field(default_factory=dict, repr=False)
     not_arrived: int = 0
+    # A trace's `max_in_flight` client cap: requests it sent late, and their total wait.
+    client_delayed_requests: int = 0
+    client_wait_us: int = 0
     session_counts: dict[str, int] = field(default_factory=dict)
     horizon_us: int | None = None
     instance_summaries: list[dict[str, Any]] = field(default_factory=list, repr=False)
@@ -678,6 +683,8 @@ class Result:
             blocks.append(f"{PD_HEADER}\n{json.dumps(self.pd_metrics, indent=2)}")
         if self.session_counts:
             blocks.append(f"{SESSION_HEADER}\n{json.dumps(self.session_counts, indent=2)}")
+        if self.client_cap is not None:
+            blocks.append(f"{CLIENT_HEADER}\n{json.dumps(self.client_cap, indent=2)}")
         if self.multi_model:
             table = self.per_model.set_index("model").round(3).to_dict(orient="index")
             blocks.append(f"{MODEL_HEADER}\n{json.dumps(table, indent=2)}")
@@ -690,7 +697,35 @@ class Result:
             "summarize"
         ):
             blocks.append(self.decisions.summary_text())
+        if self.latency_provenance:
+            blocks.append(f"{LATENCY_HEADER}\n{json.dumps(self.latency_provenance, indent=2)}")
         return "\n".join(blocks)
+
+    @property
+    def client_cap(self) -> dict[str, Any] | None:
+        """The load generator's cap on outstanding requests and what it held back (a trace
+        replayed with `max_in_flight`), or None without a cap."""
+        cap = (self.scenario.get("trace") or {}).get("max_in_flight")
+        if cap is None:
+            return None
+        delayed = self.client_delayed_requests
+        return {
+            "max_in_flight": cap,
+            "requests_sent_late": delayed,
+            "mean_client_wait_ms": round(self.client_wait_us / delayed / 1000, 3)
+            if delayed
+            else 0.0,
+        }
+
+    @property
+    def latency_provenance(self) -> dict[str, Any]:
+        """Which latency model produced these numbers, from which coefficients (and, when PD
+        pools differ, per pool role)."""
+        resolved = self.scenario.get("resolved", {})
+        out = dict(resolved.get("latency", {}))
+        if "latency_by_role" in resolved:
+            out["by_role"] = resolved["latency_by_role"]
+        return out
 
     def write_trace(self, prefix: str | Path) -> tuple[Path, Path]:
         """Export the run as a TraceV2 pair (SPEC §9.5): `prefix`.yaml and `prefix`.csv."""
@@ -748,6 +783,8 @@ class Result:
             doc["per_slo_class"] = self.per_slo
         if self.session_counts:
             doc["sessions"] = self.session_counts
+        if self.client_cap is not None:
+            doc["client"] = self.client_cap
         if self.instance_summaries:
             doc["instances"] = self.instance_summaries
         doc["anomalies"] = self.anomalies
@@ -760,5 +797,7 @@ class Result:
             doc["per_model"] = self.per_model.to_dict(orient="records")
         if self.fleet_metrics is not None:
             doc["fleet"] = self.fleet_metrics
+        if self.latency_provenance:
+            doc["latency_model"] = self.latency_provenance
         doc["requests"] = self.blis_request_records()
         return doc

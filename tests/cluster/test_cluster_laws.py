@@ -235,6 +235,9 @@ def _least_loaded(interval_us: int, seed: int):
         {
             "seed": seed,
             "workload": workload,
+            # The load is sized for roofline's step times (physics' are slower: the same rate
+            # would saturate every instance and leave nothing for routing to decide).
+            "latency": {"model": "roofline"},
             "cluster": {
                 "num_instances": 4,
                 "trace": {"level": "decisions"},

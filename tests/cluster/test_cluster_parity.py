@@ -23,6 +23,7 @@ def r8():
         model="meta-llama/llama-3.1-8b-instruct",
         hardware="H100",
         tp=1,
+        latency__model="roofline",
         engine__total_kv_blocks=1_000_000,
         cluster__num_instances=2,
         cluster__routing__policy="round-robin",

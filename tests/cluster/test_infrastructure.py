@@ -399,8 +399,11 @@ def test_pd_roles_come_from_deployments():
 SPIKE = {
     "seed": 7,
     # A batch cap of 16 makes one instance's capacity small (about 14 req/s here), so the
-    # spike (5 → 30 req/s from 15 s to 55 s) overloads it and the test stays quick.
+    # spike (5 → 30 req/s from 15 s to 55 s) overloads it and the test stays quick. Those
+    # capacities are roofline's step times; physics' are slower and four instances would not
+    # absorb the spike.
     "engine": {"max_num_running_reqs": 16},
+    "latency": {"model": "roofline"},
     "node_pools": [
         {
             "name": "h100",

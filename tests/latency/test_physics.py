@@ -233,11 +233,17 @@ def test_step_time_grows_with_batch_and_context() -> None:
     )
 
 
-def test_works_for_any_gpu_without_calibration() -> None:
+def test_other_gpus_use_the_h100_fit_transferred_and_say_so() -> None:
+    # The fit's efficiencies are fractions of a GPU's own peaks and its overheads are vLLM's
+    # CPU-side costs, so they carry over; the provenance must not claim the GPU was measured.
     for gpu in ("A100-SXM", "L40S", "H200", "B200"):
         m = PhysicsModel(LLAMA2_7B, get_gpu(gpu), 1)
-        assert m.coefficients_source == "physical defaults"
+        assert m.coefficients_source.startswith("transferred from the H100 fit")
+        provenance = m.provenance()
+        assert provenance["gpu_covered_by_fit"] is False
+        assert provenance["fit_gpu"] == "H100"
         assert m.step_time_us(StepBatch([], 4, 400)) > 1
+    assert PhysicsModel(LLAMA2_7B, H100, 1).provenance()["gpu_covered_by_fit"] is True
 
 
 def test_coefficients_file_round_trip_and_errors(tmp_path: Path) -> None:
@@ -268,7 +274,7 @@ def test_coeffs_file_only_for_physics(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("coefficients: {}\n")
     m = build_step_time_model("physics", LLAMA2_7B, H100, 1, coeffs_file=path)
-    assert m.coefficients_source == "given"
+    assert m.coefficients_source == f"given (file {str(path)!r})"
     with pytest.raises(ConfigError, match="latency.coeffs_file: .* only latency model physics"):
         build_step_time_model("roofline", LLAMA2_7B, H100, 1, coeffs_file=path)
     with pytest.raises(ConfigError, match="alpha_coeffs/beta_coeffs"):

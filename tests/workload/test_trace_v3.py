@@ -1,5 +1,6 @@
 """Traces as BLIS's current `observe` writes them (TraceV2 version 3, SPEC-blis-current §4.5-4.6),
-and the prefix-caching default taken from what the recorded server did."""
+the prefix-caching default taken from what the recorded server did, and the replay's client
+(`max_in_flight`) with its default taken from what the recorded client did."""
 
 from __future__ import annotations
 
@@ -10,23 +11,34 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from simulator.api import replay
+from simulator.api import client_replay, replay
+from simulator.catalog.hardware import get_gpu
+from simulator.catalog.models import load_model
 from simulator.cli import app
+from simulator.cluster.cluster import run_simulation
+from simulator.engine.batching import EngineConfig
+from simulator.engine.request import Request, RequestState
 from simulator.errors import ConfigError
+from simulator.latency.roofline import RooflineModel
 from simulator.workload import trace as tr
 from simulator.workload.server_settings import recorded_prefix_caching
 from simulator.workload.trace import (
     TRACE_V3_COLUMNS,
+    _most_outstanding,
     injection_origin_shift,
     load_requests_file,
     load_trace,
     prefix_key,
     read_header,
     read_rows,
+    recorded_client,
     requests_from_rows,
     trace_notes,
+    trace_spans,
     write_trace,
 )
 
@@ -390,3 +402,147 @@ def test_cli_replay_prefix_caching_flag_and_scenario_win(tmp_path):
     by_file = CliRunner().invoke(app, [*common, "--scenario", str(scenario)])
     assert by_file.exit_code == 0, by_file.output
     assert f"prefix caching: off (scenario {scenario})" in by_file.stderr
+
+
+# ------------------------------------------- the replay's client: max_in_flight and its default
+
+
+def _step_model() -> RooflineModel:
+    return RooflineModel.from_deployment(load_model("qwen/qwen3-14b"), get_gpu("H100"), 1)
+
+
+def _burst(n: int, gap_us: int = 1_000, output_tokens: int = 40) -> list[Request]:
+    return [Request(f"r{i}", i * gap_us, 300, output_tokens, index=i) for i in range(n)]
+
+
+def _outstanding_peak(records) -> int:
+    """The most user requests between send (arrival_us) and completion at any instant."""
+    return _most_outstanding(
+        [r.arrival_us for r in records], [max(r.completion_us, 1) for r in records]
+    )
+
+
+def test_most_outstanding_by_hand():
+    # Sends at 0, 1, 2, 5 and last chunks at 4, 3, 6, 7: in flight 1, 2, 3 (t=2), then 3
+    # ends, 1 ends (t=4), then 5 starts: 2. Peak 3.
+    assert _most_outstanding([0, 1, 2, 5], [4, 3, 6, 7]) == 3
+    # A completion at the very instant of a send frees its slot first.
+    assert _most_outstanding([0, 4], [4, 8]) == 1
+    assert _most_outstanding([0, 1], [0, 0]) == 0  # no completions recorded
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    cap=st.integers(1, 12),
+    gap_us=st.integers(0, 20_000),
+    output_tokens=st.integers(1, 60),
+)
+def test_cap_bounds_outstanding_requests_and_conserves_them(n, cap, gap_us, output_tokens):
+    scheduled = {f"r{i}": i * gap_us for i in range(n)}
+    result = run_simulation(
+        _burst(n, gap_us, output_tokens),
+        EngineConfig(),
+        _step_model(),
+        max_in_flight=cap,
+    )
+    records = list(result.request_records)
+    # Conservation: every request arrived and completed; none was lost to the cap.
+    assert len(records) == n
+    assert all(r.state is RequestState.COMPLETED for r in records)
+    # The law of the cap: never more than `cap` outstanding at once.
+    assert _outstanding_peak(records) <= cap
+    # Causality: a request is sent at or after its scheduled time, and sends keep their order.
+    assert all(r.arrival_us >= scheduled[r.request_id] for r in records)
+    sends = [r.arrival_us for r in sorted(records, key=lambda r: r.index)]
+    assert sends == sorted(sends)
+    late = sum(r.arrival_us > scheduled[r.request_id] for r in records)
+    assert result.client_delayed_requests == late
+    assert result.client_wait_us == sum(r.arrival_us - scheduled[r.request_id] for r in records)
+
+
+def test_a_cap_never_reached_changes_nothing():
+    plain = run_simulation(_burst(30), EngineConfig(), _step_model())
+    capped = run_simulation(_burst(30), EngineConfig(), _step_model(), max_in_flight=30)
+    assert capped.client_delayed_requests == 0
+    assert [(r.first_token_us, r.completion_us) for r in capped.request_records] == [
+        (r.first_token_us, r.completion_us) for r in plain.request_records
+    ]
+
+
+def test_a_cap_of_one_serves_requests_one_after_another():
+    result = run_simulation(_burst(5, gap_us=0), EngineConfig(), _step_model(), max_in_flight=1)
+    records = sorted(result.request_records, key=lambda r: r.index)
+    for before, after in zip(records, records[1:], strict=False):
+        assert after.arrival_us >= before.completion_us
+    assert result.client_delayed_requests == 4
+
+
+def _stretched_trace(tmp_path: Path, factor: float) -> Path:
+    """The fixture's rows with send times spread `factor` times wider than scheduled, as a
+    client that fell behind writes them."""
+    with DATA.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        rows, fields = list(reader), reader.fieldnames
+    first_send = min(int(r["send_time_us"]) for r in rows)
+    first_arrival = min(int(r["arrival_time_us"]) for r in rows)
+    for r in rows:
+        offset = int(r["arrival_time_us"]) - first_arrival
+        r["send_time_us"] = str(first_send + int(offset * factor))
+    out = tmp_path / "trace.csv"
+    with out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return out
+
+
+def test_recorded_client_keeps_send_times_when_the_client_kept_up():
+    client = recorded_client(DATA)
+    assert (client.at_schedule, client.max_in_flight) == (False, None)
+    assert "kept to its schedule" in client.line()
+
+
+def test_recorded_client_replays_a_client_that_fell_behind_through_its_cap(tmp_path):
+    data = _stretched_trace(tmp_path, 1.5)
+    spans = trace_spans(data)
+    assert spans.client_fell_behind and spans.max_in_flight > 0
+    client = recorded_client(data)
+    assert client.at_schedule and client.max_in_flight == spans.max_in_flight
+    assert f"at most {spans.max_in_flight:,} requests outstanding" in client.line()
+    result = replay(HEADER, data, **SERVER)
+    assert result.scenario["trace"]["timing"] == "schedule"
+    assert result.client_cap["max_in_flight"] == spans.max_in_flight
+    off = replay(HEADER, data, max_in_flight="off", **SERVER)
+    assert off.client_cap is None and off.scenario["trace"]["timing"] == "sends"
+
+
+def test_max_in_flight_choices_and_errors():
+    assert client_replay("off", DATA).max_in_flight is None
+    assert client_replay(7, DATA).max_in_flight == 7
+    assert client_replay("7", DATA).at_schedule
+    for bad in (0, -1, "many", True, 2.5):
+        with pytest.raises(ConfigError, match="max_in_flight: invalid value"):
+            client_replay(bad, DATA)
+
+
+def test_cli_prints_the_client_and_reports_what_the_cap_held_back(tmp_path):
+    runner = CliRunner()
+    replay_args = ["replay", "--trace-header", str(HEADER), "--trace-data", str(DATA)]
+    out = runner.invoke(
+        app,
+        [
+            *replay_args,
+            "--model",
+            "qwen/qwen3-14b",
+            "--latency-model",
+            "roofline",
+            "--max-in-flight",
+            "2",
+        ],  # fmt: skip
+    )
+    assert out.exit_code == 0, out.output
+    assert "client: at the scheduled times, at most 2 requests outstanding" in out.stderr
+    assert "=== Client ===" in out.stdout and '"max_in_flight": 2' in out.stdout
+    bad = runner.invoke(app, [*replay_args, "--max-in-flight", "lots"])
+    assert bad.exit_code == 2 and "max_in_flight: invalid value 'lots'" in bad.stderr
