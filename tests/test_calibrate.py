@@ -622,3 +622,35 @@ def test_cli_traces_of_one_name_are_told_apart(real_trace, tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     stem = real_trace[1].stem
     assert f"a/{stem}" in result.stdout and f"b/{stem}" in result.stdout
+
+
+def test_cli_calibrates_a_real_blis_observe_cell_unchanged(tmp_path: Path) -> None:
+    """200 rows of a real vLLM 0.23.0 cell as BLIS `observe` wrote them (tests/data/observe_v3:
+    trace_version 3, time_unit us, epoch send times, server_config.json beside it) calibrate
+    as they are: the start is the shipped 0.23.0 fit, the files are not touched, and the
+    result is a coefficients file that a run accepts."""
+    import hashlib
+
+    folder = Path(__file__).parent / "data" / "observe_v3"
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*.*")}
+    out = tmp_path / "fit.yaml"
+    result = CliRunner().invoke(
+        app, ["calibrate", str(folder), "--rounds", "1", "--workers", "1", "--output", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "starting from shipped coefficients for H100: fit for H100, vLLM 0.23.0" in (
+        result.stderr
+    )
+    assert "sweep_rate-agg_2rps  fitted" in result.stdout
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*.*")} == before
+    document = yaml.safe_load(out.read_text())
+    assert document["fit"]["vllm_version"] == "0.23.0"
+    run = simulate(
+        {
+            "model": "qwen/qwen3-14b",
+            "latency": {"model": "physics", "coeffs_file": str(out)},
+            "workload": {"rate": 2, "num_requests": 5},
+        }  # fmt: skip
+    )
+    assert run.summary["completed_requests"] == 5
+    assert run.latency_provenance["coefficients"] == f"given (file {str(out)!r})"
