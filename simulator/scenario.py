@@ -423,9 +423,11 @@ def load_scenario(path: str | Path) -> Scenario:
     base = p.parent
     if scenario.trace is not None:
         header = scenario.trace.header
-        scenario.trace = TraceSpec(
-            header=_resolve(base, header) if header is not None else None,
-            data=_resolve(base, scenario.trace.data),
+        scenario.trace = scenario.trace.model_copy(
+            update={
+                "header": _resolve(base, header) if header is not None else None,
+                "data": _resolve(base, scenario.trace.data),
+            }
         )
     if scenario.hardware_file is not None:
         scenario.hardware_file = _resolve(base, scenario.hardware_file)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from simulator.api import client_replay, replay
+from simulator.api import client_replay, replay, simulate
 from simulator.catalog.hardware import get_gpu
 from simulator.catalog.models import load_model
 from simulator.cli import app
@@ -546,3 +546,19 @@ def test_cli_prints_the_client_and_reports_what_the_cap_held_back(tmp_path):
     assert "=== Client ===" in out.stdout and '"max_in_flight": 2' in out.stdout
     bad = runner.invoke(app, [*replay_args, "--max-in-flight", "lots"])
     assert bad.exit_code == 2 and "max_in_flight: invalid value 'lots'" in bad.stderr
+
+
+def test_scenario_file_sends_through_the_client_cap(tmp_path):
+    """`trace.timing` and `trace.max_in_flight` in a scenario file reach the run (its paths
+    resolved from the file's folder), and the report says what the cap held back."""
+    scenario = tmp_path / "capped.yaml"
+    scenario.write_text(
+        "model: qwen/qwen3-14b\nlatency: {model: roofline}\n"
+        f"trace:\n  header: {HEADER}\n  data: {DATA}\n  timing: schedule\n  max_in_flight: 1\n"
+    )
+    result = simulate(scenario)
+    assert result.scenario["trace"]["timing"] == "schedule"
+    assert result.client_cap["max_in_flight"] == 1
+    assert result.client_delayed_requests > 0
+    assert _outstanding_peak(result.request_records) == 1
+    assert "=== Client ===" in result.report_text()
