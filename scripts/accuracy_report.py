@@ -1,6 +1,6 @@
 """Generate the measured-accuracy section of docs/accuracy.md from the ground truth.
 
-    .venv/bin/python scripts/accuracy_report.py [--groundtruth ../shared/groundtruth]
+    .venv/bin/python scripts/accuracy_report.py [--groundtruth groundtruth]
         [--rounds 3] [--data docs/accuracy-data.json] [--from-data]
 
 It evaluates, on the nine moderate-load runs (general, codegen, roleplay x 3 models):
@@ -41,6 +41,7 @@ from simulator.catalog.defaults import lookup_coefficients  # noqa: E402
 from simulator.latency.physics import PhysicsCoefficients, coefficients_document  # noqa: E402
 from simulator.validate import (  # noqa: E402
     HARDWARE,
+    default_groundtruth,
     discover_runs,
     replay_overrides,
     reuse_trace,
@@ -135,7 +136,7 @@ def evaluate(
             workers=WORKERS,
             prior="physical",
         )
-        shipped = _write_yaml(ship, full.document(groundtruth="../shared/groundtruth"))
+        shipped = _write_yaml(ship, full.document(groundtruth="groundtruth"))
         data["shipped_coefficients"] = cal.coefficients_dict(full.coefficients)
         data["shipped"] = _score_with(runs, shipped)
         print("physics, physical defaults", file=sys.stderr, flush=True)
@@ -368,7 +369,12 @@ def render(data: dict[str, Any]) -> str:
 def main() -> None:
     global WORKERS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groundtruth", type=Path, default=ROOT.parent / "shared" / "groundtruth")
+    parser.add_argument(
+        "--groundtruth",
+        type=Path,
+        default=None,
+        help="ground-truth folder (default: the repository's groundtruth/)",
+    )
     parser.add_argument("--rounds", type=int, default=cal.DEFAULT_ROUNDS)
     parser.add_argument("--data", type=Path, default=ROOT / "docs" / "accuracy-data.json")
     parser.add_argument("--from-data", action="store_true", help="render the saved figures only")
@@ -395,7 +401,8 @@ def main() -> None:
     if args.from_data:
         data = json.loads(args.data.read_text())
     else:
-        data = evaluate(args.groundtruth, args.rounds, args.ship, not args.reported_output_length)
+        groundtruth = args.groundtruth or default_groundtruth("accuracy_report")
+        data = evaluate(groundtruth, args.rounds, args.ship, not args.reported_output_length)
         args.data.write_text(json.dumps(data, indent=1))
     text = DOC.read_text()
     section = render(data)

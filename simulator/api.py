@@ -46,6 +46,8 @@ from .workload.synthetic import synthetic_to_spec
 from .workload.trace import ClientReplay, load_requests_file, recorded_client
 
 log = logging.getLogger("servesim")
+# Verdicts worth a warning; "too short" cannot judge and says so only in the report.
+UNSTEADY_VERDICTS = ("saturated", "not steady", "empty")
 
 FALLBACK_KV_BLOCKS = 1_000_000
 # Backends whose step time comes from the model's shape; they get an auto-derived context limit.
@@ -162,7 +164,7 @@ def instance_setups(scenario: Scenario, deployment: Deployment) -> list[Instance
 
     A pool with overrides (GPU, TP, latency model, context limit, KV blocks) gets its own
     deployment: its roofline uses the pool's GPU and TP, and its KV capacity is resolved for
-    that GPU (SPEC §7.4)."""
+    that GPU (docs/behaviour.md §7.4)."""
     cluster = scenario.cluster
     unified = InstanceSetup(deployment.engine, deployment.step_model, "unified")
     pd = cluster.pd
@@ -439,7 +441,8 @@ def _validate_cluster(scenario: Scenario) -> None:
 def _total_kv_blocks(
     scenario: Scenario, model: ModelConfig, gpu: GPUSpec, tp: int
 ) -> tuple[int, str]:
-    """Explicit > measured defaults.yaml entry > auto-calculation > 1,000,000 (SPEC §2.5)."""
+    """Explicit > measured defaults.yaml entry > auto-calculation > 1,000,000 (docs/behaviour.md
+    §2.5)."""
     eng = scenario.engine
     if eng.total_kv_blocks is not None:
         return eng.total_kv_blocks, "explicit"
@@ -508,11 +511,14 @@ def simulate(
     scenario: Scenario | dict | str | Path,
     progress: Callable[[int, int], None] | None = None,
     on_deployment: Callable[[Deployment], None] | None = None,
+    warn_unsteady: bool = True,
     **overrides: Any,
 ) -> Result:
     """Run one scenario (object, dict or YAML path); keyword overrides use dotted paths with
     `__` for dots, e.g. simulate("x.yaml", engine__scheduler="sjf"). `on_deployment` sees the
-    resolved deployment before instances are built (calibration wraps its step model)."""
+    resolved deployment before instances are built (calibration wraps its step model).
+    A run that did not reach a steady state logs a warning (`servesim` logger) unless
+    `warn_unsteady` is False (sweeps and plans judge many runs and report verdicts)."""
     sc = as_scenario(scenario)
     if overrides:
         sc = apply_overrides(sc, {k.replace("__", "."): v for k, v in overrides.items()})
@@ -547,6 +553,14 @@ def simulate(
     )
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)
+    steady = result.steady_state
+    if warn_unsteady and steady is not None and steady.verdict in UNSTEADY_VERDICTS:
+        log.warning(
+            "the run is %s: %s; its latency percentiles describe this run's length, not a "
+            "sustainable load (see the Steady State block)",
+            steady.verdict,
+            "; ".join(steady.reasons) or "no reason recorded",
+        )
     return result
 
 

@@ -1,4 +1,5 @@
-"""BLIS's calibration report (SPEC §12.2): a real TraceV2 trace against a simulation of it.
+"""BLIS's calibration report (docs/behaviour.md §12.2): a real TraceV2 trace against a simulation of
+it.
 
 Requests are joined by request_id, skipping the real trace's warm-up requests. Real TTFT is
 first chunk − send and real E2E last chunk − send, as the client saw them; the simulated

@@ -35,9 +35,13 @@ from .atomic_io import (
 from .errors import ConfigError, ServesimError
 from .interruption import interruptible, to_report
 
+# `-h` as well as `--help`, on the app and (inherited by their contexts) on every command.
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    context_settings=CONTEXT_SETTINGS,
     help="servesim: discrete-event simulator of LLM inference serving (BLIS-compatible flags).",
 )
 
@@ -49,8 +53,54 @@ _OUT = "Output"
 _FL = "Fleet (node pools, lifecycle, autoscaling)"
 
 
-def _opt(flag: str, panel: str, help: str | None = None) -> typer.models.OptionInfo:  # noqa: A002
-    return typer.Option(flag, help=help, rich_help_panel=panel)
+def package_version() -> str:
+    """servesim's version from the installed package's metadata ("unknown" if not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("servesim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"servesim {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="print servesim's version and exit",
+            metavar="",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:
+    """servesim: discrete-event simulator of LLM inference serving (BLIS-compatible flags)."""
+
+
+def _opt(
+    flag: str | tuple[str, ...],
+    panel: str,
+    help: str,  # noqa: A002
+    hidden: bool = False,
+) -> typer.models.OptionInfo:
+    """A flag's declaration; an on/off switch (a boolean) shows no value placeholder."""
+    names = (flag,) if isinstance(flag, str) else flag
+    switch = "/" in names[0] or names[0] in SWITCHES
+    return typer.Option(
+        *names, help=help, rich_help_panel=panel, hidden=hidden, metavar="" if switch else None
+    )
+
+
+# Plain on switches (no --no- form): they only add something to a run.
+SWITCHES = ("--quiet", "--version")
 
 
 # Flag parameter → scenario field (dotted path). Flags left out here are handled by hand.
@@ -78,6 +128,9 @@ SCENARIO_FIELDS = {
     "kv_reload_blocking": "engine.kv_reload_blocking",
     "seed": "seed",
     "horizon": "horizon_us",
+    "slo_ttft_ms": "slo.ttft_ms",
+    "slo_itl_ms": "slo.itl_ms",
+    "slo_e2e_ms": "slo.e2e_ms",
     "check_invariants": "check_invariants",
     "num_instances": "cluster.num_instances",
     "admission_policy": "cluster.admission.policy",
@@ -137,189 +190,505 @@ WORKLOAD_FIELDS = {
 
 
 def _common_flags(
-    model: Annotated[str | None, _opt("--model", _SIM, "HF id, bundled name or path")] = None,
-    hardware: Annotated[str | None, _opt("--hardware", _SIM, "GPU type, e.g. H100")] = None,
-    hardware_config: Annotated[
-        Path | None, _opt("--hardware-config", _SIM, "extra GPU table (YAML/JSON)")
+    model: Annotated[
+        str | None,
+        _opt(
+            "--model", _SIM, "bundled HF id (`servesim models`), or a config folder or .json file"
+        ),
     ] = None,
-    tp: Annotated[int | None, _opt("--tp", _SIM, "tensor parallelism")] = None,
+    hardware: Annotated[
+        str | None, _opt("--hardware", _SIM, "GPU type, e.g. H100 (`servesim hardware`)")
+    ] = None,
+    hardware_config: Annotated[
+        Path | None, _opt("--hardware-config", _SIM, "extra GPU table file (YAML/JSON)")
+    ] = None,
+    tp: Annotated[int | None, _opt("--tp", _SIM, "tensor parallelism: GPUs per instance")] = None,
     latency_model: Annotated[
         str | None,
         _opt(
             "--latency-model",
             _SIM,
-            "roofline | physics | blackbox | crossmodel | trained-roofline",
+            "step-time model: physics (default) | roofline | blackbox | crossmodel | "
+            "trained-roofline",
         ),
     ] = None,
     latency_coeffs: Annotated[
         Path | None,
-        _opt("--latency-coeffs", _SIM, "coefficients YAML from `servesim calibrate` (physics)"),
+        _opt(
+            "--latency-coeffs",
+            _SIM,
+            "physics coefficients YAML from `servesim calibrate` (selects physics)",
+        ),
     ] = None,
-    alpha_coeffs: Annotated[str | None, _opt("--alpha-coeffs", _SIM, "a0,a1,a2")] = None,
-    beta_coeffs: Annotated[str | None, _opt("--beta-coeffs", _SIM, "b0,b1,b2")] = None,
-    vllm_version: Annotated[str | None, _opt("--vllm-version", _SIM)] = None,
-    total_kv_blocks: Annotated[int | None, _opt("--total-kv-blocks", _SIM)] = None,
-    block_size_in_tokens: Annotated[int | None, _opt("--block-size-in-tokens", _SIM)] = None,
-    gpu_memory_utilization: Annotated[float | None, _opt("--gpu-memory-utilization", _SIM)] = None,
-    max_num_running_reqs: Annotated[int | None, _opt("--max-num-running-reqs", _SIM)] = None,
+    alpha_coeffs: Annotated[
+        str | None,
+        _opt(
+            "--alpha-coeffs",
+            _SIM,
+            "blackbox a0,a1,a2: queueing µs = a0 + a1·input tokens; a2 µs per output token "
+            "(with --beta-coeffs)",
+        ),
+    ] = None,
+    beta_coeffs: Annotated[
+        str | None,
+        _opt(
+            "--beta-coeffs",
+            _SIM,
+            "blackbox b0,b1,b2: step µs = b0 + b1·prefill tokens + b2·decode requests",
+        ),
+    ] = None,
+    vllm_version: Annotated[
+        str | None,
+        _opt(
+            "--vllm-version",
+            _SIM,
+            "vLLM version whose fitted coefficients to use, e.g. 0.15.1 (default: the model's)",
+        ),
+    ] = None,
+    total_kv_blocks: Annotated[
+        int | None,
+        _opt(
+            "--total-kv-blocks",
+            _SIM,
+            "GPU KV-cache blocks per instance (default: fitted value, else from GPU memory)",
+        ),
+    ] = None,
+    block_size_in_tokens: Annotated[
+        int | None, _opt("--block-size-in-tokens", _SIM, "tokens per KV block (default 16)")
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float | None,
+        _opt(
+            "--gpu-memory-utilization",
+            _SIM,
+            "fraction (0, 1] of GPU memory for weights and KV cache (default 0.9)",
+        ),
+    ] = None,
+    max_num_running_reqs: Annotated[
+        int | None,
+        _opt("--max-num-running-reqs", _SIM, "requests per batch, at most (default 256)"),
+    ] = None,
     max_num_scheduled_tokens: Annotated[
-        int | None, _opt("--max-num-scheduled-tokens", _SIM)
+        int | None,
+        _opt("--max-num-scheduled-tokens", _SIM, "tokens per step, at most (default 2048)"),
     ] = None,
     long_prefill_token_threshold: Annotated[
-        int | None, _opt("--long-prefill-token-threshold", _SIM)
+        int | None,
+        _opt(
+            "--long-prefill-token-threshold",
+            _SIM,
+            "prefill tokens per request per step, at most (0 = no cap, default)",
+        ),
     ] = None,
-    max_model_len: Annotated[int | None, _opt("--max-model-len", _SIM)] = None,
+    max_model_len: Annotated[
+        int | None,
+        _opt(
+            "--max-model-len",
+            _SIM,
+            "context limit, tokens (0 = none; default: the model's config, analytical models)",
+        ),
+    ] = None,
     scheduler: Annotated[
-        str | None, _opt("--scheduler", _SIM, "fcfs | priority-fcfs | sjf | reverse-priority")
+        str | None,
+        _opt("--scheduler", _SIM, "fcfs (default) | priority-fcfs | sjf | reverse-priority"),
     ] = None,
     priority_policy: Annotated[
-        str | None, _opt("--priority-policy", _SIM, "constant | slo-based | inverted-slo")
+        str | None,
+        _opt("--priority-policy", _SIM, "constant (default) | slo-based | inverted-slo"),
     ] = None,
     kv_cpu_blocks: Annotated[
-        int | None, _opt("--kv-cpu-blocks", _SIM, "CPU KV tier in blocks (0 = off)")
+        int | None, _opt("--kv-cpu-blocks", _SIM, "CPU KV tier size in blocks (0 = off, default)")
     ] = None,
     kv_offload_policy: Annotated[
-        str | None, _opt("--kv-offload-policy", _SIM, "evict | mirror")
+        str | None, _opt("--kv-offload-policy", _SIM, "evict (default) | mirror")
     ] = None,
     kv_transfer_bandwidth: Annotated[
-        float | None, _opt("--kv-transfer-bandwidth", _SIM, "CPU<->GPU GB/s per GPU (50)")
+        float | None,
+        _opt("--kv-transfer-bandwidth", _SIM, "CPU<->GPU KV link, GB/s per GPU (default 50)"),
     ] = None,
     kv_transfer_base_latency: Annotated[
-        int | None, _opt("--kv-transfer-base-latency", _SIM, "µs per reload (0)")
+        int | None,
+        _opt(
+            "--kv-transfer-base-latency",
+            _SIM,
+            "fixed cost of one CPU->GPU KV reload, µs (default 0)",
+        ),
     ] = None,
     kv_reload_blocking: Annotated[
-        bool | None, _opt("--kv-reload-blocking", _SIM, "BLIS: reloads stall the step")
+        bool | None,
+        _opt(
+            "--kv-reload-blocking/--no-kv-reload-blocking",
+            _SIM,
+            "KV reloads stall the engine step, as BLIS (default: off)",
+        ),
     ] = None,
-    seed: Annotated[int | None, _opt("--seed", _SIM)] = None,
-    horizon: Annotated[int | None, _opt("--horizon", _SIM, "end time in µs")] = None,
+    seed: Annotated[int | None, _opt("--seed", _SIM, "master random seed (default 42)")] = None,
+    horizon: Annotated[
+        int | None,
+        _opt(
+            "--horizon",
+            _SIM,
+            "end of the run, µs of simulated time (default: when the traffic is done)",
+        ),
+    ] = None,
+    slo_ttft_ms: Annotated[
+        float | None,
+        _opt(
+            "--slo-ttft-ms",
+            _OUT,
+            "SLO target: time to first token per request, ms (for SLO attainment and goodput)",
+        ),
+    ] = None,
+    slo_itl_ms: Annotated[
+        float | None,
+        _opt("--slo-itl-ms", _OUT, "SLO target: a request's mean inter-token time, ms"),
+    ] = None,
+    slo_e2e_ms: Annotated[
+        float | None,
+        _opt("--slo-e2e-ms", _OUT, "SLO target: end-to-end latency per request, ms"),
+    ] = None,
     check_invariants: Annotated[
         bool | None,
-        _opt("--check-invariants", _OUT, "check conservation and causality laws during the run"),
+        _opt(
+            "--check-invariants/--no-check-invariants",
+            _OUT,
+            "check conservation and causality laws during the run; the first broken one "
+            "exits 3 (default: the scenario's, off)",
+        ),
     ] = None,
-    num_instances: Annotated[int | None, _opt("--num-instances", _CL)] = None,
+    num_instances: Annotated[
+        int | None, _opt("--num-instances", _CL, "replicas behind the router (default 1)")
+    ] = None,
     admission_policy: Annotated[
-        str | None, _opt("--admission-policy", _CL, "always-admit | token-bucket | reject-all")
+        str | None,
+        _opt("--admission-policy", _CL, "always-admit (default) | token-bucket | reject-all"),
     ] = None,
-    admission_latency: Annotated[int | None, _opt("--admission-latency", _CL, "µs")] = None,
+    admission_latency: Annotated[
+        int | None, _opt("--admission-latency", _CL, "admission decision delay, µs (default 0)")
+    ] = None,
     token_bucket_capacity: Annotated[
-        float | None, _opt("--token-bucket-capacity", _CL, "tokens")
+        float | None, _opt("--token-bucket-capacity", _CL, "token-bucket size, tokens")
     ] = None,
     token_bucket_refill_rate: Annotated[
-        float | None, _opt("--token-bucket-refill-rate", _CL, "tokens/s")
+        float | None,
+        _opt("--token-bucket-refill-rate", _CL, "token-bucket refill rate, tokens/s"),
     ] = None,
     routing_policy: Annotated[
         str | None,
-        _opt("--routing-policy", _CL, "round-robin | least-loaded | weighted | always-busiest"),
+        _opt(
+            "--routing-policy",
+            _CL,
+            "round-robin (default) | least-loaded | weighted | always-busiest",
+        ),
     ] = None,
     routing_scorers: Annotated[
-        str | None, _opt("--routing-scorers", _CL, '"name:weight,..." for weighted')
+        str | None,
+        _opt("--routing-scorers", _CL, 'scorer weights "name:weight,..." (weighted routing)'),
     ] = None,
-    routing_latency: Annotated[int | None, _opt("--routing-latency", _CL, "µs")] = None,
+    routing_latency: Annotated[
+        int | None, _opt("--routing-latency", _CL, "routing decision delay, µs (default 0)")
+    ] = None,
     snapshot_refresh_interval: Annotated[
-        int | None, _opt("--snapshot-refresh-interval", _CL, "µs; 0 = always fresh")
+        int | None,
+        _opt(
+            "--snapshot-refresh-interval",
+            _CL,
+            "age of the router's load signals, µs (0 = always fresh, default)",
+        ),
     ] = None,
     policy_config: Annotated[
-        Path | None, _opt("--policy-config", _CL, "BLIS policy bundle YAML")
+        Path | None,
+        _opt("--policy-config", _CL, "BLIS policy bundle YAML (explicit flags win)"),
     ] = None,
-    trace_level: Annotated[str | None, _opt("--trace-level", _CL, "none | decisions")] = None,
-    counterfactual_k: Annotated[int | None, _opt("--counterfactual-k", _CL)] = None,
-    summarize_trace: Annotated[bool | None, _opt("--summarize-trace", _CL)] = None,
+    trace_level: Annotated[
+        str | None,
+        _opt("--trace-level", _CL, "routing decision trace: none (default) | decisions"),
+    ] = None,
+    counterfactual_k: Annotated[
+        int | None,
+        _opt(
+            "--counterfactual-k",
+            _CL,
+            "alternative instances recorded per routing decision (default 0)",
+        ),
+    ] = None,
+    summarize_trace: Annotated[
+        bool | None,
+        _opt(
+            "--summarize-trace/--no-summarize-trace",
+            _CL,
+            "print the decision trace's summary after the metrics (default: off)",
+        ),
+    ] = None,
     decisions_path: Annotated[
-        Path | None, _opt("--decisions-path", _CL, "write routing decisions (JSON Lines)")
+        Path | None,
+        _opt(
+            "--decisions-path",
+            _CL,
+            "write routing decisions as JSON Lines (implies --trace-level decisions)",
+        ),
     ] = None,
-    prefill_instances: Annotated[int | None, _opt("--prefill-instances", _PD)] = None,
-    decode_instances: Annotated[int | None, _opt("--decode-instances", _PD)] = None,
+    prefill_instances: Annotated[
+        int | None,
+        _opt(
+            "--prefill-instances",
+            _PD,
+            "instances in the prefill pool (0 = no disaggregation; pools must fit in "
+            "--num-instances)",
+        ),
+    ] = None,
+    decode_instances: Annotated[
+        int | None, _opt("--decode-instances", _PD, "instances in the decode pool")
+    ] = None,
     pd_decider: Annotated[
         str | None,
-        _opt("--pd-decider", _PD, "never | always | prefix-threshold | prompt-length"),
+        _opt(
+            "--pd-decider",
+            _PD,
+            "which requests go disaggregated: never (default) | always | prefix-threshold | "
+            "prompt-length",
+        ),
     ] = None,
     pd_prefix_threshold: Annotated[
-        int | None, _opt("--pd-prefix-threshold", _PD, "non-cached tokens (default 16)")
+        int | None,
+        _opt(
+            "--pd-prefix-threshold",
+            _PD,
+            "prefix-threshold decider: non-cached prompt tokens (default 16)",
+        ),
     ] = None,
     pd_prefix_mode: Annotated[
-        str | None, _opt("--pd-prefix-mode", _PD, "global | decode-cache")
+        str | None,
+        _opt(
+            "--pd-prefix-mode",
+            _PD,
+            "prefix-threshold decider's cache view: global (default) | decode-cache",
+        ),
     ] = None,
     pd_prompt_length_threshold: Annotated[
-        int | None, _opt("--pd-prompt-length-threshold", _PD, "tokens (default 256)")
+        int | None,
+        _opt(
+            "--pd-prompt-length-threshold",
+            _PD,
+            "prompt-length decider: prompt tokens (default 256)",
+        ),
     ] = None,
     pd_transfer_bandwidth: Annotated[
-        float | None, _opt("--pd-transfer-bandwidth", _PD, "GB/s (default 25)")
+        float | None,
+        _opt("--pd-transfer-bandwidth", _PD, "prefill->decode KV link, GB/s (default 25)"),
     ] = None,
     pd_transfer_base_latency: Annotated[
-        float | None, _opt("--pd-transfer-base-latency", _PD, "ms (default 0.05)")
+        float | None,
+        _opt(
+            "--pd-transfer-base-latency",
+            _PD,
+            "fixed cost of one KV transfer, ms (as BLIS; default 0.05)",
+        ),
     ] = None,
     pd_kv_bytes_per_token: Annotated[
-        int | None, _opt("--pd-kv-bytes-per-token", _PD, "default: model KV geometry")
+        int | None,
+        _opt(
+            "--pd-kv-bytes-per-token",
+            _PD,
+            "KV bytes per token transferred (default: the model's KV geometry)",
+        ),
     ] = None,
     pd_transfer_contention: Annotated[
-        str | None, _opt("--pd-transfer-contention", _PD, "on | off (default on)")
+        str | None,
+        _opt(
+            "--pd-transfer-contention",
+            _PD,
+            "on | off (also true | false): concurrent transfers share the link's bandwidth "
+            "(default on)",
+        ),
     ] = None,
-    prefill_hardware: Annotated[str | None, _opt("--prefill-hardware", _PD)] = None,
-    decode_hardware: Annotated[str | None, _opt("--decode-hardware", _PD)] = None,
-    prefill_tp: Annotated[int | None, _opt("--prefill-tp", _PD)] = None,
-    decode_tp: Annotated[int | None, _opt("--decode-tp", _PD)] = None,
-    prefill_latency_model: Annotated[str | None, _opt("--prefill-latency-model", _PD)] = None,
-    decode_latency_model: Annotated[str | None, _opt("--decode-latency-model", _PD)] = None,
-    prefill_max_model_len: Annotated[int | None, _opt("--prefill-max-model-len", _PD)] = None,
-    decode_max_model_len: Annotated[int | None, _opt("--decode-max-model-len", _PD)] = None,
-    prefill_routing_scorers: Annotated[str | None, _opt("--prefill-routing-scorers", _PD)] = None,
-    decode_routing_scorers: Annotated[str | None, _opt("--decode-routing-scorers", _PD)] = None,
+    prefill_hardware: Annotated[
+        str | None,
+        _opt("--prefill-hardware", _PD, "prefill pool's GPU type (default: --hardware)"),
+    ] = None,
+    decode_hardware: Annotated[
+        str | None,
+        _opt("--decode-hardware", _PD, "decode pool's GPU type (default: --hardware)"),
+    ] = None,
+    prefill_tp: Annotated[
+        int | None,
+        _opt("--prefill-tp", _PD, "prefill pool's tensor parallelism (default: --tp)"),
+    ] = None,
+    decode_tp: Annotated[
+        int | None, _opt("--decode-tp", _PD, "decode pool's tensor parallelism (default: --tp)")
+    ] = None,
+    prefill_latency_model: Annotated[
+        str | None,
+        _opt(
+            "--prefill-latency-model",
+            _PD,
+            "prefill pool's step-time model (default: --latency-model)",
+        ),
+    ] = None,
+    decode_latency_model: Annotated[
+        str | None,
+        _opt(
+            "--decode-latency-model",
+            _PD,
+            "decode pool's step-time model (default: --latency-model)",
+        ),
+    ] = None,
+    prefill_max_model_len: Annotated[
+        int | None,
+        _opt(
+            "--prefill-max-model-len",
+            _PD,
+            "prefill pool's context limit, tokens (default: --max-model-len)",
+        ),
+    ] = None,
+    decode_max_model_len: Annotated[
+        int | None,
+        _opt(
+            "--decode-max-model-len",
+            _PD,
+            "decode pool's context limit, tokens (default: --max-model-len)",
+        ),
+    ] = None,
+    prefill_routing_scorers: Annotated[
+        str | None,
+        _opt(
+            "--prefill-routing-scorers",
+            _PD,
+            'weighted routing within the prefill pool, "name:weight,..."',
+        ),
+    ] = None,
+    decode_routing_scorers: Annotated[
+        str | None,
+        _opt(
+            "--decode-routing-scorers",
+            _PD,
+            'weighted routing within the decode pool, "name:weight,..."',
+        ),
+    ] = None,
     drain_policy: Annotated[
-        str | None, _opt("--drain-policy", _FL, "immediate | wait | redirect")
+        str | None,
+        _opt("--drain-policy", _FL, "immediate | wait (default) | redirect"),
     ] = None,
     retry_on_failure: Annotated[
-        bool | None, _opt("--retry-on-failure", _FL, "re-route requests of failed nodes")
+        bool | None,
+        _opt(
+            "--retry-on-failure/--no-retry-on-failure",
+            _FL,
+            "re-route the requests of failed nodes (default: off)",
+        ),
     ] = None,
     warm_up_requests: Annotated[
-        int | None, _opt("--warm-up-requests", _FL, "slow first requests per instance")
+        int | None,
+        _opt("--warm-up-requests", _FL, "slow first requests per new instance (default 0)"),
     ] = None,
     warm_up_ttft_factor: Annotated[
-        float | None, _opt("--warm-up-ttft-factor", _FL, "prefill cost factor (>= 1)")
+        float | None,
+        _opt(
+            "--warm-up-ttft-factor",
+            _FL,
+            "prefill cost factor of warm-up requests, >= 1 (default 1)",
+        ),
     ] = None,
     loading_delay: Annotated[
-        float | None, _opt("--loading-delay", _FL, "s to load an instance's weights")
+        float | None,
+        _opt("--loading-delay-s", _FL, "mean time to load an instance's weights, s"),
     ] = None,
-    no_autoscaler: Annotated[
-        bool, _opt("--no-autoscaler", _FL, "ignore the scenario's autoscaler")
-    ] = False,
+    loading_delay_legacy: Annotated[
+        float | None,
+        _opt("--loading-delay", _FL, "old name of --loading-delay-s (seconds)", hidden=True),
+    ] = None,
+    autoscaler: Annotated[
+        bool,
+        _opt(
+            "--autoscaler/--no-autoscaler",
+            _FL,
+            "use the scenario's autoscaler, or run on its initial fleet",
+        ),
+    ] = True,
     timeline_path: Annotated[
-        Path | None, _opt("--timeline-path", _OUT, "lifecycle transitions (CSV)")
+        Path | None,
+        _opt("--timeline-path", _OUT, "write lifecycle transitions (CSV)"),
     ] = None,
     fitness_weights: Annotated[
-        str | None, _opt("--fitness-weights", _OUT, '"key:weight,..."')
+        str | None,
+        _opt("--fitness-weights", _OUT, 'print a fitness score: metric weights "key:weight,..."'),
     ] = None,
     results_path: Annotated[
-        Path | None, _opt("--results-path", _OUT, "summary + per-request records (JSON)")
+        Path | None,
+        _opt("--results-path", _OUT, "write the summary and per-request records (JSON)"),
     ] = None,
-    log: Annotated[str, _opt("--log", _OUT, "log level on stderr")] = "warning",
-    quiet: Annotated[bool, _opt("--quiet", _OUT, "no progress display")] = False,
+    log: Annotated[
+        str, _opt("--log", _OUT, "log level on stderr: debug | info | warning | error")
+    ] = "warning",
+    quiet: Annotated[bool, _opt(("--quiet", "-q"), _OUT, "no progress bar on stderr")] = False,
 ) -> None:
     """Template: the flags of both `run` and `replay`."""
 
 
 def _workload_flags(
-    rate: Annotated[float | None, _opt("--rate", _WL, "req/s")] = None,
-    arrival: Annotated[str | None, _opt("--arrival", _WL, "poisson | constant")] = None,
-    num_requests: Annotated[int | None, _opt("--num-requests", _WL)] = None,
-    prompt_tokens: Annotated[float | None, _opt("--prompt-tokens", _WL)] = None,
-    prompt_tokens_stdev: Annotated[float | None, _opt("--prompt-tokens-stdev", _WL)] = None,
-    prompt_tokens_min: Annotated[int | None, _opt("--prompt-tokens-min", _WL)] = None,
-    prompt_tokens_max: Annotated[int | None, _opt("--prompt-tokens-max", _WL)] = None,
-    output_tokens: Annotated[float | None, _opt("--output-tokens", _WL)] = None,
-    output_tokens_stdev: Annotated[float | None, _opt("--output-tokens-stdev", _WL)] = None,
-    output_tokens_min: Annotated[int | None, _opt("--output-tokens-min", _WL)] = None,
-    output_tokens_max: Annotated[int | None, _opt("--output-tokens-max", _WL)] = None,
+    rate: Annotated[float | None, _opt("--rate", _WL, "arrival rate, requests/s")] = None,
+    arrival: Annotated[
+        str | None, _opt("--arrival", _WL, "arrival process: poisson (default) | constant")
+    ] = None,
+    num_requests: Annotated[
+        int | None, _opt("--num-requests", _WL, "requests to send (default 100)")
+    ] = None,
+    prompt_tokens: Annotated[
+        float | None,
+        _opt("--prompt-tokens", _WL, "mean prompt length, tokens (default 512, or the preset's)"),
+    ] = None,
+    prompt_tokens_stdev: Annotated[
+        float | None,
+        _opt(
+            "--prompt-tokens-stdev", _WL, "prompt length standard deviation, tokens (default 256)"
+        ),
+    ] = None,
+    prompt_tokens_min: Annotated[
+        int | None, _opt("--prompt-tokens-min", _WL, "shortest prompt, tokens (default 2)")
+    ] = None,
+    prompt_tokens_max: Annotated[
+        int | None, _opt("--prompt-tokens-max", _WL, "longest prompt, tokens (default 7000)")
+    ] = None,
+    output_tokens: Annotated[
+        float | None,
+        _opt("--output-tokens", _WL, "mean output length, tokens (default 512, or the preset's)"),
+    ] = None,
+    output_tokens_stdev: Annotated[
+        float | None,
+        _opt(
+            "--output-tokens-stdev", _WL, "output length standard deviation, tokens (default 256)"
+        ),
+    ] = None,
+    output_tokens_min: Annotated[
+        int | None, _opt("--output-tokens-min", _WL, "shortest output, tokens (default 2)")
+    ] = None,
+    output_tokens_max: Annotated[
+        int | None, _opt("--output-tokens-max", _WL, "longest output, tokens (default 7000)")
+    ] = None,
     timeout_us: Annotated[
-        int | None, _opt("--timeout-us", _WL, "client deadline after arrival")
+        int | None,
+        _opt("--timeout-us", _WL, "client deadline after arrival, µs (0 = none, default)"),
     ] = None,
     workload: Annotated[
         str | None,
-        _opt("--workload", _WL, "preset (chatbot, contentgen, summarization, multidoc)"),
+        _opt(
+            "--workload",
+            _WL,
+            "preset: chatbot | contentgen | summarization | multidoc | distribution",
+        ),
     ] = None,
     workload_spec: Annotated[
-        Path | None, _opt("--workload-spec", _WL, "BLIS v2 workload YAML")
+        Path | None,
+        _opt(
+            "--workload-spec",
+            _WL,
+            "BLIS v2 workload YAML (then only --rate and --num-requests apply)",
+        ),
     ] = None,
-    prefix_tokens: Annotated[int | None, _opt("--prefix-tokens", _WL, "shared prefix")] = None,
+    prefix_tokens: Annotated[
+        int | None,
+        _opt("--prefix-tokens", _WL, "shared prefix length, tokens (one group; default 0)"),
+    ] = None,
 ) -> None:
     """Template: the traffic flags of `run` (and `observe`)."""
 
@@ -386,21 +755,46 @@ def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
             overrides["latency.model"] = "blackbox"  # BLIS: coefficients imply blackbox
     if flags.get("latency_coeffs") is not None and flags.get("latency_model") is None:
         overrides["latency.model"] = "physics"  # only physics reads a coefficients file
+    flags = _renamed_flags(flags)
     for name, path in SCENARIO_FIELDS.items():
         if flags.get(name) is not None:
             overrides[path] = flags[name]
     contention = flags.get("pd_transfer_contention")
     if contention is not None:
-        if contention.lower() not in ("on", "off", "true", "false"):
-            raise ConfigError(
-                f"--pd-transfer-contention: invalid value {contention!r}; valid: on, off"
-            )
-        overrides["cluster.pd.transfer_contention"] = contention.lower() in ("on", "true")
-    if flags.get("no_autoscaler"):
+        overrides["cluster.pd.transfer_contention"] = on_off("--pd-transfer-contention", contention)
+    if flags.get("autoscaler") is False:
         overrides["autoscaler"] = []
     if "cluster.trace.path" in overrides and "cluster.trace.level" not in overrides:
         overrides["cluster.trace.level"] = "decisions"
     return overrides
+
+
+# Old flag names kept as hidden aliases: parameter of the old name -> of the new one.
+RENAMED_FLAGS = {"loading_delay_legacy": ("--loading-delay", "loading_delay", "--loading-delay-s")}
+
+ON_VALUES = ("on", "true")
+OFF_VALUES = ("off", "false")
+
+
+def on_off(flag: str, text: str) -> bool:
+    """A switch given a value (`--flag on`, BLIS's `--flag=true`): on/true or off/false."""
+    value = text.strip().lower()
+    if value in ON_VALUES or value in OFF_VALUES:
+        return value in ON_VALUES
+    raise ConfigError(f"{flag}: invalid value {text!r}; valid: on, off, true, false")
+
+
+def _renamed_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """`flags` with each old name's value moved to its new name (both at once: an error)."""
+    flags = dict(flags)
+    for old, (old_flag, new, new_flag) in RENAMED_FLAGS.items():
+        value = flags.pop(old, None)
+        if value is None:
+            continue
+        if flags.get(new) is not None:
+            raise ConfigError(f"{old_flag}: the old name of {new_flag}; give only one of them")
+        flags[new] = value
+    return flags
 
 
 def _setup_logging(level: str) -> None:
@@ -490,20 +884,75 @@ def _planned_outputs(
     return outputs
 
 
-def _simulate_with_progress(sc):
-    """A progress line on stderr (a terminal only) while the run takes more than a moment."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+def _simulate_with_progress(sc, console=None):
+    """`simulate(sc)` with a progress display on stderr: a bar with the requests finished out
+    of the run's known request count and the time remaining, or, when the count is not known
+    in advance (a workload bounded only by its horizon), a spinner. rich loads only here."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from .api import simulate
 
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, transient=True, console=_stderr_console()) as bar:
-        task = bar.add_task("simulating", start=True)
+    total = expected_requests(sc)
+    if total is None:
+        columns: tuple = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    else:
+        columns = (
+            TextColumn("simulating"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("requests, {task.description}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+        )
+    console = console if console is not None else _stderr_console()
+    with Progress(*columns, transient=True, console=console) as bar:
+        task = bar.add_task("simulating", total=total)
 
         def report(now_us: int, completed: int) -> None:
-            bar.update(task, description=f"simulated {now_us / 1e6:,.0f} s, {completed:,} done")
+            if total is None:
+                description = f"simulated {now_us / 1e6:,.0f} s, {completed:,} requests done"
+                bar.update(task, description=description)
+            else:
+                # Closed-loop follow-ups can outnumber the requests known in advance.
+                grown = max(total, completed)
+                description = f"{now_us / 1e6:,.0f} s simulated"
+                bar.update(task, completed=completed, total=grown, description=description)
 
         return simulate(sc, progress=report)
+
+
+def expected_requests(sc: Any) -> int | None:
+    """How many requests the run will serve, when known before it starts: a trace's rows, or
+    the workload's num_requests (synthetic or v2); None for a workload bounded only by its
+    horizon, or when the count cannot be had cheaply."""
+    if sc.trace is not None:
+        return _count_rows(sc.trace.data)
+    from .api import workload_spec_of
+
+    try:
+        spec = workload_spec_of(sc)
+    except ServesimError:
+        return None  # the run itself reports the problem
+    return spec.num_requests or None
+
+
+def _count_rows(path: str | os.PathLike[str]) -> int | None:
+    """Data rows of a CSV with a header line (blank lines not counted)."""
+    try:
+        with open(path, "rb") as handle:
+            lines = sum(1 for line in handle if line.strip())
+    except OSError:
+        return None
+    return max(lines - 1, 0) or None
 
 
 def _stderr_console():
@@ -624,6 +1073,7 @@ def replay(
         bool | None,
         typer.Option(
             "--prefix-caching/--no-prefix-caching",
+            metavar="",
             help="override what the recorded server did (default: its configuration next to "
             "the trace, else vLLM's default, on)",
             show_default=False,
@@ -710,7 +1160,10 @@ def _replay_prefix_caching(
 
 
 convert_app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Turn other workload forms into a v2 spec."
+    add_completion=False,
+    no_args_is_help=True,
+    context_settings=CONTEXT_SETTINGS,
+    help="Turn other workload forms into a v2 spec.",
 )
 app.add_typer(convert_app, name="convert")
 
@@ -718,9 +1171,13 @@ app.add_typer(convert_app, name="convert")
 @convert_app.command("preset")
 def convert_preset(
     name: Annotated[str, typer.Option("--name", help="chatbot, contentgen, summarization, ...")],
-    rate: Annotated[float, typer.Option("--rate", help="req/s")] = 1.0,
-    num_requests: Annotated[int, typer.Option("--num-requests")] = 100,
-    arrival: Annotated[str, typer.Option("--arrival", help="poisson | constant")] = "poisson",
+    rate: Annotated[float, typer.Option("--rate", help="arrival rate, requests/s")] = 1.0,
+    num_requests: Annotated[
+        int, typer.Option("--num-requests", help="requests in the spec (0 = unlimited)")
+    ] = 100,
+    arrival: Annotated[
+        str, typer.Option("--arrival", help="arrival process: poisson | constant")
+    ] = "poisson",
 ) -> None:
     """Print a BLIS preset as a v2 workload spec (YAML) on stdout."""
 
@@ -780,8 +1237,8 @@ def validate_cmd(
         Path | None,
         typer.Argument(
             help="ground-truth folder: a dataset folder (vllm-0.15.1 request CSVs or "
-            "vllm-0.23.0 observe cells), one cell, or their parent; default "
-            "../shared/groundtruth"
+            "vllm-0.23.0 observe cells), one cell, or their parent; default: the "
+            "repository's groundtruth/ folder"
         ),
     ] = None,
     latency_models: Annotated[
@@ -806,7 +1263,8 @@ def validate_cmd(
     prompt_reuse: Annotated[
         bool,
         typer.Option(
-            "--prompt-reuse",
+            "--prompt-reuse/--no-prompt-reuse",
+            metavar="",
             help="share the load generator's few distinct prompts whole, prefix caching on "
             "(request-CSV runs)",
         ),
@@ -815,6 +1273,7 @@ def validate_cmd(
         bool,
         typer.Option(
             "--forced-output-length/--reported-output-length",
+            metavar="",
             help="replay the output length an ignore_eos profile forced (default), or the "
             "count the client reported, which undercounts (docs/accuracy.md)",
         ),
@@ -823,27 +1282,29 @@ def validate_cmd(
         bool | None,
         typer.Option(
             "--prefix-caching/--no-prefix-caching",
+            metavar="",
             help="override what each recorded server did (default: its configuration, "
             "else vLLM's default, on)",
             show_default=False,
         ),
     ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", metavar="", help="no per-run progress lines on stderr")
+    ] = False,
 ) -> None:
     """Replay the measured vLLM runs and score TTFT, E2E, ITL and throughput against them."""
     import time
 
     def go() -> None:
-        from .validate import ALL_DATASETS, summarize, validate_datasets
+        from .validate import ALL_DATASETS, default_groundtruth, summarize, validate_datasets
 
         started_s = time.perf_counter()
-        where = folder
-        if where is None:
-            where = Path.cwd().parent / "shared" / "groundtruth"
-            if not where.is_dir():
-                raise ConfigError(f"validate: no ground truth at {str(where)!r}; pass FOLDER")
+        where = folder if folder is not None else default_groundtruth("validate")
         _check_writable("--output", output)
 
         def progress(outcome: dict[str, Any]) -> None:
+            if quiet:
+                return
             typer.echo(
                 f"{outcome['dataset']} {outcome['run']}: {outcome['n_success']}/"
                 f"{outcome['n_requests']} scored, {outcome['wall_s']:.1f} s",

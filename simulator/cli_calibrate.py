@@ -1,5 +1,5 @@
 """`servesim calibrate`: fit `physics` to measured runs, or report a simulation against a
-real trace (SPEC §12.2). Registered onto the main typer app by `register(app)`."""
+real trace (docs/behaviour.md §12.2). Registered onto the main typer app by `register(app)`."""
 
 from __future__ import annotations
 
@@ -94,13 +94,19 @@ def format_summary(result: Any) -> str:
 def register(app: typer.Typer) -> None:
     """Add `calibrate [FOLDER] | --trace-header H --trace-data D [--sim-trace S] | --traces F`."""
 
-    @app.command("calibrate")
+    @app.command(
+        "calibrate",
+        help="Fit physics's coefficients to measured runs, or compare a simulated trace.\n\n"
+        "Fits to a ground-truth folder or real traces and writes the coefficients for "
+        "--latency-coeffs, scoring held-out runs side by side; with --sim-trace, only reports "
+        "a simulation against the real trace (MAPE, Pearson r, percentiles, bias, quality).",
+    )
     def calibrate_cmd(
         folder: Annotated[
             Path | None,
             typer.Argument(
-                help="ground-truth folder to fit on (default ../shared/groundtruth), or a "
-                "folder of trace cells (as --traces)"
+                help="ground-truth folder to fit on (default: the repository's groundtruth/ "
+                "folder), or a folder of trace cells (as --traces)"
             ),
         ] = None,
         runs: Annotated[
@@ -116,12 +122,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         include_overloaded: Annotated[
-            bool, typer.Option("--include-overloaded", help="also fit on overloaded runs")
+            bool,
+            typer.Option("--include-overloaded", metavar="", help="also fit on overloaded runs"),
         ] = False,
         prompt_reuse: Annotated[
             bool,
             typer.Option(
                 "--prompt-reuse/--no-prompt-reuse",
+                metavar="",
                 help="replay the load generator's repeated prompts with prefix caching "
                 "(default on: that is how the runs were measured)",
             ),
@@ -130,6 +138,7 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(
                 "--forced-output-length/--reported-output-length",
+                metavar="",
                 help="replay the output length an ignore_eos profile forced (default), or "
                 "the count the client reported, which undercounts (docs/accuracy.md)",
             ),
@@ -163,13 +172,27 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--scenario", help="deployment to replay a trace on (scenario YAML)"),
         ] = None,
-        model: Annotated[str | None, typer.Option("--model")] = None,
-        hardware: Annotated[str | None, typer.Option("--hardware")] = None,
-        tp: Annotated[int | None, typer.Option("--tp")] = None,
-        total_kv_blocks: Annotated[int | None, typer.Option("--total-kv-blocks")] = None,
-        max_num_running_reqs: Annotated[int | None, typer.Option("--max-num-running-reqs")] = None,
+        model: Annotated[
+            str | None,
+            typer.Option("--model", help="model of a trace replay (default: the trace header's)"),
+        ] = None,
+        hardware: Annotated[
+            str | None, typer.Option("--hardware", help="GPU type of a trace replay, e.g. H100")
+        ] = None,
+        tp: Annotated[
+            int | None, typer.Option("--tp", help="tensor parallelism of a trace replay")
+        ] = None,
+        total_kv_blocks: Annotated[
+            int | None,
+            typer.Option("--total-kv-blocks", help="GPU KV-cache blocks per instance (replay)"),
+        ] = None,
+        max_num_running_reqs: Annotated[
+            int | None,
+            typer.Option("--max-num-running-reqs", help="requests per batch, at most (replay)"),
+        ] = None,
         max_num_scheduled_tokens: Annotated[
-            int | None, typer.Option("--max-num-scheduled-tokens")
+            int | None,
+            typer.Option("--max-num-scheduled-tokens", help="tokens per step, at most (replay)"),
         ] = None,
         vllm_version: Annotated[
             str | None,
@@ -203,6 +226,7 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(
                 "--fail-if-no-improvement",
+                metavar="",
                 help=f"exit with status {NO_IMPROVEMENT_EXIT_CODE} when no round improves on "
                 "the start (the start is still printed and written)",
             ),
@@ -214,16 +238,17 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--workers", help="processes replaying runs in parallel")
         ] = 1,
         rtt_ms: Annotated[
-            float | None, typer.Option("--rtt-ms", help="round trip (default: trace header)")
+            float | None,
+            typer.Option("--rtt-ms", help="network round trip, ms (default: the trace header's)"),
         ] = None,
         network_bandwidth_mbps: Annotated[
-            float, typer.Option("--network-bandwidth-mbps", help="0 = no transfer delay")
+            float,
+            typer.Option(
+                "--network-bandwidth-mbps", help="network bandwidth, Mbit/s (0 = no transfer delay)"
+            ),
         ] = 0.0,
     ) -> None:
-        """Fit physics's coefficients to measured runs (a ground-truth folder or real traces)
-        and write them for --latency-coeffs, scoring held-out runs side by side; with
-        --sim-trace, only report a simulation against the real trace (MAPE, Pearson r,
-        percentiles, bias, quality)."""
+        """Fit physics's coefficients, or compare a simulated trace (help: above)."""
         from .cli_app import _check_writable, _guarded
 
         unchanged: list[bool] = []
@@ -270,11 +295,9 @@ def register(app: typer.Typer) -> None:
                 trace_folders.insert(0, folder)
                 groundtruth = None
             elif folder is None and not headers and not trace_folders:
-                groundtruth = Path.cwd().parent / "shared" / "groundtruth"
-                if not groundtruth.is_dir():
-                    raise ConfigError(
-                        f"calibrate: no ground truth at {str(groundtruth)!r}; pass FOLDER"
-                    )
+                from .validate import default_groundtruth
+
+                groundtruth = default_groundtruth("calibrate")
             cases = [
                 cal.trace_case(h, d, scenario, vllm_version=vllm_version, **flags)
                 for h, d in zip(headers, datas, strict=True)

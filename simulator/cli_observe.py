@@ -18,8 +18,14 @@ _REC = "Recording"
 EXIT_INTERRUPTED = 130
 
 
-def _opt(flag: str, panel: str, help: str | None = None) -> typer.models.OptionInfo:  # noqa: A002
-    return typer.Option(flag, help=help, rich_help_panel=panel)
+def _opt(flag: str | tuple[str, ...], panel: str, help: str) -> typer.models.OptionInfo:  # noqa: A002
+    names = (flag,) if isinstance(flag, str) else flag
+    switch = "/" in names[0] or names[0] in SWITCHES
+    return typer.Option(*names, help=help, rich_help_panel=panel, metavar="" if switch else None)
+
+
+# Plain on switches (no --no- form), shown without a value placeholder.
+SWITCHES = ("--quiet", "--unconstrained-output", "--record-itl")
 
 
 def chunk_times_path(trace_data: Path) -> Path:
@@ -28,7 +34,9 @@ def chunk_times_path(trace_data: Path) -> Path:
 
 
 def _observe_flags(
-    server_url: Annotated[str, _opt("--server-url", _SRV, "e.g. http://localhost:8000")],
+    server_url: Annotated[
+        str, _opt("--server-url", _SRV, "server's base URL, e.g. http://localhost:8000")
+    ],
     model: Annotated[str, _opt("--model", _SRV, "model name the server serves")],
     trace_header: Annotated[Path, _opt("--trace-header", _REC, "TraceV2 header YAML to write")],
     trace_data: Annotated[Path, _opt("--trace-data", _REC, "TraceV2 CSV to write")],
@@ -38,31 +46,42 @@ def _observe_flags(
         str, _opt("--server-type", _SRV, "recorded in the header (vllm, sglang, ...)")
     ] = "vllm",
     max_concurrency: Annotated[
-        int, _opt("--max-concurrency", _SRV, "most requests in flight")
+        int, _opt("--max-concurrency", _SRV, "requests in flight, at most")
     ] = 256,
-    no_streaming: Annotated[
-        bool, _opt("--no-streaming", _SRV, "one JSON response per request")
-    ] = False,
+    streaming: Annotated[
+        bool,
+        _opt(
+            "--streaming/--no-streaming",
+            _SRV,
+            "stream the responses, or get one JSON response per request (TTFT unmeasured)",
+        ),
+    ] = True,
     unconstrained_output: Annotated[
         bool,
         _opt("--unconstrained-output", _SRV, "output length is only a cap (no min_tokens)"),
     ] = False,
     request_timeout_s: Annotated[
-        float, _opt("--request-timeout-s", _SRV, "deadline of requests without one")
+        float, _opt("--request-timeout-s", _SRV, "deadline of requests without one, s")
     ] = 300.0,
     warmup_requests: Annotated[
-        int, _opt("--warmup-requests", _REC, "first N requests are warm-up (header)")
+        int, _opt("--warmup-requests", _REC, "this many first requests are warm-up (header)")
     ] = 0,
     rtt_ms: Annotated[
-        float | None, _opt("--rtt-ms", _REC, "network RTT to record (default: measured)")
+        float | None, _opt("--rtt-ms", _REC, "network round trip to record, ms (default: measured)")
     ] = None,
     record_itl: Annotated[
         bool, _opt("--record-itl", _REC, "also write per-chunk times to DATA.itl.csv")
     ] = False,
-    seed: Annotated[int | None, _opt("--seed", "Workload")] = None,
-    horizon: Annotated[int | None, _opt("--horizon", "Workload", "end of arrivals, µs")] = None,
-    quiet: Annotated[bool, _opt("--quiet", _REC, "no progress display")] = False,
-    log: Annotated[str, _opt("--log", _REC, "log level on stderr")] = "warning",
+    seed: Annotated[
+        int | None, _opt("--seed", "Workload", "random seed of the workload (default 42)")
+    ] = None,
+    horizon: Annotated[
+        int | None, _opt("--horizon", "Workload", "end of arrivals, µs after the start")
+    ] = None,
+    quiet: Annotated[bool, _opt(("--quiet", "-q"), _REC, "no progress display")] = False,
+    log: Annotated[
+        str, _opt("--log", _REC, "log level on stderr: debug | info | warning | error")
+    ] = "warning",
 ) -> None:
     """Template: the flags of `observe` besides the traffic flags."""
 
@@ -119,11 +138,15 @@ def register(app: typer.Typer) -> None:
     """Add `observe --server-url URL --model M --trace-header H --trace-data D [traffic]`."""
     from .cli_app import _check_writable, _guarded, _setup_logging, _with_flags, _workload_flags
 
-    @app.command("observe")
+    @app.command(
+        "observe",
+        help="Measure a real OpenAI-compatible server and record a TraceV2 pair.\n\nSends the "
+        "workload at its scheduled arrival times and records every request as a TraceV2 pair, "
+        "for replay and calibrate.",
+    )
     @_with_flags(_observe_flags, _workload_flags)
     def observe_cmd(**flags: Any) -> None:
-        """Send a workload to a real OpenAI-compatible server at its scheduled arrival times
-        and record every request as a TraceV2 pair (for replay and calibrate)."""
+        """Measure a real server and record a TraceV2 pair (help: above)."""
         interrupted = False
 
         def go() -> None:
@@ -146,7 +169,7 @@ def register(app: typer.Typer) -> None:
                 "api_key": flags["api_key"],
                 "server_type": flags["server_type"],
                 "max_concurrency": flags["max_concurrency"],
-                "streaming": not flags["no_streaming"],
+                "streaming": flags["streaming"],
                 "force_output": not flags["unconstrained_output"],
                 "request_timeout_s": flags["request_timeout_s"],
                 "warmup_requests": flags["warmup_requests"],

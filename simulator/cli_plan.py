@@ -43,7 +43,12 @@ def parse_seeds(text: str) -> list[int]:
 def register(app: typer.Typer) -> None:
     """Add `plan SCENARIO --slo METRIC=BOUND ... [--min-goodput F] [--gpu G ...] ...`."""
 
-    @app.command("plan")
+    @app.command(
+        "plan",
+        help="Find the fewest instances per GPU type that meet the SLOs, and the cheapest."
+        "\n\nEvery seed must meet the SLOs (the worst one decides); prints each probe and the "
+        "cheapest choice.",
+    )
     def plan_cmd(
         scenario: Annotated[Path, typer.Argument(help="scenario YAML to size")],
         slo: Annotated[
@@ -52,13 +57,25 @@ def register(app: typer.Typer) -> None:
         ] = None,
         min_goodput: Annotated[
             float | None,
-            typer.Option("--min-goodput", help="minimum completed/injected fraction per seed"),
+            typer.Option(
+                "--min-goodput", help="minimum completed/injected fraction per seed, 0 to 1"
+            ),
         ] = None,
+        min_attainment: Annotated[
+            float,
+            typer.Option(
+                "--min-attainment",
+                help="minimum SLO attainment per seed: the fraction of offered requests "
+                "meeting the per-request targets derived from --slo, 0 to 1",
+            ),
+        ] = 0.99,
         gpu: Annotated[
             list[str] | None,
             typer.Option("--gpu", help="GPU type to consider; repeatable (default: scenario's)"),
         ] = None,
-        seeds: Annotated[str, typer.Option("--seeds", help="comma-separated seeds")] = "1,2",
+        seeds: Annotated[
+            str, typer.Option("--seeds", help="comma-separated seeds; the worst one decides")
+        ] = "1,2",
         max_instances: Annotated[
             int, typer.Option("--max-instances", help="largest instance count to try")
         ] = 64,
@@ -67,15 +84,19 @@ def register(app: typer.Typer) -> None:
         ] = None,
         price: Annotated[
             list[str] | None,
-            typer.Option("--price", help="GPU=USD per GPU-hour, overrides the default table"),
+            typer.Option(
+                "--price",
+                help="GPU=USD per GPU-hour, e.g. H100=3; overrides the default table; repeatable",
+            ),
         ] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", help="no progress lines")] = False,
+        quiet: Annotated[
+            bool, typer.Option("--quiet", "-q", metavar="", help="no progress lines on stderr")
+        ] = False,
         plot: Annotated[
             Path | None, typer.Option("--plot", help="write the frontier plot (PNG) here")
         ] = None,
     ) -> None:
-        """Find the fewest instances per GPU type meeting the SLOs (worst seed); print the
-        probes and the cheapest choice."""
+        """Find the fewest instances per GPU type that meet the SLOs (help: above)."""
         from .cli_app import _check_writable, _guarded
 
         def go() -> None:
@@ -96,6 +117,7 @@ def register(app: typer.Typer) -> None:
                 seeds=parse_seeds(seeds),
                 max_instances=max_instances,
                 min_goodput=min_goodput,
+                min_attainment=min_attainment,
                 workers=workers,
                 prices=prices,
                 progress=None if quiet else progress,

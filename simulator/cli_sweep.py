@@ -11,16 +11,22 @@ import typer
 if TYPE_CHECKING:
     from .sweeps import SweepResult
 
-# Metrics shown in the printed table (every metric is in points.csv with --out).
+# Metrics shown in the printed table, each when the sweep has it (every metric is in
+# points.csv with --out).
 HEADLINE_METRICS = (
     "responses_per_sec",
     "tokens_per_sec",
     "ttft_mean_ms",
     "ttft_p99_ms",
     "itl_mean_ms",
+    "itl_p99_ms",
     "e2e_mean_ms",
     "e2e_p99_ms",
+    "goodput_rps",
+    "slo_attainment",
 )
+# Per-point counts shown after n_seeds when present (seeds whose run reached a steady state).
+COUNT_COLUMNS = ("steady_seeds",)
 
 
 def _num(x: float, digits: int) -> str:
@@ -28,17 +34,31 @@ def _num(x: float, digits: int) -> str:
     return f"{x:.0f}" if abs(x) >= 10**digits else f"{x:.{digits}g}"
 
 
+def _param(value: Any) -> str:
+    """A grid value as printed: a null grid value (None, NaN in a numeric column) is the
+    scenario's default; a whole float that shares its column with a null, an integer."""
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "default"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def format_points_table(result: SweepResult) -> str:
-    """One line per point: its parameters, the seed count and `mean ± ci95` of the headline
-    metrics."""
+    """One line per point: its parameters, the seed count, the steady-seed count and
+    `mean ± ci95` of the headline metrics."""
     import math
 
     pts = result.points
     metrics = [m for m in HEADLINE_METRICS if f"{m}_mean" in pts.columns]
-    header = ["point", *result.params, "n_seeds", *metrics]
+    counts = [c for c in COUNT_COLUMNS if c in pts.columns]
+    header = ["point", *result.params, "n_seeds", *counts, *metrics]
     rows: list[list[str]] = []
     for row in pts.to_dict("records"):
-        cells = [str(row["point"]), *(str(row[p]) for p in result.params), str(row["n_seeds"])]
+        cells = [str(row["point"]), *(_param(row[p]) for p in result.params)]
+        cells += [str(row["n_seeds"]), *(str(int(row[c])) for c in counts)]
         for m in metrics:
             mean, half = row[f"{m}_mean"], row[f"{m}_ci95"]
             cells.append(
@@ -66,7 +86,10 @@ def register(app: typer.Typer) -> None:
                 "--out", help="folder for runs.parquet, runs.csv, points.csv; enables resume"
             ),
         ] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", help="no progress lines")] = False,
+        quiet: Annotated[
+            bool,
+            typer.Option("--quiet", "-q", metavar="", help="no progress bar or lines on stderr"),
+        ] = False,
         backend: Annotated[
             str, typer.Option("--backend", help="local (process pool) | ray")
         ] = "local",
@@ -74,8 +97,14 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--ray-address", help="Ray cluster (default: start one)")
         ] = None,
         check_invariants: Annotated[
-            bool, typer.Option("--check-invariants", help="check the laws in every run")
-        ] = False,
+            bool | None,
+            typer.Option(
+                "--check-invariants/--no-check-invariants",
+                metavar="",
+                help="check the laws in every run (default: the sweep file's, off)",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Simulate a grid of scenario overrides × seeds; print mean ± 95% CI per point."""
         from .cli_app import _guarded
@@ -86,8 +115,8 @@ def register(app: typer.Typer) -> None:
 
             _check_out_folder(out)
             spec = load_sweep_file(sweep_yaml)
-            if check_invariants:
-                spec.base = spec.base.model_copy(update={"check_invariants": True})
+            if check_invariants is not None:
+                spec.base = spec.base.model_copy(update={"check_invariants": check_invariants})
 
             def progress(done: int, total: int, row: dict[str, Any]) -> None:
                 point = ", ".join(f"{k}={v}" for k, v in row.items() if k in spec.grid)

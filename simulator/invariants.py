@@ -1,4 +1,5 @@
-"""Runtime checks of the simulator's laws (SPEC §11, §7.5), on when `check_invariants` is set.
+"""Runtime checks of the simulator's laws (docs/behaviour.md §11, §7.5), on when `check_invariants`
+is set.
 
 A capacity-planning number is only as good as the bookkeeping behind it, so a run can check
 itself as it goes and stop at the first law that breaks, naming the law, the simulated time and

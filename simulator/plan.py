@@ -60,6 +60,8 @@ DEFAULT_PRICES_USD_PER_GPU_HOUR: dict[str, float] = {
 }
 
 ProbeCallback = Callable[[dict[str, Any]], None]
+# The fraction of offered requests that must meet their per-request targets at every seed.
+DEFAULT_MIN_ATTAINMENT = 0.99
 
 
 @dataclass(frozen=True)
@@ -96,30 +98,73 @@ class PlanResult:
     prices_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
     # Said before any answer: GPUs whose latencies rest on different evidence.
     warnings: list[str] = field(default_factory=list)
+    min_attainment: float = DEFAULT_MIN_ATTAINMENT
+    # Per-request targets derived from the SLOs (ttft_ms, itl_ms, e2e_ms) and the requests
+    # each probe ran (None: the scenario's own, a trace or a horizon-bounded workload).
+    targets: dict[str, float] = field(default_factory=dict)
+    run_requests: int | None = None
+    notes: list[str] = field(default_factory=list)
 
     def plot(self, metric: str | None = None):
         """The frontier: worst-seed `metric` (default: the first SLO) against instance count,
-        one line per GPU, the SLO bound dashed and meeting probes filled. A Figure (Agg)."""
+        one line per GPU, the SLO bound dashed, probes that meet every SLO filled, and failing
+        probes whose runs did not all reach a steady state (`steady` False) marked with an X.
+        A Figure (Agg)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        from .sweeps import _metric_label
 
         metric = metric or (next(iter(self.slos)) if self.slos else "goodput")
         column = "goodput_worst" if metric == "goodput" else f"{metric}_worst"
-        fig = Figure(figsize=(7, 4.5))
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
+        labelled: set[str] = set()
+
+        def once(label: str) -> str | None:
+            if label in labelled:
+                return None
+            labelled.add(label)
+            return label
+
         for gpu, probes in self.frontier.groupby("gpu", sort=True):
             probes = probes.sort_values("instances")
             (line,) = ax.plot(probes["instances"], probes[column], marker="o", label=str(gpu))
-            met = probes[probes["meets"]]
-            ax.scatter(met["instances"], met[column], s=80, color=line.get_color(), zorder=3)
+            met = probes[probes["meets"].astype(bool)]
+            ax.scatter(
+                met["instances"],
+                met[column],
+                s=80,
+                color=line.get_color(),
+                zorder=3,
+                label=once("meets every SLO"),
+            )
+            if "steady" in probes:
+                steady = probes["steady"].astype("boolean").fillna(True).astype(bool)
+                unsteady = probes[~probes["meets"].astype(bool) & ~steady]
+                ax.scatter(
+                    unsteady["instances"],
+                    unsteady[column],
+                    marker="X",
+                    s=110,
+                    color=line.get_color(),
+                    edgecolors="black",
+                    linewidths=0.6,
+                    zorder=4,
+                    label=once("fails, not every seed steady") if len(unsteady) else None,
+                )
         bound = self.min_goodput if metric == "goodput" else self.slos.get(metric)
         if bound is not None:
             ax.axhline(bound, linestyle="--", color="grey", label=f"SLO {metric} = {_fmt(bound)}")
         ax.set_xlabel("instances")
-        ax.set_ylabel(f"worst-seed {metric}")
-        ax.set_title("capacity frontier (filled: meets every SLO)")
-        ax.legend()
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ylabel = "completed / injected (fraction)" if metric == "goodput" else _metric_label(metric)
+        ax.set_ylabel(f"worst-seed {ylabel}")
+        ax.set_title(f"Capacity frontier: worst seed of {len(self.seeds)} per probe")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
         return fig
 
     def table(self) -> str:
@@ -127,8 +172,14 @@ class PlanResult:
         bounds = [f"{m} <= {_fmt(v)}" for m, v in self.slos.items()]
         if self.min_goodput is not None:
             bounds.append(f"goodput >= {_fmt(self.min_goodput)}")
+        targets = ", ".join(f"{k} <= {_fmt(v)}" for k, v in self.targets.items())
         lines = [
             f"SLOs: {', '.join(bounds)} (worst of seeds {self.seeds})",
+            f"a probe passes when every seed is steady, has SLO attainment >= "
+            f"{self.min_attainment:g} of offered requests"
+            + (f" (per request: {targets})" if targets else "")
+            + " and meets every bound",
+            *(f"note: {n}" for n in self.notes),
             *(f"warning: {w}" for w in self.warnings),
             "",
             "probes:",
@@ -223,6 +274,79 @@ def _search(probe: Callable[[int], bool], max_instances: int) -> int | None:
     return hi
 
 
+# Percentile of a metric name (ttft_p99_ms -> 0.99); a mean or other statistic -> 0.5.
+def _percentile(metric: str) -> float:
+    for part in metric.split("_"):
+        if part.startswith("p") and part[1:].isdigit():
+            return int(part[1:]) / 100
+    return 0.5
+
+
+# Samples a percentile needs to be judged: ten beyond it (p99 -> 1,000 requests).
+SAMPLES_BEYOND_PERCENTILE = 10
+# Requests a probe needs at the least to judge whether it reached a steady state.
+MIN_PROBE_REQUESTS = 200
+
+
+def required_requests(bounds: Mapping[str, float], min_attainment: float) -> int:
+    """Requests per probe for the SLOs to mean something: ten requests beyond the strictest
+    percentile bounded (p99 -> 1,000) or attainment target, and MIN_PROBE_REQUESTS."""
+    strictest = max([_percentile(m) for m in bounds] + [min_attainment], default=0.5)
+    tail = max(1.0 - strictest, 1e-6)
+    return max(MIN_PROBE_REQUESTS, math.ceil(SAMPLES_BEYOND_PERCENTILE / tail - 1e-9))
+
+
+def per_request_targets(bounds: Mapping[str, float]) -> dict[str, float]:
+    """Per-request SLO targets from the plan's bounds: for TTFT, ITL and E2E the bound of the
+    highest percentile given (ttft_p99_ms=500 -> every request's TTFT <= 500 ms), so that
+    attainment >= 99 % means p99 <= 500 over the *offered* requests, not only completed ones."""
+    targets: dict[str, tuple[float, float]] = {}
+    for metric, bound in bounds.items():
+        family = metric.split("_")[0]
+        if family in ("ttft", "itl", "e2e") and metric.endswith("_ms"):
+            rank = _percentile(metric) + (0.001 if "_mean_" in metric else 0.0)
+            if family not in targets or rank > targets[family][0]:
+                targets[family] = (rank, bound)
+    return {f"{family}_ms": bound for family, (_rank, bound) in targets.items()}
+
+
+def judge_probe(
+    runs: pd.DataFrame,
+    bounds: Mapping[str, float],
+    min_attainment: float,
+    min_goodput: float | None,
+) -> tuple[bool, dict[str, Any], list[str]]:
+    """Does every seed pass? (meets, the row's worst-seed figures, the reasons it fails)."""
+    reasons: list[str] = []
+    row: dict[str, Any] = {}
+    completed = runs["completed_requests"].astype(float)
+    if (completed <= 0).any():
+        reasons.append("no request completed")
+    verdicts = [str(v) for v in runs.get("steady_state", pd.Series(dtype=object))]
+    unsteady = sorted({v for v in verdicts if v != "steady"})
+    row["steady"] = not unsteady
+    if unsteady:
+        reasons.append(f"steady-state verdict: {', '.join(unsteady)}")
+    attainment = pd.to_numeric(runs.get("slo_attainment"), errors="coerce").fillna(0.0)
+    row["attainment_worst"] = float(attainment.min()) if len(attainment) else 0.0
+    if row["attainment_worst"] < min_attainment:
+        reasons.append(f"SLO attainment {row['attainment_worst']:.3f} < {min_attainment:g}")
+    injected = runs["injected_requests"].astype(float)
+    goodput = (completed / injected.where(injected > 0)).fillna(0.0)
+    row["goodput_worst"] = float(goodput.min())
+    if min_goodput is not None and row["goodput_worst"] < min_goodput:
+        reasons.append(f"completed fraction {row['goodput_worst']:.3f} < {min_goodput:g}")
+    for metric, bound in bounds.items():
+        values = pd.to_numeric(runs[metric], errors="coerce") if metric in runs else None
+        worst = math.nan if values is None or values.isna().any() else float(values.max())
+        row[f"{metric}_worst"] = worst
+        if not worst <= bound:
+            shown = "n/a" if math.isnan(worst) else f"{worst:,.6g}"
+            reasons.append(f"{metric} {shown} > {bound:,.6g}")
+    row["reason"] = "; ".join(reasons)
+    return not reasons, row, reasons
+
+
 def plan(
     base: Scenario | dict | str | Path,
     slos: Mapping[str, float],
@@ -233,11 +357,18 @@ def plan(
     workers: int | None = None,
     prices: Mapping[str, float] | None = None,
     progress: ProbeCallback | None = None,
+    min_attainment: float = DEFAULT_MIN_ATTAINMENT,
 ) -> PlanResult:
-    """For each GPU (default: the scenario's own), the fewest `cluster.num_instances` whose
-    every seed meets `slos` (metric -> upper bound) and `min_goodput` (completed / injected);
-    the cheapest feasible GPU by instances x TP x price per GPU-hour wins.
+    """For each GPU (default: the scenario's own), the fewest instances whose every seed
+    passes: the run reached a steady state, at least `min_attainment` of the offered requests
+    met the per-request targets derived from `slos` (`per_request_targets`), every bounded
+    metric (worst seed) is within its bound, something completed, and with `min_goodput` the
+    completed / injected fraction is at least that. The cheapest feasible GPU by instances x
+    TP x price per GPU-hour wins.
 
+    Each probe runs at least `required_requests` requests (the scenario's count is raised to
+    it when smaller). A disaggregated scenario is searched over the total instance count and,
+    per total, over its prefill:decode split (from the scenario's ratio outwards).
     `prices` overrides DEFAULT_PRICES_USD_PER_GPU_HOUR. `progress(row)` is called after each
     probe. A GPU that misses the SLOs at `max_instances` is infeasible (reported, no error)."""
     from .api import as_scenario, resolve_deployment, with_overrides
@@ -254,10 +385,36 @@ def plan(
         or not 0 <= min_goodput <= 1
     ):
         raise invalid("min_goodput", min_goodput, "must be a fraction in [0, 1]")
+    if (
+        isinstance(min_attainment, bool)
+        or not isinstance(min_attainment, int | float)
+        or not 0 <= min_attainment <= 1
+    ):
+        raise invalid("min_attainment", min_attainment, "must be a fraction in [0, 1]")
     if isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances < 1:
         raise invalid("max_instances", max_instances, "must be an integer >= 1")
     seed_list = _seeds(seeds)
     price_table = _prices(prices)
+
+    notes: list[str] = []
+    targets = per_request_targets(bounds)
+    if targets:
+        sc = with_overrides(
+            sc, {f"slo.{k}": v for k, v in targets.items()}, source="plan: SLO targets"
+        )
+    needed = required_requests(bounds, min_attainment)
+    have = _num_requests(sc)
+    run_requests = have
+    if have is not None and have < needed:
+        sc = with_overrides(sc, {}, {"workload.num_requests": needed}, source="plan: run length")
+        run_requests = needed
+        notes.append(
+            f"each probe runs {needed:,} requests (the scenario has {have:,}): the strictest "
+            f"percentile judged needs {SAMPLES_BEYOND_PERCENTILE} samples beyond it"
+        )
+    disaggregated = sc.cluster.pd.enabled
+    if disaggregated and max_instances < 2:
+        raise invalid("max_instances", max_instances, "a disaggregated plan needs at least 2")
 
     extra = load_gpu_file(sc.hardware_file) if sc.hardware_file else None
     if gpus is None:
@@ -285,28 +442,44 @@ def plan(
         tp = deployment.tp
         provenance[gpu] = deployment.step_model.provenance()
         price = price_table.get(gpu.lower(), math.nan)
+        passing: dict[int, dict[str, Any]] = {}
 
-        def probe(n: int, gpu: str = gpu, gpu_sc: Scenario = gpu_sc, tp: int = tp) -> bool:
-            res = sweep(gpu_sc, {"cluster.num_instances": [n]}, seeds=seed_list, workers=workers)
-            runs = res.runs
-            injected = runs["injected_requests"].astype(float)
-            goodput = (runs["completed_requests"] / injected.where(injected > 0)).fillna(1.0)
-            row: dict[str, Any] = {"gpu": gpu, "tp": tp, "instances": n}
-            meets = True
-            for metric, bound in bounds.items():
-                worst = float(runs[metric].max()) if metric in runs else 0.0
-                row[f"{metric}_worst"] = worst
-                meets = meets and worst <= bound
-            row["goodput_worst"] = float(goodput.min())
-            if min_goodput is not None:
-                meets = meets and row["goodput_worst"] >= min_goodput
-            row["meets"] = meets
-            probes.append(row)
-            if progress is not None:
-                progress(row)
-            return meets
+        def probe(
+            n: int,
+            gpu: str = gpu,
+            gpu_sc: Scenario = gpu_sc,
+            tp: int = tp,
+            passing: dict[int, dict[str, Any]] = passing,
+        ) -> bool:
+            for split in _splits(gpu_sc, n) if disaggregated else [None]:
+                overrides: dict[str, Any] = {"cluster.num_instances": n}
+                if split is not None:
+                    overrides["cluster.pd.prefill_instances"] = split[0]
+                    overrides["cluster.pd.decode_instances"] = split[1]
+                point = with_overrides(gpu_sc, overrides, source=f"plan: {n} instances")
+                res = sweep(point, {}, seeds=seed_list, workers=workers)
+                meets, figures, _reasons = judge_probe(
+                    res.runs, bounds, min_attainment, min_goodput
+                )
+                row: dict[str, Any] = {"gpu": gpu, "tp": tp, "instances": n}
+                if split is not None:
+                    row["prefill_instances"], row["decode_instances"] = split
+                row.update(figures)
+                row["meets"] = meets
+                probes.append(row)
+                if progress is not None:
+                    progress(row)
+                if meets:
+                    passing[n] = row
+                    return True
+            return False
 
-        found = _search(probe, max_instances)
+        found = (
+            _search(probe, max_instances)
+            if not disaggregated
+            else _search(lambda n: n >= 2 and probe(n), max_instances)
+        )
+        chosen = passing.get(found) if found is not None else None
         answers.append(
             {
                 "gpu": gpu,
@@ -314,17 +487,35 @@ def plan(
                 "usd_per_gpu_hour": price,
                 "feasible": found is not None,
                 "instances": found if found is not None else math.nan,
+                **(
+                    {
+                        "prefill_instances": chosen.get("prefill_instances", math.nan)
+                        if chosen
+                        else math.nan,
+                        "decode_instances": chosen.get("decode_instances", math.nan)
+                        if chosen
+                        else math.nan,
+                    }
+                    if disaggregated
+                    else {}
+                ),
                 "total_gpus": found * tp if found is not None else math.nan,
                 "cost_per_hour_usd": found * tp * price if found is not None else math.nan,
+                "margin": _margin(chosen, bounds) if chosen else math.nan,
                 "latency_model": provenance[gpu]["latency_model"],
                 "evidence": evidence(provenance[gpu]),
             }
         )
 
     metric_cols = [f"{m}_worst" for m in bounds]
+    split_cols = ["prefill_instances", "decode_instances"] if disaggregated else []
     frontier = pd.DataFrame(
-        probes, columns=["gpu", "tp", "instances", "meets", *metric_cols, "goodput_worst"]
-    )
+        probes,
+        columns=[
+            "gpu", "tp", "instances", *split_cols, "meets", "steady", "attainment_worst",
+            *metric_cols, "goodput_worst", "reason",
+        ],
+    )  # fmt: skip
     frontier = frontier.sort_values(["gpu", "instances"], kind="stable", key=_gpu_order(gpu_names))
     frontier = frontier.reset_index(drop=True)
     per_gpu = pd.DataFrame(answers)
@@ -352,7 +543,43 @@ def plan(
         max_instances=max_instances,
         prices_usd_per_gpu_hour={g: price_table.get(g.lower(), math.nan) for g in gpu_names},
         warnings=mixed_evidence(provenance),
+        min_attainment=float(min_attainment),
+        targets=targets,
+        run_requests=run_requests,
+        notes=notes,
     )
+
+
+def _num_requests(sc: Scenario) -> int | None:
+    """The scenario's request count (synthetic or v2 workload), None for a trace or a workload
+    bounded only by its horizon."""
+    from .api import workload_spec_of
+
+    if sc.trace is not None:
+        return None
+    try:
+        return workload_spec_of(sc).num_requests
+    except (ConfigError, AttributeError):
+        return None
+
+
+def _splits(sc: Scenario, n: int) -> list[tuple[int, int]]:
+    """Prefill:decode splits of `n` instances, the scenario's own ratio first, then outwards."""
+    pd_spec = sc.cluster.pd
+    share = pd_spec.prefill_instances / max(pd_spec.prefill_instances + pd_spec.decode_instances, 1)
+    first = min(max(round(n * share), 1), n - 1)
+    order = sorted(range(1, n), key=lambda p: (abs(p - first), p))
+    return [(p, n - p) for p in order]
+
+
+def _margin(row: Mapping[str, Any], bounds: Mapping[str, float]) -> float:
+    """How far inside its bounds the chosen count is: the smallest (bound - worst) / bound."""
+    margins = [
+        (bound - row[f"{m}_worst"]) / bound
+        for m, bound in bounds.items()
+        if bound > 0 and not math.isnan(row[f"{m}_worst"])
+    ]
+    return min(margins) if margins else math.nan
 
 
 def evidence(provenance: Mapping[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Seeded random streams, one per subsystem (SPEC A9).
+"""Seeded random streams, one per subsystem (docs/behaviour.md §A9).
 
 Each subsystem's Generator is derived from the run seed and a stable hash of the subsystem's
 name, so adding or changing one subsystem never perturbs the draws of another.

@@ -203,7 +203,8 @@ class DecisionTraceSpec(_Strict):
 
 
 class PoolSpec(_Strict):
-    """Per-pool overrides of the deployment (SPEC §7.4): unset fields inherit the scenario's."""
+    """Per-pool overrides of the deployment (docs/behaviour.md §7.4): unset fields inherit the
+    scenario's."""
 
     hardware: str | None = None
     tp: Gpus | None = None
@@ -222,7 +223,7 @@ class PoolSpec(_Strict):
 
 
 class PDSpec(_Strict):
-    """Prefill/decode disaggregation (SPEC §7): pools, decider, KV transfer link."""
+    """Prefill/decode disaggregation (docs/behaviour.md §7): pools, decider, KV transfer link."""
 
     prefill_instances: Instances = 0
     decode_instances: Instances = 0
@@ -243,7 +244,8 @@ class PDSpec(_Strict):
 
 
 class ClusterSpec(_Strict):
-    """Many instances behind one router (SPEC §6), optionally split into PD pools (§7)."""
+    """Many instances behind one router (docs/behaviour.md §6), optionally split into PD pools
+    (§7)."""
 
     num_instances: PositiveInstances = 1
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
@@ -270,6 +272,21 @@ class ClusterSpec(_Strict):
         return self
 
 
+class SloTargetsSpec(_Strict):
+    """Latency targets of a request, ms (None = no target on that metric)."""
+
+    ttft_ms: Milliseconds | None = None
+    itl_ms: Milliseconds | None = None
+    e2e_ms: Milliseconds | None = None
+
+
+class SloSpec(SloTargetsSpec):
+    """The run's SLOs: targets for every request, overridden per SLO class (`slo_class` of
+    the workload's clients or the trace's rows); see docs/results.md."""
+
+    classes: dict[str, SloTargetsSpec] = Field(default_factory=dict)
+
+
 class Scenario(_Strict):
     """A whole run: the deployment, the engine, the traffic, the seed and the horizon."""
 
@@ -290,12 +307,14 @@ class Scenario(_Strict):
     workload: WorkloadField | None = None
     workload_spec: Path | None = None
     trace: TraceSpec | None = None
-    # The fleet (SPEC §8, A6, A7); see docs/infrastructure.md.
+    # The fleet (docs/behaviour.md §8, §A6, §A7); see docs/infrastructure.md.
     deployments: list[DeploymentSpec] = Field(default_factory=list)
     node_pools: list[NodePoolSpec] = Field(default_factory=list)
     instance_lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec)
     events: list[EventSpec] = Field(default_factory=list)
     autoscaler: list[AutoscalerSpec] = Field(default_factory=list)
+    # Latency targets that SLO attainment and goodput are judged against.
+    slo: SloSpec = Field(default_factory=SloSpec)
     # Check the simulator's laws during the run and stop at the first broken one
     # (simulator/invariants.py). Results are identical either way; only slower.
     check_invariants: Flag = False

@@ -24,6 +24,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -45,11 +46,13 @@ _T975 = (
 _Z975 = 1.959964
 # Summary fields BLIS prints only when non-zero: a missing one means 0, not unknown.
 _ZERO_WHEN_ABSENT = ("kv_allocation_failures",)
+# Summary fields kept as text in `runs` (not averaged in `points`).
+TEXT_COLUMNS = ("steady_state",)
 
 Progress = Callable[[int, int, dict[str, Any]], None]
 
 
-@dataclass
+@dataclass(repr=False)
 class SweepResult:
     """`runs`: tidy, one row per (point, seed), sorted by point then seed. `points`: per point,
     `<metric>_mean` and `<metric>_ci95` (half-width of the 95% CI of the mean across seeds)."""
@@ -63,6 +66,193 @@ class SweepResult:
     skipped: int = 0
     out: Path | None = None
     seeds: list[int] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        """A few lines: the grid, the counts, the seeds, the CI method and the folder (the
+        tables themselves are `runs` and `points`)."""
+        n_points, n_runs = len(self.points), len(self.runs)
+        grid = "; ".join(
+            f"{p}: {_values_text(pd.unique(self.points[p]) if p in self.points else [])}"
+            for p in self.params
+        )
+        lines = [
+            f"SweepResult({n_points} point(s) x {len(self.seeds)} seed(s) = {n_runs} run(s); "
+            f"{self.simulated} simulated, {self.skipped} resumed)",
+            f"  params:  {grid or '(none: the base scenario only)'}",
+            f"  seeds:   {_values_text(self.seeds, limit=10)}",
+            f"  metrics: {len(self.metrics)} per run; points has <metric>_mean and <metric>_ci95",
+            f"  CI:      95% half-width, {self.ci_method}",
+        ]
+        if {"steady_seeds", "n_seeds"} <= set(self.points.columns):
+            steady = int(self.points["steady_seeds"].sum())
+            lines.append(f"  steady:  {steady} of {int(self.points['n_seeds'].sum())} run(s)")
+        lines.append(f"  out:     {self.out if self.out is not None else '(not saved)'}")
+        return "\n".join(lines)
+
+    def plot_latency_vs_load(
+        self,
+        metric: str = "ttft_p99_ms",
+        load: str = "workload.rate",
+        slo: float | None = None,
+        log_y: bool | None = None,
+    ):
+        """`metric` (mean across seeds, 95% CI band) against the grid parameter `load`, one
+        line per combination of the other grid parameters; a dashed line at `slo` when given.
+        The y axis is logarithmic when `log_y`, by default when the means span more than 50x.
+
+        The saturation point, the smallest load at which not every seed reached a steady
+        state (`steady_seeds < n_seeds`), is a dotted vertical line, and every such point an
+        X; when every load is steady the legend says so. A Figure (Agg canvas)."""
+        from .metrics.plots import _figure
+
+        if load not in self.params:
+            raise ConfigError(
+                f"plot_latency_vs_load: load {excerpt(load)} is not a grid parameter; "
+                f"grid: {', '.join(self.params) or '(none)'}"
+            )
+        if f"{metric}_mean" not in self.points.columns:
+            raise ConfigError(
+                f"plot_latency_vs_load: unknown metric {excerpt(metric)}; valid: "
+                f"{', '.join(sorted(self.metrics))}"
+            )
+        if slo is not None and (
+            isinstance(slo, bool) or not isinstance(slo, int | float) or not math.isfinite(slo)
+        ):
+            raise ConfigError(f"plot_latency_vs_load: invalid value slo={slo!r}; a number")
+        pts = self.points.copy()
+        pts["_load"] = pd.to_numeric(pts[load], errors="coerce")
+        if pts["_load"].isna().any():
+            raise ConfigError(
+                f"plot_latency_vs_load: load {excerpt(load)} needs numeric values, got "
+                f"{excerpt(list(self.points[load]))}"
+            )
+        has_verdicts = {"steady_seeds", "n_seeds"} <= set(pts.columns)
+        others = [p for p in self.params if p != load]
+        groups = list(pts.groupby(others, sort=False, dropna=False)) if others else [((), pts)]
+        fig = _figure(8, 5)
+        ax = fig.add_subplot(1, 1, 1)
+        marked_unsteady = False
+        for key, group in groups:
+            values = key if isinstance(key, tuple) else (key,)
+            name = ", ".join(f"{p}={v}" for p, v in zip(others, values, strict=True))
+            g = group.sort_values("_load", kind="stable")
+            x = g["_load"].to_numpy(dtype=float)
+            y = g[f"{metric}_mean"].to_numpy(dtype=float)
+            half = g[f"{metric}_ci95"].to_numpy(dtype=float)
+            (line,) = ax.plot(x, y, marker="o", label=name or f"{metric} (mean)")
+            color = line.get_color()
+            band = ~np.isnan(half)
+            if band.any():
+                ax.fill_between(
+                    x[band],
+                    (y - half)[band],
+                    (y + half)[band],
+                    color=color,
+                    alpha=0.2,
+                    linewidth=0,
+                )
+            suffix = f" ({name})" if name else ""
+            if not has_verdicts:
+                ax.plot([], [], " ", label=f"saturation unknown{suffix}: no steady-state verdicts")
+                continue
+            unsteady = (g["steady_seeds"] < g["n_seeds"]).to_numpy()
+            if unsteady.any():
+                ax.scatter(
+                    x[unsteady],
+                    y[unsteady],
+                    marker="X",
+                    s=110,
+                    color=color,
+                    zorder=3,
+                    edgecolors="black",
+                    linewidths=0.6,
+                    label=None if marked_unsteady else "not every seed steady",
+                )
+                marked_unsteady = True
+                first = int(np.flatnonzero(unsteady)[0])
+                row = g.iloc[first]
+                ax.axvline(
+                    x[first],
+                    color=color,
+                    linestyle=":",
+                    linewidth=1.5,
+                    gid="saturation",
+                    label=f"saturation{suffix}: {load} = {x[first]:g} "
+                    f"({int(row['steady_seeds'])}/{int(row['n_seeds'])} seeds steady)",
+                )
+            else:
+                ax.plot(
+                    [],
+                    [],
+                    " ",
+                    gid="no-saturation",
+                    label=f"no saturation{suffix}: every seed steady up to {load} = {x.max():g}",
+                )
+        if slo is not None:
+            ax.axhline(
+                slo,
+                color="grey",
+                linestyle="--",
+                linewidth=1.2,
+                gid="slo",
+                label=f"SLO: {metric} = {slo:g}",
+            )
+        n_seeds = len(self.seeds) or int(pts["n_seeds"].max())
+        means = pts[f"{metric}_mean"].to_numpy(dtype=float)
+        means = means[np.isfinite(means)]
+        if log_y is None:  # a saturated point easily sits 100x above the rest
+            log_y = bool(len(means)) and means.min() > 0 and means.max() / means.min() > 50
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_title(f"{metric} vs {load}: mean ± 95% CI over {n_seeds} seed(s)")
+        ax.set_xlabel(_LOAD_LABELS.get(load, load))
+        ax.set_ylabel(_metric_label(metric))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small", loc="best")
+        return fig
+
+
+# Axis labels (with units) of common load parameters and metric suffixes.
+_LOAD_LABELS = {
+    "workload.rate": "offered load: workload.rate (requests / s)",
+    "workload.aggregate_rate": "offered load: workload.aggregate_rate (requests / s)",
+    "workload.num_requests": "workload.num_requests (requests)",
+    "cluster.num_instances": "cluster.num_instances (instances)",
+}
+_METRIC_UNITS = (
+    ("_ms", "ms"),
+    ("_per_sec", "per s"),
+    ("_per_s", "per s"),
+    ("_rps", "requests / s"),
+    ("_tps", "tokens / s"),
+    ("_s", "s"),
+    ("_requests", "requests"),
+    ("_rate", "fraction"),
+    ("_attainment", "fraction"),
+)
+
+
+def _metric_label(metric: str) -> str:
+    unit = next((u for suffix, u in _METRIC_UNITS if metric.endswith(suffix)), None)
+    return f"{metric} ({unit})" if unit else metric
+
+
+def _values_text(values: Sequence[Any], limit: int = 6) -> str:
+    """`1, 2, 4` or `1, 2, 3, ..., 50 (50 values)`; each value cut to 30 characters."""
+
+    def one(v: Any) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "null (default)"  # a null grid value (NaN in a numeric column)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)  # an integer column that also holds a null turned float
+        text = str(v)
+        return text if len(text) <= 30 else text[:27] + "..."
+
+    items = list(values)
+    if len(items) <= limit:
+        return ", ".join(one(v) for v in items)
+    head = ", ".join(one(v) for v in items[: limit - 1])
+    return f"{head}, ..., {one(items[-1])} ({len(items)} values)"
 
 
 # --- confidence intervals -------------------------------------------------------------------
@@ -134,10 +324,30 @@ def _point_scenario(
     apply to a v2 workload, as its aggregate_rate / num_requests, as on the command line)."""
     from .api import _V2_EQUIVALENTS, with_overrides
 
-    overrides = {k: v for k, v in params.items() if k not in _V2_EQUIVALENTS}
-    workload = {k: v for k, v in params.items() if k in _V2_EQUIVALENTS}
+    unset = [k for k, v in params.items() if v is None]
+    if unset:
+        base = _unset_fields(base, unset, source)
+    overrides = {k: v for k, v in params.items() if v is not None and k not in _V2_EQUIVALENTS}
+    workload = {k: v for k, v in params.items() if v is not None and k in _V2_EQUIVALENTS}
     overrides["seed"] = seed
     return with_overrides(base, overrides, workload, source=source)
+
+
+def _unset_fields(base: Scenario, paths: list[str], source: str) -> Scenario:
+    """The base with each dotted path removed, so the schema's default applies: a grid value
+    `null` means "unset" (`cluster.pd: [null, {...}]` compares no PD with a PD setup), not
+    the value None, which most fields refuse. A path under an unset section is a no-op."""
+    data = base.model_dump(mode="python")
+    for dotted in paths:
+        *parents, leaf = dotted.split(".")
+        node: Any = data
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    updated = scenario_from_dict(data, source=source)
+    updated._base_dir = base._base_dir  # noqa: SLF001
+    return updated
 
 
 def _validate(
@@ -183,13 +393,19 @@ def _run_key(base_json: str, params: dict[str, Any], seed: int) -> str:
 
 
 def _simulate_row(scenario: Scenario) -> dict[str, Any]:
-    """Simulate one scenario; its numeric summary metrics (bools and strings dropped)."""
+    """Simulate one scenario; its numeric summary metrics (a statistic of no samples as NaN,
+    bools and other strings dropped) and its steady-state verdict."""
     from .api import simulate
 
-    summary = simulate(scenario).summary
+    summary = simulate(scenario, warn_unsteady=False).summary
     row = {
-        k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        k: math.nan if v is None else v
+        for k, v in summary.items()
+        if v is None or (isinstance(v, int | float) and not isinstance(v, bool))
     }
+    for name in TEXT_COLUMNS:
+        if name in summary:
+            row[name] = summary[name]
     for name in _ZERO_WHEN_ABSENT:
         row.setdefault(name, 0)
     return row
@@ -364,7 +580,7 @@ def sweep(
         row.update(metrics_by_key[key])
         rows.append(row)
     runs = pd.DataFrame(rows)
-    metric_names = [c for c in runs.columns if c not in {"point", "seed", *params}]
+    metric_names = [c for c in runs.columns if c not in {"point", "seed", *params, *TEXT_COLUMNS}]
     points_frame, ci_method = summarize_points(runs, params, metric_names)
     result = SweepResult(
         runs=runs,
@@ -392,6 +608,8 @@ def summarize_points(
         row: dict[str, Any] = {"point": p}
         row.update({k: group[k].iloc[0] for k in params})
         row["n_seeds"] = len(group)
+        if "steady_state" in group:
+            row["steady_seeds"] = int((group["steady_state"] == "steady").sum())
         for m in metrics:
             values = pd.to_numeric(group[m], errors="coerce")
             half, method = _ci_half_width(values)

@@ -1,4 +1,4 @@
-"""Score servesim against real vLLM runs (shared/groundtruth).
+"""Score servesim against real vLLM runs (the repository's groundtruth/ folder).
 
 Two layouts are understood, and a folder holding both datasets scores both:
 
@@ -187,6 +187,26 @@ def dataset_tag(dataset: Path, version: object = None) -> str:
         return f"vllm-{version}"
     found = re.match(r"vllm-(\d+(?:\.\d+)+)", dataset.name)
     return f"vllm-{found.group(1)}" if found else dataset.name
+
+
+GROUNDTRUTH_FOLDER = "groundtruth"
+
+
+def default_groundtruth(command: str = "ground truth") -> Path:
+    """The ground-truth folder used when none is given: the repository's `groundtruth/` (the
+    folder next to the `simulator` package), else `./groundtruth` in the current directory.
+    Neither present (an installed package run elsewhere) is a one-line ConfigError naming both
+    places, prefixed with `command`."""
+    beside_package = Path(__file__).resolve().parents[1] / GROUNDTRUTH_FOLDER
+    if beside_package.is_dir():
+        return beside_package
+    in_cwd = Path.cwd() / GROUNDTRUTH_FOLDER
+    if in_cwd.is_dir():
+        return in_cwd
+    raise ConfigError(
+        f"{command}: no ground truth at {str(beside_package)!r} (next to the simulator "
+        f"package) nor at {str(in_cwd)!r} (current directory); pass FOLDER"
+    )
 
 
 def discover_runs(folder: Path, forced_output: bool = True, traces: bool = False) -> list[RunSpec]:

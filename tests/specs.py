@@ -38,3 +38,24 @@ MIXTRAL_8X7B = ModelConfig(  # MoE: 8 experts, 2 per token
     num_local_experts=8,
     num_experts_per_tok=2,
 )
+
+
+# A GPU-independent server of known capacity, for tests of saturation, plans and sweeps:
+# blackbox with beta = [10 ms, 0, 0] makes every step 10 ms; a 16-token prompt with 4 output
+# tokens needs 4 steps (the prefill step emits the first token, then 3 decode steps), 40 ms;
+# with max_num_running_reqs = 1 an instance serves one request at a time, so its capacity is
+# exactly 1 / 40 ms = 25 req/s.
+CAPACITY_25_RPS = {
+    "model": "meta-llama/llama-3.1-8b-instruct",
+    "hardware": "H100",
+    "tp": 1,
+    "latency": {"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [10_000, 0, 0]},
+    "engine": {"max_num_running_reqs": 1, "total_kv_blocks": 10_000},
+    "workload": {
+        "arrival": "constant",
+        "rate": 5,
+        "num_requests": 300,
+        "prompt_tokens": {"distribution": "constant", "value": 16},
+        "output_tokens": {"distribution": "constant", "value": 4},
+    },
+}

@@ -1,4 +1,5 @@
-"""The `servesim` command line (SPEC §10, §12; DESIGN "No silent failure").
+"""The `servesim` command line (docs/behaviour.md §10, §12; docs/architecture.md, "No silent
+failure").
 
 Bad input: exit status 2, exactly one `error:` line on stderr, no traceback, nothing written.
 Good input: BLIS's `=== Simulation Metrics ===` + JSON on stdout, the per-request file, and
@@ -26,7 +27,8 @@ DATA = Path(__file__).parent / "data" / "blis"
 TRACE_HEADER = DATA / "r1_fixed512.trace.yaml"
 TRACE_DATA = DATA / "r1_fixed512.trace.csv"
 
-# SPEC §10.2: the summary JSON fields BLIS prints (kv_allocation_failures is omitted when 0).
+# docs/behaviour.md §10.2: the summary JSON fields BLIS prints (kv_allocation_failures is omitted
+# when 0).
 BLIS_FIELDS = set(BLIS_SUMMARY_FIELDS)
 REQUEST_FIELDS = {
     "requestID",
@@ -230,7 +232,7 @@ def test_run_prints_blis_summary_and_writes_results(twin_runs):
         assert r["e2e_ms"] >= r["ttft_ms"] > 0
         assert r["handled_by"] == "instance_0"
     arrivals = [r["arrived_at"] for r in reqs]
-    assert arrivals == sorted(arrivals)  # SPEC §10.3: sorted by arrival
+    assert arrivals == sorted(arrivals)  # docs/behaviour.md §10.3: sorted by arrival
     assert len({r["requestID"] for r in reqs}) == 20
 
 

@@ -1,11 +1,12 @@
 """Fuzzing every parser of user input: each input is accepted, or rejected with one clear
 line (a ServesimError; exit status 2 on the command line). No other exception, no hang.
 
-Inputs are real files (scenarios/, tests/data, ../shared) damaged two ways: structurally
-(a node replaced by an odd value, deleted, or an unknown key added; `perturbed`) and as bytes
-(lines dropped or cut, characters inserted, numbers replaced, invalid UTF-8, NUL bytes, BOMs,
-CR line ends, very long lines; `mutated_bytes`, written with write_bytes), plus strategies
-over the flag-string grammars. Budgets: tests/fuzzing.py (`make fuzz` for long).
+Inputs are real files (scenarios/, tests/data, groundtruth/, the bundled catalog data) damaged
+two ways: structurally (a node replaced by an odd value, deleted, or an unknown key added;
+`perturbed`) and as bytes (lines dropped or cut, characters inserted, numbers replaced, invalid
+UTF-8, NUL bytes, BOMs, CR line ends, very long lines; `mutated_bytes`, written with
+write_bytes), plus strategies over the flag-string grammars. Budgets: tests/fuzzing.py
+(`make fuzz` for long).
 """
 
 from __future__ import annotations
@@ -45,16 +46,15 @@ from tests.fuzzing import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 BLIS = ROOT / "tests" / "data" / "blis"
 TRACE_HEADER = BLIS / "r1_fixed512.trace.yaml"
 TRACE_DATA = BLIS / "r1_fixed512.trace.csv"
 WORKLOAD = ROOT / "tests" / "data" / "workloads" / "everything.yaml"
-GROUNDTRUTH = sorted((SHARED / "groundtruth").glob("*/requests/*.requests.csv"))
-SHARED_DEFAULTS = SHARED / "data" / "blis" / "defaults.yaml"
-SHARED_HARDWARE = SHARED / "data" / "blis" / "hardware_config.json"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is not present")
+GROUNDTRUTH = sorted((ROOT / "groundtruth").glob("*/requests/*.requests.csv"))
+# BLIS's own defaults.yaml and hardware_config.json, bundled unchanged.
+BUNDLED_DEFAULTS = ROOT / "simulator" / "catalog" / "data" / "defaults.yaml"
+BUNDLED_HARDWARE = ROOT / "simulator" / "catalog" / "data" / "hardware_config.json"
 
 SCENARIO_DOCS = {p.name: yaml.safe_load(p.read_text()) for p in SCENARIOS}
 
@@ -161,7 +161,6 @@ def test_trace_csv_row_of_arbitrary_cells(scratch, cells):
 # --- ground-truth CSV -----------------------------------------------------------------------
 
 
-@needs_shared
 @fuzz_settings(ci_examples=40)
 @given(st.data())
 def test_groundtruth_csv_with_damaged_text(scratch, data):
@@ -173,7 +172,6 @@ def test_groundtruth_csv_with_damaged_text(scratch, data):
 # --- coefficient and hardware files ---------------------------------------------------------
 
 
-@needs_shared
 @fuzz_settings(ci_examples=60)
 @given(st.data())
 def test_coefficient_yaml_file(scratch, data):
@@ -183,8 +181,8 @@ def test_coefficient_yaml_file(scratch, data):
 
 @functools.cache
 def _defaults_doc() -> dict:
-    """A small but complete defaults.yaml: a few of each section of the shared file."""
-    full = yaml.safe_load(SHARED_DEFAULTS.read_text())
+    """A small but complete defaults.yaml: a few of each section of the bundled file."""
+    full = yaml.safe_load(BUNDLED_DEFAULTS.read_text())
     small = dict(full)
     small["models"] = full["models"][:3]
     for key in ("defaults", "workloads"):
@@ -193,22 +191,20 @@ def _defaults_doc() -> dict:
     return small
 
 
-@needs_shared
 @fuzz_settings(ci_examples=30)
 @given(st.data())
 def test_hardware_file_with_damaged_fields(scratch, data):
-    doc = data.draw(perturbed(json.loads(SHARED_HARDWARE.read_text())))
+    doc = data.draw(perturbed(json.loads(BUNDLED_HARDWARE.read_text())))
     suffix = data.draw(st.sampled_from([".json", ".yaml"]))
     text = json.dumps(doc) if suffix == ".json" else _dump(doc)
     accepted_or_one_line_error(load_gpu_file, _file(scratch, text, suffix))
 
 
-@needs_shared
 @fuzz_settings(ci_examples=20)
 @given(st.data())
 def test_hardware_file_with_damaged_bytes(scratch, data):
     suffix = data.draw(st.sampled_from([".json", ".yaml"]))
-    text = SHARED_HARDWARE.read_text()
+    text = BUNDLED_HARDWARE.read_text()
     if suffix == ".yaml":
         text = _dump(json.loads(text))
     accepted_or_one_line_error(

@@ -1,4 +1,4 @@
-"""`servesim observe` against a local OpenAI-compatible stub server (SPEC §12.2).
+"""`servesim observe` against a local OpenAI-compatible stub server (docs/behaviour.md §12.2).
 
 Laws: every dispatched request yields exactly one trace row with a status; send ≥ scheduled
 arrival, first chunk ≥ send, last chunk ≥ first chunk; the recorded TTFT/E2E can only exceed

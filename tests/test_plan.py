@@ -14,25 +14,13 @@ from typer.testing import CliRunner
 from simulator.cli_plan import register
 from simulator.errors import ConfigError
 from simulator.plan import _search, plan
+from tests.specs import CAPACITY_25_RPS
 
 STEP_MS = 10
-# Blackbox with beta = [10 ms, 0, 0] and alpha = 0: every step takes exactly 10 ms whatever
-# it holds. A 16-token prompt with 4 output tokens needs 4 steps (the prefill step emits the
-# first token, then 3 decode steps): 40 ms per request. With max_num_running_reqs = 1 an
-# instance serves one request at a time, so its capacity is exactly 1 / 40 ms = 25 req/s.
+# tests/specs.py: every step 10 ms, 40 ms per request, one at a time: 25 req/s per instance.
 BASE = {
-    "model": "meta-llama/llama-3.1-8b-instruct",
-    "hardware": "H100",
-    "tp": 1,
-    "latency": {"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [10_000, 0, 0]},
-    "engine": {"max_num_running_reqs": 1, "total_kv_blocks": 10_000},
-    "workload": {
-        "arrival": "constant",
-        "rate": 60,
-        "num_requests": 120,
-        "prompt_tokens": {"distribution": "constant", "value": 16},
-        "output_tokens": {"distribution": "constant", "value": 4},
-    },
+    **CAPACITY_25_RPS,
+    "workload": {**CAPACITY_25_RPS["workload"], "rate": 60, "num_requests": 120},
 }
 SLO = {"ttft_p99_ms": 50.0}
 
@@ -208,3 +196,71 @@ def test_plan_says_when_gpus_rest_on_different_evidence() -> None:
     assert res.table().count("warning: the GPUs' step times rest on different evidence") == 1
     same = plan(BASE, SLO, gpus=["H100", "L40S"], seeds=(1,), max_instances=8, workers=1)
     assert same.warnings == [] and len(set(same.per_gpu["evidence"])) == 1
+
+
+# ------------------------------------------------ plans that used to pass and must not
+
+
+def test_a_short_overloaded_run_no_longer_passes() -> None:
+    """Quickstart traffic at 60 req/s on one H100 looked fine over 300 requests (TTFT p99
+    367 ms) while its queue grew without bound. The plan now runs 1,000 requests per probe
+    (p99 needs ten samples beyond it), sees the TTFT trend, and answers 2."""
+    base = {
+        "model": "meta-llama/llama-3.1-8b-instruct",
+        "hardware": "H100",
+        "workload": {
+            "arrival": "poisson",
+            "rate": 60,
+            "num_requests": 300,
+            "prompt_tokens": {"distribution": "gaussian", "mean": 512, "stdev": 128,
+                              "min": 16, "max": 2048},
+            "output_tokens": {"distribution": "gaussian", "mean": 256, "stdev": 64,
+                              "min": 1, "max": 1024},
+        },
+    }  # fmt: skip
+    res = plan(base, {"ttft_p99_ms": 500.0}, seeds=(1, 2), max_instances=4, workers=1)
+    assert res.run_requests == 1000
+    one = res.frontier[res.frontier["instances"] == 1].iloc[0]
+    assert not one["meets"] and not one["steady"]
+    assert "steady-state verdict: saturated" in one["reason"]
+    assert res.best is not None and res.best.instances == 2
+
+
+def test_timeouts_fail_on_attainment_not_latency() -> None:
+    """With a 50 ms deadline (4 steps of 10 ms = 40 ms of service, so any wait times a request
+    out) the completed requests are fast but many offered ones time out: the latency bound
+    holds, attainment does not, and the probe says so."""
+    base = {**BASE, "workload": {**BASE["workload"], "arrival": "poisson", "rate": 20,
+                                 "timeout_us": 50_000}}  # fmt: skip
+    res = plan(base, {"ttft_p99_ms": 1_000.0}, seeds=(1,), max_instances=1, workers=1)
+    row = res.frontier.iloc[0]
+    assert not row["meets"] and row["ttft_p99_ms_worst"] <= 1_000.0
+    assert "SLO attainment" in row["reason"] and row["attainment_worst"] < 0.99
+    assert res.best is None
+
+
+def test_no_completions_never_pass() -> None:
+    """Prompts beyond the KV cache are dropped: nothing completes, latencies are unknown (not
+    0 ms), and the probe fails for that reason."""
+    huge = {"distribution": "constant", "value": 200_000}
+    base = {**BASE, "workload": {**BASE["workload"], "prompt_tokens": huge}}
+    res = plan(base, {"ttft_p99_ms": 500.0}, seeds=(1,), max_instances=2, workers=1)
+    assert not res.frontier["meets"].any()
+    assert all("no request completed" in r for r in res.frontier["reason"])
+    assert res.frontier["ttft_p99_ms_worst"].isna().all()
+    assert res.best is None
+
+
+def test_a_disaggregated_scenario_is_planned_over_total_and_split() -> None:
+    """A PD scenario used to fail (`grid: cluster.num_instances = 1`); now each total from 2
+    is probed over its prefill:decode splits, and the answer names the split."""
+    res = plan(
+        "scenarios/pd_2p2d.yaml", {"ttft_mean_ms": 2_000.0}, seeds=(1,), max_instances=4,
+        workers=1,
+    )  # fmt: skip
+    assert (res.frontier["instances"] >= 2).all()
+    splits = res.frontier["prefill_instances"] + res.frontier["decode_instances"]
+    assert (splits == res.frontier["instances"]).all()
+    answer = res.per_gpu.iloc[0]
+    assert answer["feasible"]
+    assert answer["prefill_instances"] + answer["decode_instances"] == answer["instances"]

@@ -2,8 +2,8 @@
 
 The four traces in tests/data/blis were generated and simulated by BLIS (commit 627e3f80):
 each row carries the arrival time, the token counts and BLIS's first/last chunk times. With no
-preemption and no skipped steps, servesim's semantics (SPEC Part A) coincide with BLIS's, so
-TTFT = first_chunk − arrival and E2E = last_chunk − arrival must match exactly.
+preemption and no skipped steps, servesim's semantics (docs/behaviour.md Part A) coincide with
+BLIS's, so TTFT = first_chunk − arrival and E2E = last_chunk − arrival must match exactly.
 
 Golden summaries (tests/golden/*.summary.json) pin servesim's own summary of each replay; a
 change to any output must regenerate them deliberately (SERVESIM_REGEN_GOLDEN=1).
@@ -25,7 +25,7 @@ DATA = Path(__file__).parent / "data" / "blis"
 GOLDEN = Path(__file__).parent / "golden"
 
 CASES = {
-    # case: deployment flags of the BLIS run (see tests/data/blis and shared/reference/README)
+    # case: the deployment flags BLIS was run with for that reference run
     "r1_fixed512": dict(hardware="H100", tp=1, latency__model="roofline"),
     "r2_chat": dict(hardware="H100", tp=1, latency__model="roofline"),
     "r3_summ": dict(hardware="H100", tp=1, latency__model="roofline"),
@@ -46,7 +46,7 @@ COMMON = dict(
     engine__max_num_scheduled_tokens=2048,
 )
 # Summary fields whose meaning is the same in BLIS-Mar and servesim. BLIS-Mar leaves each
-# request's first token out of total_output_tokens (servesim counts it, SPEC A3), so
+# request's first token out of total_output_tokens (servesim counts it, docs/behaviour.md §A3), so
 # total_output_tokens and tokens_per_sec differ by design and are checked separately.
 SHARED_FIELDS = [
     f
@@ -102,7 +102,7 @@ def test_summary_agrees_with_blis(replayed):
     ours = result.summary
     for field in SHARED_FIELDS:
         assert ours[field] == pytest.approx(blis[field], rel=1e-9, abs=1e-9), field
-    # BLIS-Mar counts N−1 output tokens per completed request, servesim N (SPEC A3).
+    # BLIS-Mar counts N−1 output tokens per completed request, servesim N (docs/behaviour.md §A3).
     assert ours["total_output_tokens"] == blis["total_output_tokens"] + ours["completed_requests"]
 
 

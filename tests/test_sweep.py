@@ -3,6 +3,7 @@ validation before anything runs, resumability, sweep files and the `sweep` comma
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -12,9 +13,10 @@ import yaml
 from typer.testing import CliRunner
 
 import simulator.sweeps as sweep_mod
-from simulator.cli_sweep import register
+from simulator.cli_sweep import format_points_table, register
 from simulator.errors import ConfigError
 from simulator.sweeps import load_sweep_file, sweep
+from tests.specs import CAPACITY_25_RPS
 
 BASE = {"workload": {"num_requests": 30, "rate": 10}}
 GRID = {"cluster.num_instances": [1, 2], "engine.max_num_running_reqs": [4, 64]}
@@ -257,3 +259,94 @@ def test_cli_bad_sweep_file_one_line_exit_2(tmp_path: Path, doc: dict) -> None:
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ")
     assert not out.exists()
+
+
+# --- repr, null grid values, the printed table, latency vs load ---------------------------------
+
+
+def test_repr_is_short(serial: sweep_mod.SweepResult) -> None:
+    text = repr(serial)
+    lines = text.splitlines()
+    assert len(lines) <= 10 and all(len(line) <= 120 for line in lines)
+    assert lines[0] == "SweepResult(4 point(s) x 2 seed(s) = 8 run(s); 8 simulated, 0 resumed)"
+    assert "cluster.num_instances: 1, 2" in text and "engine.max_num_running_reqs: 4, 64" in text
+    assert "seeds:   1, 2" in text
+    assert f"metrics: {len(serial.metrics)} per run" in text
+    assert serial.ci_method in text and "out:     (not saved)" in text
+    # No table dump: no metric column names, no DataFrame index rows.
+    assert "e2e_mean_ms" not in text and "[8 rows" not in text
+
+
+def test_null_grid_value_runs_the_default() -> None:
+    """`null` unsets the path: the schema's default applies (here: no PD, 256 running)."""
+    base = {"workload": {"num_requests": 20, "rate": 10}, "cluster": {"num_instances": 2}}
+    pd_setup = {"prefill_instances": 1, "decode_instances": 1, "decider": "always"}
+    grid = {"cluster.pd": [None, pd_setup], "engine.max_num_running_reqs": [None, 4]}
+    res = sweep(base, grid, seeds=[3], workers=1)
+    assert len(res.runs) == 4
+    plain = sweep(base, {}, seeds=[3], workers=1).runs
+    first = res.runs.iloc[[0]].drop(columns=["point", *grid]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(first, plain.drop(columns=["point"]), check_dtype=False)
+    # The PD point differs from the default one.
+    assert res.runs.loc[2, "ttft_mean_ms"] != res.runs.loc[0, "ttft_mean_ms"]
+    explicit = sweep(base, {"engine.max_num_running_reqs": [256]}, seeds=[3], workers=1)
+    assert res.runs.loc[0, "e2e_mean_ms"] == explicit.runs.loc[0, "e2e_mean_ms"]
+    assert "null (default)" in repr(res)
+    table = format_points_table(res)
+    assert table.splitlines()[1].split()[1:3] == ["default", "default"]
+
+
+def test_points_table_has_itl_p99_and_new_fields(serial: sweep_mod.SweepResult) -> None:
+    header = format_points_table(serial).splitlines()[0].split()
+    for column in ("itl_p99_ms", "goodput_rps", "slo_attainment", "steady_seeds"):
+        assert column in header
+    assert header.index("steady_seeds") == header.index("n_seeds") + 1
+
+
+# tests/specs.py: capacity exactly 25 req/s, so 5 req/s is steady and 100 req/s saturates.
+SATURATING = {
+    **CAPACITY_25_RPS,
+    "workload": {**CAPACITY_25_RPS["workload"], "arrival": "poisson"},
+}
+
+
+@pytest.fixture(scope="module")
+def by_rate() -> sweep_mod.SweepResult:
+    return sweep(SATURATING, {"workload.rate": [5, 100]}, seeds=[1, 2], workers=1)
+
+
+def test_latency_vs_load_marks_the_saturation_point(by_rate: sweep_mod.SweepResult) -> None:
+    pts = by_rate.points
+    assert list(pts["steady_seeds"]) == [2, 0]
+    fig = by_rate.plot_latency_vs_load("ttft_p99_ms", slo=500)
+    (ax,) = fig.axes
+    (curve,) = [line for line in ax.lines if line.get_gid() is None]
+    assert list(curve.get_xdata()) == [5, 100]
+    assert list(curve.get_ydata()) == list(pts["ttft_p99_ms_mean"])
+    (saturation,) = [line for line in ax.lines if line.get_gid() == "saturation"]
+    assert list(saturation.get_xdata()) == [100, 100]
+    assert "workload.rate = 100 (0/2 seeds steady)" in saturation.get_label()
+    (slo,) = [line for line in ax.lines if line.get_gid() == "slo"]
+    assert list(slo.get_ydata()) == [500, 500] and slo.get_linestyle() == "--"
+    band = ax.collections[0]  # the 95% CI band
+    assert band.get_paths()
+    assert ax.get_xlabel() == "offered load: workload.rate (requests / s)"
+    assert ax.get_ylabel() == "ttft_p99_ms (ms)"
+    assert ax.get_yscale() == "log"  # the saturated point sits >50x above the steady one
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("saturation: workload.rate = 100") for t in legend)
+
+
+def test_latency_vs_load_without_saturation_says_so(by_rate: sweep_mod.SweepResult) -> None:
+    steady_only = replace(by_rate, points=by_rate.points[by_rate.points["workload.rate"] == 5])
+    (ax,) = steady_only.plot_latency_vs_load().axes
+    assert not [line for line in ax.lines if line.get_gid() == "saturation"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "no saturation: every seed steady up to workload.rate = 5" in legend
+
+
+def test_latency_vs_load_rejects_unknown_names(by_rate: sweep_mod.SweepResult) -> None:
+    with pytest.raises(ConfigError, match="not a grid parameter"):
+        by_rate.plot_latency_vs_load(load="cluster.num_instances")
+    with pytest.raises(ConfigError, match="unknown metric 'ttft_p999_ms'"):
+        by_rate.plot_latency_vs_load(metric="ttft_p999_ms")

@@ -13,11 +13,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+import simulator.validate as validate_module
 from simulator.cli import app
 from simulator.errors import ConfigError
 from simulator.validate import (
     FRAME_COLUMNS,
     METRICS,
+    default_groundtruth,
     discover_runs,
     run_metrics,
     score,
@@ -26,7 +28,8 @@ from simulator.validate import (
     validate_folder,
 )
 
-REAL_GROUNDTRUTH = Path(__file__).resolve().parents[2] / "shared" / "groundtruth"
+REPOSITORY = Path(__file__).resolve().parents[1]
+REAL_GROUNDTRUTH = REPOSITORY / "groundtruth"  # shipped with the repository
 DATASET = "vllm-0.15.1-h100"
 
 
@@ -243,7 +246,45 @@ def test_cli_validate_bad_folder_is_one_error_line(tmp_path: Path) -> None:
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
 
 
-@pytest.mark.skipif(not REAL_GROUNDTRUTH.is_dir(), reason="no ../shared/groundtruth")
+def test_default_groundtruth_is_the_repository_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # found next to the package, wherever the command runs
+    assert default_groundtruth() == REAL_GROUNDTRUTH
+    assert (REAL_GROUNDTRUTH / "vllm-0.15.1-h100" / "requests").is_dir()
+    assert (REAL_GROUNDTRUTH / "vllm-0.23.0-h100-qwen3-14b" / "server_config.json").is_file()
+
+
+def test_default_groundtruth_falls_back_to_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An installed package has no groundtruth/ beside it: ./groundtruth is used, else an error
+    # naming both places.
+    package = tmp_path / "site-packages" / "simulator"
+    monkeypatch.setattr(validate_module, "__file__", str(package / "validate.py"))
+    work = tmp_path / "work"
+    (work / "groundtruth").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    assert default_groundtruth() == work / "groundtruth"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        default_groundtruth("validate")
+    message = str(error.value)
+    assert message.startswith("validate: no ground truth at ") and "\n" not in message
+    assert str(tmp_path / "site-packages" / "groundtruth") in message
+    assert str(tmp_path / "groundtruth") in message
+
+
+def test_cli_validate_without_folder_scores_the_repository_groundtruth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["validate", "--runs", "llama-2-7b-tp1-general"])
+    assert result.exit_code == 0, result.output
+    assert "20260217-231439-llama-2-7b-tp1-general" in result.stdout
+    assert "vllm-0.15.1 20260217-231439-llama-2-7b-tp1-general:" in result.stderr
+
+
 def test_one_real_run() -> None:
     frame = validate_folder(REAL_GROUNDTRUTH, runs=["llama-2-7b-tp1-roleplay"])
     assert sorted(frame["metric"]) == sorted(METRICS)

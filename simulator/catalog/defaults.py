@@ -1,5 +1,5 @@
-"""The bundled defaults.yaml (SPEC §3.6): per-model default deployment, workload presets, fitted
-blackbox coefficients and the global cross-model / trained-roofline coefficients.
+"""The bundled defaults.yaml (docs/behaviour.md §3.6): per-model default deployment, workload
+presets, fitted blackbox coefficients and the global cross-model / trained-roofline coefficients.
 
 The file is read and validated once per process; the accessors hand out copies so callers
 cannot mutate the cached tables.
@@ -245,12 +245,13 @@ def workload_presets() -> dict[str, dict[str, Any]]:
 
 
 def crossmodel_defaults() -> dict[str, list[float]]:
-    """{alpha_coeffs: [3], beta_coeffs: [4]} of the cross-model backend (SPEC §3.3)."""
+    """{alpha_coeffs: [3], beta_coeffs: [4]} of the cross-model backend (docs/behaviour.md §3.3)."""
     return copy.deepcopy(bundled_defaults().crossmodel)
 
 
 def trained_roofline_defaults() -> dict[str, list[float]]:
-    """{alpha_coeffs: [3], beta_coeffs: [7]} of the trained-roofline backend (SPEC §3.4)."""
+    """{alpha_coeffs: [3], beta_coeffs: [7]} of the trained-roofline backend (docs/behaviour.md
+    §3.4)."""
     return copy.deepcopy(bundled_defaults().trained_roofline)
 
 

@@ -1,4 +1,5 @@
-"""GPU catalog (SPEC §3.5): the bundled BLIS table plus H200 and B200, and user GPU files."""
+"""GPU catalog (docs/behaviour.md §3.5): the bundled BLIS table plus H200 and B200, and user GPU
+files."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ _COMMENT_KEY = "_comment"
 _MAY_BE_ZERO = {"TFlopsFP8"}
 _FRACTIONS = {"mfuPrefill", "mfuDecode"}
 
-# SPEC §3.5 [Mar-27]: BLIS set the L40S FP8 rate after the bundled table was copied.
+# docs/behaviour.md §3.5 [Mar-27]: BLIS set the L40S FP8 rate after the bundled table was copied.
 _L40S_TFLOPS_FP8 = 1466.0
 
 # GPUs absent from BLIS-Mar's table. Peak figures are NVIDIA's dense (no sparsity) datasheet

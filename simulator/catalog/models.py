@@ -1,4 +1,4 @@
-"""HuggingFace config.json -> ModelConfig (SPEC §4, §5) and the bundled model catalog.
+"""HuggingFace config.json -> ModelConfig (docs/behaviour.md §4, §5) and the bundled model catalog.
 
 Resolution never touches the network: a model is either one of the configs bundled under
 `data/model_configs/` or a path the user gives.
@@ -22,7 +22,7 @@ _DATA_DIR = Path(__file__).parent / "data"
 _MODEL_CONFIGS_DIR = _DATA_DIR / "model_configs"
 _MODEL_INDEX_PATH = _DATA_DIR / "model_index.yaml"
 
-# torch_dtype -> bytes per element of compute / activations / KV cache (SPEC §4).
+# torch_dtype -> bytes per element of compute / activations / KV cache (docs/behaviour.md §4).
 _DTYPE_BYTES: dict[str, float] = {
     "float32": 4.0,
     "float16": 2.0,
@@ -33,12 +33,12 @@ _DTYPE_BYTES: dict[str, float] = {
     "nf4": 1.0,
 }
 
-# Model-name quantisation convention (SPEC §4 step 2). The leading delimiter may be '/', so
-# "org/model-w4a16" and "w4a16-model" both match; the trailing one may not (as in BLIS).
+# Model-name quantisation convention (docs/behaviour.md §4 step 2). The leading delimiter may be
+# '/', so "org/model-w4a16" and "w4a16-model" both match; the trailing one may not (as in BLIS).
 _WXAY_RE = re.compile(r"(?:^|[./_-])w(\d+)a\d+(?:$|[._-])", re.IGNORECASE)
 _FP8_NAME_RE = re.compile(r"(?:^|[./_-])fp8(?:$|[._-])", re.IGNORECASE)
 
-# Keys that may carry the total routed-expert count, after num_local_experts (SPEC §5).
+# Keys that may carry the total routed-expert count, after num_local_experts (docs/behaviour.md §5).
 _EXPERT_COUNT_KEYS = ("num_routed_experts", "n_routed_experts", "num_experts")
 
 
@@ -76,7 +76,7 @@ def _first_nonzero(cfg: dict[str, Any], keys: tuple[str, ...], name: str) -> int
 
 
 def dtype_bytes(dtype: object) -> float:
-    """Bytes per element for a torch dtype name; 0 when unknown (SPEC §4)."""
+    """Bytes per element for a torch dtype name; 0 when unknown (docs/behaviour.md §4)."""
     if not isinstance(dtype, str):
         return 0.0
     key = dtype.strip().lower().removeprefix("torch.")
@@ -137,8 +137,9 @@ def weight_bytes_from_name(name: str) -> float:
 
 
 def parse_hf_config(raw: dict, name: str) -> ModelConfig:
-    """Map a HuggingFace config.json dict to a ModelConfig (SPEC §5). Does not validate ranges:
-    `load_model` calls `validate_model`, so a caller building from a dict decides what to check.
+    """Map a HuggingFace config.json dict to a ModelConfig (docs/behaviour.md §5). Does not validate
+    ranges: `load_model` calls `validate_model`, so a caller building from a dict decides what to
+    check.
     """
     if not isinstance(raw, dict):
         raise invalid(f"{name}: config", type(raw).__name__, "must be a JSON object")
@@ -256,7 +257,7 @@ def validate_model(model: ModelConfig) -> None:
 
 
 def validate_tp(model: ModelConfig, tp: int) -> None:
-    """Tensor parallelism must shard attention heads evenly (SPEC §2.5 step 1)."""
+    """Tensor parallelism must shard attention heads evenly (docs/behaviour.md §2.5 step 1)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise invalid("tp", tp, "must be an integer >= 1")
     if model.num_heads % tp != 0:

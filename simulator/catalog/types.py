@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture facts of one model, as parsed from a HuggingFace config.json (SPEC §5)."""
+    """Architecture facts of one model, as parsed from a HuggingFace config.json (docs/behaviour.md
+    §5)."""
 
     name: str
     num_layers: int
@@ -22,7 +23,7 @@ class ModelConfig:
     vocab_size: int = 0
     # Compute / activation / KV dtype width in bytes (bf16 -> 2).
     bytes_per_param: float = 2.0
-    # Quantised weight width in bytes; 0 means "same as bytes_per_param" (SPEC §4).
+    # Quantised weight width in bytes; 0 means "same as bytes_per_param" (docs/behaviour.md §4).
     weight_bytes_per_param: float = 0.0
     # MoE: 0 experts means dense.
     num_local_experts: int = 0
@@ -59,7 +60,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator type (SPEC §3.5): peak rates, calibrated MFU and memory."""
+    """One accelerator type (docs/behaviour.md §3.5): peak rates, calibrated MFU and memory."""
 
     name: str
     tflops_peak: float

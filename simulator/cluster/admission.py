@@ -1,4 +1,4 @@
-"""Admission policies: the first gate a request meets at the cluster (SPEC §6.3).
+"""Admission policies: the first gate a request meets at the cluster (docs/behaviour.md §6.3).
 
 A policy sees the request, the clock and the routable instances' snapshots, and answers
 (admitted, reason). A rejected request never reaches an instance; the cluster counts it.

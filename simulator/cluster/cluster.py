@@ -23,6 +23,8 @@ from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
 from ..metrics.request_table import RequestRecords, RequestTable
 from ..metrics.results import Result, compute_summary
+from ..metrics.slo import SloPolicy, slo_report
+from ..metrics.steady import judge
 from ..rng import subsystem_rng
 from ..scenario import ClusterSpec, PDSpec
 from ..workload.generator import SessionManager
@@ -364,6 +366,19 @@ def run_simulation(
     arrived = source.records()
     handled = [r for r in arrived if r.state is not RequestState.REJECTED]
     summary = compute_summary("cluster", handled, engines, max(end_of(e) for e in engines))
+    slo = slo_report(
+        arrived,
+        SloPolicy.from_scenario((scenario or {}).get("slo")),
+        summary["vllm_estimated_duration_s"],
+    )
+    steady_state = judge(arrived)
+    summary.update(
+        offered_requests=slo["offered_requests"],
+        goodput_rps=slo["goodput_rps"],
+        goodput_tokens_per_s=slo["goodput_tokens_per_s"],
+        slo_attainment=slo["slo_attainment"],
+        steady_state=steady_state.verdict,
+    )
     per_instance = []
     if n > 1:
         # Instance-level views count what each engine served: sub-requests, not parents.
@@ -386,6 +401,8 @@ def run_simulation(
         instance_ids=instance_ids,
         scenario=scenario or {},
         not_arrived=source.not_arrived,
+        slo=slo,
+        steady_state=steady_state,
         client_delayed_requests=source.client_delayed,
         client_wait_us=source.client_wait_us,
         session_counts=sessions.finalize() if sessions is not None and sessions.sessions else {},

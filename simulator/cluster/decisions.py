@@ -1,4 +1,4 @@
-"""Decision trace and counterfactual regret (SPEC §6.7).
+"""Decision trace and counterfactual regret (docs/behaviour.md §6.7).
 
 With level "decisions" every admission and routing decision is recorded as a plain dict. With
 `counterfactual_k` > 0 each routing record also keeps the k best candidates and the regret of

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation deciders (SPEC §7.1, §7.3).
+"""Prefill/decode disaggregation deciders (docs/behaviour.md §7.1, §7.3).
 
 A decider answers one question per admitted request: split it into a prefill phase on the
 prefill pool and a decode phase on the decode pool, or serve it whole? It sees the request's
@@ -138,7 +138,7 @@ class PromptLengthDecider(PDDecider):
 
 @register_decider
 class PrefixThresholdDecider(PDDecider):
-    """Disaggregate iff the prompt's non-cached tokens exceed a threshold (SPEC §7.3).
+    """Disaggregate iff the prompt's non-cached tokens exceed a threshold (docs/behaviour.md §7.3).
 
     non-cached = input_tokens - matched leading full blocks * block size; an empty prompt is
     never disaggregated. "Matched" depends on the mode:

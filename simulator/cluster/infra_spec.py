@@ -1,5 +1,5 @@
 """Scenario schema of the fleet: node pools, instance lifecycle, events, autoscaling and
-multi-model deployments (SPEC §8, A6, A7).
+multi-model deployments (docs/behaviour.md §8, §A6, §A7).
 
 Everything here is optional: a scenario that names none of it runs the fixed fleet of
 `cluster.num_instances` instances, all routable from t = 0, exactly as before.
@@ -65,7 +65,7 @@ class DelaySpec(_Strict):
 
 
 class NodePoolSpec(_Strict):
-    """A group of identical GPU nodes (SPEC §8.1). Cost is per node and hour."""
+    """A group of identical GPU nodes (docs/behaviour.md §8.1). Cost is per node and hour."""
 
     name: str = Field(min_length=1)
     gpu_type: str = Field(min_length=1)
@@ -94,7 +94,7 @@ DrainPolicyName = Literal["immediate", "wait", "redirect"]
 
 
 class LifecycleSpec(_Strict):
-    """How instances come up and go away (SPEC §8.3, §8.4)."""
+    """How instances come up and go away (docs/behaviour.md §8.3, §8.4)."""
 
     loading_delay: DelaySpec = Field(default_factory=DelaySpec)
     # Loading can also be priced as weight bytes over a load bandwidth (0 = off): the two add.
@@ -167,8 +167,8 @@ class AutoscalerSpec(_Strict):
 
 
 class DeploymentSpec(_Strict):
-    """One model served by a group of identical instances (SPEC A6). Unset fields inherit
-    the scenario's top-level model / hardware / tp / latency / engine."""
+    """One model served by a group of identical instances (docs/behaviour.md §A6). Unset fields
+    inherit the scenario's top-level model / hardware / tp / latency / engine."""
 
     name: str = Field(min_length=1)
     model: str | None = None

@@ -1,5 +1,5 @@
-"""A fleet that changes while traffic flows (SPEC §8, A6, A7): node pools, GPU placement,
-instance lifecycle, drains, failures, scheduled events and the autoscaler.
+"""A fleet that changes while traffic flows (docs/behaviour.md §8, §A6, §A7): node pools, GPU
+placement, instance lifecycle, drains, failures, scheduled events and the autoscaler.
 
 The rules live in plain objects (`lifecycle.py`: states, legal edges, first-fit placement;
 `autoscaler.py`: the scaling decision). This module wires them to simulated time: delays are

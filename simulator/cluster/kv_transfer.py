@@ -1,4 +1,4 @@
-"""The KV-transfer link between the prefill and decode pools (SPEC §7.2 step 4, Part A4).
+"""The KV-transfer link between the prefill and decode pools (docs/behaviour.md §7.2, §A4).
 
 One link is shared by the whole cluster. A transfer first pays a fixed base latency (connection
 setup; it does not use bandwidth), then its bytes join the link. Two bandwidth models:

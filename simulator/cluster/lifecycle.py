@@ -1,4 +1,4 @@
-"""Nodes, GPUs and instance lifecycle states as plain objects (SPEC §8.2, §8.3).
+"""Nodes, GPUs and instance lifecycle states as plain objects (docs/behaviour.md §8.2, §8.3).
 
 No SimPy here: the state machines refuse illegal edges, placement is first-fit, and every
 transition is written to a `Timeline`. `infrastructure.py` drives them in simulated time.
@@ -134,7 +134,7 @@ class Node:
 
 def first_fit(nodes: list[Node], gpu_type: str, gpus_needed: int, pool: str | None) -> Node | None:
     """The first Ready node (pools in config order, nodes in index order) of the right GPU
-    type, and pool if one is named, with enough free GPUs (SPEC §8.2)."""
+    type, and pool if one is named, with enough free GPUs (docs/behaviour.md §8.2)."""
     for node in nodes:
         if (
             node.state is NodeState.READY

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation flow (SPEC §7, Part A4): parents, sub-requests, transfers.
+"""Prefill/decode disaggregation flow (docs/behaviour.md §7, §A4): parents, sub-requests, transfers.
 
 The router asks `Disaggregator.route` for every admitted request. Routing is decode-first (as
 llm-d): the decode instance is chosen, then the decider says whether to disaggregate (it may

@@ -1,4 +1,4 @@
-"""BLIS's policy bundle (`--policy-config`, SPEC §6.6), read strictly (R10).
+"""BLIS's policy bundle (`--policy-config`, docs/behaviour.md §6.6), read strictly (R10).
 
 ```yaml
 admission: {policy: token-bucket, token_bucket_capacity: 5000, token_bucket_refill_rate: 500}

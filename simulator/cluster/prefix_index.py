@@ -1,4 +1,4 @@
-"""A router-side LRU index of prompt block hashes (SPEC §6.4, §7.3).
+"""A router-side LRU index of prompt block hashes (docs/behaviour.md §6.4, §7.3).
 
 The prefix-affinity scorer keeps one per instance, the PD prefix-threshold decider one for the
 cluster. Its rule, hash by hash: recording a hash refreshes it (it becomes the most recently

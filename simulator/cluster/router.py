@@ -1,4 +1,4 @@
-"""The router: admission, then routing, each after its latency (SPEC §6.2).
+"""The router: admission, then routing, each after its latency (docs/behaviour.md §6.2).
 
 A SimPy process takes arriving requests from its inbox Store and schedules each request's
 admission and routing decisions as events, so one request's decision latency never delays
@@ -23,7 +23,8 @@ from .snapshot import InstanceSnapshot, SnapshotCache
 
 
 class ServedModels:
-    """Which instances serve which model, and which of those are routable right now (SPEC A6).
+    """Which instances serve which model, and which of those are routable right now
+    (docs/behaviour.md §A6).
 
     A model is known by any of its aliases (the name the scenario gives, the catalog's name),
     case-insensitively; an untagged request asks for the default model. Routable indices stay
@@ -170,7 +171,7 @@ class Router:
 
     def reinject(self, req: Request) -> None:
         """A request taken back from an instance (redirect, retry) re-enters the pipeline
-        now: admission, then routing, as if it had just arrived (SPEC §8.4)."""
+        now: admission, then routing, as if it had just arrived (docs/behaviour.md §8.4)."""
         self.inbox.put(req)
 
     @property

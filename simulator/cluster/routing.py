@@ -1,4 +1,4 @@
-"""Routing policies and weighted scorers (SPEC §6.4).
+"""Routing policies and weighted scorers (docs/behaviour.md §6.4).
 
 A policy picks one instance from the routable candidates' snapshots. Policies and scorers read
 snapshots (and, for `precise-prefix-cache`, a probe of the engines' prefix caches) but never a
@@ -124,7 +124,7 @@ def _full_prompt_blocks(req: Request, block_size: int) -> int:
 
 
 class PrefixAffinityScorer(_ListScorer):
-    """Router-side approximation of each instance's prefix cache (SPEC §6.4).
+    """Router-side approximation of each instance's prefix cache (docs/behaviour.md §6.4).
 
     Per instance, an LRU of the block hashes of prompts routed there. It never queries the
     engines, so it can believe a block is cached after the engine evicted it (and vice versa).

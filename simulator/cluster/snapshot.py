@@ -1,4 +1,4 @@
-"""What the control plane may see of an instance (SPEC §6.4–6.5).
+"""What the control plane may see of an instance (docs/behaviour.md §6.4–6.5).
 
 A snapshot is plain data. Admission and routing read snapshots only, never an engine: that is
 the boundary that keeps the control plane from peeking at a request's true output length

@@ -1,4 +1,4 @@
-"""vLLM continuous batching for one instance (SPEC §1.3–1.5, §1.8; Part A2–A3).
+"""vLLM continuous batching for one instance (docs/behaviour.md §1.3–1.5, §1.8, §A2–A3).
 
 `VLLMEngine` owns the wait queue, the running batch and the KV cache. It has no notion of
 SimPy: the instance process calls `enqueue`, `plan_step` (at a step's start), and
@@ -33,7 +33,7 @@ _run_seq_of = attrgetter("run_seq")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Knobs of one vLLM instance, named as BLIS's flags (SPEC §12.1)."""
+    """Knobs of one vLLM instance, named as BLIS's flags (docs/behaviour.md §12.1)."""
 
     total_kv_blocks: int = 1_000_000
     block_size: int = 16
@@ -44,7 +44,8 @@ class EngineConfig:
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
     enable_prefix_caching: bool = True
-    # Tiered KV (SPEC §2.4): a CPU tier of this many blocks behind the GPU cache (0 = off).
+    # Tiered KV (docs/behaviour.md §2.4): a CPU tier of this many blocks behind the GPU cache (0 =
+    # off).
     kv_cpu_blocks: int = 0
     kv_offload_policy: str = "evict"
     # Reload cost of one block from the CPU tier, per GPU: bytes over the host link.
@@ -169,7 +170,8 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ admission
     def enqueue(self, req: Request, now_us: int) -> EnqueueOutcome:
-        """Admit `req` into the wait queue, applying BLIS's guards in order (SPEC §1.3)."""
+        """Admit `req` into the wait queue, applying BLIS's guards in order (docs/behaviour.md
+        §1.3)."""
         if req.state is RequestState.TIMED_OUT:
             return EnqueueOutcome.IGNORED
         self.clock_us = now_us
@@ -200,7 +202,8 @@ class VLLMEngine:
         return EnqueueOutcome.QUEUED
 
     def _past_deadline(self, req: Request, now_us: int) -> bool:
-        """A request whose client already gave up is timed out on arrival (SPEC §1.3 step 7)."""
+        """A request whose client already gave up is timed out on arrival (docs/behaviour.md §1.3
+        step 7)."""
         if 0 < req.deadline_us <= now_us:
             req.state = RequestState.TIMED_OUT
             req.completion_us = now_us
@@ -209,9 +212,9 @@ class VLLMEngine:
         return False
 
     def enqueue_resident(self, req: Request, now_us: int) -> EnqueueOutcome:
-        """Enqueue a decode sub-request whose prompt KV arrives by transfer (SPEC §7.2 step 5):
-        the prompt's blocks are allocated now (reusing any cached prefix), there is no queueing
-        delay and its input tokens are not counted again. No room → DROPPED (the cluster
+        """Enqueue a decode sub-request whose prompt KV arrives by transfer (docs/behaviour.md §7.2
+        step 5): the prompt's blocks are allocated now (reusing any cached prefix), there is no
+        queueing delay and its input tokens are not counted again. No room → DROPPED (the cluster
         counts it as dropped at decode KV)."""
         self.clock_us = now_us
         req.enqueue_us = now_us
@@ -245,7 +248,8 @@ class VLLMEngine:
         return EnqueueOutcome.QUEUED
 
     def cancel(self, req: Request, now_us: int) -> bool:
-        """Client timeout at the deadline (SPEC §1.8). Returns True if the request was live."""
+        """Client timeout at the deadline (docs/behaviour.md §1.8). Returns True if the request was
+        live."""
         if req.state is RequestState.QUEUED:
             self.waiting.remove(req)
             if req.block_ids:
@@ -307,7 +311,7 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ one step
     def plan_step(self, now_us: int) -> StepBatch | None:
-        """Form the batch for a step starting at `now_us` (SPEC §1.4 phase A, §1.5)."""
+        """Form the batch for a step starting at `now_us` (docs/behaviour.md §1.4 phase A, §1.5)."""
         if not self.running and not self.waiting:
             return None
         steady = self.plan_steady_step(now_us)
@@ -730,10 +734,10 @@ class VLLMEngine:
         """The head of the wait queue does not fit and nothing runs, so no running request will
         ever free a block: only queued decode sub-requests hold KV (their transferred prompts).
         Preempt the newest of them other than the head: its blocks are freed and it will
-        re-compute its prompt here when its turn comes, as a preempted request does (SPEC A2).
-        With none left, a resident head that still cannot take its next token can never run
-        on this instance: it is dropped as unservable. Returns True when the head should be
-        tried again (something was freed, or the head was dropped)."""
+        re-compute its prompt here when its turn comes, as a preempted request does
+        (docs/behaviour.md §A2). With none left, a resident head that still cannot take its next
+        token can never run on this instance: it is dropped as unservable. Returns True when the
+        head should be tried again (something was freed, or the head was dropped)."""
         waiting = self.waiting
         for i in range(len(waiting) - 1, 0, -1):
             holder = waiting[i]
@@ -749,7 +753,7 @@ class VLLMEngine:
         return False
 
     def _drop(self, req: Request, now_us: int) -> None:
-        """A request that can never be served: dropped, and counted (SPEC §1.3)."""
+        """A request that can never be served: dropped, and counted (docs/behaviour.md §1.3)."""
         req.state = RequestState.DROPPED
         req.completion_us = now_us
         self.dropped_unservable += 1
@@ -785,7 +789,8 @@ class VLLMEngine:
 
     def _prefill_chunk(self, target: int, start: int, budget: int) -> int:
         """Prefill tokens from `start` this step: the rest of the target, capped by the
-        long-prefill threshold, the remaining budget and the context limit (SPEC §1.5)."""
+        long-prefill threshold, the remaining budget and the context limit (docs/behaviour.md
+        §1.5)."""
         chunk = target - start
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < chunk:
@@ -798,7 +803,7 @@ class VLLMEngine:
         return chunk
 
     def _preempt_last(self, serving: Request) -> bool:
-        """Evict the most recently admitted running request (vLLM recompute, SPEC A2).
+        """Evict the most recently admitted running request (vLLM recompute, docs/behaviour.md §A2).
 
         Returns True when the request being served was itself evicted (or nothing is left).
         """
@@ -895,7 +900,8 @@ class VLLMEngine:
         return price(steady, self._steady_context_offset + steady * step)
 
     def finish_step(self, step_us: int) -> list[Request]:
-        """Apply a step that ran for `step_us`: progress, tokens, completions (SPEC §1.4 B–C).
+        """Apply a step that ran for `step_us`: progress, tokens, completions (docs/behaviour.md
+        §1.4 B–C).
 
         Returns the requests that completed at the end of this step.
         """
@@ -933,7 +939,7 @@ class VLLMEngine:
             else:
                 decode_tokens += 1
                 req.computed_tokens += 1
-            # One output token reaches the client: token k at end + k*otp (SPEC A3).
+            # One output token reaches the client: token k at end + k*otp (docs/behaviour.md §A3).
             g = req.generated_tokens + 1
             req.generated_tokens = g
             produced += 1

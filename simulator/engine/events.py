@@ -1,8 +1,8 @@
 """Event priorities shared by the SimPy processes, and a helper to schedule with them.
 
 SimPy orders events by (time, priority, insertion). servesim uses that priority to reproduce
-BLIS's ordering of simultaneous events (SPEC §1.2): arrivals and enqueues before a step that
-starts at the same microsecond, and client timeouts after it (a completion wins a tie).
+BLIS's ordering of simultaneous events (docs/behaviour.md §1.2): arrivals and enqueues before a step
+that starts at the same microsecond, and client timeouts after it (a completion wins a tie).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ ARRIVAL = 1  # arrivals, enqueues (SimPy's NORMAL)
 STEP = 2  # step boundaries and waking an idle instance
 TIMEOUT = 5  # client cancellations at a deadline
 # Instance k's priorities are the above + k * stride, so at equal times instance 0's events
-# run before instance 1's (SPEC §6.1). Arrival-side events of every instance keep priority
-# <= 1 + k * stride, but routing always precedes them because it is what creates them.
+# run before instance 1's (docs/behaviour.md §6.1). Arrival-side events of every instance keep
+# priority <= 1 + k * stride, but routing always precedes them because it is what creates them.
 INSTANCE_PRIORITY_STRIDE = 10
 
 

@@ -63,7 +63,7 @@ class Instance:
         self.on_finished = on_finished
         self.horizon_us = horizon_us
         self.check_invariants = check_invariants
-        # Simultaneous events of different instances run in instance order (SPEC §6.1).
+        # Simultaneous events of different instances run in instance order (docs/behaviour.md §6.1).
         self.index = index
         offset = INSTANCE_PRIORITY_STRIDE * index
         self._arrival_priority = ARRIVAL + offset

@@ -1,6 +1,6 @@
 """Paged KV cache: block allocation, prefix caching with chained hashes, LRU free list.
 
-Plain Python, no SimPy (SPEC §2.1–2.2):
+Plain Python, no SimPy (docs/behaviour.md §2.1–2.2):
 
 * Blocks hold `block_size` tokens. A block is *used* while some request references it
   (ref count > 0) and *free* otherwise; free blocks keep their content hash, so a later request
@@ -73,8 +73,8 @@ class KVCache:
         self.cache_hits = 0
         self.cache_misses = 0
         self.peak_used_blocks = 0
-        # Optional CPU tier (SPEC §2.4): "evict" writes a block's content there when the GPU
-        # reuses the block (vLLM's offloading connector); "mirror" as soon as it is hashed.
+        # Optional CPU tier (docs/behaviour.md §2.4): "evict" writes a block's content there when
+        # the GPU reuses the block (vLLM's offloading connector); "mirror" as soon as it is hashed.
         self.cpu = cpu
         self.offload_on_evict = cpu is not None and offload_policy == "evict"
         self.offload_on_hash = cpu is not None and offload_policy == "mirror"
@@ -319,7 +319,7 @@ class KVCache:
         """Hash blocks that became full in [start_token, end_token) and hold prompt tokens.
 
         Only blocks that contain part of what is being prefilled are hashed; a block made of
-        decode output alone is not (SPEC §2.2).
+        decode output alone is not (docs/behaviour.md §2.2).
         """
         bs = self.block_size
         first = start_token // bs

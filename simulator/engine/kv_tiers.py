@@ -1,4 +1,4 @@
-"""The CPU tier of the KV cache (SPEC §2.4; vLLM CPU offloading, LMCache).
+"""The CPU tier of the KV cache (docs/behaviour.md §2.4; vLLM CPU offloading, LMCache).
 
 Plain Python: an LRU set of block hashes with a capacity in blocks. The GPU cache writes
 blocks into it (when it evicts them, or as soon as they are hashed: the offload policy) and

@@ -1,4 +1,4 @@
-"""Wait-queue schedulers and priority policies (SPEC §1.6), registered by name."""
+"""Wait-queue schedulers and priority policies (docs/behaviour.md §1.6), registered by name."""
 
 from __future__ import annotations
 

@@ -293,8 +293,8 @@ class Request:
     def block_hashes(self, full_blocks: int, block_size: int) -> list[int]:
         """Chained hashes of the first `full_blocks` full blocks of this request's content.
 
-        Hash i depends on every token of blocks 0..i, as in vLLM and BLIS (SPEC §2.2); the
-        content of a block is named by (segment key, offset range) pieces instead of token IDs.
+        Hash i depends on every token of blocks 0..i, as in vLLM and BLIS (docs/behaviour.md §2.2);
+        the content of a block is named by (segment key, offset range) pieces instead of token IDs.
         """
         if self.parent is not None:
             # A PD sub-request has its parent's content: share one hash list.

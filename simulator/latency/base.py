@@ -1,8 +1,8 @@
 """The step-time model interface and its registry.
 
 A step-time model answers "how long does one engine iteration take for this batch?" plus the
-three per-request overheads BLIS attaches to a latency model (SPEC §3): the queueing delay
-between arrival and enqueue, the per-output-token processing time, and a post-decode overhead.
+three per-request overheads BLIS attaches to a latency model (docs/behaviour.md §3): the queueing
+delay between arrival and enqueue, the per-output-token processing time, and a post-decode overhead.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class StepBatch:
-    """Composition of one engine step, as the step-time models see it (SPEC §3).
+    """Composition of one engine step, as the step-time models see it (docs/behaviour.md §3).
 
     prefill_chunks: one (context_tokens, new_tokens) pair per request in prefill this step,
         context = progress index at step start.
@@ -65,7 +65,7 @@ class StepTimeModel:
         return 0
 
     def output_token_processing_us(self) -> int:
-        """Per-token output overhead (alpha2): see SPEC A3 for how it is charged."""
+        """Per-token output overhead (alpha2): see docs/behaviour.md §A3 for how it is charged."""
         return 0
 
     def scheduling_lag_steps(self) -> float:

@@ -1,10 +1,12 @@
-"""Blackbox alpha/beta regression step-time model (SPEC §3.2).
+"""Blackbox alpha/beta regression step-time model (docs/behaviour.md §3.2).
 
 The coefficients were fitted against real vLLM runs, per (model, GPU, TP, vLLM version):
 
     step_us     = β0 + β1 · (prefill tokens computed this step) + β2 · (decode requests)
     queueing_us = α0 + α1 · (input tokens)           arrival -> enqueue
-    per token   = α2                                  output-token processing (SPEC A3)
+    per token   = α2                                  output-token processing
+
+(α2 is charged as docs/behaviour.md §A3 says.)
 
 Each sum is formed in floating point and truncated once, as BLIS does (not term by term).
 """

@@ -1,4 +1,4 @@
-"""`crossmodel`: BLIS-Mar's global physics-feature step-time model (SPEC §3.3).
+"""`crossmodel`: BLIS-Mar's global physics-feature step-time model (docs/behaviour.md §3.3).
 
 Four coefficients shared by every architecture, scaled by features read from the model:
 

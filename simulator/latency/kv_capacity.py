@@ -1,5 +1,5 @@
-"""KV-cache capacity from model and GPU (SPEC §2.5; BLIS CalculateKVBlocks, itself the llm-d
-capacity-planner formula), and the MaxModelLen derived from it.
+"""KV-cache capacity from model and GPU (docs/behaviour.md §2.5; BLIS CalculateKVBlocks, itself the
+llm-d capacity-planner formula), and the MaxModelLen derived from it.
 
 The arithmetic copies BLIS's order of float operations and truncations so the block counts
 match it to the block.
@@ -82,7 +82,8 @@ def kv_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
 
 
 def model_param_count(model: ModelConfig) -> int:
-    """Parameter estimate of SPEC §2.5 step 4 (3-matrix SwiGLU MLP, MoE counts every expert)."""
+    """Parameter estimate of docs/behaviour.md §2.5 step 4 (3-matrix SwiGLU MLP, MoE counts every
+    expert)."""
     hidden = model.hidden_dim
     head_dim = hidden // model.num_heads
     kv_dim = model.effective_kv_heads * head_dim
@@ -187,7 +188,7 @@ def compute_kv_blocks(
     block_size: int = 16,
     gpu_memory_utilization: float = 0.9,
 ) -> int:
-    """Number of KV blocks one instance (TP GPUs) can hold (SPEC §2.5)."""
+    """Number of KV blocks one instance (TP GPUs) can hold (docs/behaviour.md §2.5)."""
     return kv_capacity(model, gpu, tp, block_size, gpu_memory_utilization).blocks
 
 

@@ -1,4 +1,4 @@
-"""Analytical roofline step-time model (SPEC §3.1, with the A5 MoE fix).
+"""Analytical roofline step-time model (docs/behaviour.md §3.1, with the §A5 MoE fix).
 
 One engine step is one forward pass: the weights are streamed from HBM once, every request adds
 its own FLOPs and dynamic bytes (KV read/write, activations), and the step costs whichever of
@@ -141,8 +141,8 @@ class RooflineModel(StepTimeModel):
         )
         self.dense_weight_bytes = self.attn_weight_bytes + self.expert_weight_bytes
 
-        # FP8 tensor-core rate only for exactly one-byte weights on a GPU that has it (SPEC §4);
-        # sub-byte weights (W4A16) are dequantised and run at the BF16 rate.
+        # FP8 tensor-core rate only for exactly one-byte weights on a GPU that has it
+        # (docs/behaviour.md §4); sub-byte weights (W4A16) are dequantised and run at the BF16 rate.
         if bytes_weight == 1.0 and gpu.tflops_fp8 > 0:
             self.peak_flops = gpu.tflops_fp8 * 1e12
         else:

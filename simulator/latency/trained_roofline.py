@@ -1,4 +1,4 @@
-"""`trained-roofline`: roofline basis functions with learned corrections (SPEC §3.4).
+"""`trained-roofline`: roofline basis functions with learned corrections (docs/behaviour.md §3.4).
 
     step_us = β1·max(T_pf_compute, T_pf_kv) + β2·max(T_dc_compute, T_dc_kv) + β3·T_weight
               + β4·T_tp + β5·L + β6·batch_size + β7

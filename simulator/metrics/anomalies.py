@@ -1,4 +1,4 @@
-"""Anomaly detectors and fairness (SPEC §10.4).
+"""Anomaly detectors and fairness (docs/behaviour.md §10.4).
 
 Plain functions over finished request records and per-instance step statistics; each handles
 its degenerate inputs (no requests, one instance, all zeros) without dividing by zero (R11, R20).

@@ -1,8 +1,15 @@
-"""Fitness evaluation: one scalar that ranks runs for policy search (SPEC §6.8).
+"""Fitness evaluation: one scalar that ranks runs for policy search (docs/behaviour.md §6.8).
 
 Every metric is mapped to (0, 1] with "higher is better" before weighting, so weights say how
 much each metric matters, not how large its units are:
 throughput x/(x+100) req/s, tokens_per_sec x/(x+10,000), latencies 1/(1 + x_µs/1000).
+
+Unlike BLIS, the weighted sum is then multiplied by the fraction of offered requests that
+completed (`served_fraction`): a request that was rejected, dropped or timed out, or was still
+waiting at the end, counts against the run, and a latency of no completed request scores 0. So
+a run that serves nobody scores 0, the lowest possible, and rejecting more requests can never
+raise the score of an otherwise identical run (BLIS scored a run that rejects everything
+highest: its latencies are 0).
 """
 
 from __future__ import annotations
@@ -81,6 +88,9 @@ def evaluate_fitness(
         field, kind = _METRICS[key]
         if field not in summary:
             raise ConfigError(f"fitness key {key!r} needs summary field {field!r}, which is absent")
+        if summary[field] is None:  # a latency of no completed request
+            components[key] = 0.0
+            continue
         raw = float(summary[field])
         if kind == "latency":
             raw *= 1000.0  # ms -> µs
@@ -89,7 +99,17 @@ def evaluate_fitness(
     score = 0.0
     for key, value in components.items():
         score += weights[key] * value
-    return score, components
+    return score * served_fraction(summary), components
+
+
+def served_fraction(summary: Mapping[str, float]) -> float:
+    """Completed / offered requests (offered includes admission's rejections); 1 for a
+    summary without counts."""
+    completed = summary.get("completed_requests")
+    offered = summary.get("offered_requests", summary.get("injected_requests"))
+    if completed is None or not offered:
+        return 1.0 if completed is None else 0.0
+    return float(completed) / float(offered)
 
 
 def format_fitness(score: float, components: Mapping[str, float]) -> str:

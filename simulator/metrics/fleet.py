@@ -1,5 +1,5 @@
 """Reports of a changing fleet: lifecycle timeline, instance uptime and GPU cost, and
-per-model metrics for multi-model runs (SPEC A6, A7)."""
+per-model metrics for multi-model runs (docs/behaviour.md §A6, §A7)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ window. Display one in a notebook by evaluating it, or save it with `fig.savefig
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,17 @@ from ..errors import ConfigError
 PLOT_NAMES = ("latency_cdfs", "instance_timelines", "throughput", "per_class")
 
 
+# Time series (instance timelines) are resampled to at most this many bins per run.
+DEFAULT_MAX_POINTS = 500
+# Throughput bars: a target of one bin per ~10 completions, clamped to these (choose_bin_s
+# then gives 40-100% of the target).
+MAX_THROUGHPUT_BINS = 200
+MIN_THROUGHPUT_BINS = 20
+# Above this many instances the per-bin max bands are left out (they would hide the lines).
+MAX_BANDS = 8
+_NICE_STEPS = (1, 2, 5)
+
+
 def _figure(width_in: float, height_in: float) -> Figure:
     fig = Figure(figsize=(width_in, height_in), layout="constrained")
     FigureCanvasAgg(fig)
@@ -31,17 +45,138 @@ def _no_data(ax: Any) -> None:
     ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
 
-def _cdf(ax: Any, values_ms: np.ndarray, title: str) -> None:
+def _seconds(bin_s: float) -> str:
+    """A bin width for a title: "0.05 s", "2 s", "500 s"."""
+    return f"{bin_s:g} s"
+
+
+# --- resampling -----------------------------------------------------------------------------
+
+
+def _n_bins(span_s: float, bin_s: float) -> int:
+    # The tolerance keeps 5.0 / 0.01 = 500.00000000000006 at 500 bins.
+    return max(1, math.ceil(span_s / bin_s - 1e-9))
+
+
+def choose_bin_s(span_s: float, max_points: int = DEFAULT_MAX_POINTS) -> float:
+    """The smallest "nice" bin width (1, 2 or 5 × 10^k s) that covers `span_s` seconds in at
+    most `max_points` bins. Consecutive nice widths differ by at most 2.5×, so a run gets
+    between max_points / 2.5 and max_points bins (200–500 for the default)."""
+    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1:
+        raise ConfigError(f"max_points: invalid value {max_points!r}; must be an integer >= 1")
+    if not (math.isfinite(span_s) and span_s > 0):
+        return 1.0
+    k = math.floor(math.log10(span_s / max_points))
+    for exponent in (k - 1, k, k + 1):  # k - 1 and k + 1 absorb log10 rounding
+        for step in _NICE_STEPS:
+            bin_s = step * 10.0**exponent
+            if _n_bins(span_s, bin_s) <= max_points:
+                return bin_s
+    return 10.0 ** (k + 2)
+
+
+@dataclass(frozen=True)
+class Resampled:
+    """A sampled quantity summarised per fixed-width time bin. `edges` (n + 1 values, s);
+    `mean`: its time-weighted mean over the covered part of each bin; `max`: the largest value
+    it took in the bin. Both are NaN where the series does not cover the bin."""
+
+    edges: np.ndarray
+    mean: np.ndarray
+    max: np.ndarray
+
+    @property
+    def centers(self) -> np.ndarray:
+        return (self.edges[:-1] + self.edges[1:]) / 2
+
+
+def resample(
+    times_s: Any,
+    values: Any,
+    bin_s: float,
+    end_s: float | None = None,
+    start_s: float = 0.0,
+) -> Resampled:
+    """Resample a piecewise-constant series into bins of `bin_s` seconds from `start_s`.
+
+    Each value holds from its time until the next sample's time (the last one until `end_s`,
+    default: its own time), as an engine's state does between two step ends. The per-bin mean
+    is weighted by time, so sum(mean × covered time) is the series' exact integral; the per-bin
+    max includes the value already holding when the bin opens."""
+    if not (isinstance(bin_s, int | float) and not isinstance(bin_s, bool) and bin_s > 0):
+        raise ConfigError(f"resample: invalid value bin_s={bin_s!r}; must be > 0")
+    t = np.asarray(times_s, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if t.shape != v.shape or t.ndim != 1:
+        raise ConfigError(
+            f"resample: times and values must be 1-d and of one length, got {t.shape} and {v.shape}"
+        )
+    order = np.argsort(t, kind="stable")
+    t, v = t[order], v[order]
+    if len(t) == 0:
+        edges = np.array([start_s, start_s + bin_s])
+        return Resampled(edges, np.full(1, np.nan), np.full(1, np.nan))
+    end = t[-1] if end_s is None else max(float(end_s), t[-1])
+    n = _n_bins(end - start_s, bin_s)
+    edges = start_s + bin_s * np.arange(n + 1)
+    # The integral is piecewise linear between the knots, so interpolating it at the edges is
+    # exact; np.interp clamps outside [t0, end], where the series covers nothing.
+    knots = np.append(t, end)
+    integral = np.concatenate([[0.0], np.cumsum(v * np.diff(knots))])
+    at_edges = np.interp(edges, knots, integral)
+    covered = np.diff(np.clip(edges, t[0], end))
+    mean = np.full(n, np.nan)
+    has = covered > 0
+    mean[has] = np.diff(at_edges)[has] / covered[has]
+    peak = np.full(n, -np.inf)
+    holding = np.searchsorted(t, edges[:-1], side="right") - 1  # the value as each bin opens
+    carried = (holding >= 0) & (edges[:-1] < end)
+    peak[carried] = v[holding[carried]]
+    inside = np.clip(np.floor((t - start_s) / bin_s), 0, n - 1).astype(np.int64)
+    np.maximum.at(peak, inside, v)
+    peak[~np.isfinite(peak)] = np.nan
+    if not has.any():  # every sample at one instant: no time to weight by
+        mean = peak.copy()
+    return Resampled(edges, mean, peak)
+
+
+# --- latency --------------------------------------------------------------------------------
+
+
+def _cdf(ax: Any, values_ms: np.ndarray, title: str, xlabel: str, label: str | None = None) -> bool:
     values = np.sort(values_ms[~np.isnan(values_ms)])
     ax.set_title(title)
-    ax.set_xlabel("ms")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.02)
     ax.grid(True, alpha=0.3)
     if len(values) == 0:
-        _no_data(ax)
-        return
-    ax.plot(values, np.arange(1, len(values) + 1) / len(values), drawstyle="steps-post")
+        return False
+    ax.plot(
+        values,
+        np.arange(1, len(values) + 1) / len(values),
+        drawstyle="steps-post",
+        label=label,
+    )
+    return True
+
+
+# (requests column, title, x label)
+_CDF_PANELS = (
+    ("ttft_ms", "TTFT", "time to first token (ms)"),
+    ("itl_ms", "ITL (per-request mean)", "mean inter-token latency (ms)"),
+    ("e2e_ms", "E2E (completed requests)", "end-to-end latency (ms)"),
+)
+
+
+def _latency_columns(req: pd.DataFrame) -> dict[str, np.ndarray]:
+    if not len(req):
+        return {column: np.zeros(0) for column, _, _ in _CDF_PANELS}
+    return {
+        "ttft_ms": req["ttft_ms"].to_numpy(dtype=float),
+        "itl_ms": req.loc[req["generated_tokens"] > 1, "itl_ms"].to_numpy(dtype=float),
+        "e2e_ms": req["e2e_ms"].to_numpy(dtype=float),
+    }
 
 
 def latency_cdfs(result: Any) -> Figure:
@@ -49,60 +184,215 @@ def latency_cdfs(result: Any) -> Figure:
     req: pd.DataFrame = result.requests
     fig = _figure(12, 3.8)
     axes = fig.subplots(1, 3)
-    if len(req):
-        ttft = req["ttft_ms"].to_numpy(dtype=float)
-        itl = req.loc[req["generated_tokens"] > 1, "itl_ms"].to_numpy(dtype=float)
-        e2e = req["e2e_ms"].to_numpy(dtype=float)
-    else:
-        ttft = itl = e2e = np.zeros(0)
-    _cdf(axes[0], ttft, "TTFT")
-    _cdf(axes[1], itl, "ITL (per-request mean)")
-    _cdf(axes[2], e2e, "E2E (completed requests)")
+    columns = _latency_columns(req)
+    fig.suptitle(f"Latency distributions ({len(req):,} requests)")
+    for ax, (column, title, xlabel) in zip(axes, _CDF_PANELS, strict=True):
+        if not _cdf(ax, columns[column], title, xlabel):
+            _no_data(ax)
     return fig
 
 
-def instance_timelines(result: Any) -> Figure:
-    """Queue length, running requests and KV used blocks at each step's end, per instance."""
+def compare_latency_cdfs(results: Mapping[str, Any]) -> Figure:
+    """The three latency CDFs of `latency_cdfs` with one line per named result, e.g. one per
+    routing policy: `compare_latency_cdfs({"round-robin": r1, "weighted": r2})`."""
+    if not isinstance(results, Mapping) or not results:
+        raise ConfigError("compare_latency_cdfs: needs a non-empty mapping of name -> result")
+    fig = _figure(12, 3.8)
+    axes = fig.subplots(1, 3)
+    fig.suptitle(f"Latency distributions of {len(results)} runs")
+    drawn = [False] * len(axes)
+    for name, result in results.items():
+        columns = _latency_columns(result.requests)
+        for i, (ax, (column, title, xlabel)) in enumerate(zip(axes, _CDF_PANELS, strict=True)):
+            drawn[i] = _cdf(ax, columns[column], title, xlabel, label=str(name)) or drawn[i]
+    for ax, any_line in zip(axes, drawn, strict=True):
+        if any_line:
+            ax.legend(fontsize="small", loc="lower right")
+        else:
+            _no_data(ax)
+    return fig
+
+
+# --- instance timelines ---------------------------------------------------------------------
+
+# (steps column, panel title, y label)
+_TIMELINE_PANELS = (
+    ("queue_length", "Waiting queue (requests not yet scheduled)", "queue length (requests)"),
+    ("running_requests", "Running batch", "running (requests)"),
+    ("kv_used_blocks", "KV cache use (GPU blocks)", "KV used (blocks)"),
+)
+
+
+def _instance_labels(result: Any, ids: list[str]) -> dict[str, str]:
+    """`instance_0 (prefill)` when the run has PD roles, else the instance id."""
+    roles = (getattr(result, "scenario", None) or {}).get("resolved", {}).get("roles") or []
+    known = list(getattr(result, "instance_ids", None) or [])
+    if not known or len(known) != len(roles) or set(roles) <= {"unified"}:
+        return {iid: iid for iid in ids}
+    role_of = dict(zip(known, roles, strict=True))
+    return {iid: f"{iid} ({role_of[iid]})" if iid in role_of else iid for iid in ids}
+
+
+def instance_capacities(result: Any) -> pd.DataFrame:
+    """Per instance: `kv_blocks` (its KV cache's total GPU blocks) and `max_num_running_reqs`.
+
+    A live result reads each engine; a loaded one has only the scenario: the resolved block
+    count (`scenario["resolved"]["total_kv_blocks"]`), except for an instance whose steps and
+    `instances` row give its own (a PD pool or deployment with other hardware or blocks)."""
+    ids = list(getattr(result, "instance_ids", None) or [])
+    engines = getattr(result, "engines", None)
+    if engines and len(engines) == len(ids):
+        rows = [
+            {
+                "instance_id": iid,
+                "kv_blocks": int(e.kv.total_blocks),
+                "max_num_running_reqs": int(e.config.max_num_running_reqs),
+            }
+            for iid, e in zip(ids, engines, strict=True)
+        ]
+        return pd.DataFrame(rows, columns=["instance_id", "kv_blocks", "max_num_running_reqs"])
+    scenario = getattr(result, "scenario", None) or {}
+    kv = scenario.get("resolved", {}).get("total_kv_blocks")
+    running = scenario.get("engine", {}).get("max_num_running_reqs")
     steps: pd.DataFrame = result.steps
-    fig = _figure(12, 8)
+    instances: pd.DataFrame = getattr(result, "instances", pd.DataFrame())
+    ids = list(dict.fromkeys(steps["instance_id"])) if len(steps) else []
+    inferred: dict[str, int] = {}
+    if len(steps) and {"instance_id", "mean_kv_utilization"} <= set(instances.columns):
+        # instances.mean_kv_utilization = mean(kv_used_blocks over steps) / total blocks.
+        used = steps.groupby("instance_id", sort=False)["kv_used_blocks"].mean()
+        pairs = zip(instances["instance_id"], instances["mean_kv_utilization"], strict=True)
+        for iid, util in pairs:
+            if iid in used.index and util and util > 0 and used[iid] > 0:
+                inferred[str(iid)] = round(float(used[iid]) / float(util))
+    rows = [
+        {"instance_id": iid, "kv_blocks": inferred.get(iid, kv), "max_num_running_reqs": running}
+        for iid in ids
+    ]
+    return pd.DataFrame(rows, columns=["instance_id", "kv_blocks", "max_num_running_reqs"])
+
+
+def _capacity_lines(
+    ax: Any, by_instance: dict[str, Any], labels: dict[str, str], name: str, unit: str
+) -> list[Any]:
+    """One dashed horizontal line per distinct capacity; the legend names the instances when
+    they differ."""
+    groups: dict[int, list[str]] = {}
+    for iid, value in by_instance.items():
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            groups.setdefault(int(value), []).append(iid)
+    lines = []
+    styles = ("--", ":", "-.")
+    for i, (value, members) in enumerate(sorted(groups.items())):
+        who = ""
+        if len(groups) > 1:
+            roles = sorted({labels[m].partition(" (")[2].rstrip(")") or m for m in members})
+            who = f" ({', '.join(roles)})"
+        line = ax.axhline(
+            value,
+            color="black",
+            linestyle=styles[i % len(styles)],
+            linewidth=1.2,
+            label=f"{name}{who}: {value:,} {unit}".rstrip(),
+            gid="capacity",
+        )
+        lines.append(line)
+    return lines
+
+
+def instance_timelines(result: Any, max_points: int = DEFAULT_MAX_POINTS) -> Figure:
+    """Queue length, running requests and KV used blocks over time, one line per instance.
+
+    Each series (the value at every step's end, holding until the next step ends) is resampled
+    to bins of a nice width (`choose_bin_s`: at most `max_points` bins over the run): the line
+    is the time-weighted mean per bin, the light band reaches the per-bin max (up to MAX_BANDS
+    instances). Dashed lines: `max_num_running_reqs` on the running panel, each instance's KV
+    capacity (total GPU blocks) on the KV panel."""
+    steps: pd.DataFrame = result.steps
+    fig = _figure(12, 8.5)
     axes = fig.subplots(3, 1, sharex=True)
-    panels = (
-        ("queue_length", "queue length (requests)"),
-        ("running_requests", "running (requests)"),
-        ("kv_used_blocks", "KV used (blocks)"),
-    )
-    for ax, (_, label) in zip(axes, panels, strict=True):
+    for ax, (_, title, label) in zip(axes, _TIMELINE_PANELS, strict=True):
+        ax.set_title(title, fontsize="medium")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-    axes[-1].set_xlabel("time (s)")
+    axes[-1].set_xlabel("time since start (s)")
     if len(steps) == 0:
+        fig.suptitle("Per-instance state over time")
         for ax in axes:
             _no_data(ax)
         return fig
-    for iid, group in steps.groupby("instance_id", sort=True):
-        end_s = (group["start_us"] + group["step_us"]).to_numpy(dtype=float) / 1e6
-        for ax, (column, _) in zip(axes, panels, strict=True):
-            ax.plot(end_s, group[column].to_numpy(), drawstyle="steps-post", label=str(iid))
-    if steps["instance_id"].nunique() <= 16:
+    end_us = (steps["start_us"] + steps["step_us"]).to_numpy(dtype=float)
+    end_s = float(end_us.max()) / 1e6
+    bin_s = choose_bin_s(end_s, max_points)
+    ids = [str(i) for i in dict.fromkeys(steps["instance_id"])]
+    labels = _instance_labels(result, ids)
+    bands = len(ids) <= MAX_BANDS
+    fig.suptitle(
+        f"Per-instance state over time: mean per {_seconds(bin_s)} bin"
+        + (" (line), max per bin (band)" if bands else "")
+    )
+    for iid, group in steps.groupby("instance_id", sort=False):
+        t = (group["start_us"] + group["step_us"]).to_numpy(dtype=float) / 1e6
+        for ax, (column, _, _) in zip(axes, _TIMELINE_PANELS, strict=True):
+            series = resample(t, group[column].to_numpy(), bin_s, end_s=end_s)
+            (line,) = ax.plot(series.centers, series.mean, linewidth=1.2, label=labels[str(iid)])
+            if bands:
+                ax.fill_between(
+                    series.centers,
+                    series.mean,
+                    series.max,
+                    color=line.get_color(),
+                    alpha=0.2,
+                    linewidth=0,
+                )
+    caps = instance_capacities(result)
+    caps = caps[caps["instance_id"].isin(ids)]
+    running_caps = _capacity_lines(
+        axes[1],
+        dict(zip(caps["instance_id"], caps["max_num_running_reqs"], strict=True)),
+        labels,
+        "max_num_running_reqs",
+        "",
+    )
+    kv_caps = _capacity_lines(
+        axes[2],
+        dict(zip(caps["instance_id"], caps["kv_blocks"], strict=True)),
+        labels,
+        "KV capacity",
+        "blocks",
+    )
+    if len(ids) <= 16:
         axes[0].legend(loc="upper right", fontsize="small", ncols=2)
+    for ax, handles in ((axes[1], running_caps), (axes[2], kv_caps)):
+        if handles:
+            ax.legend(handles=handles, loc="best", fontsize="small")
     return fig
 
 
-def throughput(result: Any, bin_s: float = 1.0) -> Figure:
+# --- throughput -----------------------------------------------------------------------------
+
+
+def throughput(result: Any, bin_s: float | None = None) -> Figure:
     """Completed requests and output tokens per second, in bins of `bin_s` seconds.
 
     Output tokens are counted at the end of the step that produced them: each decode token of
-    a step, plus each request's first token at its `first_token_us`.
+    a step, plus each request's first token at its `first_token_us`. The default bin is the
+    nice width `choose_bin_s` picks for a target of one bin per ~10 completions, clamped to
+    MIN_THROUGHPUT_BINS..MAX_THROUGHPUT_BINS (so 8 to 200 bins).
     """
-    if not bin_s > 0:
+    if bin_s is not None and not (
+        isinstance(bin_s, int | float) and not isinstance(bin_s, bool) and bin_s > 0
+    ):
         raise ConfigError(f"throughput: invalid value bin_s={bin_s!r}; must be > 0")
     req: pd.DataFrame = result.requests
     steps: pd.DataFrame = result.steps
     fig = _figure(12, 6)
     axes = fig.subplots(2, 1, sharex=True)
+    axes[0].set_title("Completed requests", fontsize="medium")
     axes[0].set_ylabel("completed requests / s")
+    axes[1].set_title("Output tokens (first tokens and decode tokens)", fontsize="medium")
     axes[1].set_ylabel("output tokens / s")
-    axes[1].set_xlabel("time (s)")
+    axes[1].set_xlabel("time since start (s)")
     for ax in axes:
         ax.grid(True, alpha=0.3)
     done_s = req["completion_us"].dropna().to_numpy(dtype=float) / 1e6 if len(req) else np.zeros(0)
@@ -116,9 +406,14 @@ def throughput(result: Any, bin_s: float = 1.0) -> Figure:
         step_end_s = decode = np.zeros(0)
     end_s = max([0.0, *(a.max() for a in (done_s, first_s, step_end_s) if len(a))])
     if end_s == 0.0:
+        fig.suptitle("Throughput")
         for ax in axes:
             _no_data(ax)
         return fig
+    if bin_s is None:
+        bins = int(np.clip(len(done_s) // 10, MIN_THROUGHPUT_BINS, MAX_THROUGHPUT_BINS))
+        bin_s = choose_bin_s(end_s, bins)
+    fig.suptitle(f"Throughput per {_seconds(bin_s)} bin (the last bin may be partial)")
     edges = np.arange(0.0, end_s + bin_s, bin_s)
     if len(edges) < 2:
         edges = np.array([0.0, bin_s])
@@ -129,6 +424,9 @@ def throughput(result: Any, bin_s: float = 1.0) -> Figure:
     axes[0].stairs(done_counts / width, edges, fill=True, alpha=0.7)
     axes[1].stairs((tokens + first_counts) / width, edges, fill=True, alpha=0.7)
     return fig
+
+
+# --- per class ------------------------------------------------------------------------------
 
 
 def _class_percentiles(req: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -155,9 +453,11 @@ def per_class(result: Any, column: str = "slo_class") -> Figure:
     fig = _figure(12, 4)
     axes = fig.subplots(1, 2)
     table = _class_percentiles(req, column) if len(req) else pd.DataFrame()
+    fig.suptitle(f"Latency percentiles by {column}")
     for ax, metric, title in zip(axes, ("ttft_ms", "e2e_ms"), ("TTFT", "E2E"), strict=True):
-        ax.set_title(f"{title} by {column}")
-        ax.set_ylabel("ms")
+        ax.set_title(f"{title} p50 / p99 by {column}")
+        ax.set_xlabel(column)
+        ax.set_ylabel(f"{title} (ms)")
         ax.grid(True, axis="y", alpha=0.3)
         if table.empty:
             _no_data(ax)
@@ -179,10 +479,10 @@ class PlotAccessor:
     def latency_cdfs(self) -> Figure:
         return latency_cdfs(self._result)
 
-    def instance_timelines(self) -> Figure:
-        return instance_timelines(self._result)
+    def instance_timelines(self, max_points: int = DEFAULT_MAX_POINTS) -> Figure:
+        return instance_timelines(self._result, max_points=max_points)
 
-    def throughput(self, bin_s: float = 1.0) -> Figure:
+    def throughput(self, bin_s: float | None = None) -> Figure:
         return throughput(self._result, bin_s=bin_s)
 
     def per_class(self, column: str = "slo_class") -> Figure:

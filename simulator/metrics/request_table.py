@@ -214,3 +214,27 @@ class RequestRecords(Sequence):
 
     def __iter__(self) -> Iterator[Request | RequestRow]:
         return map(self._at, self._order)
+
+
+def request_columns(records: Sequence, numeric: Sequence[str], coded: Sequence[str] = ()) -> dict:
+    """Columns of every request in `records` as numpy arrays (numeric fields int64/float64,
+    coded fields object arrays), in no particular order: straight from a `RequestRecords`
+    table's columns plus its live requests, or read from request objects one by one."""
+    if isinstance(records, RequestRecords):
+        table, live = records.table, records._live  # noqa: SLF001 - same module family
+        out = {}
+        for name in numeric:
+            column = np.asarray(table.numeric[name])
+            extra = np.asarray([getattr(r, name) for r in live], dtype=column.dtype)
+            out[name] = np.concatenate([column, extra]) if len(extra) else column
+        for name in coded:
+            values = np.asarray(table.values[name] + [None], dtype=object)
+            codes = np.asarray(table.codes[name], dtype=np.int64)
+            column = values[codes]
+            extra = np.asarray([getattr(r, name) for r in live], dtype=object)
+            out[name] = np.concatenate([column, extra]) if len(extra) else column
+        return out
+    out = {name: np.asarray([getattr(r, name) for r in records]) for name in numeric}
+    for name in coded:
+        out[name] = np.asarray([getattr(r, name) for r in records], dtype=object)
+    return out

@@ -1,8 +1,8 @@
 """What a run returns: per-request and per-step DataFrames and a BLIS-compatible summary.
 
-Summary fields follow BLIS's MetricsOutput (SPEC §10.2): same names, same units (ms), plus the
-p50 latencies BLIS lacks. Semantics follow servesim's Part A: E2E is completion − arrival and
-output-token totals include each request's first token (A3).
+Summary fields follow BLIS's MetricsOutput (docs/behaviour.md §10.2): same names, same units (ms),
+plus the p50 latencies BLIS lacks. Semantics follow servesim's Part A (docs/behaviour.md): E2E is
+completion − arrival and output-token totals include each request's first token (§A3).
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ TENANT_HEADER = "=== Per-Tenant Metrics ==="
 PD_HEADER = "=== PD Metrics ==="
 SESSION_HEADER = "=== Session Metrics ==="
 CLIENT_HEADER = "=== Client ==="
+SLO_HEADER = "=== SLO Attainment ==="
+STEADY_HEADER = "=== Steady State ==="
 LATENCY_HEADER = "=== Latency Model ==="
 FLEET_HEADER = "=== Fleet Metrics ==="
 MODEL_HEADER = "=== Per-Model Metrics ==="
-# BLIS's MetricsOutput fields (SPEC §10.2), in BLIS's order; kv_allocation_failures is omitted
-# when zero. servesim adds the *_p50_ms fields.
+# BLIS's MetricsOutput fields (docs/behaviour.md §10.2), in BLIS's order; kv_allocation_failures is
+# omitted when zero. servesim adds the *_p50_ms fields.
 BLIS_SUMMARY_FIELDS = (
     "instance_id",
     "completed_requests",
@@ -187,12 +189,15 @@ def compute_summary(
         "responses_per_sec": len(completed) / duration_s if duration_s > 0 else 0.0,
         "tokens_per_sec": output_tokens / duration_s if duration_s > 0 else 0.0,
     }
+    # A statistic of no samples is unknown (JSON null), never 0: a run that served nobody
+    # must not look fast. BLIS prints 0 there.
     for name, values in (("e2e", e2e_us), ("ttft", ttft_us), ("itl", itl_us)):
-        summary[f"{name}_mean_ms"] = _stat_mean(values) / 1000
-        summary[f"{name}_p50_ms"] = _stat_pct(values, 50) / 1000
+        sampled = len(values) > 0
+        summary[f"{name}_mean_ms"] = _stat_mean(values) / 1000 if sampled else None
+        summary[f"{name}_p50_ms"] = _stat_pct(values, 50) / 1000 if sampled else None
         for p in (90, 95, 99):
-            summary[f"{name}_p{p}_ms"] = _stat_pct(values, p) / 1000
-    summary["scheduling_delay_p99_ms"] = _pct(sched_us, 99) / 1000
+            summary[f"{name}_p{p}_ms"] = _stat_pct(values, p) / 1000 if sampled else None
+    summary["scheduling_delay_p99_ms"] = _pct(sched_us, 99) / 1000 if len(sched_us) else None
     failures = sum(e.kv_allocation_failures for e in engines)
     if failures:
         summary["kv_allocation_failures"] = failures
@@ -385,6 +390,9 @@ class Result:
     instance_ids: list[str] = field(repr=False)
     scenario: dict[str, Any] = field(default_factory=dict, repr=False)
     not_arrived: int = 0
+    # SLO attainment and goodput (metrics/slo.py) and the steady-state verdict (metrics/steady.py).
+    slo: dict[str, Any] = field(default_factory=dict)
+    steady_state: Any = None
     # A trace's `max_in_flight` client cap: requests it sent late, and their total wait.
     client_delayed_requests: int = 0
     client_wait_us: int = 0
@@ -463,7 +471,7 @@ class Result:
 
     @cached_property
     def per_model(self) -> pd.DataFrame:
-        """TTFT / E2E / ITL, throughput and counts per served model (SPEC A6)."""
+        """TTFT / E2E / ITL, throughput and counts per served model (docs/behaviour.md §A6)."""
         from .fleet import per_model_frame
 
         aliases = {}
@@ -487,7 +495,7 @@ class Result:
 
     @cached_property
     def per_slo(self) -> dict[str, dict[str, Any]]:
-        """TTFT / E2E per SLO class ("default" when untagged), SPEC §10.4, in ms."""
+        """TTFT / E2E per SLO class ("default" when untagged), docs/behaviour.md §10.4, in ms."""
         return per_class_metrics(self.request_records, lambda r: r.slo_class or "default")
 
     @cached_property
@@ -559,7 +567,7 @@ class Result:
 
     @cached_property
     def pd_metrics(self) -> dict[str, Any] | None:
-        """BLIS's `=== PD Metrics ===` (SPEC §7.4) plus link concurrency."""
+        """BLIS's `=== PD Metrics ===` (docs/behaviour.md §7.4) plus link concurrency."""
         if self.pd is None:
             return None
         d = self.pd
@@ -597,7 +605,7 @@ class Result:
 
     @cached_property
     def anomalies(self) -> dict[str, int]:
-        """BLIS's anomaly counters (SPEC §10.4), plus routing rejections."""
+        """BLIS's anomaly counters (docs/behaviour.md §10.4), plus routing rejections."""
         from .anomalies import hol_blocking_instances, priority_inversions
 
         policy = self.scenario.get("engine", {}).get("priority_policy", "constant")
@@ -636,7 +644,8 @@ class Result:
             metrics["offloaded_blocks"] = offloaded
             metrics["reloaded_blocks"] = reloaded
             evicted = sum(t.evicted_blocks for t in tiers)
-            # BLIS's definition (SPEC §2.4): blocks the tier had to evict per block written.
+            # BLIS's definition (docs/behaviour.md §2.4): blocks the tier had to evict per block
+            # written.
             metrics["kv_thrashing_rate"] = evicted / offloaded if offloaded else 0.0
             # The GPU handing back blocks it needs again at once: reloads of blocks offloaded
             # less than a second before (or lost from the tier meanwhile), per block reloaded.
@@ -663,7 +672,7 @@ class Result:
         return evaluate_fitness(self.summary, parse_fitness_weights(weights))
 
     def report_text(self) -> str:
-        """Everything the CLI prints, in BLIS's order (SPEC §10.1)."""
+        """Everything the CLI prints, in BLIS's order (docs/behaviour.md §10.1)."""
         blocks = [format_summary(s) for s in self.instance_summaries if s["completed_requests"] > 0]
         blocks.append(self.summary_text())
         if self.fitness is not None:
@@ -685,6 +694,11 @@ class Result:
             blocks.append(f"{SESSION_HEADER}\n{json.dumps(self.session_counts, indent=2)}")
         if self.client_cap is not None:
             blocks.append(f"{CLIENT_HEADER}\n{json.dumps(self.client_cap, indent=2)}")
+        if self.slo:
+            blocks.append(f"{SLO_HEADER}\n{json.dumps(self.slo, indent=2)}")
+        if self.steady_state is not None:
+            steady = self.steady_state.document()
+            blocks.append(f"{STEADY_HEADER}\n{json.dumps(steady, indent=2)}")
         if self.multi_model:
             table = self.per_model.set_index("model").round(3).to_dict(orient="index")
             blocks.append(f"{MODEL_HEADER}\n{json.dumps(table, indent=2)}")
@@ -728,7 +742,8 @@ class Result:
         return out
 
     def write_trace(self, prefix: str | Path) -> tuple[Path, Path]:
-        """Export the run as a TraceV2 pair (SPEC §9.5): `prefix`.yaml and `prefix`.csv."""
+        """Export the run as a TraceV2 pair (docs/behaviour.md §9.5): `prefix`.yaml and
+        `prefix`.csv."""
         from ..workload.trace import write_trace
 
         resolved = self.scenario.get("resolved", {})
@@ -745,7 +760,8 @@ class Result:
         return write_trace(prefix, self.request_records, server=server, keep_prefix_groups=True)
 
     def blis_request_records(self) -> list[dict[str, Any]]:
-        """Per-request entries of BLIS's `--results-path` file (SPEC §10.3), by arrival."""
+        """Per-request entries of BLIS's `--results-path` file (docs/behaviour.md §10.3), by
+        arrival."""
         out = []
         for r in sorted(self.request_records, key=lambda x: (x.arrival_us, x.index)):
             done = r.state is RequestState.COMPLETED
@@ -785,6 +801,10 @@ class Result:
             doc["sessions"] = self.session_counts
         if self.client_cap is not None:
             doc["client"] = self.client_cap
+        if self.slo:
+            doc["slo"] = self.slo
+        if self.steady_state is not None:
+            doc["steady_state_detail"] = self.steady_state.document()
         if self.instance_summaries:
             doc["instances"] = self.instance_summaries
         doc["anomalies"] = self.anomalies

@@ -1,4 +1,5 @@
-"""Measure a real OpenAI-compatible server with a servesim workload (SPEC §12.2 observe).
+"""Measure a real OpenAI-compatible server with a servesim workload (docs/behaviour.md §12.2
+observe).
 
 `observe(scenario, server_url=..., model=...)` sends the scenario's traffic (its workload,
 workload spec or trace) to the server at the scheduled arrival times and returns an

@@ -1,7 +1,8 @@
 """One OpenAI-compatible server seen from the client: the pre-flight check and one request.
 
 Times come from one monotonic clock whose origin is the start of the observation, in integer
-µs, so a recorded trace's arrival, send and chunk times share one time axis (SPEC §9.5).
+µs, so a recorded trace's arrival, send and chunk times share one time axis (docs/behaviour.md
+§9.5).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Arrival processes, registered by name: inter-arrival gaps in whole µs (at least 1).
 
-Every process keeps BLIS's parameterisation (SPEC §9.2) so a v2 workload file means the same
-traffic here: `rate_per_s` fixes the mean gap (1e6 / rate µs) and `cv`, where a process takes
+Every process keeps BLIS's parameterisation (docs/behaviour.md §9.2) so a v2 workload file means the
+same traffic here: `rate_per_s` fixes the mean gap (1e6 / rate µs) and `cv`, where a process takes
 one, fixes the gaps' coefficient of variation. Gaps are truncated to whole µs and floored at 1,
 as BLIS does, so a process never emits two arrivals at the same instant.
 """

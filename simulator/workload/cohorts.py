@@ -1,5 +1,5 @@
-"""Cohorts and inference-perf specs rendered as plain clients (SPEC §9.2, BLIS cohort.go and
-inference_perf.go).
+"""Cohorts and inference-perf specs rendered as plain clients (docs/behaviour.md §9.2, BLIS
+cohort.go and inference_perf.go).
 
 Both expansions are pure: they read a WorkloadSpec and return clients, with no randomness
 (BLIS derives a per-cohort RNG but never draws from it).

@@ -1,6 +1,6 @@
-"""Requests from a v2 workload spec, generated lazily in arrival order (SPEC §9.3).
+"""Requests from a v2 workload spec, generated lazily in arrival order (docs/behaviour.md §9.3).
 
-Each client is an independent stream with its own seeded generators (SPEC A9): adding,
+Each client is an independent stream with its own seeded generators (docs/behaviour.md §A9): adding,
 removing or changing one client never changes another client's draws. Streams are merged by
 arrival time and truncated at `num_requests`, so a million-request workload is produced on
 demand instead of materialised up front.
@@ -325,7 +325,8 @@ class SessionManager:
 
 
 def _prefix_lengths(clients: list[ClientSpec]) -> dict[str, int]:
-    """The first client of a prefix group fixes the group's prefix length (SPEC §9.2)."""
+    """The first client of a prefix group fixes the group's prefix length (docs/behaviour.md
+    §9.2)."""
     lengths: dict[str, int] = {}
     for c in clients:
         if c.prefix_group and c.prefix_group not in lengths:
@@ -429,7 +430,7 @@ class WorkloadStream:
             if plan.closed_loop:
                 continue
             # Open loop: every round is known now; round r+1 follows round r by the think
-            # time plus one µs per output token (BLIS-Mar's spacing rule, SPEC §9.3).
+            # time plus one µs per output token (BLIS-Mar's spacing rule, docs/behaviour.md §9.3).
             rounds = [first]
             prev, arrival = first, t
             for r in range(1, mt.max_rounds):

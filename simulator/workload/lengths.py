@@ -2,7 +2,7 @@
 
 The v2 workload schema names a distribution with a `DistSpec {type, params, file}`;
 `from_dist_spec` turns one into a sampler and checks its parameters, naming the field of the
-workload file in every error. Parameter names are BLIS's (SPEC §9.2):
+workload file in every error. Parameter names are BLIS's (docs/behaviour.md §9.2):
 
 * gaussian {mean, std_dev, min, max}: N(mean, std_dev) clamped to [min, max], rounded;
   min == max (or std_dev 0) gives a constant.

@@ -1,10 +1,10 @@
 """Named workload presets, the CLI "distribution" mode, composing specs and writing them back
-as YAML (SPEC §9.1, §12.2 convert / compose).
+as YAML (docs/behaviour.md §9.1, §12.2 convert / compose).
 
 A preset or the distribution mode becomes a one-client v2 WorkloadSpec: Gaussian prompt and
 output lengths with BLIS's parameter names, and a shared prefix group "shared" when
-prefix_tokens > 0. Arrivals are Poisson unless asked otherwise (SPEC A8); BLIS-Mar used
-constant spacing in this mode, which `arrival="constant"` reproduces.
+prefix_tokens > 0. Arrivals are Poisson unless asked otherwise (docs/behaviour.md §A8); BLIS-Mar
+used constant spacing in this mode, which `arrival="constant"` reproduces.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def _as_clients(spec: WorkloadSpec) -> WorkloadSpec:
 
 
 def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
-    """Merge specs into one whose traffic is the sum of theirs (SPEC §12.2).
+    """Merge specs into one whose traffic is the sum of theirs (docs/behaviour.md §12.2).
 
     aggregate_rate = Σ rates; each client keeps its absolute rate: its fraction, normalised
     within its own spec, times that spec's share of the total. (BLIS multiplies the raw

@@ -1,4 +1,4 @@
-"""BLIS's workload specification v2 (SPEC §9.2), as a strict pydantic schema.
+"""BLIS's workload specification v2 (docs/behaviour.md §9.2), as a strict pydantic schema.
 
 Field names are BLIS's, so an existing BLIS workload file loads unchanged. Version "1" or an
 empty version is upgraded as BLIS does (SLO classes realtime → critical, interactive →

@@ -1,4 +1,5 @@
-"""A scenario's synthetic workload (BLIS preset / distribution mode) as a v2 spec (SPEC §9.1).
+"""A scenario's synthetic workload (BLIS preset / distribution mode) as a v2 spec (docs/behaviour.md
+§9.1).
 
 servesim generates every workload through the v2 generator; a synthetic workload is the
 smallest v2 spec, built by `presets.distribution_spec`: one client, one arrival process,

@@ -1,10 +1,11 @@
-"""Request files: BLIS TraceV2/v3 (SPEC §9.5) and the ground-truth vLLM request CSVs.
+"""Request files: BLIS TraceV2/v3 (docs/behaviour.md §9.5) and the ground-truth vLLM request CSVs.
 
 A TraceV2 is a YAML header plus a CSV with one row per request. servesim reads traces written
 by BLIS (`blis run --trace-output`, `blis observe`) and by itself (`write_trace`), and replays
-them (SPEC §12.2). Version 3 — BLIS after March 2026 (SPEC-blis-current §4.5–4.6) — adds a
-`prefix_length` column after `prefix_group`, in which case `input_tokens` counts only the tokens
-after the shared prefix, and the header keys and optional columns of `blis observe`.
+them (docs/behaviour.md §12.2). Version 3 — BLIS after March 2026, as its `run`, `replay` and
+`observe` write it (docs/traces.md) — adds a `prefix_length` column after `prefix_group`, in
+which case `input_tokens` counts only the tokens after the shared prefix, and the header keys
+and optional columns of `blis observe`.
 """
 
 from __future__ import annotations
@@ -772,7 +773,7 @@ def load_trace(header_path: str | Path, data_path: str | Path) -> tuple[dict, li
 
 
 def read_groundtruth_rows(path: str | Path) -> list[GroundTruthRow]:
-    """Rows of a ground-truth request CSV (shared/groundtruth/*/requests/*.requests.csv)."""
+    """Rows of a ground-truth request CSV (groundtruth/*/requests/*.requests.csv)."""
     p = Path(path)
     kind = "ground-truth data"
     header = _csv_header(p, kind)
@@ -965,7 +966,8 @@ def write_trace(
     created_at: str | None = None,
     keep_prefix_groups: bool = False,
 ) -> tuple[Path, Path]:
-    """Write `<prefix>.yaml` and `<prefix>.csv`, a TraceV2 of simulated requests (SPEC §9.5).
+    """Write `<prefix>.yaml` and `<prefix>.csv`, a TraceV2 of simulated requests (docs/behaviour.md
+    §9.5).
 
     Rows are in arrival order (ties by request index) with request_id = row number. By
     default the file is what BLIS writes: prefix_group empty and input_tokens the whole

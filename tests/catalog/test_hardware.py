@@ -1,4 +1,4 @@
-"""GPU catalog (SPEC §3.5) and user GPU files."""
+"""GPU catalog (docs/behaviour.md §3.5) and user GPU files."""
 
 from __future__ import annotations
 

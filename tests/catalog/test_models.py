@@ -1,5 +1,5 @@
-"""HF config parsing (SPEC §4, §5) and model resolution. Expected values are read by hand from
-the bundled config.json files."""
+"""HF config parsing (docs/behaviour.md §4, §5) and model resolution. Expected values are read by
+hand from the bundled config.json files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Admission policies (SPEC §6.3): token-bucket arithmetic, defaults, validation, registry."""
+"""Admission policies (docs/behaviour.md §6.3): token-bucket arithmetic, defaults, validation,
+registry."""
 
 from __future__ import annotations
 

@@ -156,8 +156,9 @@ def test_least_loaded_never_picks_a_strictly_busier_instance_from_fresh_signals(
 
 
 def test_fresh_snapshots_carry_the_in_flight_count():
-    """SPEC §6.4-6.5: InFlightRequests (routed, not yet finished) is always synchronous, also
-    with immediate snapshots, so it counts at least every request the instance holds."""
+    """docs/behaviour.md §6.4-6.5: InFlightRequests (routed, not yet finished) is always
+    synchronous, also with immediate snapshots, so it counts at least every request the instance
+    holds."""
     result = simulator.simulate(
         {
             "workload": _workload(400, 150),

@@ -59,7 +59,7 @@ def test_cluster_summary_agrees_with_blis(r8):
     blis = json.loads((DATA / "r8_rr2.summary.json").read_text())
     for field in BLIS_SUMMARY_FIELDS:
         if field in ("instance_id", "total_output_tokens", "tokens_per_sec"):
-            continue  # BLIS-Mar leaves first tokens out of output totals (SPEC A3)
+            continue  # BLIS-Mar leaves first tokens out of output totals (docs/behaviour.md §A3)
         assert r8.summary[field] == pytest.approx(blis[field], rel=1e-9, abs=1e-9), field
 
 

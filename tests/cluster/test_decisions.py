@@ -1,4 +1,5 @@
-"""Decision trace (SPEC §6.7): records, counterfactual top-k and regret, summary, JSONL file."""
+"""Decision trace (docs/behaviour.md §6.7): records, counterfactual top-k and regret, summary, JSONL
+file."""
 
 from __future__ import annotations
 

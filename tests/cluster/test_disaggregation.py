@@ -1,4 +1,5 @@
-"""PD deciders (SPEC §7.1, §7.3): each rule by hand, the global index, decode-cache mode."""
+"""PD deciders (docs/behaviour.md §7.1, §7.3): each rule by hand, the global index, decode-cache
+mode."""
 
 from __future__ import annotations
 

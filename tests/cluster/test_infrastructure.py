@@ -1,5 +1,5 @@
-"""The changing fleet (SPEC §8, A6, A7): node pools, lifecycle, drains, failures, events,
-autoscaling and multi-model serving.
+"""The changing fleet (docs/behaviour.md §8, §A6, §A7): node pools, lifecycle, drains, failures,
+events, autoscaling and multi-model serving.
 
 Laws first (conservation of requests and GPUs, legal lifecycle edges, routability, autoscaler
 bounds), then timelines with known delays, then behaviour, then bad input."""

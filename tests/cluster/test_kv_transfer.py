@@ -1,4 +1,5 @@
-"""The KV-transfer link (SPEC §7.2 step 4, Part A4): hand-computed timings and processor sharing."""
+"""The KV-transfer link (docs/behaviour.md §7.2, §A4): hand-computed timings and processor
+sharing."""
 
 from __future__ import annotations
 

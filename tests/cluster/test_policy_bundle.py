@@ -1,4 +1,4 @@
-"""Policy bundle YAML (SPEC §6.6): strict parsing into dotted scenario overrides."""
+"""Policy bundle YAML (docs/behaviour.md §6.6): strict parsing into dotted scenario overrides."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Routing policies and scorers (SPEC §6.4), hand-checked."""
+"""Routing policies and scorers (docs/behaviour.md §6.4), hand-checked."""
 
 from __future__ import annotations
 

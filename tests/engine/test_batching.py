@@ -1,4 +1,4 @@
-"""VLLMEngine driven by hand, without SimPy (SPEC §1.3–1.8, Part A2–A3).
+"""VLLMEngine driven by hand, without SimPy (docs/behaviour.md §1.3–1.8, §A2–A3).
 
 The engine is a plain object: `enqueue(req, now)`, `plan_step(now) -> StepBatch`,
 `finish_step(step_us) -> completed`. Each test drives it step by step with a constant step
@@ -211,7 +211,8 @@ def test_enqueue_past_deadline_times_out_but_counts_input_tokens():
     assert eng.enqueue(on_time_edge, 1000) is EnqueueOutcome.TIMED_OUT  # deadline <= now
     assert late.state is RequestState.TIMED_OUT
     assert eng.timed_out == 2
-    assert eng.total_input_tokens == 100  # counted before the past-due check (SPEC §1.3 6-7)
+    # Counted before the past-due check (docs/behaviour.md §1.3 steps 6-7).
+    assert eng.total_input_tokens == 100
     assert not eng.waiting
     ok = new_req("c", 7, 5, deadline_us=1001)
     assert eng.enqueue(ok, 1000) is EnqueueOutcome.QUEUED
@@ -382,7 +383,7 @@ def test_total_output_tokens_include_the_first_token():
     for i in range(3):
         eng.enqueue(new_req(f"r{i}", 20, 4), 0)
     Driver(eng).run()
-    assert eng.total_output_tokens == 12  # 3 requests x 4 tokens (SPEC A3)
+    assert eng.total_output_tokens == 12  # 3 requests x 4 tokens (docs/behaviour.md §A3)
     assert eng.total_input_tokens == 60
 
 

@@ -1,5 +1,5 @@
 """Block hashes name content: two requests' block i hashes alike exactly when the tokens of
-blocks 0..i are the same (SPEC §2.2), however the hashes are computed (in one call or
+blocks 0..i are the same (docs/behaviour.md §2.2), however the hashes are computed (in one call or
 extended piece by piece, across segment boundaries, empty segments and output tokens)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""KVCache unit tests (SPEC §2.1–2.2): block geometry, all-or-nothing allocation, LRU release
-order, prefix-cache hits and eviction, decode appends, and KV conservation (INV-4).
+"""KVCache unit tests (docs/behaviour.md §2.1–2.2): block geometry, all-or-nothing allocation, LRU
+release order, prefix-cache hits and eviction, decode appends, and KV conservation (INV-4).
 
 Block size is 16 throughout unless a test says otherwise; "blocks for n tokens" = ceil(n/16).
 """

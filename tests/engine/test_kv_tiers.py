@@ -1,5 +1,5 @@
 """The CPU tier of the KV cache: the tier itself, a reload timed by hand, and the behaviour
-it exists for (SPEC §2.4)."""
+it exists for (docs/behaviour.md §2.4)."""
 
 from __future__ import annotations
 

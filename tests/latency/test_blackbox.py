@@ -1,8 +1,8 @@
-"""Blackbox alpha/beta step-time model (SPEC §3.2) and its registry path.
+"""Blackbox alpha/beta step-time model (docs/behaviour.md §3.2) and its registry path.
 
 Reference coefficients: defaults.yaml row for meta-llama/llama-3.1-8b-instruct, H100, TP2,
-vllm/vllm-openai:v0.8.4 (SPEC quotes them rounded as α = [1601.35, 3.512, 1805.54],
-β = [6910.42, 17.671, 2.838]).
+vllm/vllm-openai:v0.8.4 (docs/behaviour.md §3.2 quotes them rounded as α = [1601.35, 3.512,
+1805.54], β = [6910.42, 17.671, 2.838]).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Hand-derived steps of the `crossmodel` and `trained-roofline` backends (SPEC §3.3, §3.4),
-BLIS-Mar default coefficients from defaults.yaml, dense and MoE, TP 1 and 2."""
+"""Hand-derived steps of the `crossmodel` and `trained-roofline` backends (docs/behaviour.md §3.3,
+§3.4), BLIS-Mar default coefficients from defaults.yaml, dense and MoE, TP 1 and 2."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def test_crossmodel_overheads():
 
 
 def _trained_by_hand(L, d, H, kv, d_ff, tp, k, experts, prefill, decode, ctx):
-    """The SPEC §3.4 formulas, written out (peak FLOP/µs and HBM bytes/µs of the H100)."""
+    """The docs/behaviour.md §3.4 formulas, written out (peak FLOP/µs and HBM bytes/µs of the
+    H100)."""
     d_h = d // H
     d_kv = kv * d_h
     peak, bw = 989.5e6, 3.35e6

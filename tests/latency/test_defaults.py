@@ -1,4 +1,4 @@
-"""The bundled defaults.yaml accessors (SPEC §3.6)."""
+"""The bundled defaults.yaml accessors (docs/behaviour.md §3.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KV capacity auto-calculation (SPEC §2.5) and MaxModelLen derivation."""
+"""KV capacity auto-calculation (docs/behaviour.md §2.5) and MaxModelLen derivation."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def llama8b() -> ModelConfig:
 
 
 def test_worked_example_llama_3_1_8b_h100_tp1(llama8b):
-    """SPEC §2.5 worked example, every step by hand.
+    """docs/behaviour.md §2.5 worked example, every step by hand.
 
     head_dim = 4096 / 32 = 128; kv_heads = 8; kv_dim = 1024.
     KV bytes/token = 32 layers * 2 (K,V) * 128 * 8 * 2 B = 131,072; per block of 16 = 2,097,152.
@@ -48,7 +48,7 @@ def test_worked_example_llama_3_1_8b_h100_tp1(llama8b):
     Allocatable = 77,309,411,328 - 16,060,522,496 - 5.65 * 2^30 (6,066,641,305.6)
                 = 55,182,247,526 B (truncated).
     Blocks = 55,182,247,526 // 2,097,152 = 26,312 (26,312 * 2,097,152 = 55,180,263,424;
-    the remainder 1,984,102 B is less than one block). SPEC says "~26,312".
+    the remainder 1,984,102 B is less than one block). docs/behaviour.md §2.5 says 26,312.
     """
     cap = kv_capacity(llama8b, get_gpu("H100"), tp=1)
     assert cap.kv_bytes_per_token == 131_072

@@ -1,4 +1,4 @@
-"""Roofline step-time model (SPEC §3.1 + A5): hand-derived values and laws.
+"""Roofline step-time model (docs/behaviour.md §3.1 + §A5): hand-derived values and laws.
 
 Every pinned number below is derived in the test from the formula, with plain integer
 arithmetic a reader can redo on paper; the model is then required to agree.
@@ -172,7 +172,7 @@ def test_moe_effective_experts_and_weights() -> None:
 
 
 def test_moe_single_decode_prices_the_two_routed_experts() -> None:
-    """One decode at context 1000 (T = 1 token in the step, SPEC A5 -> nEff = 2).
+    """One decode at context 1000 (T = 1 token in the step, docs/behaviour.md §A5 -> nEff = 2).
 
       bytes = 17_716_740_096 + 131072*(1+1000) + 262144 = 17_848_205_312
               -> / 3.35e12 = 5327.8 us  (memory-bound; FLOPs ~ 2*LIN, tens of us)
@@ -307,7 +307,7 @@ def test_overheads_are_zero() -> None:
 
 
 def reference_step_us(model: ModelConfig, gpu: GPUSpec, tp: int, requests: list) -> int:
-    """Slow, literal SPEC §3.1: one FLOPs/bytes evaluation per request.
+    """Slow, literal docs/behaviour.md §3.1: one FLOPs/bytes evaluation per request.
 
     `requests` is a list of (kind, s, n) with kind "prefill" or "decode" (decode has n=1).
     """

@@ -1,4 +1,4 @@
-"""Anomaly detectors and fairness (SPEC §10.4)."""
+"""Anomaly detectors and fairness (docs/behaviour.md §10.4)."""
 
 from __future__ import annotations
 

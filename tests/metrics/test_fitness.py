@@ -1,4 +1,4 @@
-"""Fitness evaluation (SPEC §6.8): parsing, normalisation, score, printed block."""
+"""Fitness evaluation (docs/behaviour.md §6.8): parsing, normalisation, score, printed block."""
 
 from __future__ import annotations
 
@@ -104,3 +104,74 @@ def test_format():
     payload = json.loads(body)
     assert payload == {"score": 1.25, "components": {"mean_e2e": 0.25, "throughput": 0.5}}
     assert list(payload["components"]) == ["mean_e2e", "throughput"]
+
+
+# ------------------------------------------------------- fitness that cannot be gamed (laws)
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import simulator  # noqa: E402
+
+_ALL = {key: 1.0 for key in FITNESS_KEYS}
+
+
+def _summary(completed: int, offered: int, latency_ms: float, rps: float) -> dict:
+    summary = {"completed_requests": completed, "offered_requests": offered,
+               "injected_requests": completed, "responses_per_sec": rps,
+               "tokens_per_sec": rps * 100}  # fmt: skip
+    for name in ("ttft", "e2e"):
+        for stat in ("mean", "p50", "p99"):
+            summary[f"{name}_{stat}_ms"] = latency_ms if completed else None
+    return summary
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    completed=st.integers(0, 1000),
+    more_rejected=st.integers(0, 1000),
+    offered_extra=st.integers(0, 1000),
+    latency_ms=st.floats(0, 1e6),
+    rps=st.floats(0, 1e4),
+    weights=st.dictionaries(st.sampled_from(FITNESS_KEYS), st.floats(0, 10), min_size=1),
+)
+def test_rejecting_more_never_improves_fitness(
+    completed, more_rejected, offered_extra, latency_ms, rps, weights
+):
+    """All else equal, a run that completes fewer of the same offered requests (it rejected,
+    dropped or timed out more) never scores higher."""
+    offered = completed + offered_extra + more_rejected
+    fewer = max(completed - more_rejected, 0)
+    base = evaluate_fitness(_summary(completed, offered, latency_ms, rps), weights)[0]
+    worse = evaluate_fitness(_summary(fewer, offered, latency_ms, rps), weights)[0]
+    assert worse <= base + 1e-12
+
+
+def test_serving_nobody_scores_zero_and_ranks_last():
+    # The issue's case: a token bucket that rejects all 3,000 requests used to score 2.0 (its
+    # latencies printed as 0 ms), above a run that served everyone (0.285).
+    nobody = evaluate_fitness(_summary(0, 3000, 0.0, 0.0), _ALL)[0]
+    everyone = evaluate_fitness(_summary(3000, 3000, 800.0, 20.0), _ALL)[0]
+    assert nobody == 0.0 < everyone
+
+
+def test_a_run_whose_admission_rejects_everything_scores_zero():
+    result = simulator.simulate(
+        {
+            "latency": {"model": "roofline"},
+            "workload": {"rate": 50, "num_requests": 60},
+            "cluster": {
+                "admission": {
+                    "policy": "token-bucket",
+                    "token_bucket_capacity": 1,
+                    "token_bucket_refill_rate": 0.001,
+                },  # fmt: skip
+                "fitness_weights": "throughput:1,p99_ttft:1",
+            },
+        }
+    )
+    assert result.summary["completed_requests"] == 0
+    assert result.summary["ttft_p99_ms"] is None  # no sample: unknown, not 0
+    assert result.fitness[0] == 0.0
+    assert result.summary["slo_attainment"] == 0.0
+    assert result.steady_state.verdict == "empty"

@@ -102,7 +102,8 @@ def test_prefix_groups_share_token_content():
     reqs = list(WorkloadStream(s, seed=4))
     g = [r for r in reqs if r.prefix_group == "g"]
     h = [r for r in reqs if r.prefix_group == "h"]
-    assert all(r.input_tokens == 64 + 100 for r in g)  # prefix + sampled input (SPEC §9.3)
+    # prefix + sampled input (docs/behaviour.md §9.3)
+    assert all(r.input_tokens == 64 + 100 for r in g)
     assert all(r.input_tokens == 50 + 100 for r in h)  # default prefix length 50
     # 64 shared tokens = 4 full blocks of 16: identical chained hashes, then they diverge.
     first, second = g[0].block_hashes(5, 16), g[1].block_hashes(5, 16)

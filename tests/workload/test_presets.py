@@ -1,4 +1,4 @@
-"""Presets and distribution mode (SPEC §9.1), compose (§12.2) and YAML round trips."""
+"""Presets and distribution mode (docs/behaviour.md §9.1), compose (§12.2) and YAML round trips."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from simulator.workload.presets import (
 )
 from simulator.workload.spec import workload_spec_from_dict
 
-# SPEC §9.1: prefix, prompt mean/sd/min/max, output mean/sd/min/max
+# docs/behaviour.md §9.1: prefix, prompt mean/sd/min/max, output mean/sd/min/max
 TABLE = {
     "chatbot": (0, (256, 100, 2, 800), (256, 100, 1, 1024)),
     "contentgen": (0, (1024, 150, 10, 2048), (1024, 200, 10, 2048)),

@@ -1,4 +1,5 @@
-"""TraceV2/v3 writing and reading, and the ground-truth request CSVs (SPEC §9.5, §12.2)."""
+"""TraceV2/v3 writing and reading, and the ground-truth request CSVs (docs/behaviour.md §9.5,
+§12.2)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from simulator.workload.trace import (
     write_trace,
 )
 
-GROUNDTRUTH = Path(__file__).resolve().parents[3] / "shared" / "groundtruth"
+GROUNDTRUTH = Path(__file__).resolve().parents[2] / "groundtruth"  # shipped with the repository
 GT_REQUESTS = GROUNDTRUTH / "vllm-0.15.1-h100" / "requests"
 
 
@@ -396,7 +397,6 @@ def test_groundtruth_reader(tmp_path):
     assert [r.input_tokens for r in load_requests_file(path)] == [591, 589, 590]
 
 
-@pytest.mark.skipif(not GT_REQUESTS.is_dir(), reason="shared ground-truth data not present")
 def test_groundtruth_reader_on_a_real_run():
     path = sorted(GT_REQUESTS.glob("*llama-2-7b-tp1-codegen.requests.csv"))[0]
     reqs = load_requests_file(path)

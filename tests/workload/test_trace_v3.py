@@ -1,4 +1,4 @@
-"""Traces as BLIS's current `observe` writes them (TraceV2 version 3, SPEC-blis-current §4.5-4.6),
+"""Traces as BLIS's current `observe` writes them (TraceV2 version 3, docs/traces.md),
 the prefix-caching default taken from what the recorded server did, and the replay's client
 (`max_in_flight`) with its default taken from what the recorded client did."""
 

@@ -1,0 +1,162 @@
+"""Did a run reach a steady state, or was its server saturated?
+
+A latency percentile of a saturated run describes only how long the run was: its queue grows
+without bound, so a longer run reports a worse TTFT. Every run is therefore judged
+(docs/results.md#steady-state-verdict) from its requests alone:
+
+- the window is the span of arrivals, less a warm-up (the first WARM_UP_FRACTION of it), split
+  into two halves;
+- the *TTFT trend*: the median time to first token of the requests arriving in each half,
+  where a request that never got a first token (dropped, timed out, rejected, unfinished) counts
+  as infinitely late;
+- the *backlog*: requests that had arrived but not yet received a first token, at the start
+  of the window, at its middle and at its end (the last arrival);
+- offered load (arrivals per second over the arrival span) against achieved throughput
+  (completions per second from the first arrival to the last completion), for the record;
+- what was left at the end: requests still queued or running when the run stopped.
+
+Verdicts: `saturated` when the queue grows — the median TTFT of the second half is at least
+TTFT_GROWTH times the first half's and TTFT_GROWTH_MIN_MS more, or the backlog grew in both
+halves and by more than BACKLOG_GROWTH_MIN (at least BACKLOG_GROWTH_FRACTION of the second
+half's arrivals) in the second; `not steady` when requests were left unfinished at the end
+(a horizon cut the run) or more than LOSS_FRACTION of them timed out or were dropped;
+`empty` when nothing completed; `too short` with fewer than MIN_REQUESTS arrivals in the
+window; `steady` otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..engine.request import RequestState
+
+WARM_UP_FRACTION = 0.1
+MIN_REQUESTS = 30
+TTFT_GROWTH = 1.5
+TTFT_GROWTH_MIN_MS = 200.0
+BACKLOG_GROWTH_MIN = 10
+BACKLOG_GROWTH_FRACTION = 0.05
+LOSS_FRACTION = 0.01
+
+_LOST = (RequestState.DROPPED, RequestState.TIMED_OUT, RequestState.FAILED)
+_UNFINISHED = (RequestState.QUEUED, RequestState.RUNNING, RequestState.CREATED)
+
+
+@dataclass
+class SteadyState:
+    verdict: str  # steady | saturated | not steady | empty | too short
+    reasons: list[str] = field(default_factory=list)
+    offered_rps: float | None = None
+    achieved_rps: float | None = None
+    warm_up_s: float = 0.0
+    ttft_p50_first_half_ms: float | None = None
+    ttft_p50_second_half_ms: float | None = None
+    backlog_at_start: int = 0
+    backlog_at_middle: int = 0
+    backlog_at_end: int = 0
+    unfinished_at_end: int = 0
+    lost_requests: int = 0
+
+    @property
+    def steady(self) -> bool:
+        return self.verdict == "steady"
+
+    def document(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key, value in out.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                out[key] = None  # an infinite median: most of that half never got a token
+        return out
+
+
+def _median_ms(ttft_us: np.ndarray) -> float:
+    return float(np.median(ttft_us)) / 1000 if len(ttft_us) else math.nan
+
+
+def judge(records: Sequence[Any]) -> SteadyState:
+    """The steady-state verdict of a run from its arrived requests (any order); requests
+    that admission rejected never entered a queue and are left out."""
+    from .request_table import request_columns
+
+    cols = request_columns(records, ("arrival_us", "first_token_us", "completion_us"), ("state",))
+    entered = cols["state"] != RequestState.REJECTED  # admission's refusals never queued
+    cols = {name: column[entered] for name, column in cols.items()}
+    arrival, first = cols["arrival_us"], cols["first_token_us"]
+    states = cols["state"]
+    n = len(arrival)
+    completed = states == RequestState.COMPLETED
+    unfinished = int(np.isin(states, _UNFINISHED).sum())
+    lost = int(np.isin(states, _LOST).sum())
+    if not completed.any():
+        return SteadyState("empty", ["no request completed"], unfinished_at_end=unfinished,
+                           lost_requests=lost)  # fmt: skip
+    start, end = int(arrival.min()), int(arrival.max())
+    span_s = (end - start) / 1e6
+    offered = n / span_s if span_s > 0 else None
+    run_s = (int(cols["completion_us"][completed].max()) - start) / 1e6
+    achieved = int(completed.sum()) / run_s if run_s > 0 else None
+    warm_up_us = int((end - start) * WARM_UP_FRACTION)
+    window_start = start + warm_up_us
+    middle = window_start + (end - window_start) // 2
+    state = SteadyState(
+        "steady",
+        offered_rps=offered,
+        achieved_rps=achieved,
+        warm_up_s=warm_up_us / 1e6,
+        unfinished_at_end=unfinished,
+        lost_requests=lost,
+    )
+    # Time to first token, infinite for a request that never got one.
+    ttft = np.where(first >= 0, first - arrival, 0).astype(np.float64)
+    ttft[first < 0] = math.inf
+    first_half = (arrival >= window_start) & (arrival < middle)
+    second_half = (arrival >= middle) & (arrival <= end)
+    in_window = int(first_half.sum() + second_half.sum())
+
+    def backlog(at_us: int) -> int:
+        arrived = arrival <= at_us
+        served = (first >= 0) & (first <= at_us)
+        return int((arrived & ~served).sum())
+
+    state.backlog_at_start = backlog(window_start)
+    state.backlog_at_middle = backlog(middle)
+    state.backlog_at_end = backlog(end)
+    if in_window < MIN_REQUESTS:
+        state.verdict = "too short"
+        state.reasons.append(
+            f"{in_window} requests arrived after the warm-up; at least {MIN_REQUESTS} are needed "
+            "to judge a trend"
+        )
+        return state
+    p1, p2 = _median_ms(ttft[first_half]), _median_ms(ttft[second_half])
+    state.ttft_p50_first_half_ms, state.ttft_p50_second_half_ms = p1, p2
+    if p2 >= TTFT_GROWTH * p1 and p2 - p1 >= TTFT_GROWTH_MIN_MS:
+        state.verdict = "saturated"
+        state.reasons.append(
+            f"median TTFT grew from {p1:,.0f} ms (first half) to {p2:,.0f} ms (second half)"
+            if math.isfinite(p2)
+            else f"median TTFT grew from {p1:,.0f} ms to never (most of the second half got "
+            "no first token)"
+        )
+    grown = state.backlog_at_end - state.backlog_at_middle
+    threshold = max(BACKLOG_GROWTH_MIN, BACKLOG_GROWTH_FRACTION * int(second_half.sum()))
+    if state.backlog_at_middle > state.backlog_at_start and grown > threshold:
+        state.verdict = "saturated"
+        state.reasons.append(
+            f"the backlog (arrived, no first token yet) grew {state.backlog_at_start} → "
+            f"{state.backlog_at_middle} → {state.backlog_at_end} over the window"
+        )
+    if state.verdict == "saturated":
+        return state
+    if unfinished:
+        state.verdict = "not steady"
+        state.reasons.append(f"{unfinished} requests were still queued or running at the end")
+    if lost > LOSS_FRACTION * n:
+        state.verdict = "not steady"
+        state.reasons.append(f"{lost} of {n} requests were dropped, timed out or failed")
+    return state

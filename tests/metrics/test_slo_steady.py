@@ -1,0 +1,151 @@
+"""SLO attainment, goodput and the steady-state verdict (docs/results.md): laws on random
+small runs, and hand-built cases whose answers can be read off."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simulator
+from simulator.engine.request import RequestState
+from simulator.metrics.slo import SloPolicy, SloTargets, slo_report
+from simulator.metrics.steady import judge
+from tests.specs import CAPACITY_25_RPS
+
+# tests/specs.py: a GPU-independent server of exactly 25 req/s.
+CAPACITY_RPS = 25.0
+BASE = {k: v for k, v in CAPACITY_25_RPS.items() if k != "workload"}
+
+
+def _run(rate: float, n: int, slo: dict | None = None, **workload) -> simulator.Result:
+    scenario = {
+        **BASE,
+        "workload": {
+            "arrival": "poisson",
+            "rate": rate,
+            "num_requests": n,
+            "prompt_tokens": {"distribution": "constant", "value": 16},
+            "output_tokens": {"distribution": "constant", "value": 4},
+            **workload,
+        },
+    }
+    if slo:
+        scenario["slo"] = slo
+    return simulator.simulate(scenario)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    load=st.floats(0.05, 4.0),
+    n=st.integers(1, 150),
+    ttft_ms=st.one_of(st.none(), st.floats(1, 5_000)),
+    e2e_ms=st.one_of(st.none(), st.floats(1, 5_000)),
+    itl_ms=st.one_of(st.none(), st.floats(1, 50)),
+    timeout_us=st.one_of(st.none(), st.integers(50_000, 2_000_000)),
+)
+def test_goodput_and_attainment_laws(load, n, ttft_ms, e2e_ms, itl_ms, timeout_us):
+    slo = {k: v for k, v in (("ttft_ms", ttft_ms), ("e2e_ms", e2e_ms), ("itl_ms", itl_ms)) if v}
+    extra = {"timeout_us": timeout_us} if timeout_us else {}
+    result = _run(load * CAPACITY_RPS, n, slo, **extra)
+    s = result.summary
+    assert 0.0 <= s["slo_attainment"] <= 1.0
+    assert s["goodput_rps"] <= s["responses_per_sec"] + 1e-9
+    assert s["goodput_tokens_per_s"] <= s["tokens_per_sec"] + 1e-9
+    assert result.slo["met_requests"] <= s["completed_requests"] <= result.slo["offered_requests"]
+    assert result.slo["offered_requests"] == n
+    if not slo:  # no targets: every completed request meets them
+        assert result.slo["met_requests"] == s["completed_requests"]
+    if s["completed_requests"] == 0:
+        assert s["ttft_p99_ms"] is None and s["e2e_mean_ms"] is None
+
+
+@settings(max_examples=10, deadline=None)
+@given(overload=st.floats(2.0, 6.0), n=st.integers(300, 600))
+def test_a_saturated_run_is_never_reported_steady(overload, n):
+    result = _run(overload * CAPACITY_RPS, n)
+    assert result.steady_state.verdict == "saturated"
+    assert result.summary["steady_state"] == "saturated"
+    assert result.steady_state.reasons
+
+
+def test_a_lightly_loaded_run_is_steady():
+    result = _run(0.3 * CAPACITY_RPS, 400)
+    verdict = result.steady_state
+    assert verdict.verdict == "steady", verdict.reasons
+    assert verdict.offered_rps == pytest.approx(7.5, rel=0.2)
+    assert verdict.achieved_rps == pytest.approx(verdict.offered_rps, rel=0.1)
+
+
+def test_a_run_cut_by_the_horizon_is_not_steady():
+    # 20 output tokens: 0.2 s per request, 5 req/s of capacity against 4 req/s offered, so
+    # the run keeps up, but the horizon (9.9 s) stops it with the 9.75 s arrival in flight.
+    result = simulator.simulate(
+        {
+            **BASE,
+            "horizon_us": 9_900_000,
+            "workload": {
+                "arrival": "constant",
+                "rate": 4,
+                "num_requests": 60,
+                "prompt_tokens": {"distribution": "constant", "value": 16},
+                "output_tokens": {"distribution": "constant", "value": 20},
+            },
+        }  # fmt: skip
+    )
+    assert result.summary["still_queued"] + result.summary["still_running"] > 0
+    assert result.steady_state.verdict == "not steady"
+    assert "still queued or running at the end" in result.steady_state.reasons[-1]
+
+
+def _req(arrival_us, ttft_us=None, e2e_us=None, tokens=4, state=RequestState.COMPLETED, cls=""):
+    first = arrival_us + ttft_us if ttft_us is not None else -1
+    done = arrival_us + e2e_us if e2e_us is not None else -1
+    return SimpleNamespace(
+        arrival_us=arrival_us, first_token_us=first, last_token_us=done, completion_us=done,
+        generated_tokens=tokens, state=state, slo_class=cls,
+    )  # fmt: skip
+
+
+def test_slo_report_by_hand():
+    # Four requests over a 2 s run; targets TTFT 100 ms, E2E 400 ms; class "batch" has none.
+    # r0 meets (50/300 ms); r1 misses TTFT (150 ms); r2 times out; r3 ("batch") meets anything.
+    # ITL of r0 = (300 - 50) ms / 3 gaps = 83.3 ms: no ITL target, so it does not matter.
+    requests = [
+        _req(0, 50_000, 300_000),
+        _req(10_000, 150_000, 350_000),
+        _req(20_000, state=RequestState.TIMED_OUT),
+        _req(30_000, 900_000, 1_900_000, tokens=10, cls="batch"),
+    ]
+    policy = SloPolicy(SloTargets(ttft_ms=100, e2e_ms=400), {"batch": SloTargets()})
+    batch_policy = policy.targets("batch")
+    assert batch_policy == SloTargets(ttft_ms=100, e2e_ms=400)  # unset fields fall back
+    policy = SloPolicy(
+        SloTargets(ttft_ms=100, e2e_ms=400), {"batch": SloTargets(ttft_ms=1e9, e2e_ms=1e9)}
+    )
+    report = slo_report(requests, policy, duration_s=2.0)
+    assert (report["offered_requests"], report["met_requests"]) == (4, 2)
+    assert report["slo_attainment"] == 0.5
+    assert report["goodput_rps"] == 1.0  # 2 met / 2 s
+    assert report["goodput_tokens_per_s"] == 7.0  # (4 + 10) tokens / 2 s
+    assert report["per_class"]["default"]["slo_attainment"] == pytest.approx(1 / 3)
+    assert report["per_class"]["batch"]["slo_attainment"] == 1.0
+    itl = SloPolicy(SloTargets(itl_ms=80))
+    assert slo_report(requests[:1], itl, 1.0)["met_requests"] == 0  # 83.3 ms > 80
+
+
+def test_judge_by_hand():
+    # 200 arrivals 10 ms apart (2 s). Steady: every TTFT 20 ms.
+    steady = [_req(i * 10_000, 20_000, 60_000) for i in range(200)]
+    assert judge(steady).verdict == "steady"
+    # Growing queue: request i waits 5 ms more than i-1 (TTFT 0 -> 1 s).
+    growing = [_req(i * 10_000, i * 5_000, i * 5_000 + 40_000) for i in range(200)]
+    verdict = judge(growing)
+    assert verdict.verdict == "saturated"
+    assert verdict.ttft_p50_second_half_ms > 1.5 * verdict.ttft_p50_first_half_ms
+    assert judge([_req(0, state=RequestState.DROPPED)]).verdict == "empty"
+    assert judge(steady[:20]).verdict == "too short"
+    rejected = steady + [_req(2_000_000 + i, state=RequestState.REJECTED) for i in range(500)]
+    assert judge(rejected).verdict == "steady"  # refusals never queued

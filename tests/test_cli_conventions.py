@@ -1,0 +1,227 @@
+"""The command line follows the conventions of typer/click tools (docs/cli.md, Conventions):
+every flag has help, `-h` works everywhere, `--version` prints the version, on/off flags come
+as `--x/--no-x`, renamed flags keep their old name, and `run`'s progress bar knows its total.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from importlib.metadata import version
+from typing import Any
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from simulator.cli import app
+
+runner = CliRunner()
+
+
+def commands() -> dict[str, Any]:
+    """Every command, by its path ("run", "convert preset", ...), and the app itself ("")."""
+    found: dict[str, Any] = {}
+
+    def walk(node: Any, path: list[str]) -> None:
+        found[" ".join(path)] = node
+        for name, sub in getattr(node, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+COMMANDS = commands()
+OPTIONS = [
+    (path, param)
+    for path, command in COMMANDS.items()
+    for param in command.params
+    if param.param_type_name == "option"
+]
+
+
+def option_id(item: tuple[str, Any]) -> str:
+    path, param = item
+    return f"{path or 'servesim'} {param.opts[0]}"
+
+
+@pytest.mark.parametrize("item", OPTIONS, ids=[option_id(o) for o in OPTIONS])
+def test_every_option_has_help(item):
+    _, param = item
+    assert param.help and param.help.strip(), option_id(item)
+
+
+def test_every_command_is_covered():
+    names = set(COMMANDS)
+    for expected in ("run", "replay", "validate", "calibrate", "sweep", "plan", "observe"):
+        assert expected in names
+    assert "convert preset" in names
+    assert len(OPTIONS) > 150
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS), ids=lambda p: p or "servesim")
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_flags_work_everywhere(path, flag):
+    res = runner.invoke(app, [*path.split(), flag])
+    assert res.exit_code == 0, res.output
+    assert "Usage:" in res.stdout
+    assert "-h" in res.stdout and "--help" in res.stdout
+
+
+def test_version_prints_the_package_version():
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0
+    assert res.stdout == f"servesim {version('servesim')}\n"
+
+
+def test_help_states_units_of_the_latency_flags():
+    helps = {p.opts[0]: p.help for p in COMMANDS["run"].params if p.param_type_name == "option"}
+    assert "µs" in helps["--kv-transfer-base-latency"]
+    assert re.search(r"\bms\b", helps["--pd-transfer-base-latency"])
+    assert re.search(r"\bs\b", helps["--loading-delay-s"])
+    for flag in ("--horizon", "--admission-latency", "--routing-latency", "--timeout-us"):
+        assert "µs" in helps[flag], flag
+
+
+# ------------------------------------------------------------------------ on/off flags
+
+ON_OFF = {
+    # flag -> (scenario field it sets, value of --flag)
+    "--kv-reload-blocking": ("engine.kv_reload_blocking", True),
+    "--summarize-trace": ("cluster.trace.summarize", True),
+    "--retry-on-failure": ("instance_lifecycle.retry_on_failure", True),
+    "--check-invariants": ("check_invariants", True),
+}
+
+
+def parsed_flags(args: list[str]) -> dict[str, Any]:
+    """The flags `run ARGS` passes to its body (parsing only, no simulation)."""
+    command = COMMANDS["run"]
+    with command.make_context("run", list(args)) as ctx:
+        return dict(ctx.params)
+
+
+@pytest.mark.parametrize("flag", sorted(ON_OFF))
+def test_on_off_flag_accepts_both_forms(flag):
+    from simulator.cli_app import _overrides
+
+    field, on = ON_OFF[flag]
+    name = flag[2:]
+    assert _overrides(parsed_flags([flag])).get(field) is on
+    assert _overrides(parsed_flags([f"--no-{name}"])).get(field) is (not on)
+    assert field not in _overrides(parsed_flags([]))
+
+
+def test_autoscaler_flag_pair():
+    from simulator.cli_app import _overrides
+
+    assert _overrides(parsed_flags(["--no-autoscaler"]))["autoscaler"] == []
+    assert "autoscaler" not in _overrides(parsed_flags(["--autoscaler"]))
+    assert "autoscaler" not in _overrides(parsed_flags([]))
+
+
+def test_every_boolean_option_is_a_pair_or_a_plain_switch():
+    plain = {"--quiet", "--version", "--record-itl", "--unconstrained-output"}
+    plain |= {"--include-overloaded", "--fail-if-no-improvement"}
+    for path, param in OPTIONS:
+        if param.is_flag and not param.secondary_opts:
+            assert param.opts[0] in plain, (path, param.opts)
+
+
+@pytest.mark.parametrize("value", ["on", "off", "true", "false", "TRUE", "Off"])
+def test_pd_transfer_contention_takes_a_value(value):
+    from simulator.cli_app import _overrides
+
+    overrides = _overrides(parsed_flags(["--pd-transfer-contention", value]))
+    assert overrides["cluster.pd.transfer_contention"] is (value.lower() in ("on", "true"))
+    blis = _overrides(parsed_flags([f"--pd-transfer-contention={value}"]))
+    assert blis["cluster.pd.transfer_contention"] == overrides["cluster.pd.transfer_contention"]
+
+
+def test_pd_transfer_contention_refuses_other_values():
+    res = runner.invoke(app, ["run", "--num-requests", "3", "--pd-transfer-contention", "yes"])
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [
+        "error: --pd-transfer-contention: invalid value 'yes'; valid: on, off, true, false"
+    ]
+
+
+def test_an_on_off_flag_runs_end_to_end():
+    for flag in ("--check-invariants", "--no-check-invariants"):
+        res = runner.invoke(app, ["run", "--num-requests", "5", flag, "-q"])
+        assert res.exit_code == 0, res.stderr
+        assert '"completed_requests": 5' in res.stdout
+
+
+# ------------------------------------------------------------------------ renamed flags
+
+
+def test_loading_delay_old_name_is_a_hidden_alias():
+    from simulator.cli_app import _overrides
+
+    field = "instance_lifecycle.loading_delay.mean_s"
+    assert _overrides(parsed_flags(["--loading-delay-s", "7"]))[field] == 7
+    assert _overrides(parsed_flags(["--loading-delay", "7"]))[field] == 7
+    (old,) = [p for p in COMMANDS["run"].params if "--loading-delay" in p.opts]
+    assert old.hidden
+    res = runner.invoke(app, ["run", "--loading-delay", "1", "--loading-delay-s", "2"])
+    assert res.exit_code == 2
+    assert "--loading-delay-s" in res.stderr
+
+
+@pytest.mark.parametrize("path", ["run", "replay", "validate", "sweep", "plan", "observe"])
+def test_simulating_commands_have_quiet(path):
+    names = {n for p in COMMANDS[path].params for n in getattr(p, "opts", [])}
+    assert {"--quiet", "-q"} <= names
+
+
+# ------------------------------------------------------------------------ progress
+
+
+CLIENT = {
+    "id": "a",
+    "rate_fraction": 1,
+    "arrival": {"process": "poisson"},
+    "input_distribution": {"type": "constant", "params": {"value": 10}},
+    "output_distribution": {"type": "constant", "params": {"value": 10}},
+}
+
+
+def test_expected_requests_of_a_run():
+    from simulator.api import as_scenario
+    from simulator.cli_app import expected_requests
+
+    assert expected_requests(as_scenario({"workload": {"num_requests": 37}})) == 37
+    v2 = {"workload": {"aggregate_rate": 5, "num_requests": 12, "clients": [CLIENT]}}
+    assert expected_requests(as_scenario(v2)) == 12
+    horizon_only = {
+        "horizon_us": 10_000_000,
+        "workload": {"aggregate_rate": 5, "clients": [CLIENT]},
+    }
+    assert expected_requests(as_scenario(horizon_only)) is None
+
+
+def test_expected_requests_of_a_trace_is_its_rows(tmp_path):
+    from simulator.api import as_scenario
+    from simulator.cli_app import expected_requests
+
+    data = tmp_path / "requests.csv"
+    data.write_text(
+        "index,arrival_time_us,input_tokens,output_tokens\n0,0,10,10\n1,5,10,10\n2,9,10,10\n\n"
+    )
+    assert expected_requests(as_scenario({"trace": {"data": str(data)}})) == 3
+
+
+def test_progress_bar_shows_the_total():
+    from rich.console import Console
+
+    from simulator.api import as_scenario
+    from simulator.cli_app import _simulate_with_progress
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    sc = as_scenario({"workload": {"num_requests": 40, "rate": 2}})  # 20 s of arrivals
+    result = _simulate_with_progress(sc, console=console)
+    assert result.summary["completed_requests"] == 40
+    assert re.search(r"\d+/40", out.getvalue()), out.getvalue()[-500:]
