@@ -221,3 +221,20 @@ def test_cheap_readme_commands_run(name, monkeypatch):
     assert res.exit_code == 0, (args, res.stderr)
     assert res.stdout.startswith("=== Simulation Metrics ===\n"), res.stdout[:200]
     assert '"completed_requests": 50' in res.stdout
+
+
+def test_the_repository_stands_alone() -> None:
+    """Nothing a user reads or runs points outside the repository (issue 28): no sibling
+    `../shared` folder, no external SPEC — servesim's own reference is docs/behaviour.md."""
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"\.\./shared|SPEC\.md|SPEC §")
+    places = [root / "README.md"]
+    for folder in ("docs", "notebooks", "simulator", "scenarios"):
+        places += [p for p in (root / folder).rglob("*") if p.is_file()]
+    offenders = [
+        str(p.relative_to(root))
+        for p in places
+        if p.suffix in (".md", ".py", ".ipynb", ".yaml", ".yml", ".json", ".txt")
+        and pattern.search(p.read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert offenders == []
