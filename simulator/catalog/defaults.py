@@ -218,7 +218,9 @@ def load_defaults_file(path: str | Path) -> DefaultsFile:
 def bundled_defaults() -> DefaultsFile:
     """The defaults.yaml shipped in simulator/catalog/data, parsed once per process."""
     text = resources.files("simulator.catalog").joinpath("data/defaults.yaml").read_text()
-    return _parse(yaml.safe_load(text), "defaults.yaml")
+    # Our own file: libyaml's safe loader when present (8x faster; most of a run's start-up).
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return _parse(yaml.load(text, Loader=loader), "defaults.yaml")  # noqa: S506 - a safe loader
 
 
 def _id_matches(query: str, entry_id: str) -> bool:

@@ -14,15 +14,17 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ..atomic_io import atomic_open
 from ..engine.request import Request
 from ..errors import invalid
 from .routing import RoutingDecision
 from .snapshot import InstanceSnapshot
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 TRACE_LEVELS = ("none", "decisions")
 
@@ -160,6 +162,8 @@ class DecisionTrace:
         return "\n".join(lines)
 
     def admissions_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         cols = ["request_id", "clock_ms", "admitted", "reason"]
         rows = [
             (a["request_id"], a["clock_us"] / 1000, a["admitted"], a["reason"])
@@ -169,6 +173,8 @@ class DecisionTrace:
 
     def routings_frame(self) -> pd.DataFrame:
         """One row per routing decision; `best` is the top counterfactual candidate (k > 0)."""
+        import pandas as pd
+
         cols = ["request_id", "clock_ms", "chosen", "reason", "best", "regret", "scores"]
         rows = [
             (

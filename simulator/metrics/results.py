@@ -12,13 +12,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from ..engine.batching import VLLMEngine
 from ..engine.request import Request, RequestState
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 SUMMARY_HEADER = "=== Simulation Metrics ==="
 PER_SLO_HEADER = "=== Per-SLO Metrics ==="
@@ -257,8 +260,15 @@ def mean_itl_ms(r: Request) -> float:
     return 0.0
 
 
+def _mean_queue_length(engine: VLLMEngine) -> float:
+    queue = engine.steps.queue_length
+    return float(np.mean(queue)) if len(queue) else 0.0
+
+
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
     """One row per request; timestamps in µs (exact), latencies in ms."""
+
+    import pandas as pd
 
     def opt(value: int) -> int | None:
         return value if value >= 0 else None
@@ -354,6 +364,8 @@ TIMESTAMP_COLUMNS = [
 
 
 def steps_frame(engines: list[VLLMEngine], instance_ids: list[str]) -> pd.DataFrame:
+    import pandas as pd
+
     frames = []
     for eng, iid in zip(engines, instance_ids, strict=True):
         s = eng.steps
@@ -501,6 +513,8 @@ class Result:
     @cached_property
     def instances(self) -> pd.DataFrame:
         """One row per instance: routed, completed, tokens, batch size, KV use, cache hits."""
+        import pandas as pd
+
         rows = []
         for i, (iid, eng) in enumerate(zip(self.instance_ids, self.engines, strict=True)):
             steps = eng.steps
@@ -514,7 +528,7 @@ class Result:
                     "output_tokens": eng.total_output_tokens,
                     "steps": n_steps,
                     "mean_batch_size": float(np.mean(steps.batch_size)) if n_steps else 0.0,
-                    "mean_queue_length": float(np.mean(steps.queue_length)) if n_steps else 0.0,
+                    "mean_queue_length": _mean_queue_length(eng),
                     "mean_kv_utilization": float(np.mean(steps.kv_used_blocks))
                     / eng.kv.total_blocks
                     if n_steps
@@ -531,6 +545,8 @@ class Result:
     @cached_property
     def transfers(self) -> pd.DataFrame:
         """One row per KV transfer (PD): request, instances, bytes and timing (µs)."""
+        import pandas as pd
+
         columns = [
             "request_id",
             "prefill_instance",
@@ -609,9 +625,12 @@ class Result:
         from .anomalies import hol_blocking_instances, priority_inversions
 
         policy = self.scenario.get("engine", {}).get("priority_policy", "constant")
-        mean_queue = dict(
-            zip(self.instances.instance_id, self.instances.mean_queue_length, strict=True)
-        )
+        # From the engines directly: building the instances DataFrame would import pandas,
+        # which a run that prints its report never needs.
+        mean_queue = {
+            iid: _mean_queue_length(eng)
+            for iid, eng in zip(self.instance_ids, self.engines, strict=True)
+        }
         return {
             "priority_inversions": priority_inversions(self.request_records, policy),
             "hol_blocking_events": len(hol_blocking_instances(mean_queue)),

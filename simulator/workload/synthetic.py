@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import unknown
 from ..scenario import LengthSpec, SyntheticWorkload
-from .presets import DISTRIBUTION_DEFAULTS, PRESETS, distribution_spec
+from .presets import DISTRIBUTION_DEFAULTS, distribution_spec, presets
 from .spec import WorkloadSpec, workload_spec_from_dict
 
 
@@ -27,9 +27,10 @@ def _gaussian_flags(spec: LengthSpec | None, base: dict[str, Any], which: str) -
 
 def synthetic_to_spec(workload: SyntheticWorkload) -> WorkloadSpec:
     name = workload.preset
-    if name is not None and name != "distribution" and name not in PRESETS:
-        raise unknown("workload preset", name, [*PRESETS, "distribution"])
-    base = PRESETS.get(name or "", DISTRIBUTION_DEFAULTS)
+    known = presets()
+    if name is not None and name != "distribution" and name not in known:
+        raise unknown("workload preset", name, [*known, "distribution"])
+    base = known.get(name or "", DISTRIBUTION_DEFAULTS)
     spec = distribution_spec(
         workload.rate,
         workload.num_requests,
@@ -37,7 +38,7 @@ def synthetic_to_spec(workload: SyntheticWorkload) -> WorkloadSpec:
         **_gaussian_flags(workload.output_tokens, base, "output"),
         prefix_tokens=workload.prefix_tokens or int(base.get("prefix_tokens") or 0),
         arrival=workload.arrival,
-        client_id=f"preset-{name}" if name in PRESETS else "distribution",
+        client_id=f"preset-{name}" if name in known else "distribution",
     )
     data = spec.model_dump(exclude_none=True)
     client = data["clients"][0]
