@@ -12,6 +12,10 @@ pays per run and its peak memory is the process's peak resident set size (import
     .venv/bin/python benchmarks/run.py --before-tree /tmp/before \
         --baseline benchmarks/baseline.csv --markdown docs/performance.md
                                         # before and after, alternating run by run
+    .venv/bin/python benchmarks/run.py --whole-process --blis-mar PATH/TO/mar/blis \
+        --blis-current PATH/TO/current/blis --pairs 5
+                                        # servesim and BLIS as whole processes, A B A B
+                                        # (benchmarks/whole_process.py)
 
 Results go to a CSV (--csv, default benchmarks/results.csv). With --baseline (a CSV written
 by an earlier run, e.g. on the commit before a speed change) the markdown table shows both.
@@ -311,13 +315,13 @@ TABLE_BEGIN = "<!-- benchmarks/run.py table: begin -->"
 TABLE_END = "<!-- benchmarks/run.py table: end -->"
 
 
-def update_markdown(path: Path, table: str) -> None:
+def update_markdown(path: Path, table: str, begin: str = TABLE_BEGIN, end: str = TABLE_END) -> None:
     """Replace the generated table between the markers (or append it) in `path`."""
     text = path.read_text() if path.exists() else ""
-    block = f"{TABLE_BEGIN}\n{table}\n{TABLE_END}"
-    if TABLE_BEGIN in text and TABLE_END in text:
-        head, rest = text.split(TABLE_BEGIN, 1)
-        tail = rest.split(TABLE_END, 1)[1]
+    block = f"{begin}\n{table}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + block + tail
     else:
         text = text + ("\n" if text else "") + block + "\n"
@@ -332,9 +336,26 @@ def _print_row(row: dict, label: str) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+WHOLE_PROCESS_HELP = """whole processes:
+  run.py --whole-process --blis-mar PATH [--blis-current PATH] [--pairs 5] [--cases a c d]
+  Each PATH is a BLIS binary, run in its own folder (it reads defaults.yaml and
+  hardware_config.json there)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run.py",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=WHOLE_PROCESS_HELP,
+    )
+    parser.add_argument(
+        "--cases",
+        nargs="*",
+        default=None,
+        choices=list(CASES),
+        help="cases to run (default: all; with --whole-process: a c d)",
+    )
     parser.add_argument("--repeat", type=int, default=None, help="runs per case (median)")
     parser.add_argument("--csv", type=Path, default=HERE / "results.csv")
     parser.add_argument("--baseline", type=Path, default=None, help="CSV of an earlier run")
@@ -346,10 +367,148 @@ def main() -> None:
         help="another checkout (e.g. a git worktree of an older commit): run each case on it "
         "and on this one alternately, write its figures to --baseline and compare",
     )
+    whole = parser.add_argument_group("whole processes, side by side with BLIS (--whole-process)")
+    whole.add_argument(
+        "--whole-process",
+        action="store_true",
+        help="time servesim and BLIS's binaries as whole processes, alternating",
+    )
+    whole.add_argument(
+        "--blis-mar", type=Path, default=None, metavar="PATH", help="BLIS-Mar binary (required)"
+    )
+    whole.add_argument(
+        "--blis-current", type=Path, default=None, metavar="PATH", help="current BLIS binary"
+    )
+    whole.add_argument("--pairs", type=int, default=5, help="rounds per case (default 5)")
+    whole.add_argument(
+        "--out",
+        type=Path,
+        default=HERE / "whole_process.json",
+        help="report file: JSON here, CSV beside it (default benchmarks/whole_process.json)",
+    )
+    whole.add_argument(
+        "--servesim",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="servesim executable (default: the one next to this Python)",
+    )
+    whole.add_argument(
+        "--startup-runs",
+        type=int,
+        default=10,
+        help="runs of `--help` and of a 1-request run per program (median; 0 = skip)",
+    )
+    whole.add_argument(
+        "--no-parity", action="store_true", help="skip the replay parity check against BLIS-Mar"
+    )
+    whole.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the cases' request counts (trials)"
+    )
+    return parser
+
+
+WHOLE_TABLE_BEGIN = "<!-- benchmarks/run.py --whole-process table: begin -->"
+WHOLE_TABLE_END = "<!-- benchmarks/run.py --whole-process table: end -->"
+
+
+def _fail(parser: argparse.ArgumentParser, message: str) -> None:
+    """Exit with a one-line error (no usage block)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Option combinations and the BLIS binaries' paths; exits with a one-line error."""
+    wp = _whole_process()
+    given = [
+        flag
+        for flag, value in (
+            ("--blis-mar", args.blis_mar),
+            ("--blis-current", args.blis_current),
+            ("--servesim", args.servesim),
+        )
+        if value is not None
+    ]
+    if not args.whole_process:
+        if given:
+            _fail(parser, f"{given[0]} needs --whole-process")
+        if args.cases is None:
+            args.cases = list(CASES)
+        return
+    if args.before_tree is not None:
+        _fail(parser, "--whole-process and --before-tree do not combine")
+    if args.blis_mar is None:
+        _fail(parser, "--whole-process needs --blis-mar PATH (the BLIS-Mar binary)")
+    for flag, path in (
+        ("--blis-mar", args.blis_mar),
+        ("--blis-current", args.blis_current),
+        ("--servesim", args.servesim),
+    ):
+        if path is not None and (why := wp.check_binary(path)):
+            _fail(parser, f"{flag}: {why}")
+    if args.pairs < 1:
+        _fail(parser, "--pairs must be at least 1")
+    if args.startup_runs < 0:
+        _fail(parser, "--startup-runs must be 0 or more")
+    if args.scale <= 0:
+        _fail(parser, "--scale must be positive")
+    if args.cases is None:
+        args.cases = list(wp.DEFAULT_CASES)
+    other = [c for c in args.cases if c not in wp.CASES]
+    if other:
+        _fail(
+            parser,
+            f"--whole-process runs cases {', '.join(wp.CASES)}; not {', '.join(other)}",
+        )
+
+
+def _whole_process():
+    """benchmarks/whole_process.py (this script's helper), imported from this folder."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import whole_process
+
+    return whole_process
+
+
+def main_whole_process(args: argparse.Namespace) -> dict:
+    wp = _whole_process()
+    programs = [wp.servesim_program(args.servesim), wp.blis_program(wp.MAR, args.blis_mar)]
+    if args.blis_current is not None:
+        programs.append(wp.blis_program(wp.CURRENT, args.blis_current))
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    report = wp.run(
+        programs,
+        args.cases,
+        args.pairs,
+        args.startup_runs,
+        parity=not args.no_parity,
+        scale=args.scale,
+        log=log,
+    )
+    json_path, csv_path = wp.write_outputs(report, args.out)
+    wp.print_report(report, log)
+    if args.markdown:
+        update_markdown(
+            args.markdown, wp.markdown_table(report), WHOLE_TABLE_BEGIN, WHOLE_TABLE_END
+        )
+    print(f"\nJSON: {json_path}, CSV: {csv_path}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_case_here(args.child)))
+        return
+    check_args(parser, args)
+    if args.whole_process:
+        main_whole_process(args)
         return
     if args.before_tree is not None and args.baseline is None:
         parser.error("--before-tree needs --baseline (the CSV its figures go to)")

@@ -161,6 +161,15 @@ def register(app: typer.Typer) -> None:
                 "NAME.yaml + NAME.csv pairs (repeatable)",
             ),
         ] = None,
+        quiet: Annotated[
+            bool,
+            typer.Option(
+                "--quiet",
+                "-q",
+                help="no progress lines on stderr (the start, each round, 'wrote'); warnings "
+                "and errors still go there",
+            ),
+        ] = False,
         sim_trace: Annotated[
             Path | None,
             typer.Option(
@@ -328,14 +337,15 @@ def register(app: typer.Typer) -> None:
                 _, held = cal.split_holdout(cases, holdout)  # bad names fail before a replay
                 version = vllm_version or cal.common_version(cases)
                 start_c, start_source = cal.resolve_start(start, cases, version)
-                typer.echo(f"calibrate: starting from {start_source}", err=True)
+                if not quiet:
+                    typer.echo(f"calibrate: starting from {start_source}", err=True)
                 if held and start_source.startswith("shipped"):
                     _note_dependent_holdout(cal, cases, held, version)
                 result = cal.fit(
                     cases,
                     start=start_c,
                     rounds=rounds,
-                    on_round=lambda r: typer.echo(format_round(r), err=True),
+                    on_round=None if quiet else lambda r: typer.echo(format_round(r), err=True),
                     workers=workers,
                     holdout=holdout,
                     vllm_version=version,
@@ -343,7 +353,7 @@ def register(app: typer.Typer) -> None:
                     prior=prior,
                 )
             best = max((r for r in result.history if r.kept), key=lambda r: r.round)
-            if result.improved:
+            if result.improved and not quiet:
                 typer.echo(
                     f"calibrate: kept round {best.round} ({best.step:.2f} of its step): score "
                     f"{result.start_score:.4g} -> {result.score:.4g}"
@@ -364,7 +374,7 @@ def register(app: typer.Typer) -> None:
                     err=True,
                 )
                 unchanged.append(True)
-            if output is not None:
+            if output is not None and not quiet:
                 typer.echo(f"wrote {output}", err=True)
             if len(cases) == 1 and cases[0].trace_header is not None:
                 _report_one(cases[0], result, rtt_ms, network_bandwidth_mbps)

@@ -69,6 +69,14 @@ def register(app: typer.Typer) -> None:
                 "meeting the per-request targets derived from --slo, 0 to 1",
             ),
         ] = 0.99,
+        saturation_rate: Annotated[
+            bool,
+            typer.Option(
+                "--saturation-rate",
+                help="also find, per GPU, the largest request rate (req/s) one instance "
+                "sustains while passing (bisection; about 6 more probes per GPU)",
+            ),
+        ] = False,
         gpu: Annotated[
             list[str] | None,
             typer.Option("--gpu", help="GPU type to consider; repeatable (default: scenario's)"),
@@ -118,6 +126,7 @@ def register(app: typer.Typer) -> None:
                 max_instances=max_instances,
                 min_goodput=min_goodput,
                 min_attainment=min_attainment,
+                saturation_rate=saturation_rate,
                 workers=workers,
                 prices=prices,
                 progress=None if quiet else progress,

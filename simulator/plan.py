@@ -358,6 +358,7 @@ def plan(
     prices: Mapping[str, float] | None = None,
     progress: ProbeCallback | None = None,
     min_attainment: float = DEFAULT_MIN_ATTAINMENT,
+    saturation_rate: bool = False,
 ) -> PlanResult:
     """For each GPU (default: the scenario's own), the fewest instances whose every seed
     passes: the run reached a steady state, at least `min_attainment` of the offered requests
@@ -474,6 +475,30 @@ def plan(
                     return True
             return False
 
+        def rate_per_instance(gpu_sc: Scenario = gpu_sc) -> float:
+            """The largest offered rate one instance sustains while passing, by bisection
+            between 0 and the scenario's own rate (SATURATION_STEPS halvings); NaN when it is
+            not found (a trace, a disaggregated scenario, or nothing passes)."""
+            full = _offered_rate(gpu_sc)
+            if full is None or disaggregated:
+                return math.nan
+
+            def passes(rate: float) -> bool:
+                point = with_overrides(
+                    gpu_sc, {"cluster.num_instances": 1}, {"workload.rate": rate},
+                    source=f"plan: saturation rate {rate:g}",
+                )  # fmt: skip
+                res = sweep(point, {}, seeds=seed_list, workers=workers)
+                return judge_probe(res.runs, bounds, min_attainment, min_goodput)[0]
+
+            if passes(full):
+                return full
+            lo, hi = 0.0, full
+            for _ in range(SATURATION_STEPS):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+            return lo if lo > 0 else math.nan
+
         found = (
             _search(probe, max_instances)
             if not disaggregated
@@ -502,6 +527,11 @@ def plan(
                 "total_gpus": found * tp if found is not None else math.nan,
                 "cost_per_hour_usd": found * tp * price if found is not None else math.nan,
                 "margin": _margin(chosen, bounds) if chosen else math.nan,
+                **(
+                    {"saturation_rps_per_instance": rate_per_instance(gpu_sc)}
+                    if saturation_rate
+                    else {}
+                ),
                 "latency_model": provenance[gpu]["latency_model"],
                 "evidence": evidence(provenance[gpu]),
             }
@@ -548,6 +578,23 @@ def plan(
         run_requests=run_requests,
         notes=notes,
     )
+
+
+# Halvings of the search for the rate one instance sustains (precision: rate / 2^steps).
+SATURATION_STEPS = 5
+
+
+def _offered_rate(sc: Scenario) -> float | None:
+    """The scenario's aggregate request rate (req/s), None for a trace or sessions."""
+    from .api import workload_spec_of
+
+    if sc.trace is not None:
+        return None
+    try:
+        rate = workload_spec_of(sc).aggregate_rate
+    except (ConfigError, AttributeError):
+        return None
+    return float(rate) if rate else None
 
 
 def _num_requests(sc: Scenario) -> int | None:

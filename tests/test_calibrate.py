@@ -654,3 +654,14 @@ def test_cli_calibrates_a_real_blis_observe_cell_unchanged(tmp_path: Path) -> No
     )
     assert run.summary["completed_requests"] == 5
     assert run.latency_provenance["coefficients"] == f"given (file {str(out)!r})"
+
+
+def test_cli_quiet_keeps_stderr_for_warnings_only(tmp_path: Path) -> None:
+    folder = Path(__file__).parent / "data" / "observe_v3"
+    out = tmp_path / "fit.yaml"
+    args = ["calibrate", str(folder), "--rounds", "1", "--workers", "1", "--output", str(out)]
+    result = CliRunner().invoke(app, [*args, "-q"])
+    assert result.exit_code == 0, result.output
+    assert "starting from" not in result.stderr and "round 0" not in result.stderr
+    assert "wrote" not in result.stderr and out.exists()
+    assert "coefficients:" in result.stdout

@@ -264,3 +264,15 @@ def test_a_disaggregated_scenario_is_planned_over_total_and_split() -> None:
     answer = res.per_gpu.iloc[0]
     assert answer["feasible"]
     assert answer["prefill_instances"] + answer["decode_instances"] == answer["instances"]
+
+
+def test_saturation_rate_per_instance_is_within_capacity() -> None:
+    """One instance serves 25 req/s at most (tests/specs.py); the rate it sustains within a
+    200 ms TTFT p99 is below that, and above zero. Bisection over (0, 60] in 5 halvings: the
+    answer is a multiple of 60 / 32."""
+    base = {**BASE, "workload": {**BASE["workload"], "arrival": "poisson", "num_requests": 300}}
+    res = plan(base, {"ttft_p99_ms": 200.0}, seeds=(1,), max_instances=8, workers=1,
+               saturation_rate=True)  # fmt: skip
+    rate = res.per_gpu["saturation_rps_per_instance"].item()
+    assert 0 < rate < 25.0
+    assert (rate / (60 / 32)).is_integer()
