@@ -123,7 +123,7 @@ def test_autoscaler_flag_pair():
 
 def test_every_boolean_option_is_a_pair_or_a_plain_switch():
     plain = {"--quiet", "--version", "--record-itl", "--unconstrained-output"}
-    plain |= {"--include-overloaded", "--fail-if-no-improvement"}
+    plain |= {"--include-overloaded", "--fail-if-no-improvement", "--saturation-rate"}
     for path, param in OPTIONS:
         if param.is_flag and not param.secondary_opts:
             assert param.opts[0] in plain, (path, param.opts)
