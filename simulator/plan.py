@@ -310,6 +310,26 @@ def per_request_targets(bounds: Mapping[str, float]) -> dict[str, float]:
     return {f"{family}_ms": bound for family, (_rank, bound) in targets.items()}
 
 
+def wilson_interval(fraction: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a binomial fraction observed over n trials ((0, 1) for
+    n = 0): how sure a probe's attainment is, given how many requests it offered."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (fraction + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(fraction * (1 - fraction) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def undecided(row: Mapping[str, Any], min_attainment: float) -> bool:
+    """Does the attainment's interval straddle the target? Then more requests may decide."""
+    return row["attainment_ci_low"] < min_attainment <= row["attainment_ci_high"]
+
+
+# A probe whose attainment interval straddles the target is rerun with twice the requests, up
+# to this many times the planned run length.
+MAX_EXTENSION = 4
+
+
 def judge_probe(
     runs: pd.DataFrame,
     bounds: Mapping[str, float],
@@ -329,6 +349,16 @@ def judge_probe(
         reasons.append(f"steady-state verdict: {', '.join(unsteady)}")
     attainment = pd.to_numeric(runs.get("slo_attainment"), errors="coerce").fillna(0.0)
     row["attainment_worst"] = float(attainment.min()) if len(attainment) else 0.0
+    offered = (
+        pd.to_numeric(runs["offered_requests"], errors="coerce")
+        if "offered_requests" in runs
+        else pd.Series(math.nan, index=runs.index)
+    )
+    worst_offered = 0
+    if len(attainment) and offered.notna().all():
+        worst_offered = int(offered[attainment.idxmin()])
+    low, high = wilson_interval(row["attainment_worst"], worst_offered)
+    row["attainment_ci_low"], row["attainment_ci_high"] = low, high
     if row["attainment_worst"] < min_attainment:
         reasons.append(f"SLO attainment {row['attainment_worst']:.3f} < {min_attainment:g}")
     injected = runs["injected_requests"].astype(float)
@@ -462,7 +492,24 @@ def plan(
                 meets, figures, _reasons = judge_probe(
                     res.runs, bounds, min_attainment, min_goodput
                 )
+                requests = run_requests
+                # Too close to call: the same probe with more requests, as often as allowed.
+                while (
+                    run_requests is not None
+                    and undecided(figures, min_attainment)
+                    and requests * 2 <= run_requests * MAX_EXTENSION
+                ):
+                    requests *= 2
+                    longer = with_overrides(
+                        point, {}, {"workload.num_requests": requests},
+                        source="plan: a longer probe",
+                    )  # fmt: skip
+                    res = sweep(longer, {}, seeds=seed_list, workers=workers)
+                    meets, figures, _reasons = judge_probe(
+                        res.runs, bounds, min_attainment, min_goodput
+                    )
                 row: dict[str, Any] = {"gpu": gpu, "tp": tp, "instances": n}
+                row["requests"] = requests
                 if split is not None:
                     row["prefill_instances"], row["decode_instances"] = split
                 row.update(figures)
@@ -542,7 +589,8 @@ def plan(
     frontier = pd.DataFrame(
         probes,
         columns=[
-            "gpu", "tp", "instances", *split_cols, "meets", "steady", "attainment_worst",
+            "gpu", "tp", "instances", *split_cols, "requests", "meets", "steady",
+            "attainment_worst", "attainment_ci_low", "attainment_ci_high",
             *metric_cols, "goodput_worst", "reason",
         ],
     )  # fmt: skip

@@ -276,3 +276,26 @@ def test_saturation_rate_per_instance_is_within_capacity() -> None:
     rate = res.per_gpu["saturation_rps_per_instance"].item()
     assert 0 < rate < 25.0
     assert (rate / (60 / 32)).is_integer()
+
+
+def test_attainment_interval_and_when_a_probe_is_extended() -> None:
+    """Wilson's 95 % interval for 50 of 100: 0.5 ± 1.96·sqrt(0.25/100 + 1.96²/40000) / (1 +
+    1.96²/100) = 0.5 ± 0.0942 (centre 0.5). 990 of 1,000 meeting a 0.99 target is too close to
+    call (the interval holds 0.99 and values below it); 1,000 of 1,000 is not."""
+    from simulator.plan import undecided, wilson_interval
+
+    low, high = wilson_interval(0.5, 100)
+    assert (round(low, 4), round(high, 4)) == (0.4038, 0.5962)
+    assert wilson_interval(0.3, 0) == (0.0, 1.0)
+    keys = ("attainment_ci_low", "attainment_ci_high")
+    close = dict(zip(keys, wilson_interval(0.99, 1000), strict=True))
+    assert undecided(close, 0.99)
+    clear = dict(zip(keys, wilson_interval(1.0, 1000), strict=True))
+    assert not undecided(clear, 0.99) and not undecided(clear, 0.5)
+
+
+def test_probes_report_their_length_and_attainment_interval(result) -> None:
+    frontier = result.frontier
+    assert (frontier["requests"] >= result.run_requests).all()
+    assert (frontier["attainment_ci_low"] <= frontier["attainment_worst"]).all()
+    assert (frontier["attainment_worst"] <= frontier["attainment_ci_high"]).all()
