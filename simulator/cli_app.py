@@ -209,7 +209,7 @@ def _common_flags(
             "--latency-model",
             _SIM,
             "step-time model: physics (default) | roofline | blackbox | crossmodel | "
-            "trained-roofline",
+            "trained-roofline | trained-physics",
         ),
     ] = None,
     latency_coeffs: Annotated[
@@ -1245,8 +1245,8 @@ def validate_cmd(
         list[str] | None,
         typer.Option(
             "--latency-model",
-            help="step-time backend (repeat to compare several: roofline, physics, blackbox, "
-            "crossmodel, trained-roofline)",
+            help="step-time backend (repeat to compare several: physics, roofline, blackbox, "
+            "crossmodel, trained-roofline, trained-physics)",
         ),
     ] = None,
     output: Annotated[

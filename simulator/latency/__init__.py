@@ -23,6 +23,7 @@ from simulator.latency.blackbox import BlackboxModel
 from simulator.latency.crossmodel import CrossModel
 from simulator.latency.physics import PhysicsModel
 from simulator.latency.roofline import RooflineModel
+from simulator.latency.trained_physics import TrainedPhysics
 from simulator.latency.trained_roofline import TrainedRoofline
 
 _ModelClass = TypeVar("_ModelClass", bound=type[StepTimeModel])
@@ -50,6 +51,7 @@ register_latency_model(BlackboxModel)
 register_latency_model(CrossModel)
 register_latency_model(TrainedRoofline)
 register_latency_model(PhysicsModel)
+register_latency_model(TrainedPhysics)
 
 
 def build_step_time_model(
@@ -96,6 +98,7 @@ __all__ = [
     "RooflineModel",
     "StepBatch",
     "StepTimeModel",
+    "TrainedPhysics",
     "build_step_time_model",
     "register_latency_model",
 ]

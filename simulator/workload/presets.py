@@ -37,6 +37,7 @@ def __getattr__(name: str) -> Any:
         return presets()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 # The CLI distribution mode's defaults (BLIS `blis run` flags).
 DISTRIBUTION_DEFAULTS: dict[str, int] = {
     "prefix_tokens": 0,
