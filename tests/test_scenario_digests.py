@@ -1,0 +1,50 @@
+"""Every shipped scenario gives exactly the results it gave when its digest was recorded: a
+change to the engine, the latency models or the workload generator that moves any summary
+figure or any request's timing shows up here (issue 30: results byte-identical before and
+after a speed change). The law that makes such a golden meaningful — same inputs, same seed,
+byte-identical output, whatever the process's hash seed — is tests/test_determinism.py's.
+
+After a deliberate change of results, regenerate with SERVESIM_REGEN_GOLDEN=1 and say in the
+commit which scenarios moved and why."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import simulator
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden" / "scenario_digests.json"
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+
+
+def _digest(path: Path) -> dict[str, str]:
+    result = simulator.simulate(path, warn_unsteady=False)
+    summary = json.dumps(result.summary, sort_keys=True).encode()
+    requests = json.dumps(result.blis_request_records(), sort_keys=True).encode()
+    return {
+        "summary": hashlib.sha256(summary).hexdigest(),
+        "requests": hashlib.sha256(requests).hexdigest(),
+    }
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict[str, dict[str, str]]:
+    if os.environ.get("SERVESIM_REGEN_GOLDEN"):
+        digests = {p.name: _digest(p) for p in SCENARIOS}
+        GOLDEN.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    return json.loads(GOLDEN.read_text())
+
+
+def test_every_scenario_has_a_recorded_digest(golden):
+    assert sorted(golden) == [p.name for p in SCENARIOS]
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_scenario_results_are_unchanged(path, golden):
+    assert _digest(path) == golden[path.name]
