@@ -177,6 +177,9 @@ class Case:
     # capacity moves them by tens of percent — and the fit's re-pricing of a recorded schedule
     # cannot follow a queue that builds or drains, so they are scored, never fitted.
     step_level_only: bool = False
+    # The replay's client (`api.replay`'s max_in_flight), decided once from the trace when the
+    # case is built: a fit replays every case each round, and deciding re-reads the trace.
+    max_in_flight: int | str = "auto"
 
     def __post_init__(self) -> None:
         if not self.measured:
@@ -207,7 +210,7 @@ def groundtruth_case(run: Any, prompt_reuse: bool = False, workdir: Path | None 
     with `prompt_reuse`, as `validate --prompt-reuse` does (the load generator's few distinct
     prompts shared, prefix caching on; the replay trace is written under `workdir`)."""
     from .validate import baseline_trace, replay_overrides, reuse_trace
-    from .workload.trace import read_groundtruth_rows
+    from .workload.trace import read_groundtruth_rows, recorded_client
 
     rows = read_groundtruth_rows(run.requests_csv)
     ok = [i for i, r in enumerate(rows) if not r.has_error and r.ttft_s is not None and r.e2e_s]
@@ -231,7 +234,14 @@ def groundtruth_case(run: Any, prompt_reuse: bool = False, workdir: Path | None 
         measured_e2e_ms=np.asarray([rows[i].e2e_s * 1e3 for i in ok]),
         output_tokens=np.asarray([max(1, rows[i].output_tokens) for i in ok], dtype=float),
         vllm_version=version_in_name(Path(run.requests_csv).parent.parent.name),
+        max_in_flight=replay_cap(recorded_client(data)),
     )
+
+
+def replay_cap(client: Any) -> int | str:
+    """`api.replay`'s max_in_flight that replays as `client` (a ClientReplay) says: its cap
+    (at the scheduled times), or "off" (at the send times)."""
+    return client.max_in_flight if client.max_in_flight is not None else "off"
 
 
 # Dataset folders are named after the server they measured (vllm-0.15.1-h100): nothing else
@@ -271,7 +281,7 @@ def trace_case(
     `recorded` (the server settings recorded next to the trace, `read_server_config`), then
     `scenario`'s own fields. The case is named `case_name`, else after the data file (after
     its folder when the file is just `trace.csv`)."""
-    from .workload.trace import read_header, read_rows, trace_spans
+    from .workload.trace import client_of, read_header, read_rows, trace_spans
 
     header = read_header(trace_header)
     server = header.get("server") or {}
@@ -310,6 +320,7 @@ def trace_case(
     itl_p50 = recorded_itl_p50_ms(Path(trace_data).parent / OBSERVE_SUMMARY_FILE)
     if itl_p50 is not None:
         measured["itl_p50_ms"] = itl_p50
+    spans = trace_spans(trace_data)
     return Case(
         name=case_name or trace_name(Path(trace_data)),
         model=str(model),
@@ -322,7 +333,8 @@ def trace_case(
         measured_e2e_ms=e2e_ms,
         output_tokens=output_tokens,
         measured=measured,
-        step_level_only=trace_spans(trace_data).client_fell_behind,
+        step_level_only=spans.client_fell_behind,
+        max_in_flight=replay_cap(client_of(spans)),
         vllm_version=vllm_version
         or (sc.latency.vllm_version if sc is not None else None)
         or version_in_name(Path(trace_data).resolve().parent.name),
@@ -513,7 +525,12 @@ def replay_case(
         deployment.step_model = model
 
     return replay(
-        case.trace_header, case.trace_data, case.scenario, on_deployment=swap, **case.overrides
+        case.trace_header,
+        case.trace_data,
+        case.scenario,
+        max_in_flight=case.max_in_flight,
+        on_deployment=swap,
+        **case.overrides,
     )
 
 

@@ -700,7 +700,11 @@ def recorded_client(data_path: str | Path) -> ClientReplay:
     p = Path(data_path)
     if "request_id" not in set(_csv_header(p, "trace data")):
         return ClientReplay(False, None, "a request file without send times")
-    spans = trace_spans(p)
+    return client_of(trace_spans(p))
+
+
+def client_of(spans: TraceSpans) -> ClientReplay:
+    """`recorded_client` of a trace whose spans are already read."""
     if spans.client_fell_behind and spans.max_in_flight > 0:
         late = spans.send_span_us / spans.scheduled_span_us - 1
         return ClientReplay(

@@ -562,3 +562,20 @@ def test_scenario_file_sends_through_the_client_cap(tmp_path):
     assert result.client_delayed_requests > 0
     assert _outstanding_peak(result.request_records) == 1
     assert "=== Client ===" in result.report_text()
+
+
+def test_calibrate_replays_each_case_as_its_recorded_client_did(tmp_path):
+    """calibrate decides a case's client once, when the case is built, and every replay of
+    the fit uses it: the cap for a client that fell behind, the send times otherwise."""
+    from simulator import calibrate as cal
+    from simulator.latency.physics import PhysicsCoefficients
+
+    behind = _stretched_trace(tmp_path, 1.5)
+    for data, cap, timing in (
+        (behind, trace_spans(behind).max_in_flight, "schedule"),
+        (DATA, "off", "sends"),
+    ):
+        case = cal.trace_case(HEADER, data, None, **SERVER)
+        assert case.max_in_flight == cap
+        replayed = cal.replay_case(case, PhysicsCoefficients())
+        assert replayed.scenario["trace"]["timing"] == timing
