@@ -87,3 +87,20 @@ def coefficients_or_defaults(
         alpha if alpha is not None else defaults["alpha_coeffs"],
         beta if beta is not None else defaults["beta_coeffs"],
     )
+
+
+class TrainedAlphaOverheads(StepTimeModel):
+    """BLIS's trained models' three α, each a constant: α0 µs from arrival to the engine, α1
+    µs after the last token (in E2E only), α2 µs per output token (docs/latency-models.md).
+    Subclasses set `alpha`."""
+
+    alpha: Sequence[float]
+
+    def queueing_time_us(self, input_tokens: int) -> int:
+        return int(self.alpha[0])
+
+    def output_token_processing_us(self) -> int:
+        return int(self.alpha[2])
+
+    def post_decode_overhead_us(self) -> int:
+        return int(self.alpha[1])

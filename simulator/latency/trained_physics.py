@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..catalog.types import GPUSpec, ModelConfig
 from ..errors import invalid
-from .base import StepBatch, StepTimeModel
+from .base import StepBatch, TrainedAlphaOverheads
 
 log = logging.getLogger("servesim")
 
@@ -112,7 +112,7 @@ def _bundled_extras(name: str) -> tuple[int, int]:
     return whole("interleave_moe_layer_step"), whole("intermediate_size_mlp")
 
 
-class TrainedPhysics(StepTimeModel):
+class TrainedPhysics(TrainedAlphaOverheads):
     name = "trained-physics"
     coefficients_source = COEFFICIENTS_SOURCE
 
@@ -355,15 +355,6 @@ class TrainedPhysics(StepTimeModel):
             return _MAX_STEP_US
         step_us = int(step)
         return step_us if step_us > 1 else 1
-
-    def queueing_time_us(self, input_tokens: int) -> int:
-        return int(self.alpha[0])
-
-    def output_token_processing_us(self) -> int:
-        return int(self.alpha[2])
-
-    def post_decode_overhead_us(self) -> int:
-        return int(self.alpha[1])
 
 
 __all__ = ["COEFFICIENTS_SOURCE", "TrainedPhysics", "shipped_coefficients"]

@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from ..catalog.defaults import trained_roofline_defaults
 from ..catalog.types import GPUSpec, ModelConfig
 from ..errors import invalid
-from .base import StepBatch, StepTimeModel, coefficients_or_defaults
+from .base import StepBatch, TrainedAlphaOverheads, coefficients_or_defaults
 from .blackbox import validate_coeffs
 
 log = logging.getLogger("servesim")
 BYTES_PER_ELEMENT = 2.0  # the training pipeline's FP16 assumption
 
 
-class TrainedRoofline(StepTimeModel):
+class TrainedRoofline(TrainedAlphaOverheads):
     name = "trained-roofline"
 
     def __init__(
@@ -146,12 +146,3 @@ class TrainedRoofline(StepTimeModel):
         )
         step_us = int(step)
         return step_us if step_us > 1 else 1
-
-    def queueing_time_us(self, input_tokens: int) -> int:
-        return int(self.alpha[0])
-
-    def output_token_processing_us(self) -> int:
-        return int(self.alpha[2])
-
-    def post_decode_overhead_us(self) -> int:
-        return int(self.alpha[1])
