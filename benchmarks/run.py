@@ -250,16 +250,7 @@ def summarize_runs(name: str, runs: list[dict]) -> dict:
 
 
 def _commit(package_dir: str) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", package_dir, "rev-parse", "--short", "HEAD"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
+    return _whole_process().git_output(package_dir, "rev-parse", "--short", "HEAD")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

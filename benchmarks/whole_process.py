@@ -703,17 +703,19 @@ def startup_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
+def git_output(directory: str | Path, *args: str) -> str:
+    """`git -C directory ARGS`'s output, stripped; "" outside a checkout or without git."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-            check=True,
-            capture_output=True,
-            text=True,
+            ["git", "-C", str(directory), *args], check=True, capture_output=True, text=True
         )
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
+
+
+def _commit() -> str:
+    return git_output(ROOT, "describe", "--always", "--dirty")
 
 
 def run(
