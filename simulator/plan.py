@@ -475,6 +475,11 @@ def plan(
         price = price_table.get(gpu.lower(), math.nan)
         passing: dict[int, dict[str, Any]] = {}
 
+        def judged(point: Scenario) -> tuple[bool, dict[str, Any], list[str]]:
+            """`judge_probe` of `point` simulated at every seed."""
+            runs = sweep(point, {}, seeds=seed_list, workers=workers).runs
+            return judge_probe(runs, bounds, min_attainment, min_goodput)
+
         def probe(
             n: int,
             gpu: str = gpu,
@@ -488,10 +493,7 @@ def plan(
                     overrides["cluster.pd.prefill_instances"] = split[0]
                     overrides["cluster.pd.decode_instances"] = split[1]
                 point = with_overrides(gpu_sc, overrides, source=f"plan: {n} instances")
-                res = sweep(point, {}, seeds=seed_list, workers=workers)
-                meets, figures, _reasons = judge_probe(
-                    res.runs, bounds, min_attainment, min_goodput
-                )
+                meets, figures, _reasons = judged(point)
                 requests = run_requests
                 # Too close to call: the same probe with more requests, as often as allowed.
                 while (
@@ -504,10 +506,7 @@ def plan(
                         point, {}, {"workload.num_requests": requests},
                         source="plan: a longer probe",
                     )  # fmt: skip
-                    res = sweep(longer, {}, seeds=seed_list, workers=workers)
-                    meets, figures, _reasons = judge_probe(
-                        res.runs, bounds, min_attainment, min_goodput
-                    )
+                    meets, figures, _reasons = judged(longer)
                 row: dict[str, Any] = {"gpu": gpu, "tp": tp, "instances": n}
                 row["requests"] = requests
                 if split is not None:
@@ -535,8 +534,7 @@ def plan(
                     gpu_sc, {"cluster.num_instances": 1}, {"workload.rate": rate},
                     source=f"plan: saturation rate {rate:g}",
                 )  # fmt: skip
-                res = sweep(point, {}, seeds=seed_list, workers=workers)
-                return judge_probe(res.runs, bounds, min_attainment, min_goodput)[0]
+                return judged(point)[0]
 
             if passes(full):
                 return full
@@ -632,30 +630,29 @@ def plan(
 SATURATION_STEPS = 5
 
 
-def _offered_rate(sc: Scenario) -> float | None:
-    """The scenario's aggregate request rate (req/s), None for a trace or sessions."""
+def _workload(sc: Scenario) -> Any:
+    """The scenario's workload as a v2 spec (synthetic or v2), None for a trace or when it
+    cannot be expressed as one."""
     from .api import workload_spec_of
 
     if sc.trace is not None:
         return None
     try:
-        rate = workload_spec_of(sc).aggregate_rate
+        return workload_spec_of(sc)
     except (ConfigError, AttributeError):
         return None
+
+
+def _offered_rate(sc: Scenario) -> float | None:
+    """The scenario's aggregate request rate (req/s), None for a trace or sessions."""
+    rate = getattr(_workload(sc), "aggregate_rate", None)
     return float(rate) if rate else None
 
 
 def _num_requests(sc: Scenario) -> int | None:
     """The scenario's request count (synthetic or v2 workload), None for a trace or a workload
     bounded only by its horizon."""
-    from .api import workload_spec_of
-
-    if sc.trace is not None:
-        return None
-    try:
-        return workload_spec_of(sc).num_requests
-    except (ConfigError, AttributeError):
-        return None
+    return getattr(_workload(sc), "num_requests", None)
 
 
 def _splits(sc: Scenario, n: int) -> list[tuple[int, int]]:
