@@ -968,7 +968,6 @@ def _guarded(fn: Callable[[], None]) -> None:
     from .invariants import InvariantViolation
 
     try:
-        _refuse_nul_bytes()
         fn()
     except ServesimError as exc:
         # Parsers write one-line messages; a line break that slips through is still shown
@@ -1003,25 +1002,6 @@ def os_error_text(exc: OSError) -> str:
     if exc.filename is None:
         return reason
     return f"{str(exc.filename)!r}: {reason}"
-
-
-def _refuse_nul_bytes() -> None:
-    """A NUL byte in any flag's value is refused up front: no path, name or number may hold
-    one, and the OS would turn it into a ValueError deep inside open(). (Only in-process
-    callers can pass one: an OS argument list cannot.)"""
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name or "")
-        for item in value if isinstance(value, list | tuple) else (value,):
-            if isinstance(item, str | Path) and "\x00" in str(item):
-                name = param.opts[0] if isinstance(param, click.Option) else param.name
-                raise ConfigError(
-                    f"{name}: invalid value {str(item)!r}; a value cannot contain a NUL byte"
-                )
 
 
 INVARIANT_EXIT_CODE = 3

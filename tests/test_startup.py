@@ -55,3 +55,19 @@ def _top(modules: set[str]) -> set[str]:
 )
 def test_the_run_and_help_paths_import_nothing_heavy(argv):
     assert _top(_modules_after(argv)) == set()
+
+
+def test_a_run_needs_no_package_outside_the_runtime_dependencies():
+    """`click` is not a dependency (typer bundles its own copy); the dev environment has it
+    through ray, so a stray `import click` passed every test while `make run` failed on a
+    fresh install. The run path must work with it absent."""
+    probe = (
+        "import sys\n"
+        "sys.modules['click'] = None\n"
+        "from simulator.cli import main\n"
+        "sys.argv = ['servesim', 'run', '--num-requests', '3', '--latency-model', 'roofline']\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "=== Simulation Metrics ===" in done.stdout
