@@ -234,14 +234,8 @@ def groundtruth_case(run: Any, prompt_reuse: bool = False, workdir: Path | None 
         measured_e2e_ms=np.asarray([rows[i].e2e_s * 1e3 for i in ok]),
         output_tokens=np.asarray([max(1, rows[i].output_tokens) for i in ok], dtype=float),
         vllm_version=version_in_name(Path(run.requests_csv).parent.parent.name),
-        max_in_flight=replay_cap(recorded_client(data)),
+        max_in_flight=recorded_client(data).replay_choice,
     )
-
-
-def replay_cap(client: Any) -> int | str:
-    """`api.replay`'s max_in_flight that replays as `client` (a ClientReplay) says: its cap
-    (at the scheduled times), or "off" (at the send times)."""
-    return client.max_in_flight if client.max_in_flight is not None else "off"
 
 
 # Dataset folders are named after the server they measured (vllm-0.15.1-h100): nothing else
@@ -334,7 +328,7 @@ def trace_case(
         output_tokens=output_tokens,
         measured=measured,
         step_level_only=spans.client_fell_behind,
-        max_in_flight=replay_cap(client_of(spans)),
+        max_in_flight=client_of(spans).replay_choice,
         vllm_version=vllm_version
         or (sc.latency.vllm_version if sc is not None else None)
         or version_in_name(Path(trace_data).resolve().parent.name),

@@ -115,9 +115,15 @@ class RunSpec:
     # What the server did (see simulator.workload.server_settings) and where that was read.
     prefix_caching: bool = True
     prefix_caching_source: str = ""
-    # The cell's client sent its requests more than CLIENT_BEHIND_TOLERANCE later than they
-    # were scheduled (see trace.CLIENT_BEHIND_TOLERANCE).
-    client_fell_behind: bool = False
+    # An observe cell's trace spans (workload.trace.TraceSpans), read once when the cell is
+    # found; None for a request CSV.
+    spans: Any = None
+
+    @property
+    def client_fell_behind(self) -> bool:
+        """The cell's client sent its requests more than CLIENT_BEHIND_TOLERANCE later than
+        they were scheduled (see trace.CLIENT_BEHIND_TOLERANCE)."""
+        return self.spans is not None and self.spans.client_fell_behind
 
     @property
     def overloaded(self) -> bool:
@@ -367,7 +373,6 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
     header_path = cell / TRACE_HEADER
     read_header(header_path)
     spans = trace_spans(cell / TRACE_DATA)
-    behind = spans.client_fell_behind
     caching = recorded_prefix_caching(header_path)
     return RunSpec(
         name=cell.name,
@@ -385,7 +390,7 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
         trace_header=header_path,
         prefix_caching=caching.enabled,
         prefix_caching_source=caching.source,
-        client_fell_behind=behind,
+        spans=spans,
     )
 
 
@@ -643,13 +648,18 @@ def validate_run(
     import tempfile
 
     from .api import replay
+    from .workload.trace import client_of
 
     started_s = time.perf_counter()
     measured = measured_requests(run)
     overrides = replay_overrides(run, latency_model) | (extra_overrides or {})
     with tempfile.TemporaryDirectory(prefix="servesim-") as tmp:
         header, data = trace if trace is not None else baseline_trace(run, Path(tmp))
-        result = replay(header, data, **overrides)
+        # The run's own trace: its client decided from the spans read when it was found.
+        client = {}
+        if trace is None and run.spans is not None:
+            client = {"max_in_flight": client_of(run.spans).replay_choice}
+        result = replay(header, data, **client, **overrides)
         load = None
         if run.kind == "trace":
             if offered_load is None:
@@ -695,7 +705,7 @@ def load_row(
     send times (which, for a cell whose client kept up, is the offered load within 2 %)."""
     from .workload.trace import trace_spans
 
-    spans = trace_spans(run.requests_csv)
+    spans = run.spans if run.spans is not None else trace_spans(run.requests_csv)
     n = spans.rows
     records = at_schedule.request_records if at_schedule is not None else at_sends
     return {

@@ -676,6 +676,12 @@ class ClientReplay:
     max_in_flight: int | None
     source: str
 
+    @property
+    def replay_choice(self) -> int | str:
+        """`api.replay`'s max_in_flight that replays this way: the cap (at the scheduled
+        times), or "off" (at the send times)."""
+        return self.max_in_flight if self.max_in_flight is not None else "off"
+
     def line(self) -> str:
         """`client: ...`, as the commands print it."""
         if self.max_in_flight is None:
