@@ -18,6 +18,7 @@ from .cluster.infra_spec import DeploymentSpec, LifecycleSpec
 from .cluster.infrastructure import FleetPlan, SlotPlan
 from .engine.batching import EngineConfig
 from .engine.policies import make_priority_policy, make_scheduler
+from .engine.preemption import make_preemption_policy
 from .engine.request import Request
 from .errors import ConfigError, excerpt
 from .latency import build_step_time_model
@@ -130,6 +131,7 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     eng = scenario.engine
     make_scheduler(eng.scheduler)
     make_priority_policy(eng.priority_policy)
+    make_preemption_policy(eng.preemption_policy)
     _validate_cluster(scenario)
     total_blocks, source = _total_kv_blocks(scenario, model, gpu, tp)
     max_model_len = eng.max_model_len
@@ -148,6 +150,7 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
         max_model_len=max_model_len,
         scheduler=eng.scheduler,
         priority_policy=eng.priority_policy,
+        preemption_policy=eng.preemption_policy,
         enable_prefix_caching=eng.enable_prefix_caching,
         kv_cpu_blocks=eng.kv_cpu_blocks,
         kv_offload_policy=eng.kv_offload_policy,

@@ -121,6 +121,7 @@ SCENARIO_FIELDS = {
     "max_model_len": "engine.max_model_len",
     "scheduler": "engine.scheduler",
     "priority_policy": "engine.priority_policy",
+    "preemption_policy": "engine.preemption_policy",
     "kv_cpu_blocks": "engine.kv_cpu_blocks",
     "kv_offload_policy": "engine.kv_offload_policy",
     "kv_transfer_bandwidth": "engine.kv_transfer_bandwidth_gb_per_s",
@@ -295,6 +296,15 @@ def _common_flags(
     priority_policy: Annotated[
         str | None,
         _opt("--priority-policy", _SIM, "constant (default) | slo-based | inverted-slo"),
+    ] = None,
+    preemption_policy: Annotated[
+        str | None,
+        _opt(
+            "--preemption-policy",
+            _SIM,
+            "victim when KV runs out: fcfs (newest admitted, default) | priority (least "
+            "urgent SLO class, then latest arrival)",
+        ),
     ] = None,
     kv_cpu_blocks: Annotated[
         int | None, _opt("--kv-cpu-blocks", _SIM, "CPU KV tier size in blocks (0 = off, default)")

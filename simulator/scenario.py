@@ -172,6 +172,7 @@ class EngineSpec(_Strict):
     max_model_len: Tokens | None = Field(None, description="None = auto (roofline); 0 = off")
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
+    preemption_policy: str = Field("fcfs", description="fcfs (newest admitted) | priority")
     enable_prefix_caching: Flag = True
     kv_cpu_blocks: Blocks = Field(0, description="CPU KV tier size in blocks; 0 = off")
     kv_offload_policy: Literal["evict", "mirror"] = "evict"

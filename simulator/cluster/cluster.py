@@ -15,7 +15,7 @@ import simpy
 
 from ..collector import fewer_collections
 from ..engine.batching import EngineConfig, VLLMEngine
-from ..engine.events import ROUTER, event_after
+from ..engine.events import ROUTER, Environment, event_after
 from ..engine.instance import Instance
 from ..engine.request import Request, RequestState
 from ..invariants import check_finished, check_run
@@ -241,7 +241,7 @@ def run_simulation(
         setups = [InstanceSetup(engine_config, step_model)] * cluster.num_instances
     if isinstance(requests, Sequence):
         requests = sorted(requests, key=lambda r: (r.arrival_us, r.index))
-    env = simpy.Environment()
+    env = Environment()
     n = len(setups)
     if fleet is not None:
         instance_ids = [slot.instance_id for slot in fleet.slots]
@@ -480,25 +480,19 @@ PROGRESS_EVERY_US = 1_000_000
 
 
 def _run_reporting(env, horizon_us, finished: Callable[[], int], progress) -> None:
-    """Run in slices of simulated time, calling progress(now_us, finished) between slices.
+    """Run, calling progress(now_us, finished) after each PROGRESS_EVERY_US of simulated time.
 
-    Slicing only stops and resumes the event loop; the event heap and its order are untouched,
-    so results are identical to one uninterrupted run."""
+    Steps the environment event by event (`env.peek` / `env.step`, SimPy's public API), so the
+    event heap and its order are exactly those of one uninterrupted `env.run`."""
     stop = horizon_us + 1 if horizon_us is not None else float("inf")
-    while True:
-        next_us = _next_live_event_us(env)
-        if next_us >= stop:
-            break
-        env.run(until=min(max(next_us, env.now) + PROGRESS_EVERY_US, stop))
+    peek, step = env.peek, env.step
+    while (next_us := peek()) < stop:
+        slice_end = min(next_us + PROGRESS_EVERY_US, stop)
+        while peek() < slice_end:
+            step()
         progress(int(env.now), finished())
-
-
-def _next_live_event_us(env: simpy.Environment) -> float:
-    """Time of the next event that still does something. SimPy leaves each finished `run`'s
-    stop event queued (without callbacks), so `env.peek()` alone never reports an empty
-    schedule between slices; this reads the queue (SimPy's own heap) and skips those."""
-    live = [t for t, _prio, _eid, event in env._queue if event.callbacks]  # noqa: SLF001
-    return min(live, default=float("inf"))
+    if stop != float("inf") and env.now < stop:
+        env.run(until=stop)  # nothing left before it: the clock ends where env.run's would
 
 
 def _on_finished(

@@ -1,9 +1,10 @@
 """The router: admission, then routing, each after its latency (docs/behaviour.md §6.2).
 
 A SimPy process takes arriving requests from its inbox Store and schedules each request's
-admission and routing decisions as events, so one request's decision latency never delays
-another's. Decisions read instance snapshots only (INV-9); in-flight counts are the router's
-own bookkeeping: +1 when a request is routed, −1 when its instance finishes it.
+admission and routing decisions as events (at ROUTER priority), so one request's decision
+latency never delays another's. Decisions read instance snapshots only (INV-9); in-flight
+counts are the router's own bookkeeping: +1 when a request is routed, −1 when its instance
+finishes it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 import simpy
 
-from ..engine.events import ROUTER, Mailbox, event_after
+from ..engine.events import ROUTER, event_after
 from ..engine.request import Request, RequestState
 from .admission import AdmissionPolicy
 from .decisions import DecisionTrace
@@ -100,14 +101,18 @@ class Router:
         self.admission_latency_us = admission_latency_us
         self.routing_latency_us = routing_latency_us
         self.pd = pd
-        self.inbox = Mailbox(env, self._arrive)
+        self.inbox = simpy.Store(env)
+        env.process(self._intake())
         self.in_flight = [0] * len(instance_ids)
         self.routed = [0] * len(instance_ids)
         self.admission_rejections = 0
         self.routing_rejections = 0
 
-    def _arrive(self, req: Request) -> None:
-        self._after(self.admission_latency_us, self._admit, req)
+    def _intake(self):
+        inbox = self.inbox
+        while True:
+            req = yield inbox.get()
+            self._after(self.admission_latency_us, self._admit, req)
 
     def _after(self, delay_us: int, action: Callable[[Request], None], req: Request) -> None:
         if delay_us > 0:

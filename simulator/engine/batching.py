@@ -22,6 +22,7 @@ from ..metrics.recorder import PACK_AFTER_ROWS, StepLog
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
 from .policies import make_priority_policy, make_scheduler
+from .preemption import make_preemption_policy
 from .request import Request, RequestState
 
 # The decode fast path (below): on by default; tests switch it off to check that results are
@@ -43,6 +44,7 @@ class EngineConfig:
     max_model_len: int = 0
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
+    preemption_policy: str = "fcfs"
     enable_prefix_caching: bool = True
     # Tiered KV (docs/behaviour.md §2.4): a CPU tier of this many blocks behind the GPU cache (0 =
     # off).
@@ -115,6 +117,7 @@ class VLLMEngine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.scheduler = make_scheduler(config.scheduler)
+        self.preemption = make_preemption_policy(config.preemption_policy)
         self.priority_policy = make_priority_policy(config.priority_policy)
         self.otp_us = output_token_processing_us
         # Fixed per-request cost after the last token (trained-roofline's alpha1): it delays
@@ -146,10 +149,8 @@ class VLLMEngine:
         self._finished_steps = 0
         self.fast_path_steps = 0
         self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
-        # Steps finished without a SimPy event of their own (the instance's step coalescing),
-        # and how many of those another instance finished while running ahead.
+        # Steps finished without a SimPy event of their own (the instance's step coalescing).
         self.steps_coalesced = 0
-        self.steps_coalesced_by_others = 0
         self._steady_count = 0
         # Sum over steady requests of (computed_tokens - sync_step): their context sum at a
         # step start is this plus steady_count * finished steps.
@@ -488,7 +489,8 @@ class VLLMEngine:
                 chunk = self._prefill_chunk(req.prefill_target, computed, budget)
                 while not kv.try_allocate(req, computed, computed + chunk, []):
                     preempted = True
-                    if self._preempt_last(req):
+                    served_itself, i, budget = self._preempt(req, i, budget)
+                    if served_itself:
                         break
                 if req.state is not RequestState.RUNNING:
                     break
@@ -508,7 +510,8 @@ class VLLMEngine:
                 ok = kv.append_token(req, computed)
                 while not ok:
                     preempted = True
-                    if self._preempt_last(req):
+                    served_itself, i, budget = self._preempt(req, i, budget)
+                    if served_itself:
                         break
                     ok = kv.append_token(req, computed)
                 if not ok:
@@ -802,21 +805,27 @@ class VLLMEngine:
             chunk = min(chunk, max(mml - 1 - start, 0))
         return chunk
 
-    def _preempt_last(self, serving: Request) -> bool:
-        """Evict the most recently admitted running request (vLLM recompute, docs/behaviour.md §A2).
+    def _preempt(self, serving: Request, cursor: int, budget: int) -> tuple[bool, int, int]:
+        """Evict the running request the preemption policy names (vLLM recompute,
+        docs/behaviour.md §A2) while `serving` (at index `cursor`) needs KV room.
 
-        Returns True when the request being served was itself evicted (or nothing is left).
-        """
+        A victim before the cursor already had its tokens this step: they go back to the
+        budget and the cursor moves back with the list. Returns whether the request being
+        served was itself evicted (or nothing was left), and the cursor and budget after."""
         running = self.running
         if not running:
-            return True
-        victim = running.pop()
+            return True, cursor, budget
+        index = self.preemption.victim_index(running)
+        victim = running.pop(index)
+        if index < cursor:
+            cursor -= 1
+            budget += victim.num_new_tokens
         self._evict_for_recompute(victim)
         victim.state = RequestState.QUEUED
         victim.reload_pending = False
         victim.reload_ticket += 1
         self.waiting.appendleft(victim)
-        return victim is serving
+        return victim is serving, cursor, budget
 
     def _evict_for_recompute(self, victim: Request) -> None:
         """Free `victim`'s KV blocks; it will re-prefill its prompt and every token already

@@ -5,7 +5,6 @@ The processes are thin: every rule lives in `VLLMEngine` (batching) and the step
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 
 import simpy
@@ -19,31 +18,20 @@ from .events import (
     INSTANCE_PRIORITY_STRIDE,
     STEP,
     TIMEOUT,
-    Mailbox,
+    PriorityEvent,
+    PriorityTimeout,
     event_after,
-    trigger_with_priority,
 )
 from .request import Request
 
-# Step coalescing (see `_run_ahead`): on by default; tests switch it off to check that
-# results are identical either way. Read when an instance is built.
+# Step coalescing (see `_finish_quiet_steps`): on by default; tests switch it off to check
+# that results are identical either way. Read when an instance is built.
 COALESCE_STEPS = True
 
 
-class StepEnd(simpy.Event):
-    """The end of an instance's step in flight, the event its step loop waits for: another
-    instance running ahead may finish that step for it and move the event to the next step's
-    end (`Instance._run_ahead`)."""
-
-    def __init__(self, instance: Instance) -> None:
-        super().__init__(instance.env)
-        self._ok = True  # pre-triggered, as simpy.Timeout
-        self._value = None
-        self.instance = instance
-
-
 class Instance:
-    """A vLLM replica: `inbox` receives routed requests; finished ones go to `on_finished`."""
+    """A vLLM replica as two SimPy processes: an intake that takes routed requests from its
+    `inbox` Store, and a step loop. Finished requests go to `on_finished`."""
 
     def __init__(
         self,
@@ -69,7 +57,7 @@ class Instance:
         self._arrival_priority = ARRIVAL + offset
         self._step_priority = STEP + offset
         self._timeout_priority = TIMEOUT + offset
-        self.inbox = Mailbox(env, self._take)
+        self.inbox = simpy.Store(env)
         self.pending_enqueue: set[Request] = set()
         # The step in flight (end and duration, µs) and the scheduling lag it causes a request
         # that reaches the engine meanwhile (StepTimeModel.scheduling_lag_steps).
@@ -94,7 +82,13 @@ class Instance:
         # Coalescing needs every step's effects to stay inside the engine; CPU-tier reloads
         # start link transfers, so instances with a CPU tier step one event at a time.
         self.coalesce_steps = COALESCE_STEPS and engine.kv.cpu is None
+        env.process(self._intake())
         env.process(self._step_loop())
+
+    def _intake(self):
+        inbox = self.inbox
+        while True:
+            self._take((yield inbox.get()))
 
     def _take(self, req: Request) -> None:
         """A routed request reaches the instance (delivered by `inbox`)."""
@@ -177,8 +171,9 @@ class Instance:
     def _wake(self) -> None:
         idle = self._idle
         if idle is not None and not idle.triggered:
-            # Wake at STEP priority so every request arriving this microsecond joins the step.
-            trigger_with_priority(self.env, idle, self._step_priority)
+            # At STEP priority (`_idle_event`) so every request arriving this microsecond joins
+            # the step.
+            idle.succeed()
 
     def _start_reloads(self) -> None:
         """Carry this step's CPU-tier reloads over the instance's host link (they contend)."""
@@ -248,6 +243,7 @@ class Instance:
         self.inbox.items.clear()
         self.warm_requests.clear()
         if self._idle is not None and not self._idle.triggered:
+            self._idle.tie_priority = ARRIVAL
             self._idle.succeed()  # lets the step loop see `terminated` and end
         return taken
 
@@ -283,7 +279,7 @@ class Instance:
                         self.on_idle(self)
                     if self.terminated:
                         return
-                    self._idle = env.event()
+                    self._idle = PriorityEvent(env, priority)
                     yield self._idle
                     self._idle = None
                 # A step of steady decoders alone (nothing waits, none is warming up) is
@@ -312,7 +308,7 @@ class Instance:
                         # Nothing to compute until a prefix arrives from the CPU tier (or a
                         # request).
                         engine.reload_idle_us.append(env.now)
-                        self._idle = env.event()
+                        self._idle = PriorityEvent(env, priority)
                         yield self._idle
                         self._idle = None
                         continue
@@ -327,14 +323,11 @@ class Instance:
                         step_us += self._warm_up_extra_us(batch)
             end_us = env.now + step_us
             if self.coalesce_steps and not self.warm_requests:
-                end_us, step_us = self._run_ahead(end_us, step_us)
+                end_us, step_us = self._finish_quiet_steps(end_us, step_us)
             self._inflight_end_us, self._inflight_step_us = end_us, step_us
-            step_end = StepEnd(self)
-            env.schedule(step_end, priority, end_us - env.now)
-            yield step_end
+            yield PriorityTimeout(env, end_us - env.now, priority)
             if self.terminated:
                 return  # the instance went away mid-step; its requests were settled then
-            # The step in flight now: another instance may have run this one's steps meanwhile.
             # A step of steady requests alone is finished, and the next one planned if it is
             # such a step too, in one call; warm-up requests need the general plan's pricing.
             planned_us = (
@@ -349,53 +342,20 @@ class Instance:
             if self.check_invariants:
                 check_step(engine, self.instance_id, env.now)
 
-    def _run_ahead(self, end_us: int, step_us: int) -> tuple[int, int]:
-        """Finish quiet steps at once, without their SimPy events, for as long as the next
-        event in the simulation is the end of a quiet step: this instance's planned step, or
-        another instance's step in flight. A step is quiet when it completes no request and
-        nothing waits at its instance, so all it does is end and let its instance plan the
-        next one (`_can_finish_quietly`).
+    def _finish_quiet_steps(self, end_us: int, step_us: int) -> tuple[int, int]:
+        """Finish quiet steps at once, without a SimPy event each, for as long as the planned
+        step's end comes strictly before every other scheduled event (`env.peek()`). A step
+        is quiet when it completes no request and nothing waits at this instance, so all it
+        does is end and let the next one be planned (`_can_finish_quietly`).
 
-        Nothing else can happen before such a step ends (it is the next event), and nothing
-        else sees what it does, so finishing it here gives the same steps (times, log rows)
-        and request timestamps as waiting for its event. Another instance's step end is taken
-        off SimPy's queue and its event put back at that instance's next step end; its step
-        loop finishes whatever step is in flight when the event fires. Each instance's step
-        ends have a priority no other event shares, so moving an event changes no order.
-        Returns the end and duration of this instance's first step that needs its event.
-        """
-        env = self.env
-        queue = env._queue  # noqa: SLF001 - SimPy's event heap: (time, priority, id, event)
-        event_ids = env._eid  # noqa: SLF001 - the insertion counter env.schedule draws from
-        priority = self._step_priority
-        while True:
-            if queue:
-                head_us, head_priority, _id, event = queue[0]
-            if not queue or end_us < head_us or (end_us == head_us and priority < head_priority):
-                if not self._can_finish_quietly():
-                    break
-                end_us, step_us = self._finish_quiet_step(end_us, step_us)
-                continue
-            # In a cluster another instance's event is nearly always first.
-            if type(event) is not StepEnd:
-                break
-            other = event.instance
-            if not (
-                other.coalesce_steps
-                and not other.warm_requests
-                and not other.terminated
-                and other._can_finish_quietly()
-            ):
-                break
-            next_end_us, other._inflight_step_us = other._finish_quiet_step(
-                head_us, other._inflight_step_us
-            )
-            other._inflight_end_us = next_end_us
-            # The event off the queue's head and back at the next step's end, as
-            # env.schedule(event, head_priority, next_end_us - env.now) pushes it: finishing a
-            # quiet step schedules nothing, so the head is still this event.
-            heapq.heapreplace(queue, (next_end_us, head_priority, next(event_ids), event))
-            other.engine.steps_coalesced_by_others += 1
+        Nothing can happen before such a step ends (every other event is later, and only
+        events schedule events), and nothing outside this instance sees what it does, so
+        finishing it here gives the same steps (times, log rows) and request timestamps as
+        waiting for its event. Returns the end and duration of the first step that needs its
+        event."""
+        peek = self.env.peek
+        while end_us < peek() and self._can_finish_quietly():
+            end_us, step_us = self._finish_quiet_step(end_us, step_us)
         return end_us, step_us
 
     def _can_finish_quietly(self) -> bool:

@@ -1,70 +1,97 @@
-"""`Mailbox` delivers exactly where a `simpy.Store` with one consuming process would.
+"""servesim's Environment orders events by (time, declared priority, creation), through
+SimPy's public `schedule` hook only.
 
-Law: for any pattern of producers putting items at random times and priorities, other events
-at the same instants, and a consumer that itself puts, schedules and forwards while handling an
-item, the whole simulation's log of what happened in which order is identical.
+Laws: for any set of prioritised timeouts, plain timeouts and prioritised events succeeded
+along the way, the order they fire in is the order of (time, priority, scheduling sequence);
+on a plain simpy.Environment a PriorityTimeout is an ordinary Timeout. And nothing in
+`simulator/` touches SimPy's private state.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simpy.core import NORMAL
 
-from simulator.engine.events import Mailbox, event_after
+from simulator.engine.events import Environment, PriorityEvent, PriorityTimeout
 
-# An action: (time, priority, kind, value). Kinds: put an item in box 0 or 1, or just log.
-actions = st.lists(
-    st.tuples(
-        st.integers(0, 5),
-        st.integers(0, 3),
-        st.sampled_from(["put0", "put1", "mark"]),
-        st.integers(0, 9),
-    ),
-    max_size=30,
-)
+timers = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6), st.booleans()), max_size=25)
 
 
-def _run(plan, use_store: bool) -> list:
-    env = simpy.Environment()
-    log: list = []
-
-    def handle(box: int, item: int) -> None:
-        log.append((env.now, f"got{box}", item))
-        if box == 0 and item % 3 == 0:
-            boxes[1].put(item + 100)  # a consumer forwarding to the next box at once
-        if item % 2 == 0:
-            event_after(env, item % 2, 1).callbacks.append(
-                lambda _e: log.append((env.now, "side", item))
-            )
-
-    if use_store:
-        stores = [simpy.Store(env), simpy.Store(env)]
-
-        def consume(box: int):
-            while True:
-                item = yield stores[box].get()
-                handle(box, item)
-
-        for box in (0, 1):
-            env.process(consume(box))
-        boxes = stores
-    else:
-        boxes = [Mailbox(env, lambda item: handle(0, item)), Mailbox(env, lambda i: handle(1, i))]
-
-    for time_us, priority, kind, value in plan:
-
-        def act(_e, kind=kind, value=value):
-            log.append((env.now, kind, value))
-            if kind != "mark":
-                boxes[int(kind[-1])].put(value)
-
-        event_after(env, time_us, priority).callbacks.append(act)
+def _fire_order(plan, env) -> list[int]:
+    fired: list[int] = []
+    for label, (delay, priority, prioritised) in enumerate(plan):
+        event = PriorityTimeout(env, delay, priority) if prioritised else env.timeout(delay)
+        event.callbacks.append(lambda _e, label=label: fired.append(label))
     env.run()
-    return log
+    return fired
 
 
-@settings(max_examples=300, deadline=None)
-@given(actions)
-def test_mailbox_orders_events_like_a_store(plan):
-    assert _run(plan, use_store=False) == _run(plan, use_store=True)
+@settings(max_examples=200, deadline=None)
+@given(timers)
+def test_events_fire_by_time_then_priority_then_creation(plan):
+    expected = sorted(
+        range(len(plan)),
+        key=lambda i: (plan[i][0], plan[i][1] if plan[i][2] else NORMAL, i),
+    )
+    assert _fire_order(plan, Environment()) == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(timers)
+def test_on_a_plain_environment_priorities_are_ignored(plan):
+    expected = sorted(range(len(plan)), key=lambda i: (plan[i][0], i))
+    assert _fire_order(plan, simpy.Environment()) == expected
+
+
+def test_a_priority_event_succeeded_now_waits_for_same_time_events_of_higher_priority():
+    env = Environment()
+    log: list[str] = []
+    wake = PriorityEvent(env, 2)
+    wake.callbacks.append(lambda _e: log.append("wake"))
+
+    def at_one(_e):
+        log.append("arrival")
+        wake.succeed()  # scheduled at priority 2: after the arrival at priority 1 below
+
+    PriorityTimeout(env, 1, 0).callbacks.append(at_one)
+    PriorityTimeout(env, 1, 1).callbacks.append(lambda _e: log.append("late arrival"))
+    PriorityTimeout(env, 1, 5).callbacks.append(lambda _e: log.append("timeout"))
+    env.run()
+    assert log == ["arrival", "late arrival", "wake", "timeout"]
+
+
+def test_a_store_delivers_at_arrival_priority():
+    """A Store's put and get events are NORMAL (1): after routing (0), before a step (2)."""
+    env = Environment()
+    store = simpy.Store(env)
+    log: list[str] = []
+
+    def consumer():
+        while True:
+            item = yield store.get()
+            log.append(f"got {item}")
+
+    env.process(consumer())
+    PriorityTimeout(env, 3, 2).callbacks.append(lambda _e: log.append("step"))
+    PriorityTimeout(env, 3, 0).callbacks.append(lambda _e: store.put("r1"))
+    env.run()
+    assert log == ["got r1", "step"]
+
+
+SIMPY_PRIVATE = re.compile(r"\._queue\b|\._eid\b|\._ok\b|\._value\b|heapreplace|\._now\b")
+
+
+def test_nothing_in_the_package_touches_simpys_private_state():
+    root = Path(__file__).resolve().parents[2] / "simulator"
+    offenders = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for path in root.rglob("*.py")
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if SIMPY_PRIVATE.search(line)
+    ]
+    assert offenders == []
