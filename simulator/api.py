@@ -17,6 +17,7 @@ from .cluster.cluster import InstanceSetup, run_simulation
 from .cluster.infra_spec import DeploymentSpec, LifecycleSpec
 from .cluster.infrastructure import FleetPlan, SlotPlan
 from .engine.batching import EngineConfig
+from .engine.options import EngineOptions
 from .engine.policies import make_priority_policy, make_scheduler
 from .engine.preemption import make_preemption_policy
 from .engine.request import Request
@@ -515,13 +516,17 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     on_deployment: Callable[[Deployment], None] | None = None,
     warn_unsteady: bool = True,
+    reference: bool = False,
+    options: EngineOptions | None = None,
     **overrides: Any,
 ) -> Result:
     """Run one scenario (object, dict or YAML path); keyword overrides use dotted paths with
     `__` for dots, e.g. simulate("x.yaml", engine__scheduler="sjf"). `on_deployment` sees the
     resolved deployment before instances are built (calibration wraps its step model).
     A run that did not reach a steady state logs a warning (`servesim` logger) unless
-    `warn_unsteady` is False (sweeps and plans judge many runs and report verdicts)."""
+    `warn_unsteady` is False (sweeps and plans judge many runs and report verdicts).
+    `reference=True` runs without the exact accelerations (engine/options.py): the same
+    results, slower; for checking them. `options` picks them one by one instead."""
     sc = as_scenario(scenario)
     if overrides:
         sc = apply_overrides(sc, {k.replace("__", "."): v for k, v in overrides.items()})
@@ -553,6 +558,7 @@ def simulate(
         progress=progress,
         check_invariants=sc.check_invariants,
         max_in_flight=sc.trace.max_in_flight if sc.trace is not None else None,
+        options=options if options is not None else EngineOptions(reference=reference),
     )
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)

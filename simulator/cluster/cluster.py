@@ -17,6 +17,7 @@ from ..collector import fewer_collections
 from ..engine.batching import EngineConfig, VLLMEngine
 from ..engine.events import ROUTER, Environment, event_after
 from ..engine.instance import Instance
+from ..engine.options import ACCELERATED, EngineOptions
 from ..engine.request import Request, RequestState
 from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
@@ -37,11 +38,6 @@ from .pd import Disaggregator, Pools
 from .router import Router, ServedModels
 from .routing import RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
-
-# Finished requests become compact rows (metrics/request_table.py) unless PD is on: its
-# parents keep their sub-requests for the PD results anyway. Off only to test that the rows
-# read back exactly as the objects would have.
-COMPACT_FINISHED_REQUESTS = True
 
 
 class _Source:
@@ -222,6 +218,7 @@ def run_simulation(
     progress: Callable[[int, int], None] | None = None,
     fleet: FleetPlan | None = None,
     max_in_flight: int | None = None,
+    options: EngineOptions = ACCELERATED,
 ) -> Result:
     """Simulate `requests` on a cluster until all finish or the horizon passes.
 
@@ -234,6 +231,7 @@ def run_simulation(
     models); without it every instance serves `model_name` and is routable from t = 0.
     `max_in_flight` caps the user-facing requests outstanding at once, as a load generator
     with that many connections does: a request due while all are busy is sent when one frees.
+    `options` chooses the exact accelerations (all off: `EngineOptions(reference=True)`).
     """
     cluster = cluster or ClusterSpec()
     check_invariants = invariants_requested(check_invariants)
@@ -258,11 +256,14 @@ def run_simulation(
             s.engine,
             s.step_model.output_token_processing_us(),
             s.step_model.post_decode_overhead_us(),
+            options,
         )
         for s in setups
     ]
     block_size = setups[0].engine.block_size
-    compact = COMPACT_FINISHED_REQUESTS and not cluster.pd.enabled
+    # Finished requests become compact rows unless PD is on: its parents keep their
+    # sub-requests for the PD results anyway.
+    compact = options.compact_finished_requests and not cluster.pd.enabled
     source = _Source(requests, horizon_us, RequestTable() if compact else None, max_in_flight)
     for engine in engines:
         engine.keep_completed = source.table is None
@@ -329,6 +330,7 @@ def run_simulation(
                 horizon_us,
                 check_invariants,
                 index=i,
+                coalesce_steps=options.coalesce_steps,
             )  # fmt: skip
         )
     if fleet is not None and fleet.dynamic:

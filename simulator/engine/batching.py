@@ -21,13 +21,10 @@ from ..limits import MAX_TIME_US, duration_us
 from ..metrics.recorder import PACK_AFTER_ROWS, StepLog
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
+from .options import ACCELERATED, EngineOptions
 from .policies import make_priority_policy, make_scheduler
 from .preemption import make_preemption_policy
 from .request import Request, RequestState
-
-# The decode fast path (below): on by default; tests switch it off to check that results are
-# identical either way. Read when an engine is built.
-DECODE_FAST_PATH = True
 
 _run_seq_of = attrgetter("run_seq")
 
@@ -106,10 +103,17 @@ class VLLMEngine:
         config: EngineConfig,
         output_token_processing_us: int = 0,
         post_decode_overhead_us: int = 0,
+        options: EngineOptions = ACCELERATED,
     ) -> None:
         self.config = config
         cpu = CPUTier(config.kv_cpu_blocks) if config.kv_cpu_blocks > 0 else None
-        self.kv = KVCache(config.total_kv_blocks, config.block_size, cpu, config.kv_offload_policy)
+        self.kv = KVCache(
+            config.total_kv_blocks,
+            config.block_size,
+            cpu,
+            config.kv_offload_policy,
+            options.defer_private_hashes,
+        )
         # Reloads started by the last plan_step, for the instance's host link to carry.
         self.new_reloads: list[tuple[Request, float]] = []
         # Times the instance idled with work because every runnable request awaited a reload.
@@ -145,7 +149,7 @@ class VLLMEngine:
         self._step_start_us = 0
         self._prev_step_end_us = -1
         # Decode fast path state (see the class docstring).
-        self.fast_path = DECODE_FAST_PATH
+        self.fast_path = options.decode_fast_path
         self._finished_steps = 0
         self.fast_path_steps = 0
         self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them

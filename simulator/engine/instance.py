@@ -24,10 +24,6 @@ from .events import (
 )
 from .request import Request
 
-# Step coalescing (see `_finish_quiet_steps`): on by default; tests switch it off to check
-# that results are identical either way. Read when an instance is built.
-COALESCE_STEPS = True
-
 
 class Instance:
     """A vLLM replica as two SimPy processes: an intake that takes routed requests from its
@@ -43,6 +39,7 @@ class Instance:
         horizon_us: int | None = None,
         check_invariants: bool = False,
         index: int = 0,
+        coalesce_steps: bool = True,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -81,7 +78,7 @@ class Instance:
         self.warm_requests: set[Request] = set()
         # Coalescing needs every step's effects to stay inside the engine; CPU-tier reloads
         # start link transfers, so instances with a CPU tier step one event at a time.
-        self.coalesce_steps = COALESCE_STEPS and engine.kv.cpu is None
+        self.coalesce_steps = coalesce_steps and engine.kv.cpu is None
         env.process(self._intake())
         env.process(self._step_loop())
 

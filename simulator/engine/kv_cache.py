@@ -31,6 +31,7 @@ class KVCache:
         block_size: int,
         cpu: CPUTier | None = None,
         offload_policy: str = "evict",
+        defer_private_hashes: bool = True,
     ) -> None:
         if total_blocks <= 0:
             raise ValueError(f"total_kv_blocks must be > 0, got {total_blocks}")
@@ -85,7 +86,7 @@ class KVCache:
         # block is reused; so their hashing waits for a release that needs it, and a
         # completed request's never happens. A CPU tier sees every hashed or evicted block,
         # so with one every block is hashed at once.
-        self.defer_private = cpu is None and DEFER_PRIVATE_HASHES
+        self.defer_private = cpu is None and defer_private_hashes
         self.now_us = 0
 
     # ------------------------------------------------------------------ queries
@@ -474,8 +475,6 @@ class KVCache:
             pos[b] = k
 
 
-# Off: every full prompt block is hashed at once (tests compare whole runs both ways).
-DEFER_PRIVATE_HASHES = True
 _STALE_SLACK = 4096  # stale free-queue entries tolerated beyond as many as the live ones
 _COMPACT_AFTER = 4096  # consumed free-queue entries kept before the list is cut
 

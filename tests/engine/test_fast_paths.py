@@ -1,6 +1,8 @@
-"""The speed-ups change nothing: the decode fast path (steady requests advanced lazily) and step
-coalescing (several engine steps per SimPy event) give identical per-request results, step logs
-and summaries to the plain one-request-at-a-time, one-event-per-step simulation.
+"""The accelerations change nothing (simulator/engine/options.py): the decode fast path (steady
+requests advanced lazily), step coalescing (an instance's quiet steps without an event each),
+deferred private hashes and compact finished rows give identical per-request results, step
+logs and summaries to the reference path (`EngineOptions(reference=True)`,
+`simulate(..., reference=True)`): one request at a time, one event per step.
 
 Random small scenarios cover what could break them: preemption (tiny KV caches), chunked
 prefill (tiny budgets), context limits, timeouts, horizons, prefix caching and the CPU tier,
@@ -20,34 +22,31 @@ from hypothesis import strategies as st
 import simulator
 from simulator.cluster import routing
 from simulator.cluster.cluster import run_simulation
-from simulator.engine import batching, instance, kv_cache
 from simulator.engine.batching import EngineConfig
+from simulator.engine.options import ACCELERATED, REFERENCE, EngineOptions
 from simulator.engine.request import Request
 from simulator.latency.roofline import RooflineModel
 from tests.specs import H100, LLAMA31_8B
 from tests.test_laws import scenarios as engine_scenarios
 
-SWITCHES = [
-    (batching, "DECODE_FAST_PATH"),
-    (instance, "COALESCE_STEPS"),
-    (kv_cache, "DEFER_PRIVATE_HASHES"),
-    (routing, "PRIVATE_BLOCKS_BY_COUNT"),
-]
+# Prefix-affinity scoring's switch is still a module flag of the routing policies.
+ROUTING_SWITCH = (routing, "PRIVATE_BLOCKS_BY_COUNT")
+FAST_PATH_OFF = EngineOptions(decode_fast_path=False)
 
 
 @contextmanager
-def speedups(enabled: bool, switches=SWITCHES):
-    saved = [getattr(module, name) for module, name in switches]
-    for module, name in switches:
-        setattr(module, name, enabled)
+def routing_by_count(enabled: bool):
+    module, name = ROUTING_SWITCH
+    saved = getattr(module, name)
+    setattr(module, name, enabled)
     try:
         yield
     finally:
-        for (module, name), value in zip(switches, saved, strict=True):
-            setattr(module, name, value)
+        setattr(module, name, saved)
 
 
-FAST_PATH_ALONE = [(batching, "DECODE_FAST_PATH")]
+def accelerated(enabled: bool) -> EngineOptions:
+    return ACCELERATED if enabled else REFERENCE
 
 
 def _observables(result) -> tuple:
@@ -71,8 +70,11 @@ def _assert_same(fast, plain) -> None:
     assert fast_obs[5] == plain_obs[5]
 
 
+# Each example runs a scenario twice (accelerated and reference). 150 examples per law: about
+# 20 s for the three laws on an idle 2-core machine; the CI profile draws the same ones every
+# run (tests/conftest.py), `make fuzz` explores more.
 SAME_SETTINGS = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -96,8 +98,9 @@ def test_one_engine_is_identical_with_and_without_speedups(case):
     requests, config, model, horizon = case
     runs = {}
     for enabled in (True, False):
-        with speedups(enabled):
-            runs[enabled] = run_simulation(_copies(requests), config, model, horizon)
+        runs[enabled] = run_simulation(
+            _copies(requests), config, model, horizon, options=accelerated(enabled)
+        )
     _assert_same(runs[True], runs[False])
 
 
@@ -117,8 +120,8 @@ def test_the_fast_path_alone_leaves_the_same_hashes(case):
     requests, config, model, horizon = case
     runs = {}
     for enabled in (True, False):
-        with speedups(enabled, FAST_PATH_ALONE):
-            runs[enabled] = run_simulation(_copies(requests), config, model, horizon)
+        options = ACCELERATED if enabled else FAST_PATH_OFF
+        runs[enabled] = run_simulation(_copies(requests), config, model, horizon, options=options)
     _assert_same(runs[True], runs[False])
     assert [_hash_state(e) for e in runs[True].engines] == [
         _hash_state(e) for e in runs[False].engines
@@ -138,8 +141,9 @@ def test_a_timeout_in_the_step_that_fills_the_private_prompt_block_hashes_it():
     def run(deadline_us: int, fast: bool):
         req = Request("r", 0, 20, 40, index=0, deadline_us=deadline_us)
         req.private_from_token = 0
-        with speedups(fast, FAST_PATH_ALONE):
-            return run_simulation([req], config, model, None)
+        return run_simulation(
+            [req], config, model, None, options=ACCELERATED if fast else FAST_PATH_OFF
+        )
 
     starts_us = list(run(0, True).engines[0].steps.start_us)
     hashed_counts = []
@@ -215,8 +219,8 @@ def cluster_scenarios(draw):
 def test_clusters_are_identical_with_and_without_speedups(scenario):
     runs = {}
     for enabled in (True, False):
-        with speedups(enabled):
-            runs[enabled] = simulator.simulate(scenario)
+        with routing_by_count(enabled):
+            runs[enabled] = simulator.simulate(scenario, reference=not enabled)
     _assert_same(runs[True], runs[False])
 
 
@@ -232,7 +236,7 @@ def test_the_speedups_are_on_by_default_and_do_take_effect():
             "output_tokens": {"distribution": "constant", "value": 200},
         },
     }
-    assert all(getattr(module, name) for module, name in SWITCHES)
+    assert EngineOptions() == ACCELERATED and getattr(*ROUTING_SWITCH)
     result = simulator.simulate(scenario)
     steps = len(result.engines[0].steps)
     # Light traffic: nearly every step takes the fast path.
@@ -240,8 +244,8 @@ def test_the_speedups_are_on_by_default_and_do_take_effect():
     # 100 -> 300 tokens of context per request cross a 16-token block boundary 12 times while
     # decoding; with room to spare, steady requests take most of those blocks without waking.
     assert result.engines[0].steady_block_takes >= 20 * 10
-    with speedups(False):
-        plain = simulator.simulate(scenario)
+    with routing_by_count(False):
+        plain = simulator.simulate(scenario, reference=True)
     assert plain.engines[0].fast_path_steps == 0
     assert plain.engines[0].steady_block_takes == 0
     _assert_same(result, plain)
@@ -266,8 +270,7 @@ def test_an_instance_finishes_its_own_quiet_steps_without_events():
     # At 2 req/s each request decodes ~150 steps of ~10 ms alone or with one other between
     # arrivals ~500 ms apart: most steps end before the next arrival and complete nothing.
     assert result.engines[0].steps_coalesced > 0.5 * steps
-    with speedups(False):
-        plain = simulator.simulate(lone)
+    plain = simulator.simulate(lone, reference=True)
     assert plain.engines[0].steps_coalesced == 0
     _assert_same(result, plain)
     pd = {
@@ -280,8 +283,7 @@ def test_an_instance_finishes_its_own_quiet_steps_without_events():
     }
     result = simulator.simulate(pd)
     assert sum(e.steps_coalesced for e in result.engines) > 0
-    with speedups(False):
-        plain = simulator.simulate(pd)
+    plain = simulator.simulate(pd, reference=True)
     _assert_same(result, plain)
 
 
@@ -326,8 +328,8 @@ def test_rerouted_requests_are_identical_with_and_without_speedups(event):
     }
     runs = {}
     for enabled in (True, False):
-        with speedups(enabled):
-            runs[enabled] = simulator.simulate(scenario)
+        with routing_by_count(enabled):
+            runs[enabled] = simulator.simulate(scenario, reference=not enabled)
     moved = runs[True].fleet_metrics
     assert moved["redirected_requests"] + moved["retried_requests"] > 0
     _assert_same(runs[True], runs[False])

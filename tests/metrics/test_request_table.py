@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import gc
 import json
-from contextlib import contextmanager
 
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simulator
-from simulator.cluster import cluster as cluster_module
+from simulator.engine.options import EngineOptions
 from simulator.engine.request import Request, RequestState
 from simulator.metrics.request_table import (
     CODED_FIELDS,
@@ -107,14 +106,8 @@ def test_records_list_rows_and_live_requests_in_injection_order():
     assert [r.request_id for r in records[1:3]] == ["live0", "d1"]
 
 
-@contextmanager
-def compaction(enabled: bool):
-    saved = cluster_module.COMPACT_FINISHED_REQUESTS
-    cluster_module.COMPACT_FINISHED_REQUESTS = enabled
-    try:
-        yield
-    finally:
-        cluster_module.COMPACT_FINISHED_REQUESTS = saved
+def compaction(enabled: bool) -> EngineOptions:
+    return EngineOptions(compact_finished_requests=enabled)
 
 
 def _everything(result, tmp_path, tag: str) -> tuple:
@@ -138,8 +131,7 @@ def test_compact_rows_give_the_same_results_as_objects(tmp_path_factory, scenari
     tmp_path = tmp_path_factory.mktemp("compact")
     runs = {}
     for enabled in (True, False):
-        with compaction(enabled):
-            runs[enabled] = simulator.simulate(scenario)
+        runs[enabled] = simulator.simulate(scenario, options=compaction(enabled))
     compact, plain = runs[True], runs[False]
     pd.testing.assert_frame_equal(compact.requests, plain.requests)
     assert _everything(compact, tmp_path, "on") == _everything(plain, tmp_path, "off")
