@@ -9,9 +9,12 @@ from os import PathLike, fspath
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from .catalog.defaults import lookup_coefficients, model_defaults
 from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.models import load_model, validate_tp
+from .catalog.precision import apply_precision
 from .catalog.types import GPUSpec, ModelConfig
 from .cluster.cluster import InstanceSetup, run_simulation
 from .cluster.infra_spec import DeploymentSpec, LifecycleSpec
@@ -30,6 +33,7 @@ from .latency.kv_capacity import (
     kv_bytes_per_token,
     model_weight_bytes,
 )
+from .latency.parallel import Parallelism
 from .limits import MAX_REQUESTS
 from .metrics.results import Result
 from .scenario import (
@@ -43,7 +47,7 @@ from .scenario import (
 )
 from .workload.generator import WorkloadStream
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
-from .workload.spec import load_workload_spec
+from .workload.spec import format_spec_error, load_workload_spec
 from .workload.synthetic import synthetic_to_spec
 from .workload.trace import ClientReplay, load_requests_file, recorded_client
 
@@ -66,12 +70,22 @@ class Deployment:
     step_model: StepTimeModel
     engine: EngineConfig
     kv_blocks_source: str
+    parallelism: Parallelism | None = None
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one instance occupies: tp x pp x dp."""
+        return self.parallelism.gpus if self.parallelism is not None else self.tp
 
     def describe(self) -> dict[str, Any]:
+        layout = self.parallelism or Parallelism(self.tp)
         return {
             "model": self.model.name,
             "hardware": self.gpu.name,
             "tp": self.tp,
+            "pp": layout.pp,
+            "ep": layout.ep,
+            "gpus": layout.gpus,
             "latency_model": self.step_model.name,
             "latency": self.step_model.provenance(),
             "total_kv_blocks": self.engine.total_kv_blocks,
@@ -111,13 +125,25 @@ def _shown(value: object, limit: int = 80) -> str:
 
 def resolve_deployment(scenario: Scenario) -> Deployment:
     """Model, GPU, TP, step-time model and engine settings, with BLIS's precedence rules."""
-    model = load_model(scenario.model)
+    if scenario.model_config_folder is not None:
+        model = load_model(str(scenario.model_config_folder), name=scenario.model)
+    else:
+        model = load_model(scenario.model)
     defaults = model_defaults(model.name) or {}
     hardware = scenario.hardware or defaults.get("GPU") or "H100"
     extra = load_gpu_file(scenario.hardware_file) if scenario.hardware_file else None
     gpu = get_gpu(hardware, extra)
     tp = scenario.tp or int(defaults.get("tensor_parallelism") or 1)
     validate_tp(model, tp)
+    model = apply_precision(model, gpu, scenario.weight_dtype, scenario.engine.kv_cache_dtype)
+    layout = Parallelism.of(
+        tp, scenario.pp, None, scenario.ep, scenario.enable_expert_parallel
+    ).check(model)
+    if scenario.enable_expert_parallel and not model.is_moe:
+        raise ConfigError(
+            f"enable_expert_parallel: invalid value True; expert parallelism needs an MoE "
+            f"model and {model.name!r} is dense"
+        )
     lat = scenario.latency
     step_model = build_step_time_model(
         lat.model,
@@ -128,13 +154,14 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
         lat.beta_coeffs,
         lat.vllm_version,
         coeffs_file=lat.coeffs_file,
+        parallelism=layout,
     )
     eng = scenario.engine
     make_scheduler(eng.scheduler)
     make_priority_policy(eng.priority_policy)
     make_preemption_policy(eng.preemption_policy)
     _validate_cluster(scenario)
-    total_blocks, source = _total_kv_blocks(scenario, model, gpu, tp)
+    total_blocks, source = _total_kv_blocks(scenario, model, gpu, tp, layout)
     max_model_len = eng.max_model_len
     if max_model_len is None:
         max_model_len = (
@@ -155,12 +182,12 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
         enable_prefix_caching=eng.enable_prefix_caching,
         kv_cpu_blocks=eng.kv_cpu_blocks,
         kv_offload_policy=eng.kv_offload_policy,
-        kv_bytes_per_block=kv_bytes_per_token(model, tp) * eng.block_size_tokens,
+        kv_bytes_per_block=kv_bytes_per_token(model, tp, layout.pp) * eng.block_size_tokens,
         kv_transfer_bandwidth_gb_per_s=eng.kv_transfer_bandwidth_gb_per_s,
         kv_transfer_base_latency_us=eng.kv_transfer_base_latency_us,
         kv_reload_blocking=eng.kv_reload_blocking,
     )
-    return Deployment(model, gpu, tp, step_model, engine, source)
+    return Deployment(model, gpu, tp, step_model, engine, source, layout)
 
 
 def instance_setups(scenario: Scenario, deployment: Deployment) -> list[InstanceSetup]:
@@ -183,6 +210,8 @@ def instance_setups(scenario: Scenario, deployment: Deployment) -> list[Instance
             changes = {
                 "hardware": pool.hardware,
                 "tp": pool.tp,
+                "pp": pool.pp,
+                "ep": pool.ep,
                 "latency.model": pool.latency_model,
                 "engine.max_model_len": pool.max_model_len,
                 "engine.total_kv_blocks": pool.total_kv_blocks,
@@ -261,7 +290,7 @@ def plan_fleet(
             aliases[key].append(d.model)
         if scenario.model and not scenario.deployments:
             aliases[key].append(scenario.model)
-        weights = model_weight_bytes(dep.model) / dep.tp
+        weights = model_weight_bytes(dep.model) / dep.gpus
         for k in range(d.num_instances + extra[d.name]):
             index = len(slots)
             slots.append(
@@ -271,7 +300,7 @@ def plan_fleet(
                     deployment=d.name,
                     model_key=key,
                     gpu_type=dep.gpu.name,
-                    gpus_needed=dep.tp,
+                    gpus_needed=dep.gpus,
                     pool=d.pool,
                     initial=k < d.num_instances,
                     weight_bytes=weights,
@@ -368,9 +397,10 @@ def _check_pools(
                 f"deployments[{d.name}]: runs on GPU {dep.gpu.name!r} but {where} has "
                 f"gpu_type {types}; set the deployment's hardware or the pool's gpu_type"
             )
-        if not any(p.gpus_per_node >= dep.tp for p in fitting):
+        if not any(p.gpus_per_node >= dep.gpus for p in fitting):
+            layout = f"tp {dep.tp}" if dep.gpus == dep.tp else f"tp x pp = {dep.gpus}"
             raise ConfigError(
-                f"deployments[{d.name}]: tp {dep.tp} needs {dep.tp} GPUs on one node but "
+                f"deployments[{d.name}]: {layout} needs {dep.gpus} GPUs on one node but "
                 f"{where} has at most {max(p.gpus_per_node for p in fitting)} per node"
             )
 
@@ -443,7 +473,7 @@ def _validate_cluster(scenario: Scenario) -> None:
 
 
 def _total_kv_blocks(
-    scenario: Scenario, model: ModelConfig, gpu: GPUSpec, tp: int
+    scenario: Scenario, model: ModelConfig, gpu: GPUSpec, tp: int, layout: Parallelism
 ) -> tuple[int, str]:
     """Explicit > measured defaults.yaml entry > auto-calculation > 1,000,000 (docs/behaviour.md
     §2.5)."""
@@ -458,7 +488,14 @@ def _total_kv_blocks(
         return entry.total_kv_blocks, "defaults.yaml"
     try:
         blocks = compute_kv_blocks(
-            model, gpu, tp, eng.block_size_tokens, eng.gpu_memory_utilization
+            model,
+            gpu,
+            tp,
+            eng.block_size_tokens,
+            eng.gpu_memory_utilization,
+            pp=layout.pp,
+            expert_fraction=layout.tp / layout.expert_shards if layout.ep_ranks > 1 else 1.0,
+            rule=eng.kv_capacity_rule,
         )
         return blocks, "auto"
     except ConfigError as exc:
@@ -487,6 +524,10 @@ def build_traffic(scenario: Scenario) -> tuple[Iterable[Request], WorkloadStream
     if scenario.trace is not None:
         trace = scenario.trace
         at_schedule = trace.timing == "schedule"
+        if trace.session_mode == "closed-loop":
+            from .workload.trace import closed_loop_replay
+
+            return closed_loop_replay(trace, scenario.seed, scenario.horizon_us)
         return load_requests_file(trace.data, trace.header, at_schedule), None
     stream = WorkloadStream(
         workload_spec_of(scenario),
@@ -495,6 +536,22 @@ def build_traffic(scenario: Scenario) -> tuple[Iterable[Request], WorkloadStream
         _workload_base_dir(scenario),
     )
     return stream, stream
+
+
+def merged_slo(slo: dict[str, Any], goodput_targets: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's `slo` section (a dict) with a v2 spec's (or a trace header's)
+    `goodput_slo_targets` filling each class's metrics the scenario leaves unset (a target of
+    0 means none, as in BLIS)."""
+    if not goodput_targets:
+        return slo
+    slo = {**slo, "classes": {k: dict(v) for k, v in (slo.get("classes") or {}).items()}}
+    for slo_class, targets in goodput_targets.items():
+        mine = slo["classes"].setdefault(str(slo_class), {})
+        given = targets if isinstance(targets, dict) else targets.model_dump()
+        for metric, value in (given or {}).items():
+            if value and mine.get(metric) is None:
+                mine[metric] = value
+    return slo
 
 
 def build_requests(scenario: Scenario) -> list[Request]:
@@ -536,7 +593,14 @@ def simulate(
     requests, stream = build_traffic(sc)
     info = sc.model_dump(mode="json")
     info["resolved"] = deployment.describe()
-    sessions = stream.sessions if stream is not None and stream.spec.has_sessions else None
+    sessions = stream.sessions if stream is not None and stream.has_sessions else None
+    if stream is not None and getattr(stream, "spec", None) is not None:
+        info["slo"] = merged_slo(info["slo"], stream.spec.goodput_slo_targets)
+    elif sc.trace is not None and sc.trace.header is not None:
+        from .workload.trace import read_header
+
+        targets = read_header(sc.trace.header).get("goodput_slo_targets") or {}
+        info["slo"] = merged_slo(info["slo"], targets)
     setups, fleet, sc = plan_fleet(sc, deployment)
     info["resolved"]["roles"] = [s.role for s in setups]
     pools = {s.role: s.step_model.provenance() for s in setups}
@@ -578,6 +642,8 @@ def replay(
     trace_data: str | Path,
     scenario: Scenario | dict | str | Path | None = None,
     max_in_flight: int | str = "auto",
+    session_mode: str = "fixed",
+    think_time: str | None = None,
     **overrides: Any,
 ) -> Result:
     """Simulate exactly the requests of a TraceV2 pair (arrival times and token counts).
@@ -585,17 +651,26 @@ def replay(
     `max_in_flight`: "auto" replays as the recorded client behaved (`recorded_client`: at the
     send times, or, for a client that fell behind a saturated server, at the scheduled times
     with its cap on outstanding requests); "off" at the send times; a number sends at the
-    scheduled times with at most that many requests outstanding."""
+    scheduled times with at most that many requests outstanding. `session_mode`
+    "closed-loop" sends each session's later rounds when the earlier finished, after
+    `think_time` (BLIS syntax, e.g. "constant:value=500ms"; None = the trace's own);
+    docs/workloads.md, "Closed-loop load"."""
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = sc.model_copy(update={"workload": None, "workload_spec": None})
     header = Path(trace_header) if trace_header is not None else None
-    client = client_replay(max_in_flight, trace_data)
-    sc.trace = TraceSpec(
-        header=header,
-        data=Path(trace_data),
-        timing="schedule" if client.at_schedule else "sends",
-        max_in_flight=client.max_in_flight,
-    )
+    closed = session_mode == "closed-loop"
+    client = client_replay("off" if closed else max_in_flight, trace_data)
+    try:
+        sc.trace = TraceSpec(
+            header=header,
+            data=Path(trace_data),
+            timing="schedule" if client.at_schedule else "sends",
+            max_in_flight=client.max_in_flight,
+            session_mode=session_mode,
+            think_time=think_time,
+        )
+    except ValidationError as exc:
+        raise ConfigError(format_spec_error(exc, "replay")) from None
     return simulate(sc, **overrides)
 
 
@@ -646,10 +721,15 @@ def with_overrides(
         return sc
     spec = workload_spec_of(sc).model_dump(exclude_none=True)
     for key, value in workload_overrides.items():
+        if key == "workload.timeout_us":
+            # BLIS --timeout on a spec: every client's deadline, sessions' included (0 = none).
+            for member in (*spec.get("clients", ()), *spec.get("cohorts", ())):
+                member["timeout"] = value
+            continue
         if key not in _V2_EQUIVALENTS:
             raise ConfigError(
-                f"{key}: does not apply to a v2 workload spec; only --rate (aggregate_rate) "
-                "and --num-requests do"
+                f"{key}: does not apply to a v2 workload spec; only --rate (aggregate_rate), "
+                "--num-requests and the deadline (--timeout, --timeout-us) do"
             )
         spec[_V2_EQUIVALENTS[key]] = value
     if seed_given and spec.get("seed") is not None:

@@ -106,17 +106,24 @@ SWITCHES = ("--quiet", "--version")
 # Flag parameter → scenario field (dotted path). Flags left out here are handled by hand.
 SCENARIO_FIELDS = {
     "model": "model",
+    "model_config_folder": "model_config_folder",
     "hardware": "hardware",
     "hardware_config": "hardware_file",
     "tp": "tp",
+    "pp": "pp",
+    "ep": "ep",
+    "enable_expert_parallel": "enable_expert_parallel",
+    "weight_dtype": "weight_dtype",
+    "kv_cache_dtype": "engine.kv_cache_dtype",
+    "kv_capacity_rule": "engine.kv_capacity_rule",
     "latency_model": "latency.model",
     "vllm_version": "latency.vllm_version",
     "latency_coeffs": "latency.coeffs_file",
     "total_kv_blocks": "engine.total_kv_blocks",
     "block_size_in_tokens": "engine.block_size_tokens",
     "gpu_memory_utilization": "engine.gpu_memory_utilization",
-    "max_num_running_reqs": "engine.max_num_running_reqs",
-    "max_num_scheduled_tokens": "engine.max_num_scheduled_tokens",
+    "max_num_seqs": "engine.max_num_running_reqs",
+    "max_num_batched_tokens": "engine.max_num_scheduled_tokens",
     "long_prefill_token_threshold": "engine.long_prefill_token_threshold",
     "max_model_len": "engine.max_model_len",
     "scheduler": "engine.scheduler",
@@ -140,6 +147,8 @@ SCENARIO_FIELDS = {
     "token_bucket_refill_rate": "cluster.admission.token_bucket_refill_rate",
     "routing_policy": "cluster.routing.policy",
     "routing_scorers": "cluster.routing.scorers",
+    "routing_profile": "cluster.routing.profile",
+    "cache_signal_delay": "cluster.routing.cache_signal_delay_us",
     "routing_latency": "cluster.routing.latency_us",
     "snapshot_refresh_interval": "cluster.routing.snapshot_refresh_interval_us",
     "trace_level": "cluster.trace.level",
@@ -160,6 +169,10 @@ SCENARIO_FIELDS = {
     "decode_hardware": "cluster.pd.decode.hardware",
     "prefill_tp": "cluster.pd.prefill.tp",
     "decode_tp": "cluster.pd.decode.tp",
+    "prefill_pp": "cluster.pd.prefill.pp",
+    "decode_pp": "cluster.pd.decode.pp",
+    "prefill_ep": "cluster.pd.prefill.ep",
+    "decode_ep": "cluster.pd.decode.ep",
     "prefill_latency_model": "cluster.pd.prefill.latency_model",
     "decode_latency_model": "cluster.pd.decode.latency_model",
     "prefill_max_model_len": "cluster.pd.prefill.max_model_len",
@@ -197,6 +210,31 @@ def _common_flags(
             "--model", _SIM, "bundled HF id (`servesim models`), or a config folder or .json file"
         ),
     ] = None,
+    model_config_folder: Annotated[
+        Path | None,
+        _opt(
+            "--model-config-folder",
+            _SIM,
+            "folder holding the model's config.json; --model then only names the model",
+        ),
+    ] = None,
+    defaults_filepath: Annotated[
+        Path | None,
+        _opt(
+            "--defaults-filepath",
+            _SIM,
+            "BLIS defaults.yaml to take default GPU/TP, presets and fitted coefficients from "
+            "(default: the bundled one)",
+        ),
+    ] = None,
+    lazy_generation: Annotated[
+        bool | None,
+        _opt(
+            "--lazy-generation/--no-lazy-generation",
+            _SIM,
+            "accepted for BLIS: servesim always generates requests as they are needed",
+        ),
+    ] = None,
     hardware: Annotated[
         str | None, _opt("--hardware", _SIM, "GPU type, e.g. H100 (`servesim hardware`)")
     ] = None,
@@ -204,6 +242,58 @@ def _common_flags(
         Path | None, _opt("--hardware-config", _SIM, "extra GPU table file (YAML/JSON)")
     ] = None,
     tp: Annotated[int | None, _opt("--tp", _SIM, "tensor parallelism: GPUs per instance")] = None,
+    pp: Annotated[
+        int | None,
+        _opt(
+            "--pp",
+            _SIM,
+            "pipeline parallelism: stages of tp GPUs per instance (default 1; latency model "
+            "physics)",
+        ),
+    ] = None,
+    ep: Annotated[
+        int | None,
+        _opt(
+            "--ep",
+            _SIM,
+            "expert parallelism: GPUs the routed experts are sharded over whole (default 1 = "
+            "sliced by TP; MoE models)",
+        ),
+    ] = None,
+    enable_expert_parallel: Annotated[
+        bool | None,
+        _opt(
+            "--enable-expert-parallel/--no-enable-expert-parallel",
+            _SIM,
+            "vLLM's flag: shard the routed experts over all tp x dp GPUs (default: off)",
+        ),
+    ] = None,
+    weight_dtype: Annotated[
+        str | None,
+        _opt(
+            "--weight-dtype",
+            _SIM,
+            "weight format: auto (the config's, default) | bf16 | fp16 | fp8 | int4 | fp4; "
+            "refused where the GPU lacks the tensor cores",
+        ),
+    ] = None,
+    kv_cache_dtype: Annotated[
+        str | None,
+        _opt(
+            "--kv-cache-dtype",
+            _SIM,
+            "KV-cache element: auto (the model's dtype, default) | fp8 | fp8_e4m3 | fp8_e5m2",
+        ),
+    ] = None,
+    kv_capacity_rule: Annotated[
+        str | None,
+        _opt(
+            "--kv-capacity-rule",
+            _SIM,
+            "KV blocks from free memory: blis (BLIS's formula, default) | vllm (per GPU, as "
+            "vLLM allocates)",
+        ),
+    ] = None,
     latency_model: Annotated[
         str | None,
         _opt(
@@ -265,13 +355,23 @@ def _common_flags(
             "fraction (0, 1] of GPU memory for weights and KV cache (default 0.9)",
         ),
     ] = None,
+    max_num_seqs: Annotated[
+        int | None,
+        _opt("--max-num-seqs", _SIM, "requests per batch, at most (default 256)"),
+    ] = None,
     max_num_running_reqs: Annotated[
         int | None,
-        _opt("--max-num-running-reqs", _SIM, "requests per batch, at most (default 256)"),
+        _opt("--max-num-running-reqs", _SIM, "old name of --max-num-seqs", hidden=True),
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        _opt("--max-num-batched-tokens", _SIM, "tokens per step, at most (default 2048)"),
     ] = None,
     max_num_scheduled_tokens: Annotated[
         int | None,
-        _opt("--max-num-scheduled-tokens", _SIM, "tokens per step, at most (default 2048)"),
+        _opt(
+            "--max-num-scheduled-tokens", _SIM, "old name of --max-num-batched-tokens", hidden=True
+        ),
     ] = None,
     long_prefill_token_threshold: Annotated[
         int | None,
@@ -395,6 +495,15 @@ def _common_flags(
         str | None,
         _opt("--routing-scorers", _CL, 'scorer weights "name:weight,..." (weighted routing)'),
     ] = None,
+    routing_profile: Annotated[
+        str | None,
+        _opt(
+            "--routing-profile",
+            _CL,
+            "blis-mar (default) | blis-current: that BLIS release's scorer meanings, default "
+            "scorers and signal ages",
+        ),
+    ] = None,
     routing_latency: Annotated[
         int | None, _opt("--routing-latency", _CL, "routing decision delay, µs (default 0)")
     ] = None,
@@ -403,7 +512,17 @@ def _common_flags(
         _opt(
             "--snapshot-refresh-interval",
             _CL,
-            "age of the router's load signals, µs (0 = always fresh, default)",
+            "age of the router's load signals, µs (0 = always fresh, default; "
+            "blis-current profile 50000)",
+        ),
+    ] = None,
+    cache_signal_delay: Annotated[
+        int | None,
+        _opt(
+            "--cache-signal-delay",
+            _CL,
+            "age of the router's view of the prefix caches, µs (0 = live, default; "
+            "blis-current profile 50000)",
         ),
     ] = None,
     policy_config: Annotated[
@@ -527,6 +646,18 @@ def _common_flags(
     decode_tp: Annotated[
         int | None, _opt("--decode-tp", _PD, "decode pool's tensor parallelism (default: --tp)")
     ] = None,
+    prefill_pp: Annotated[
+        int | None, _opt("--prefill-pp", _PD, "prefill pool's pipeline stages (default: --pp)")
+    ] = None,
+    decode_pp: Annotated[
+        int | None, _opt("--decode-pp", _PD, "decode pool's pipeline stages (default: --pp)")
+    ] = None,
+    prefill_ep: Annotated[
+        int | None, _opt("--prefill-ep", _PD, "prefill pool's expert parallelism (default: --ep)")
+    ] = None,
+    decode_ep: Annotated[
+        int | None, _opt("--decode-ep", _PD, "decode pool's expert parallelism (default: --ep)")
+    ] = None,
     prefill_latency_model: Annotated[
         str | None,
         _opt(
@@ -627,6 +758,10 @@ def _common_flags(
         Path | None,
         _opt("--results-path", _OUT, "write the summary and per-request records (JSON)"),
     ] = None,
+    metrics_path: Annotated[
+        Path | None,
+        _opt("--metrics-path", _OUT, "current BLIS's name of --results-path (the same file)"),
+    ] = None,
     log: Annotated[
         str, _opt("--log", _OUT, "log level on stderr: debug | info | warning | error")
     ] = "warning",
@@ -701,6 +836,20 @@ def _workload_flags(
     ] = None,
 ) -> None:
     """Template: the traffic flags of `run` (and `observe`)."""
+
+
+def _closed_loop_flags() -> Callable:
+    """Template: `run`'s closed-loop and deadline flags (declared in cli_blis)."""
+    from .cli_blis import closed_loop_flags
+
+    return closed_loop_flags
+
+
+def _goodput_flags() -> Callable:
+    """Template: current BLIS's per-class goodput targets (declared in cli_blis)."""
+    from .cli_blis import goodput_flags
+
+    return goodput_flags
 
 
 def _trace_output_flag(
@@ -780,7 +929,16 @@ def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
 
 
 # Old flag names kept as hidden aliases: parameter of the old name -> of the new one.
-RENAMED_FLAGS = {"loading_delay_legacy": ("--loading-delay", "loading_delay", "--loading-delay-s")}
+RENAMED_FLAGS = {
+    "loading_delay_legacy": ("--loading-delay", "loading_delay", "--loading-delay-s"),
+    # BLIS-Mar's names of vLLM's --max-num-seqs and --max-num-batched-tokens.
+    "max_num_running_reqs": ("--max-num-running-reqs", "max_num_seqs", "--max-num-seqs"),
+    "max_num_scheduled_tokens": (
+        "--max-num-scheduled-tokens",
+        "max_num_batched_tokens",
+        "--max-num-batched-tokens",
+    ),
+}
 
 ON_VALUES = ("on", "true")
 OFF_VALUES = ("off", "false")
@@ -1018,7 +1176,9 @@ INVARIANT_EXIT_CODE = 3
 
 
 @app.command()
-@_with_flags(_common_flags, _workload_flags, _trace_output_flag)
+@_with_flags(
+    _common_flags, _workload_flags, _closed_loop_flags(), _goodput_flags(), _trace_output_flag
+)
 def run(
     scenario: Annotated[
         Path | None, typer.Argument(help="scenario YAML (flags override its fields)")
@@ -1028,15 +1188,27 @@ def run(
     """Simulate a scenario file, or synthetic traffic described by flags."""
 
     def go() -> None:
+        from .cli_blis import (
+            closed_loop_overrides,
+            defaults_file_overrides,
+            goodput_overrides,
+            results_path,
+        )
+
         _setup_logging(flags["log"])
-        overrides = _overrides(flags)
+        overrides = {**_overrides(flags), **goodput_overrides(flags)}
         if flags.get("workload_spec") is not None:
             overrides["workload_spec"] = flags["workload_spec"]
-        workload = workload_overrides(flags)
+        workload = closed_loop_overrides(flags, workload_overrides(flags))
+        if flags.get("defaults_filepath") is not None:
+            extra, extra_workload = defaults_file_overrides(
+                flags["defaults_filepath"], scenario, overrides, workload
+            )
+            overrides, workload = {**extra, **overrides}, {**extra_workload, **workload}
         _execute(
             scenario,
             overrides,
-            flags["results_path"],
+            results_path(flags),
             workload,
             flags["trace_output"],
             flags["quiet"],
@@ -1047,7 +1219,7 @@ def run(
 
 
 @app.command()
-@_with_flags(_common_flags, _trace_output_flag)
+@_with_flags(_common_flags, _goodput_flags(), _trace_output_flag)
 def replay(
     trace_data: Annotated[
         Path, typer.Option("--trace-data", help="TraceV2 CSV, or a plain request CSV")
@@ -1079,37 +1251,78 @@ def replay(
             "times, at most N outstanding)",
         ),
     ] = "auto",
+    session_mode: Annotated[
+        str,
+        typer.Option(
+            "--session-mode",
+            help="fixed (every row at its recorded time, default) | closed-loop (each "
+            "session's later rounds wait for the earlier: round r+1 is sent when round r "
+            "finished plus a think time)",
+        ),
+    ] = "fixed",
+    think_time_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--think-time-ms",
+            help="closed-loop: think time between rounds, ms (0 or unset: the trace's "
+            "recorded think times, else its arrival gaps)",
+        ),
+    ] = None,
+    think_time_dist: Annotated[
+        str | None,
+        typer.Option(
+            "--think-time-dist",
+            help='closed-loop: think-time law, "constant:value=500ms" or '
+            '"lognormal:mu=2.0,sigma=0.6,min=3s,max=30s" (mu, sigma in ln s)',
+        ),
+    ] = None,
     **flags: Any,
 ) -> None:
     """Simulate exactly the requests of a BLIS TraceV2 file (send/arrival times, token counts)."""
 
     def go() -> None:
         from .api import client_replay
+        from .cli_blis import (
+            defaults_file_overrides,
+            goodput_overrides,
+            results_path,
+            session_mode_trace,
+        )
         from .workload.trace import trace_notes
 
         _setup_logging(flags["log"])
-        overrides = _overrides(flags)
+        overrides = {**_overrides(flags), **goodput_overrides(flags)}
         overrides["workload"] = None
         overrides["workload_spec"] = None
-        client = client_replay(max_in_flight, trace_data)
+        sessions = session_mode_trace(session_mode, think_time_ms, think_time_dist)
+        if sessions and max_in_flight != "auto":
+            raise ConfigError(
+                "--max-in-flight: closed-loop sessions pace themselves; it does not apply "
+                "with --session-mode closed-loop"
+            )
+        client = client_replay("off" if sessions else max_in_flight, trace_data)
         overrides["trace"] = {
             "header": trace_header,
             "data": trace_data,
             "timing": "schedule" if client.at_schedule else "sends",
             "max_in_flight": client.max_in_flight,
+            **sessions,
         }
+        if flags.get("defaults_filepath") is not None:
+            extra, _ = defaults_file_overrides(flags["defaults_filepath"], scenario, overrides, {})
+            overrides = {**extra, **overrides}
         choice, apply = _replay_prefix_caching(
             prefix_caching, scenario, overrides, trace_header, trace_data
         )
         if apply:
             overrides["engine.enable_prefix_caching"] = choice.enabled
-        notes = trace_notes(trace_header, trace_data)
+        notes = trace_notes(trace_header, trace_data, closed_loop=bool(sessions))
         if client.at_schedule:  # the send times are not used
             notes = [n for n in notes if not n.startswith("send_time_us:")]
         _execute(
             scenario,
             overrides,
-            flags["results_path"],
+            results_path(flags),
             trace_output=flags["trace_output"],
             quiet=flags["quiet"],
             timeline_path=flags["timeline_path"],
@@ -1207,17 +1420,19 @@ def list_models_cmd() -> None:
 
 @app.command("hardware")
 def list_hardware_cmd() -> None:
-    """List the GPU catalog with its peak rates."""
+    """List the GPU catalog with its peak rates (dense) and whose MFU each uses."""
     from .catalog.hardware import get_gpu, list_gpus
 
     typer.echo(
-        f"{'gpu':<10} {'bf16_tflops':>11} {'fp8_tflops':>10} {'hbm_tbs':>8} {'memory_gib':>10}"
+        f"{'gpu':<10} {'bf16_tflops':>11} {'fp8_tflops':>10} {'fp4_tflops':>10} {'hbm_tbs':>8} "
+        f"{'memory_gib':>10}  mfu"
     )
     for name in list_gpus():
         g = get_gpu(name)
         typer.echo(
-            f"{g.name:<10} {g.tflops_peak:>11.1f} {g.tflops_fp8:>10.1f} {g.bw_peak_tbs:>8.3f} "
-            f"{g.memory_gib:>10.1f}"
+            f"{g.name:<10} {g.tflops_peak:>11.1f} {g.tflops_fp8:>10.1f} {g.tflops_fp4:>10.1f} "
+            f"{g.bw_peak_tbs:>8.3f} {g.memory_gib:>10.1f}  "
+            + (f"carried over from {g.mfu_from}" if g.mfu_from else "calibrated")
         )
 
 
@@ -1406,11 +1621,13 @@ def _echo_validation(done: Any, model: str) -> None:
 
 def _register_extras() -> None:
     from .cli_calibrate import register as register_calibrate
+    from .cli_convert import register as register_convert
     from .cli_extras import register as register_plot
     from .cli_observe import register as register_observe
     from .cli_plan import register as register_plan
     from .cli_sweep import register as register_sweep
 
+    register_convert(convert_app)
     register_plot(app)
     register_sweep(app)
     register_plan(app)

@@ -9,7 +9,7 @@ is read as a number, nor anything but true/false as a flag.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -17,9 +17,11 @@ from pydantic import (
     Discriminator,
     Field,
     PrivateAttr,
+    SerializationInfo,
     Tag,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -50,6 +52,7 @@ from .limits import (
     PositiveTimeUs,
     PositiveTokens,
     Rate,
+    Requests,
     Seed,
     TimeUs,
     TokenAmount,
@@ -102,6 +105,10 @@ class SyntheticWorkload(_Strict):
     prompt_tokens: LengthSpec | None = None
     output_tokens: LengthSpec | None = None
     timeout_us: TimeUs = Field(0, description="client deadline after arrival; 0 = none")
+    # Closed loop (BLIS --concurrency): this many virtual users, each sending its next request
+    # think_time_us after its previous one finished; `rate` and `arrival` then do not apply.
+    concurrency: Requests = Field(0, description="virtual users; 0 = open loop at `rate`")
+    think_time_us: TimeUs = 0
 
 
 # Keys that only a v2 workload spec has: their presence selects the v2 schema.
@@ -135,6 +142,12 @@ class TraceSpec(_Strict):
     data: Path
     timing: Literal["sends", "schedule"] = "sends"
     max_in_flight: PositiveRequests | None = None
+    # `closed-loop`: only each session's round 0 is sent at its time; round r + 1 follows
+    # round r's end by a think time (docs/workloads.md). `think_time`: BLIS's think-time syntax
+    # (`constant:value=500ms`, `lognormal:mu=..,sigma=..[,min=..][,max=..]`); None = the
+    # trace's recorded think times, else its arrival gaps.
+    session_mode: Literal["fixed", "closed-loop"] = "fixed"
+    think_time: str | None = Field(None, max_length=200)
 
 
 # The step-time model of a run that names none: physics with the shipped fit for its GPU and
@@ -179,6 +192,11 @@ class EngineSpec(_Strict):
     kv_transfer_bandwidth_gb_per_s: Bandwidth = Field(50.0, description="host link, per GPU")
     kv_transfer_base_latency_us: TimeUs = 0
     kv_reload_blocking: Flag = False
+    # vLLM's --kv-cache-dtype: auto = the model's dtype; fp8 halves the bytes per token.
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    # How free GPU memory becomes blocks (docs/models-and-hardware.md): BLIS's formula, or
+    # vLLM's per-GPU allocation (tp x fewer blocks than BLIS's for tp > 1).
+    kv_capacity_rule: Literal["blis", "vllm"] = "blis"
 
 
 class AdmissionSpec(_Strict):
@@ -188,11 +206,77 @@ class AdmissionSpec(_Strict):
     latency_us: TimeUs = 0
 
 
-class RoutingSpec(_Strict):
+class _ProfileResolved(_Strict):
+    """A spec whose `_RESOLVED` fields a routing profile fills in or reinterprets: attributes
+    hold the resolved values (what the simulation reads), dumps hold the values as given, so a
+    spec dumped, overridden (e.g. a new profile) and validated again resolves afresh."""
+
+    _RESOLVED: ClassVar[tuple[str, ...]] = ()
+    _given: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._RESOLVED:
+            self._given = {**self._given, name: value}
+        super().__setattr__(name, value)
+
+    def given(self, name: str) -> Any:
+        """The value of a resolved field as given (None: left to the profile)."""
+        return self._given.get(name, self.__dict__[name])
+
+    def _set_resolved(self, values: dict[str, Any]) -> None:
+        self._given = {f: self.given(f) for f in self._RESOLVED}
+        self.__dict__.update(values)
+
+    @model_serializer(mode="wrap")
+    def _dump_as_given(self, handler: Any, info: SerializationInfo) -> Any:
+        data = handler(self)
+        for name in self._RESOLVED:
+            if name in data:
+                value = self.given(name)
+                if value is None and info.exclude_none:
+                    del data[name]
+                else:
+                    data[name] = value
+        return data
+
+
+class RoutingSpec(_ProfileResolved):
+    """Routing; `profile` says which BLIS release's routing to follow (docs/cluster.md
+    "Routing profiles"): the default scorer list, the meaning of scorer names BLIS changed,
+    and the signal ages left unset."""
+
+    _RESOLVED = ("scorers", "snapshot_refresh_interval_us", "cache_signal_delay_us")
     policy: str = "round-robin"
+    profile: str = Field("blis-mar", description="blis-mar (default) | blis-current")
     scorers: str | None = Field(None, description='"name:weight,..." for weighted routing')
     latency_us: TimeUs = 0
-    snapshot_refresh_interval_us: TimeUs = Field(0, description="0 = always fresh")
+    snapshot_refresh_interval_us: TimeUs | None = Field(
+        None, description="age of load signals; unset: the profile's (blis-mar 0 = always fresh)"
+    )
+    cache_signal_delay_us: TimeUs | None = Field(
+        None, description="age of the prefix-cache view; unset: the profile's (blis-mar 0 = live)"
+    )
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        from .cluster.routing import routing_profile
+
+        return routing_profile(value).name
+
+    @model_validator(mode="after")
+    def _apply_profile(self) -> RoutingSpec:
+        from .cluster.routing import resolve_routing
+
+        self._set_resolved(
+            resolve_routing(
+                self.profile,
+                scorers=self.given("scorers"),
+                snapshot_refresh_interval_us=self.given("snapshot_refresh_interval_us"),
+                cache_signal_delay_us=self.given("cache_signal_delay_us"),
+            )
+        )
+        return self
 
 
 class DecisionTraceSpec(_Strict):
@@ -203,12 +287,15 @@ class DecisionTraceSpec(_Strict):
     path: Path | None = Field(None, description="write decisions as JSON Lines")
 
 
-class PoolSpec(_Strict):
+class PoolSpec(_ProfileResolved):
     """Per-pool overrides of the deployment (docs/behaviour.md §7.4): unset fields inherit the
-    scenario's."""
+    scenario's. The cluster's routing profile reinterprets `routing_scorers`."""
 
+    _RESOLVED = ("routing_scorers",)
     hardware: str | None = None
     tp: Gpus | None = None
+    pp: Gpus | None = None
+    ep: Gpus | None = None
     latency_model: str | None = None
     max_model_len: Tokens | None = None
     total_kv_blocks: PositiveBlocks | None = None
@@ -218,8 +305,8 @@ class PoolSpec(_Strict):
     def changes_deployment(self) -> bool:
         return any(
             v is not None
-            for v in (self.hardware, self.tp, self.latency_model, self.max_model_len,
-                      self.total_kv_blocks)
+            for v in (self.hardware, self.tp, self.pp, self.ep, self.latency_model,
+                      self.max_model_len, self.total_kv_blocks)
         )  # fmt: skip
 
 
@@ -257,7 +344,14 @@ class ClusterSpec(_Strict):
 
     @model_validator(mode="after")
     def _pools(self) -> ClusterSpec:
+        from .cluster.routing import resolve_scorers
+
         pd = self.pd
+        for pool in (pd.prefill, pd.decode):
+            given = pool.given("routing_scorers")
+            if given is not None:
+                resolved = resolve_scorers(given, self.routing.profile)
+                pool._set_resolved({"routing_scorers": resolved})  # noqa: SLF001
         if pd.enabled:
             if pd.prefill_instances == 0 or pd.decode_instances == 0:
                 raise ValueError(
@@ -299,8 +393,17 @@ class Scenario(_Strict):
     seed: Seed = 42
     horizon_us: PositiveTimeUs | None = None
     model: str = "meta-llama/llama-3.1-8b-instruct"
+    # BLIS --model-config-folder: the model's config.json comes from here; `model` names it.
+    model_config_folder: Path | None = None
     hardware: str | None = None
     tp: Gpus | None = None
+    # Pipeline stages and expert parallelism (docs/parallelism.md); ep 1 = experts sliced by
+    # TP; enable_expert_parallel = vLLM's flag, ep = tp x dp.
+    pp: Gpus | None = None
+    ep: Gpus | None = None
+    enable_expert_parallel: Flag = False
+    # vLLM's --quantization, simplified: auto = the config's checkpoint format.
+    weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int4", "fp4"] = "auto"
     hardware_file: Path | None = None
     latency: LatencySpec = Field(default_factory=LatencySpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -451,6 +554,8 @@ def load_scenario(path: str | Path) -> Scenario:
         )
     if scenario.hardware_file is not None:
         scenario.hardware_file = _resolve(base, scenario.hardware_file)
+    if scenario.model_config_folder is not None:
+        scenario.model_config_folder = _resolve(base, scenario.model_config_folder)
     if scenario.latency.coeffs_file is not None:
         scenario.latency.coeffs_file = _resolve(base, scenario.latency.coeffs_file)
     if scenario.workload_spec is not None:

@@ -1,5 +1,5 @@
-"""GPU catalog (docs/behaviour.md §3.5): the bundled BLIS table plus H200 and B200, and user GPU
-files."""
+"""GPU catalog (docs/behaviour.md §3.5): BLIS's bundled table, servesim's additions (H200,
+B200, GB200, MI300X, MI325X; data/gpus.yaml) and user GPU files."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from simulator.catalog.types import GPUSpec
 from simulator.errors import ConfigError, excerpt, invalid, unknown
 from simulator.input_files import check_path, load_json, load_yaml, read_text
 
 _HARDWARE_CONFIG_PATH = Path(__file__).parent / "data" / "hardware_config.json"
+_SERVESIM_GPUS_PATH = Path(__file__).parent / "data" / "gpus.yaml"
 
 # hardware_config.json key -> GPUSpec field.
 _FIELDS: dict[str, str] = {
@@ -26,46 +29,20 @@ _FIELDS: dict[str, str] = {
     "mfuDecode": "mfu_decode",
     "MemoryGiB": "memory_gib",
 }
+# Keys BLIS's table does not have; absent means 0 (no FP4 units) and "MFU measured on this GPU".
+_OPTIONAL_NUMBERS: dict[str, str] = {"TFlopsFP4": "tflops_fp4"}
+_MFU_FROM_KEY = "mfuFrom"
 _COMMENT_KEY = "_comment"
-# 0 is meaningful here: "no FP8 tensor cores", so the roofline uses the BF16 rate.
-_MAY_BE_ZERO = {"TFlopsFP8"}
+# 0 is meaningful here: "no FP8 (FP4) tensor cores", so the roofline uses the BF16 rate.
+_MAY_BE_ZERO = {"TFlopsFP8", "TFlopsFP4"}
 _FRACTIONS = {"mfuPrefill", "mfuDecode"}
 
 # docs/behaviour.md §3.5 [Mar-27]: BLIS set the L40S FP8 rate after the bundled table was copied.
+# NVIDIA's L40S datasheet lists 1,466 TFLOPS FP8 *with sparsity* (733 dense); BLIS uses the
+# sparse figure and servesim keeps it, so its BLIS backends price FP8 on L40S as BLIS does.
 _L40S_TFLOPS_FP8 = 1466.0
-
-# GPUs absent from BLIS-Mar's table. Peak figures are NVIDIA's dense (no sparsity) datasheet
-# numbers; MFU is not calibrated for them, so both borrow H100's (0.45 prefill / 0.30 decode)
-# as the closest measured parts -- treat their step times as rougher than H100's.
-#
-# H200 SXM -- NVIDIA H200 product page (nvidia.com/en-us/data-center/h200): 1,979 TFLOPS
-#   BF16 and 3,958 TFLOPS FP8 *with sparsity* -> 989.5 / 1979 dense (the H100 SXM compute);
-#   141 GB HBM3e at 4.8 TB/s. NVIDIA's "141 GB" is a binary-sized figure: nvidia-smi reports
-#   143,771 MiB = 140.4 GiB (the H100's "80 GB" likewise reports 81,559 MiB = 79.6 GiB and
-#   BLIS lists it as 80.0 GiB). A decimal conversion (141e9 B = 131.3 GiB) would understate
-#   the real memory by ~9 GiB, so we use the device-reported 140.4 GiB.
-# B200 (HGX/DGX B200, 1,000 W) -- NVIDIA HGX B200 / DGX B200 datasheets: 2.25 PFLOPS
-#   BF16 and 4.5 PFLOPS FP8 dense (4.5 / 9 PFLOPS with sparsity), 8 TB/s HBM3e, 180 GB per
-#   GPU (DGX B200: 1,440 GB over 8 GPUs; the 192 GB often quoted is the raw stack size).
-#   nvidia-smi reports 183,359 MiB = 179.1 GiB, used here for the same reason as H200.
-_EXTRA_GPUS: dict[str, dict[str, float]] = {
-    "H200": {
-        "TFlopsPeak": 989.5,
-        "TFlopsFP8": 1979.0,
-        "BwPeakTBs": 4.8,
-        "mfuPrefill": 0.45,
-        "mfuDecode": 0.30,
-        "MemoryGiB": 140.4,
-    },
-    "B200": {
-        "TFlopsPeak": 2250.0,
-        "TFlopsFP8": 4500.0,
-        "BwPeakTBs": 8.0,
-        "mfuPrefill": 0.45,
-        "mfuDecode": 0.30,
-        "MemoryGiB": 179.1,
-    },
-}
+# Every entry of BLIS's table carries MFU "calibrated per Discussion #589" (its _comment).
+_BLIS_SOURCE = "BLIS hardware_config.json"
 
 
 def _finite(value: float) -> bool:
@@ -80,29 +57,42 @@ def _spec_from_entry(gpu: str, entry: Any, source: str) -> GPUSpec:
     where = f"{source}: GPU {excerpt(gpu, 40)}"
     if not isinstance(entry, Mapping):
         raise invalid(where, type(entry).__name__, "must be a mapping of " + ", ".join(_FIELDS))
-    extra = sorted(str(k) for k in entry if k not in _FIELDS and k != _COMMENT_KEY)
+    known = {*_FIELDS, *_OPTIONAL_NUMBERS, _MFU_FROM_KEY, _COMMENT_KEY}
+    extra = sorted(str(k) for k in entry if k not in known)
     if extra:
         raise ConfigError(
             f"{where}: unknown key {excerpt(extra[0], 40)}; "
-            f"valid: {', '.join(_FIELDS)}, {_COMMENT_KEY}"
+            f"valid: {', '.join(_FIELDS)}, {', '.join(_OPTIONAL_NUMBERS)}, {_MFU_FROM_KEY}, "
+            f"{_COMMENT_KEY}"
         )
     missing = [k for k in _FIELDS if k not in entry]
     if missing:
         raise ConfigError(f"{where}: missing key {missing[0]!r}; required: {', '.join(_FIELDS)}")
-    values: dict[str, float] = {}
-    for key, attr in _FIELDS.items():
+    values: dict[str, Any] = {}
+    for key, attr in {**_FIELDS, **_OPTIONAL_NUMBERS}.items():
+        if key not in entry:
+            continue
         value = entry[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
             raise invalid(f"{where}: {key}", value, "must be a finite number")
         if key in _MAY_BE_ZERO:
             if value < 0:
-                raise invalid(f"{where}: {key}", value, "must be >= 0 (0 = no FP8 support)")
+                raise invalid(f"{where}: {key}", value, "must be >= 0 (0 = no such tensor cores)")
         elif value <= 0:
             raise invalid(f"{where}: {key}", value, "must be > 0")
         if key in _FRACTIONS and value > 1:
             raise invalid(f"{where}: {key}", value, "must be in (0, 1]")
         values[attr] = float(value)
-    return GPUSpec(name=gpu, **values)
+    mfu_from = entry.get(_MFU_FROM_KEY, "")
+    if not isinstance(mfu_from, str):
+        raise invalid(f"{where}: {_MFU_FROM_KEY}", mfu_from, "must be the name of a GPU")
+    comment = entry.get(_COMMENT_KEY)
+    return GPUSpec(
+        name=gpu,
+        **values,
+        source=f"{source}: {comment}" if isinstance(comment, str) and comment else source,
+        mfu_from=mfu_from,
+    )
 
 
 def _specs_from_table(table: Any, source: str) -> dict[str, GPUSpec]:
@@ -128,8 +118,12 @@ def _builtin() -> dict[str, GPUSpec]:
     with _HARDWARE_CONFIG_PATH.open(encoding="utf-8") as fh:
         table = json.load(fh)
     table["L40S"]["TFlopsFP8"] = _L40S_TFLOPS_FP8
-    table.update(_EXTRA_GPUS)
-    return _specs_from_table(table, "built-in GPU table")
+    for entry in table.values():
+        entry.pop(_COMMENT_KEY, None)  # the shared source line below says it
+    specs = _specs_from_table(table, _BLIS_SOURCE)
+    with _SERVESIM_GPUS_PATH.open(encoding="utf-8") as fh:
+        ours = _specs_from_table(yaml.safe_load(fh), "servesim data/gpus.yaml")
+    return {**specs, **ours}
 
 
 def list_gpus() -> list[str]:
@@ -172,3 +166,16 @@ def _valid_names(catalog: Iterable[str]) -> list[str]:
     for key in catalog:
         names[key.lower()] = key
     return list(names.values())
+
+
+def mfu_provenance(gpu: GPUSpec) -> str:
+    """Whether the GPU's MFU (the roofline's efficiencies) was measured on it or carried over
+    from another GPU, and from where, in words."""
+    mfu = f"MFU {gpu.mfu_prefill:g} prefill / {gpu.mfu_decode:g} decode"
+    if gpu.mfu_from:
+        return (
+            f"{mfu} carried over from {gpu.mfu_from} (calibrated there); not measured on {gpu.name}"
+        )
+    if gpu.source.startswith(_BLIS_SOURCE):
+        return f"{mfu} calibrated on {gpu.name} (BLIS discussion #589)"
+    return f"{mfu} as given in {gpu.source.split(': ', 1)[0] or 'the GPU entry'}"

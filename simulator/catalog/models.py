@@ -50,6 +50,8 @@ _EXPERT_COUNT_KEYS = ("num_routed_experts", "n_routed_experts", "num_experts")
 # No real config has a size near this (vocabularies are ~10^5, context windows ~10^7); a
 # larger one is damage, and it would overflow the floats the latency models compute with.
 MAX_CONFIG_INT = 2**40
+# Layers are walked one by one (which are MoE, which attend a window); real models have ~10^2.
+MAX_LAYERS = 100_000
 
 
 def _int_field(cfg: dict[str, Any], key: str, name: str) -> int:
@@ -177,6 +179,13 @@ def parse_hf_config(raw: dict, name: str) -> ModelConfig:
     if dtype is None:
         dtype = cfg.get("dtype")
     bytes_per_param = dtype_bytes(dtype)
+    qcfg = cfg.get("quantization_config")
+    quant_method = qcfg.get("quant_method") if isinstance(qcfg, dict) else None
+    mxfp4 = isinstance(quant_method, str) and quant_method.lower() == "mxfp4"
+    if mxfp4 and dtype is None:
+        # gpt-oss writes no dtype: its unquantised modules (attention, router, embeddings)
+        # ship in BF16, the MXFP4 format's companion precision.
+        bytes_per_param = _DTYPE_BYTES["bfloat16"]
 
     weight_bytes = weight_bytes_from_quantization_config(cfg.get("quantization_config"))
     if weight_bytes == 0.0:
@@ -193,10 +202,21 @@ def parse_hf_config(raw: dict, name: str) -> ModelConfig:
     hidden_act = cfg.get("hidden_act")
     rope_scaling = cfg.get("rope_scaling")
     model_type = cfg.get("model_type")
+    model_type = model_type if isinstance(model_type, str) else ""
+    num_layers = _int_field(cfg, "num_hidden_layers", name)
+    if num_layers > MAX_LAYERS:
+        raise invalid(f"{name}: num_hidden_layers", num_layers, f"must be at most {MAX_LAYERS:,}")
+    is_moe = num_experts > 1
+    dense_layers = _dense_layers_of_moe(cfg, num_layers, name) if is_moe else ()
+    windowed, window, window_kind = _windowed_layers(cfg, num_layers, name)
+    unlisted_shared = 0
+    if is_moe and shared_dim <= 0 and model_type.startswith("llama4"):
+        # Llama-4's MoE block always adds one shared expert of intermediate_size.
+        unlisted_shared = intermediate_dim
 
     return ModelConfig(
         name=name,
-        num_layers=_int_field(cfg, "num_hidden_layers", name),
+        num_layers=num_layers,
         hidden_dim=_int_field(cfg, "hidden_size", name),
         num_heads=num_heads,
         num_kv_heads=num_kv_heads or num_heads,
@@ -213,9 +233,113 @@ def parse_hf_config(raw: dict, name: str) -> ModelConfig:
         tie_word_embeddings=cfg.get("tie_word_embeddings") is True,
         max_position_embeddings=_int_field(cfg, "max_position_embeddings", name),
         rope_scaling=dict(rope_scaling) if isinstance(rope_scaling, dict) else None,
-        model_type=model_type if isinstance(model_type, str) else "",
+        model_type=model_type,
         moe_count_missing=moe_count_missing,
+        kv_lora_rank=_int_field(cfg, "kv_lora_rank", name),
+        qk_rope_head_dim=_int_field(cfg, "qk_rope_head_dim", name),
+        qk_nope_head_dim=_int_field(cfg, "qk_nope_head_dim", name),
+        v_head_dim=_int_field(cfg, "v_head_dim", name),
+        q_lora_rank=_int_field(cfg, "q_lora_rank", name),
+        dense_layer_indices=dense_layers,
+        dense_ffn_dim=_int_field(cfg, "intermediate_size_mlp", name) or intermediate_dim,
+        interleave_moe_layer_step=_int_field(cfg, "interleave_moe_layer_step", name),
+        unlisted_shared_expert_ffn_dim=unlisted_shared,
+        windowed_layer_indices=windowed,
+        attention_window=window,
+        window_kind=window_kind,
+        weight_format="mxfp4" if mxfp4 else "",
+        # MXFP4 packs 4-bit elements (plus one shared 8-bit scale per 32, ignored here like
+        # every format's scales) for the routed experts only.
+        expert_weight_bytes_per_param=0.5 if mxfp4 and is_moe else 0.0,
     )
+
+
+def _index_list(cfg: dict[str, Any], key: str, num_layers: int, name: str) -> list[int] | None:
+    """A list of layer indices (`mlp_only_layers`, `moe_layers`); None when absent."""
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < max(num_layers, 1)
+        for i in value
+    ):
+        raise invalid(
+            f"{name}: {key}", value, f"must be a list of layer indices 0..{num_layers - 1}"
+        )
+    return value
+
+
+def _dense_layers_of_moe(cfg: dict[str, Any], num_layers: int, name: str) -> tuple[int, ...]:
+    """Layers of an MoE model that keep a dense MLP, by each family's config rule."""
+    first_dense = _int_field(cfg, "first_k_dense_replace", name)
+    if first_dense < 0:
+        raise invalid(f"{name}: first_k_dense_replace", first_dense, "must be >= 0")
+    listed = _index_list(cfg, "moe_layers", num_layers, name)
+    moe_layers = set(listed) if listed is not None else None
+    step = _int_field(cfg, "interleave_moe_layer_step", name)
+    sparse_step = _int_field(cfg, "decoder_sparse_step", name)
+    freq = _int_field(cfg, "moe_layer_freq", name)
+    mlp_only = set(_index_list(cfg, "mlp_only_layers", num_layers, name) or ())
+    for key, value in (
+        ("interleave_moe_layer_step", step),
+        ("decoder_sparse_step", sparse_step),
+        ("moe_layer_freq", freq),
+    ):
+        if value < 0:
+            raise invalid(f"{name}: {key}", value, "must be >= 0")
+    dense = []
+    for i in range(num_layers):
+        if moe_layers is not None:  # Llama-4 may list them outright
+            moe = i in moe_layers
+        elif step > 0:  # Llama-4: every step-th layer, counting from 1
+            moe = (i + 1) % step == 0
+        else:  # DeepSeek/GLM/Kimi (first_k_dense_replace, moe_layer_freq), Qwen (sparse step)
+            moe = (
+                i >= first_dense
+                and (freq <= 1 or i % freq == 0)
+                and (sparse_step <= 1 or (i + 1) % sparse_step == 0)
+                and i not in mlp_only
+            )
+        if not moe:
+            dense.append(i)
+    return tuple(dense)
+
+
+# Llama-4: every `no_rope_layer_interval`-th layer is a global NoPE layer, the rest attend
+# within chunks (transformers' default when `no_rope_layers` is empty).
+_LLAMA4_NOPE_INTERVAL = 4
+# Gemma-2 alternates sliding (even) and global (odd) layers.
+_GEMMA2_PATTERN = 2
+
+
+def _windowed_layers(
+    cfg: dict[str, Any], num_layers: int, name: str
+) -> tuple[tuple[int, ...], int, str]:
+    """(layers with windowed attention, window tokens, "sliding" | "chunked")."""
+    chunk = _int_field(cfg, "attention_chunk_size", name)
+    if chunk > 0:
+        rope = cfg.get("no_rope_layers")
+        if isinstance(rope, list) and len(rope) == num_layers:
+            layers = [i for i, uses_rope in enumerate(rope) if uses_rope]
+        else:
+            interval = _int_field(cfg, "no_rope_layer_interval", name) or _LLAMA4_NOPE_INTERVAL
+            layers = [i for i in range(num_layers) if (i + 1) % interval != 0]
+        return tuple(layers), chunk, "chunked"
+    window = _int_field(cfg, "sliding_window", name)
+    if window <= 0 or cfg.get("use_sliding_window") is False:
+        return (), 0, ""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == num_layers:
+        layers = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    elif (pattern := _int_field(cfg, "sliding_window_pattern", name)) > 0:
+        layers = [i for i in range(num_layers) if (i + 1) % pattern != 0]
+    elif cfg.get("model_type") == "gemma2":
+        layers = [i for i in range(num_layers) if i % _GEMMA2_PATTERN == 0]
+    elif cfg.get("use_sliding_window") is True and "max_window_layers" in cfg:
+        layers = list(range(_int_field(cfg, "max_window_layers", name), num_layers))
+    else:  # Mistral-7B: every layer
+        layers = list(range(num_layers))
+    return tuple(layers), window, "sliding" if layers else ""
 
 
 def validate_model(model: ModelConfig) -> None:

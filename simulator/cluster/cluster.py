@@ -35,6 +35,7 @@ from .disaggregation import PDDecider, make_decider
 from .infrastructure import FleetPlan, Infrastructure
 from .kv_transfer import KVTransferLink
 from .pd import Disaggregator, Pools
+from .prefix_index import CacheSignalView
 from .router import Router, ServedModels
 from .routing import RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
@@ -269,8 +270,16 @@ def run_simulation(
         engine.keep_completed = source.table is None
     finished = _on_finished(env, sessions, source, check_invariants)
 
-    def kv_probe(index: int, req: Request) -> int:
-        return len(engines[index].kv.cached_prefix_blocks(req, req.input_tokens))
+    signal_delay_us = cluster.routing.cache_signal_delay_us or 0
+    if signal_delay_us > 0:
+        # The router's view of the prefix caches lags them (BLIS's --cache-signal-delay).
+        kv_probe = CacheSignalView(
+            lambda i: engines[i].kv.hash_index, n, block_size, signal_delay_us, lambda: env.now
+        ).probe
+    else:
+
+        def kv_probe(index: int, req: Request) -> int:
+            return len(engines[index].kv.cached_prefix_blocks(req, req.input_tokens))
 
     trace = DecisionTrace(cluster.trace.level, cluster.trace.counterfactual_k)
     instances: list[Instance] = []
@@ -514,7 +523,8 @@ def _on_finished(
             check_finished(req, env.now)
         if sessions is not None:
             finished_us = max(env.now, req.completion_us)
-            nxt = sessions.on_finished(req, finished_us)
+            # env.now is the end of the step that finished it: closed-loop users think from there.
+            nxt = sessions.on_finished(req, finished_us, int(env.now))
             if nxt is not None:
                 event_after(env, nxt.arrival_us - env.now, ROUTER).callbacks.append(
                     lambda _e, r=nxt: source.inject(r)

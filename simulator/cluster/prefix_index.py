@@ -1,4 +1,6 @@
-"""A router-side LRU index of prompt block hashes (docs/behaviour.md §6.4, §7.3).
+"""What the router knows of the instances' prefix caches (docs/behaviour.md §6.4, §7.3;
+docs/cluster.md): a router-side LRU index of prompt block hashes, and (`CacheSignalView`, at
+the end) the engines' own caches as a delayed KV-event feed reports them.
 
 The prefix-affinity scorer keeps one per instance, the PD prefix-threshold decider one for the
 cluster. Its rule, hash by hash: recording a hash refreshes it (it becomes the most recently
@@ -19,8 +21,12 @@ bulk.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..engine.request import Request
 
 
 def _delete_keys(table: dict, keys: Iterable) -> None:
@@ -186,3 +192,79 @@ def leading_matches(indexes: Sequence[PrefixIndex | None], hashes: Sequence[int]
         index.matched_blocks(hashes) if index is not None and first in index._run_of else 0
         for index in indexes
     ]
+
+
+class CacheSignalView:
+    """The instances' prefix caches as a router fed by KV-cache events sees them, `delay_us`
+    late (BLIS-current's `--cache-signal-delay`); the `precise-prefix-cache` and `no-hit-lru`
+    scorers and the PD `decode-cache` decider look up prompts here.
+
+    Delay 0 reads every engine's live hash index (an oracle). With a delay D > 0 the view is a
+    copy of every instance's index: all empty at t = 0, and re-taken together for every
+    instance at the first lookup at least D after the last copy. So a lookup's view is always
+    less than D old: a block cached (or evicted) at t is seen by every lookup from t + D on,
+    and by earlier ones only if a copy was taken after t. A freed block that keeps its hash is
+    still a hit, as in the engine.
+
+    `hash_index(i)` returns instance i's index (block hash -> block, or any container of
+    hashes); `clock()` the simulated time in µs.
+    """
+
+    def __init__(
+        self,
+        hash_index: Callable[[int], Mapping[int, int]],
+        num_instances: int,
+        block_size: int,
+        delay_us: int,
+        clock: Callable[[], int],
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        if delay_us < 0:
+            raise ValueError(f"cache signal delay must be >= 0 µs, got {delay_us}")
+        self.hash_index = hash_index
+        self.num_instances = num_instances
+        self.block_size = block_size
+        self.delay_us = delay_us
+        self.clock = clock
+        self._copies: list[Mapping[int, int]] = [{} for _ in range(num_instances)]
+        self.copied_us = 0
+        self.copies_taken = 0
+
+    def refresh(self, now_us: int) -> None:
+        """Re-take every copy if `delay_us` has passed since the last (no-op for delay 0).
+        `probe` calls it; a router may also call it whenever it builds its view of the
+        instances, to copy exactly when BLIS does (at every admission and routing decision)."""
+        if self.delay_us > 0 and now_us - self.copied_us >= self.delay_us:
+            read = self.hash_index
+            self._copies = [dict(read(i)) for i in range(self.num_instances)]
+            self.copied_us = now_us
+            self.copies_taken += 1
+
+    def _view(self, index: int) -> Mapping[int, int]:
+        if self.delay_us > 0:
+            self.refresh(self.clock())
+            return self._copies[index]
+        return self.hash_index(index)
+
+    def cached_blocks(self, index: int, hashes: Sequence[int]) -> int:
+        """Consecutive leading `hashes` present in instance `index`'s view."""
+        return _leading_present(self._view(index), hashes)
+
+    def probe(self, index: int, req: Request) -> int:
+        """Leading full prompt blocks of `req` in instance `index`'s view: a scorer's
+        `kv_probe`."""
+        view = self._view(index)
+        n = req.input_tokens // self.block_size
+        if n < 1 or not view:
+            return 0
+        return _leading_present(view, req.block_hashes(n, self.block_size)[:n])
+
+
+def _leading_present(view: Mapping[int, int], hashes: Sequence[int]) -> int:
+    count = 0
+    for h in hashes:
+        if h not in view:
+            break
+        count += 1
+    return count

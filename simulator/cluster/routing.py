@@ -1,11 +1,13 @@
-"""Routing policies and weighted scorers (docs/behaviour.md §6.4).
+"""Routing policies, weighted scorers and routing profiles (docs/behaviour.md §6.4,
+docs/cluster.md).
 
 A policy picks one instance from the routable candidates' snapshots. Policies and scorers read
-snapshots (and, for `precise-prefix-cache`, a probe of the engines' prefix caches) but never a
-request's output length (INV-9). Everything here is plain Python, driven by the router process.
+snapshots (and, for the cache scorers, a probe of the engines' prefix caches, possibly delayed:
+`prefix_index.CacheSignalView`) but never a request's output length (INV-9). Everything here is
+plain Python, driven by the router process.
 
 After the router commits a decision it calls `policy.observe(req, chosen)`, which lets stateful
-scorers (the prefix-affinity index) learn where the request went.
+scorers (the prefix-affinity index, no-hit-lru's recency list) learn where the request went.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from ..errors import ConfigError, invalid, unknown
 from .prefix_index import PrefixIndex, leading_matches
 from .snapshot import InstanceSnapshot
 
-# BLIS-Mar's default profile for `weighted` (BLIS later moved to precise-prefix-cache:2,
-# queue-depth:1, kv-utilization:1).
+# BLIS-Mar's default profile for `weighted` (BLIS-current's is the `blis-current` routing
+# profile's, below).
 DEFAULT_SCORERS = "prefix-affinity:3,queue-depth:2,kv-utilization:2"
 # Router-side prefix index capacity per instance, in block hashes (BLIS's value).
 PREFIX_INDEX_CAPACITY_BLOCKS = 10_000
@@ -216,10 +218,12 @@ class PrefixAffinityScorer(_ListScorer):
 
 
 class PrecisePrefixCacheScorer(_ListScorer):
-    """Scores by the prompt blocks actually present in each engine's prefix cache.
+    """Scores by the prompt blocks present in each engine's prefix cache: the fraction of the
+    prompt's full blocks cached (servesim's meaning, `precise-prefix-cache@mar`).
 
-    Unlike `prefix-affinity` this is exact at the moment of the decision (it reads the engines
-    directly, like llm-d's precise prefix-cache scorer), so it bypasses snapshot staleness.
+    Unlike `prefix-affinity` this reads the engines' caches (like llm-d's precise prefix-cache
+    scorer fed by KV-cache events), live or as old as the cache signal delay, never through the
+    load snapshots.
     """
 
     name = "precise-prefix-cache"
@@ -246,14 +250,200 @@ class PrecisePrefixCacheScorer(_ListScorer):
         return [min(self.kv_probe(c.index, req), n) / n for c in candidates]
 
 
+# ---------------------------------------------------------------------- BLIS-current scorers
+#
+# BLIS's current release (f90a1e3a) added the scorers below and changed the meaning of two
+# names: its `queue-depth` reads the wait queue only, and its `precise-prefix-cache` is min-max
+# normalised over the candidates. Those two are registered as `name@current`; the bare names
+# keep servesim's meaning (`name@mar`), and the routing profile `blis-current` maps bare names
+# to `@current` (see `resolve_scorers`).
+
+
+def _inverted_min_max(values: Sequence[int]) -> list[float]:
+    """(max − x)/(max − min): the smallest scores 1, the largest 0; 1 for all when all equal."""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return [1.0] * len(values)
+    span = hi - lo
+    return [(hi - x) / span for x in values]
+
+
+class QueueDepthCurrentScorer(_ListScorer):
+    """BLIS-current's `queue-depth`: min-max over the wait queue alone (BLIS-Mar's, and
+    servesim's bare `queue-depth`, add the running batch and the in-flight count)."""
+
+    name = "queue-depth@current"
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        return _inverted_min_max([c.queue_depth for c in candidates])
+
+
+class ActiveRequestsScorer(_ListScorer):
+    """Fewest requests in flight (routed, not yet finished; always live): with m the largest
+    in-flight count, (m − in_flight)/m, and 1 for an idle instance or when all are idle."""
+
+    name = "active-requests"
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        most = max(c.in_flight for c in candidates)
+        if most == 0:
+            return [1.0] * len(candidates)
+        return [1.0 if c.in_flight == 0 else (most - c.in_flight) / most for c in candidates]
+
+
+class RunningRequestsScorer(_ListScorer):
+    """Smallest running batch: min-max over the batch sizes."""
+
+    name = "running-requests"
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        return _inverted_min_max([c.batch_size for c in candidates])
+
+
+# The wait-queue length at which `load-aware` bottoms out at 0.
+LOAD_AWARE_QUEUE_CAP = 128
+
+
+class LoadAwareScorer(_ListScorer):
+    """llm-d's load-aware scorer: 0.5 for an empty wait queue, falling linearly to 0 at
+    LOAD_AWARE_QUEUE_CAP waiting requests. It is not normalised over the candidates, so it
+    never exceeds 0.5 and (as in BLIS) an empty queue and a queue of one score nearly alike."""
+
+    name = "load-aware"
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        cap = LOAD_AWARE_QUEUE_CAP
+        return [
+            0.5 if c.queue_depth == 0 else 0.5 * (1.0 - min(c.queue_depth, cap) / cap)
+            for c in candidates
+        ]
+
+
+class VllmDpScorer(_ListScorer):
+    """vLLM's data-parallel balancer: load = 4·waiting + running, min-max over candidates (a
+    waiting request weighs four running ones)."""
+
+    name = "vllm-dp"
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        return _inverted_min_max([4 * c.queue_depth + c.batch_size for c in candidates])
+
+
+def _require_probe(name: str, kv_probe: KVProbe | None) -> KVProbe:
+    if kv_probe is None:
+        raise ConfigError(
+            f"scorer {name!r} needs a probe of the instances' KV caches "
+            "(kv_probe); it cannot be used where engine caches are not visible"
+        )
+    return kv_probe
+
+
+class _CachedBlockCounts(_ListScorer):
+    """Base of the scorers that count each candidate's cached leading prompt blocks."""
+
+    def __init__(self, block_size: int, kv_probe: KVProbe) -> None:
+        if block_size <= 0:
+            raise invalid("block_size", block_size, "must be > 0")
+        self.block_size = block_size
+        self.kv_probe = kv_probe
+
+    @classmethod
+    def build(cls, *, block_size: int, kv_probe: KVProbe | None) -> Scorer:
+        return cls(block_size, _require_probe(cls.name, kv_probe))
+
+    def cached_counts(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[int]:
+        """Leading full prompt blocks found in each candidate's cache view (none for a prompt
+        shorter than a block, without asking the probe)."""
+        if _full_prompt_blocks(req, self.block_size) < 1:
+            return [0] * len(candidates)
+        probe = self.kv_probe
+        return [probe(c.index, req) for c in candidates]
+
+
+class PrecisePrefixCacheCurrentScorer(_CachedBlockCounts):
+    """BLIS-current's `precise-prefix-cache`: the cached-block counts c, min-max normalised,
+    (c − min)/(max − min); 1 for all when all are equal (including no hit anywhere). A
+    candidate with the longest cached prefix scores 1 however short that prefix is."""
+
+    name = "precise-prefix-cache@current"
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        counts = self.cached_counts(req, candidates)
+        lo, hi = min(counts), max(counts)
+        if hi == lo:
+            return [1.0] * len(counts)
+        span = hi - lo
+        return [(c - lo) / span for c in counts]
+
+
+class NoHitLruScorer(_CachedBlockCounts):
+    """Spreads *cold* requests (no candidate caches any of the prompt's leading blocks) over
+    the instances least recently given a cold request; says nothing about warm ones.
+
+    Warm request: 0.5 for every candidate, and nothing is learnt. Cold request: a lone
+    candidate scores 1; otherwise candidates are ranked 0, 1, 2, … — first those never given a
+    cold request (in candidate order), then the others from least to most recently given one —
+    and score 1 − rank/(n − 1). Instances that are no longer candidates are forgotten. Once the
+    router commits a cold request, its instance becomes the most recent (`observe`).
+    """
+
+    name = "no-hit-lru"
+
+    def __init__(self, block_size: int, kv_probe: KVProbe) -> None:
+        super().__init__(block_size, kv_probe)
+        self._recent: list[str] = []  # instance ids given a cold request, most recent first
+        self._cold: Request | None = None  # the last request scored, if it was cold
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        if any(self.cached_counts(req, candidates)):
+            self._cold = None
+            return [0.5] * len(candidates)
+        self._cold = req
+        n = len(candidates)
+        if n == 1:
+            return [1.0]
+        ids = {c.instance_id for c in candidates}
+        self._recent = [iid for iid in self._recent if iid in ids]
+        seen = set(self._recent)
+        rank = {iid: r for r, iid in enumerate(reversed(self._recent), n - len(seen))}
+        fresh = 0
+        scores = []
+        for c in candidates:
+            r = rank.get(c.instance_id)
+            if r is None:
+                r, fresh = fresh, fresh + 1
+            scores.append(1.0 - r / (n - 1))
+        return scores
+
+    def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
+        if self._cold is not req:
+            return
+        self._cold = None
+        iid = chosen.instance_id
+        if iid in self._recent:
+            self._recent.remove(iid)
+        self._recent.insert(0, iid)
+
+
 _BUILT_IN_SCORERS = (
     QueueDepthScorer,
     KVUtilizationScorer,
     LoadBalanceScorer,
     PrefixAffinityScorer,
     PrecisePrefixCacheScorer,
+    QueueDepthCurrentScorer,
+    PrecisePrefixCacheCurrentScorer,
+    ActiveRequestsScorer,
+    RunningRequestsScorer,
+    LoadAwareScorer,
+    VllmDpScorer,
+    NoHitLruScorer,
 )
 SCORERS: dict[str, type[Scorer]] = {cls.name: cls for cls in _BUILT_IN_SCORERS}
+# The bare names whose meaning changed in BLIS's current release, pinned to servesim's (and
+# BLIS-Mar's) meaning; `name@current` pins BLIS-current's.
+SCORERS["queue-depth@mar"] = QueueDepthScorer
+SCORERS["precise-prefix-cache@mar"] = PrecisePrefixCacheScorer
 
 
 def make_scorer(name: str, *, block_size: int = 16, kv_probe: KVProbe | None = None) -> Scorer:
@@ -273,6 +463,83 @@ def kv_probe_from_caches(get_cache: Callable[[int], KVCache | None]) -> KVProbe:
         return len(cache.cached_prefix_blocks(req, req.input_tokens))
 
     return probe
+
+
+# --------------------------------------------------------------------------- routing profiles
+
+
+@dataclass(frozen=True)
+class RoutingProfile:
+    """Which BLIS release's routing a run follows: the default scorer list of `weighted`, the
+    meaning of the scorer names whose meaning changed (`bare name -> registered name`), and the
+    ages of the router's signals when the scenario leaves them unset."""
+
+    name: str
+    default_scorers: str
+    meanings: dict[str, str]
+    snapshot_refresh_interval_us: int
+    cache_signal_delay_us: int
+
+
+# servesim's default: BLIS-Mar's profile, fresh signals (servesim's results before BLIS-current
+# support are unchanged under it).
+BLIS_MAR = RoutingProfile("blis-mar", DEFAULT_SCORERS, {}, 0, 0)
+# BLIS-current (f90a1e3a): its `weighted` default, its meanings of `queue-depth` and
+# `precise-prefix-cache`, and its 50 ms old load signals and cache view (llm-d's defaults).
+BLIS_CURRENT = RoutingProfile(
+    "blis-current",
+    "precise-prefix-cache:2,queue-depth:1,kv-utilization:1",
+    {"queue-depth": "queue-depth@current", "precise-prefix-cache": "precise-prefix-cache@current"},
+    50_000,
+    50_000,
+)
+ROUTING_PROFILES: dict[str, RoutingProfile] = {p.name: p for p in (BLIS_MAR, BLIS_CURRENT)}
+
+
+def routing_profile(name: str) -> RoutingProfile:
+    if name not in ROUTING_PROFILES:
+        raise unknown("routing profile", name, ROUTING_PROFILES)
+    return ROUTING_PROFILES[name]
+
+
+def resolve_scorers(scorers: str | None, profile: str) -> str | None:
+    """The scorer list `profile` means by `scorers`: its default list when None (servesim's
+    own profile leaves None alone: the routing module's default is that list), with each bare
+    name whose meaning changed replaced by the profile's registered one. Anything malformed is
+    left as it is, for the parser to report."""
+    prof = routing_profile(profile)
+    if scorers is None or (isinstance(scorers, str) and not scorers.strip()):
+        if prof is BLIS_MAR:
+            return scorers
+        scorers = prof.default_scorers
+    if not prof.meanings or not isinstance(scorers, str):
+        return scorers
+    pieces = []
+    for piece in scorers.split(","):
+        name, sep, rest = piece.partition(":")
+        meant = prof.meanings.get(name.strip())
+        pieces.append(f"{meant}{sep}{rest}" if meant else piece)
+    return ",".join(pieces)
+
+
+def resolve_routing(
+    profile: str,
+    *,
+    scorers: str | None,
+    snapshot_refresh_interval_us: int | None,
+    cache_signal_delay_us: int | None,
+) -> dict[str, str | int | None]:
+    """The routing settings a scenario means under `profile` (unset = the profile's)."""
+    prof = routing_profile(profile)
+    return {
+        "scorers": resolve_scorers(scorers, profile),
+        "snapshot_refresh_interval_us": prof.snapshot_refresh_interval_us
+        if snapshot_refresh_interval_us is None
+        else snapshot_refresh_interval_us,
+        "cache_signal_delay_us": prof.cache_signal_delay_us
+        if cache_signal_delay_us is None
+        else cache_signal_delay_us,
+    }
 
 
 # --------------------------------------------------------------------------- scorer syntax
@@ -446,9 +713,15 @@ class Weighted(RoutingPolicy):
             ]
         best = max(composite)
         tied = [c for c, total in zip(candidates, composite, strict=True) if total == best]
-        chosen = tied[int(self.rng.integers(len(tied)))] if len(tied) > 1 else tied[0]
+        chosen = self.break_tie(req, tied) if len(tied) > 1 else tied[0]
         scores = dict(zip([c.instance_id for c in candidates], composite, strict=True))
         return RoutingDecision(chosen.index, f"weighted (score={best:.4f})", scores)
+
+    def break_tie(self, req: Request, tied: list[InstanceSnapshot]) -> InstanceSnapshot:
+        """One of the equally best candidates (two or more, in candidate order), uniformly at
+        random from the router's generator. BLIS draws the same way from a Go generator, so
+        its tie-breaks are not reproduced draw for draw."""
+        return tied[int(self.rng.integers(len(tied)))]
 
     def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
         for scorer, _ in self.scorers:

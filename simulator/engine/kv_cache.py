@@ -90,6 +90,12 @@ class KVCache:
         self.now_us = 0
 
     # ------------------------------------------------------------------ queries
+    @property
+    def hash_index(self) -> dict[int, int]:
+        """Block hash -> block of every cached block (read-only for callers): what a router
+        fed by KV-cache events learns, e.g. `cluster.prefix_index.CacheSignalView`."""
+        return self._hash_to_block
+
     def defers_hash(self, req: Request, block_index: int) -> bool:
         """Is the hashing of `req`'s block at `block_index` deferred (private content)?
         `_hash_full_blocks` applies the same rule to a range of blocks."""

@@ -45,6 +45,9 @@ class StepTimeModel:
     name: str = ""
     # True for backends whose from_deployment takes `coeffs_file` (a fitted-coefficients YAML).
     accepts_coeffs_file: bool = False
+    # Layout dimensions beyond tensor parallelism the backend prices ("pp", "dp", "ep"); its
+    # from_deployment then takes `parallelism` (docs/parallelism.md).
+    parallelism_dimensions: frozenset[str] = frozenset()
     # Where the coefficients come from, as results report it (set by each backend).
     coefficients_source: str = "analytical: no fitted coefficients"
 

@@ -2,7 +2,16 @@
 llm-d capacity-planner formula), and the MaxModelLen derived from it.
 
 The arithmetic copies BLIS's order of float operations and truncations so the block counts
-match it to the block.
+match it to the block for the plain decoders BLIS-Mar sizes. Where a config states more than
+BLIS-Mar reads, the facts win (docs/models-and-hardware.md): an explicit `head_dim`, MLA's
+compressed cache, dense layers inside an MoE stack, unlisted shared experts, weight formats
+per module, an FP8 cache; and the layout's pipeline stages and expert sharding.
+
+Two rules turn free memory into blocks (`KV_CAPACITY_RULES`): "blis" (the default, BLIS's)
+divides the free memory of all the instance's GPUs by the bytes *one* GPU stores per block,
+which counts every block once per GPU (tp times what vLLM reports for tp > 1); "vllm" divides
+it by what all of them store per block, as vLLM allocates (each GPU keeps its share of every
+block).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ NON_TORCH_TP_MULTI_GIB = 0.6
 SWIGLU_ACTIVATIONS = frozenset({"silu", "swiglu", "geglu", ""})
 # Rope types whose max_position_embeddings already is the extended context (vLLM rule).
 _ROPE_TYPES_NOT_SCALED = frozenset({"su", "longrope", "llama3"})
+KV_CAPACITY_RULES = ("blis", "vllm")
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,8 @@ class KVCapacity:
     weight_gib: float
     activation_gib: float
     non_torch_gib: float
+    gpus: int = 1  # GPUs of one instance (one DP rank): tp x pp
+    rule: str = "blis"
 
     @property
     def overhead_gib(self) -> float:
@@ -53,7 +65,8 @@ def _check_heads(model: ModelConfig, tp: int) -> None:
     ):
         if value <= 0:
             raise invalid(f"model {model.name!r}: {field}", value, "must be > 0")
-    if model.hidden_dim % model.num_heads != 0:
+    # An explicit head_dim (or MLA's latent) sizes the cache without hidden / heads.
+    if not (model.config_head_dim or model.is_mla) and model.hidden_dim % model.num_heads != 0:
         raise invalid(
             f"model {model.name!r}: hidden_size",
             model.hidden_dim,
@@ -70,41 +83,103 @@ def _check_heads(model: ModelConfig, tp: int) -> None:
         )
 
 
-def kv_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
-    """KV-cache bytes one token occupies on one GPU: layers·2·head_dim·kv_heads·dtype / TP.
+def _head_dim(model: ModelConfig) -> int:
+    return model.config_head_dim or model.hidden_dim // model.num_heads
 
-    Uses the compute dtype, never the quantised weight width: vLLM stores KV at compute precision.
+
+def mla_kv_bytes_per_token(model: ModelConfig) -> float:
+    """MLA caches one latent of kv_lora_rank plus the rotary key of qk_rope_head_dim per token
+    and layer, shared by every head (so every TP GPU keeps all of it)."""
+    return float(model.num_layers * (model.kv_lora_rank + model.qk_rope_head_dim)) * (
+        model.kv_bytes_per_element
+    )
+
+
+def kv_bytes_per_token(model: ModelConfig, tp: int = 1, pp: int = 1) -> float:
+    """KV-cache bytes one token occupies on one GPU: layers·2·head_dim·kv_heads·dtype / TP / PP
+    (MLA: the latent, on every TP GPU, / PP).
+
+    head_dim is the config's when given. The element is the compute dtype (vLLM stores KV at
+    compute precision), one byte with an FP8 cache; never the quantised weight width.
     """
     _check_heads(model, tp)
-    head_dim = model.hidden_dim // model.num_heads
-    per_token = 2.0 * model.num_layers * head_dim * model.effective_kv_heads * model.bytes_per_param
-    return per_token / tp
+    if model.is_mla:
+        return mla_kv_bytes_per_token(model) / pp
+    per_token = (
+        2.0
+        * model.num_layers
+        * _head_dim(model)
+        * model.effective_kv_heads
+        * model.kv_bytes_per_element
+    )
+    return per_token / (tp * pp)
+
+
+def _attention_params(model: ModelConfig) -> int:
+    hidden = model.hidden_dim
+    if model.is_mla:
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        heads = model.num_heads
+        if model.q_lora_rank > 0:
+            q = hidden * model.q_lora_rank + model.q_lora_rank * heads * qk
+        else:
+            q = hidden * heads * qk
+        kv = hidden * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank * heads * (
+            model.qk_nope_head_dim + model.v_head_dim
+        )
+        return q + kv + heads * model.v_head_dim * hidden
+    head_dim = _head_dim(model)
+    q_dim = model.num_heads * head_dim
+    kv_dim = model.effective_kv_heads * head_dim
+    return hidden * (q_dim + 2 * kv_dim) + q_dim * hidden
+
+
+def model_param_breakdown(model: ModelConfig) -> dict[str, int]:
+    """Parameters by part (docs/behaviour.md §2.5 step 4, with the config's facts): embeddings,
+    attention, dense MLPs, routed experts, shared experts, router, norms, LM head."""
+    hidden, layers = model.hidden_dim, model.num_layers
+    parts = {
+        "embeddings": model.vocab_size * hidden,
+        "attention": layers * _attention_params(model),
+        "dense_mlp": 0,
+        "experts": 0,
+        "shared_experts": 0,
+        "router": 0,
+        "norms": layers * 2 * hidden + hidden,
+        "lm_head": 0 if model.tie_word_embeddings else model.vocab_size * hidden,
+    }
+    if model.is_moe:
+        expert_ffn = model.moe_expert_ffn_dim or model.intermediate_dim
+        moe_layers = model.moe_layer_count
+        parts["experts"] = moe_layers * 3 * hidden * expert_ffn * model.num_local_experts
+        parts["shared_experts"] = moe_layers * 3 * hidden * model.shared_ffn_dim
+        parts["router"] = moe_layers * model.num_local_experts * hidden
+        parts["dense_mlp"] = (
+            (layers - moe_layers) * 3 * hidden * (model.dense_ffn_dim or model.intermediate_dim)
+        )
+    else:
+        parts["dense_mlp"] = layers * 3 * hidden * model.intermediate_dim
+    return parts
 
 
 def model_param_count(model: ModelConfig) -> int:
     """Parameter estimate of docs/behaviour.md §2.5 step 4 (3-matrix SwiGLU MLP, MoE counts every
-    expert)."""
-    hidden = model.hidden_dim
-    head_dim = hidden // model.num_heads
-    kv_dim = model.effective_kv_heads * head_dim
-    attention = hidden * (hidden + 2 * kv_dim) + hidden * hidden
-    if model.is_moe:
-        expert_ffn = model.moe_expert_ffn_dim or model.intermediate_dim
-        mlp = 3 * hidden * expert_ffn * model.num_local_experts
-        if model.shared_expert_ffn_dim > 0:
-            mlp += 3 * hidden * model.shared_expert_ffn_dim
-        mlp += model.num_local_experts * hidden  # router
-    else:
-        mlp = 3 * hidden * model.intermediate_dim
-    norms = 2 * hidden
-    embeddings = model.vocab_size * hidden
-    lm_head = 0 if model.tie_word_embeddings else model.vocab_size * hidden
-    return embeddings + model.num_layers * (attention + mlp + norms) + lm_head + hidden
+    expert and only its MoE layers' experts)."""
+    return sum(model_param_breakdown(model).values())
 
 
-def model_weight_bytes(model: ModelConfig) -> int:
-    """Total weight bytes over all GPUs at the effective (possibly quantised) weight width."""
-    return int(float(model_param_count(model)) * model.effective_weight_bytes_per_param)
+def model_weight_bytes(model: ModelConfig, expert_fraction: float = 1.0) -> int:
+    """Weight bytes over all GPUs at the effective (possibly quantised) weight width; the
+    routed experts at their own width when it differs (gpt-oss). `expert_fraction` keeps that
+    share of the routed experts (one DP rank's, when experts are sharded across ranks)."""
+    if not model.expert_weight_bytes_per_param and expert_fraction == 1.0:
+        return int(float(model_param_count(model)) * model.effective_weight_bytes_per_param)
+    parts = model_param_breakdown(model)
+    experts = parts.pop("experts")
+    return int(
+        float(sum(parts.values())) * model.effective_weight_bytes_per_param
+        + float(experts) * expert_fraction * model.expert_bytes_per_param
+    )
 
 
 def kv_capacity(
@@ -113,9 +188,19 @@ def kv_capacity(
     tp: int,
     block_size: int = 16,
     gpu_memory_utilization: float = 0.9,
+    *,
+    pp: int = 1,
+    expert_fraction: float = 1.0,
+    rule: str = "blis",
 ) -> KVCapacity:
-    """Full capacity calculation; raises ConfigError when the model cannot be sized or fit."""
+    """Full capacity calculation for one instance (one DP rank) of tp x pp GPUs; raises
+    ConfigError when the model cannot be sized or fit. `expert_fraction` is the share of the
+    routed experts the rank stores (1/dp when experts are sharded over dp ranks)."""
     _check_heads(model, tp)
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise invalid("pp", pp, "must be an integer >= 1")
+    if rule not in KV_CAPACITY_RULES:
+        raise invalid("kv_capacity_rule", rule, "must be one of " + ", ".join(KV_CAPACITY_RULES))
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise invalid("block_size", block_size, "must be an integer > 0")
     util = gpu_memory_utilization
@@ -143,30 +228,37 @@ def kv_capacity(
         raise invalid(f"{where}: vocab_size", model.vocab_size, "must be > 0")
 
     per_token = kv_bytes_per_token(model, 1)
+    gpus = tp * pp
     # Multiply by block size before truncating so fractional per-token bytes are not lost.
-    per_block = int(per_token / tp * block_size)
+    if model.is_mla:  # the latent is replicated on every TP GPU; stages split the layers
+        per_block = int(per_token / pp * block_size)
+    elif rule == "vllm":  # fewer KV heads than TP GPUs: each keeps a whole head
+        per_block = int(per_token / pp / min(tp, model.effective_kv_heads) * block_size)
+    else:
+        per_block = int(per_token / gpus * block_size)
     if per_block <= 0:
         raise invalid(f"{where}: KV bytes per block", per_block, "must be > 0")
 
-    available_gib = gpu.memory_gib * util * tp
+    available_gib = gpu.memory_gib * util * gpus
     params = model_param_count(model)
-    weight_gib = float(model_weight_bytes(model)) / GIB_BYTES
+    weight_gib = float(model_weight_bytes(model, expert_fraction)) / GIB_BYTES
     activation_gib = ACTIVATION_MOE_GIB if model.is_moe else ACTIVATION_DENSE_GIB
-    non_torch_gib = (NON_TORCH_TP1_GIB if tp == 1 else NON_TORCH_TP_MULTI_GIB) * tp
+    non_torch_gib = (NON_TORCH_TP1_GIB if gpus == 1 else NON_TORCH_TP_MULTI_GIB) * gpus
     overhead_gib = weight_gib + activation_gib + non_torch_gib
+    layout = f"{tp}" if pp == 1 else f"{tp} (x pp {pp})"
     if overhead_gib >= available_gib:
         raise ConfigError(
-            f"tp: invalid value {tp}; {where} needs {overhead_gib:.2f} GiB "
+            f"tp: invalid value {layout}; {where} needs {overhead_gib:.2f} GiB "
             f"({weight_gib:.2f} weights + {activation_gib:.2f} activations + "
-            f"{non_torch_gib:.2f} non-torch) but {tp} x {gpu.name} offers {available_gib:.2f} GiB "
-            f"({gpu.memory_gib:g} GiB x {util:g} utilisation x {tp}); use more GPUs per instance "
-            "or a larger GPU"
+            f"{non_torch_gib:.2f} non-torch) but {gpus} x {gpu.name} offers "
+            f"{available_gib:.2f} GiB ({gpu.memory_gib:g} GiB x {util:g} utilisation x {gpus}); "
+            "use more GPUs per instance or a larger GPU"
         )
     allocatable_bytes = int((available_gib - overhead_gib) * GIB_BYTES)
-    blocks = allocatable_bytes // per_block
+    blocks = allocatable_bytes // (per_block * gpus if rule == "vllm" else per_block)
     if blocks <= 0:
         raise ConfigError(
-            f"tp: invalid value {tp}; {where} on {gpu.name} leaves room for 0 KV blocks "
+            f"tp: invalid value {layout}; {where} on {gpu.name} leaves room for 0 KV blocks "
             f"({per_block} bytes each)"
         )
     return KVCapacity(
@@ -178,6 +270,8 @@ def kv_capacity(
         weight_gib=weight_gib,
         activation_gib=activation_gib,
         non_torch_gib=non_torch_gib,
+        gpus=gpus,
+        rule=rule,
     )
 
 
@@ -187,9 +281,22 @@ def compute_kv_blocks(
     tp: int,
     block_size: int = 16,
     gpu_memory_utilization: float = 0.9,
+    *,
+    pp: int = 1,
+    expert_fraction: float = 1.0,
+    rule: str = "blis",
 ) -> int:
-    """Number of KV blocks one instance (TP GPUs) can hold (docs/behaviour.md §2.5)."""
-    return kv_capacity(model, gpu, tp, block_size, gpu_memory_utilization).blocks
+    """Number of KV blocks one instance (TP x PP GPUs) can hold (docs/behaviour.md §2.5)."""
+    return kv_capacity(
+        model,
+        gpu,
+        tp,
+        block_size,
+        gpu_memory_utilization,
+        pp=pp,
+        expert_fraction=expert_fraction,
+        rule=rule,
+    ).blocks
 
 
 def derive_max_model_len(model: ModelConfig, total_blocks: int, block_size: int) -> int:

@@ -25,6 +25,13 @@ re-prices them for any coefficients without re-simulating (see simulator/calibra
 Once per request: `request_overhead_us` (HTTP, tokenisation) before it reaches the engine, then
 `output_lag_steps` × the duration of the step in flight (the instance charges it: vLLM V1's
 async scheduler has already planned the next step, so the request misses it).
+
+The shape follows the config's facts (docs/latency-models.md): its head_dim, MLA's latent
+cache and attention, dense layers and shared experts inside an MoE stack, windowed attention,
+per-module weight widths. The layout may add pipeline stages, expert all-to-alls across DP
+ranks and TP groups spanning nodes (docs/parallelism.md): a pipelined step is priced stage by
+stage and micro-batch by micro-batch (`pipeline_step_s`); the rest are extra terms that are 0
+for TP inside one node.
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from simulator.catalog.precision import describe_precision, gemm_precision, peak_tflops
 from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import ConfigError, excerpt, invalid, is_finite_positive
 from simulator.latency.base import StepBatch, StepTimeModel
+from simulator.latency.parallel import Links, Parallelism, links_for, stage_layer_ranges
 from simulator.latency.roofline import validate_roofline_inputs
 
 # A SwiGLU MLP has three matrices: gate and up (d -> d_ff) and down (d_ff -> d).
@@ -48,7 +57,8 @@ FLOPS_PER_MAC = 2
 # K and V.
 KV_TENSORS = 2
 # Tensor parallelism needs one all-reduce after attention's output projection and one after
-# the MLP's down projection (Megatron-style sharding) in every layer.
+# the MLP's down projection (Megatron-style sharding) in every layer (ModelShape.allreduces
+# counts them, without the MoE one when an all-to-all returns the experts' outputs instead).
 ALLREDUCES_PER_LAYER = 2
 
 COEFFICIENTS_FILE_VERSION = 1
@@ -105,6 +115,11 @@ class PhysicsCoefficients:
     # so a request reaching the engine during step N misses N+1: it waits this many times the
     # duration of the step in flight (as loaded as it is), then for the next step boundary.
     output_lag_steps: float = 1.0
+    # Latency of one collective step that crosses the scale-out network (a ring step of a TP
+    # all-reduce spanning nodes, an expert all-to-all or a pipeline hand-off between nodes), µs.
+    # An assumption, not a fit: an InfiniBand/RoCE send costs a few µs on the wire and NCCL's
+    # network protocol several more; NVLink steps cost allreduce_latency_us.
+    network_latency_us: float = 10.0
 
     def check(self, where: str = "physics coefficients") -> PhysicsCoefficients:
         for f in fields(self):
@@ -136,12 +151,37 @@ class PhysicsTerms(NamedTuple):
     prefill_compute_s: float  # prefill FLOPs / peak FLOP rate
     decode_compute_s: float  # decode FLOPs / peak FLOP rate
     allreduce_transfer_s: float  # all-reduce bytes on the link / link bandwidth
-    collectives: int  # all-reduce latency steps: all-reduces x 2(tp - 1) (0 without TP)
+    collectives: int  # collective latency steps on the scale-up link (ring steps, all-to-alls)
     layers: int
     sequences: int  # requests that got tokens this step
     weight_row_compute_s: float  # FLOPs of one row through every weight matrix / peak
     kv_memory_s: float  # KV cache bytes read and written / peak bandwidth
     single_process: int  # 1 when tp == 1 (scheduler and model runner in one process)
+    # Expert dispatch and combine bytes (DP attention with expert parallelism) on the slower of
+    # the two links they use / its bandwidth; 0 without them.
+    alltoall_transfer_s: float = 0.0
+    network_steps: int = 0  # collective latency steps that cross the scale-out network
+
+
+def _communication_s(terms: Sequence[Any], c: PhysicsCoefficients) -> Any:
+    transfer_s, collectives, alltoall_s, network_steps = (
+        terms[3],
+        terms[4],
+        terms[10],
+        terms[11],
+    )
+    return (
+        collectives * c.allreduce_latency_us * 1e-6 + transfer_s / c.interconnect_efficiency
+    ) + (alltoall_s / c.interconnect_efficiency + network_steps * c.network_latency_us * 1e-6)
+
+
+def _gpu_s(terms: Sequence[Any], c: PhysicsCoefficients, maximum: Callable[[Any, Any], Any]) -> Any:
+    memory_s, prefill_s, decode_s, row_s, kv_s = terms[0], terms[1], terms[2], terms[7], terms[8]
+    return maximum(
+        memory_s / c.bandwidth_efficiency + kv_s / c.kv_bandwidth_efficiency,
+        (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
+        + decode_s / c.decode_compute_efficiency,
+    )
 
 
 def price_terms(
@@ -150,26 +190,9 @@ def price_terms(
     maximum: Callable[[Any, Any], Any] = max,
 ) -> Any:
     """Step time in seconds. Works element-wise on arrays when `maximum` is numpy.maximum."""
-    (
-        memory_s,
-        prefill_s,
-        decode_s,
-        transfer_s,
-        collectives,
-        layers,
-        sequences,
-        row_s,
-        kv_s,
-        single_process,
-    ) = terms
-    gpu_s = maximum(
-        memory_s / c.bandwidth_efficiency + kv_s / c.kv_bandwidth_efficiency,
-        (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
-        + decode_s / c.decode_compute_efficiency,
-    )
-    communication_s = (
-        collectives * c.allreduce_latency_us * 1e-6 + transfer_s / c.interconnect_efficiency
-    )
+    layers, sequences, single_process = terms[5], terms[6], terms[9]
+    gpu_s = _gpu_s(terms, c, maximum)
+    communication_s = _communication_s(terms, c)
     overhead_s = (
         c.per_step_overhead_us
         + single_process * c.single_process_overhead_us
@@ -189,26 +212,66 @@ def request_delay_s(c: PhysicsCoefficients) -> float:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Per-GPU constants of one model under tensor parallelism (bytes, FLOPs, counts)."""
+    """Per-GPU constants of the layers one GPU runs (all of them, or one pipeline stage's):
+    bytes, FLOPs and counts under the instance's parallel layout."""
 
     layers: int
     attention_weight_bytes: float  # all layers, per GPU
-    expert_weight_bytes: float  # one expert (or the dense MLP), all layers, per GPU
+    expert_weight_bytes: float  # one routed expert of every MoE layer (a dense model: its MLP)
     router_weight_bytes: float  # MoE gate, all layers, per GPU
-    lm_head_bytes: float  # vocab × hidden, per GPU (vocab-parallel)
-    embedding_row_bytes: float  # one token's embedding row, per GPU
-    kv_bytes_per_token: float  # K and V of one token, all layers, per GPU
+    lm_head_bytes: float  # vocab × hidden, per GPU (vocab-parallel); last stage only
+    embedding_row_bytes: float  # one token's embedding row, per GPU; first stage only
+    kv_bytes_per_token: float  # K and V (MLA: the latent) of one token, all layers
     linear_flops_per_token: float  # attention projections + active experts + router, per GPU
     lm_head_flops_per_sequence: float  # logits of one position, per GPU
-    attention_flops_per_pair: float  # QK^T and AV for one (query, key) pair, all layers, per GPU
+    attention_flops_per_pair: float  # QK^T and AV for one (query, key) pair, all layers
     allreduce_bytes_per_token: float  # one all-reduce's payload per token (hidden × bytes)
     num_experts: int  # 0 for dense
     experts_per_token: int
+    # Beyond a uniform decoder; each is 0 (or equal to its plain counterpart) for one.
+    dense_mlp_weight_bytes: float = 0.0  # the dense-MLP layers of an MoE model
+    shared_expert_weight_bytes: float = 0.0  # shared experts of every MoE layer
+    # The windowed-attention layers' share of the two above: a window saves these on every
+    # key it hides (priced as savings, so a window that hides nothing changes no bit).
+    window_kv_bytes_per_token: float = 0.0
+    window_attention_flops_per_pair: float = 0.0
+    decode_attention_flops_per_pair: float = 0.0  # MLA decodes against the latent directly
+    context_flops_per_token: float = 0.0  # MLA prefill: up-projecting each cached latent
+    allreduces: int = 0  # TP all-reduces per forward pass
+    moe_layers: int = 0
+    mixed_weight_widths: bool = False  # experts stored at another width (gpt-oss MXFP4)
+    weight_bytes_per_param: float = 2.0
+    expert_bytes_per_param: float = 2.0
 
 
-def model_shape(model: ModelConfig, tp: int) -> ModelShape:
-    """Count bytes and FLOPs from the architecture; see the module docstring for the terms."""
-    layers = model.num_layers
+def _mla_attention_params(model: ModelConfig) -> tuple[float, float]:
+    """(head-sharded, replicated) parameters of one MLA layer. vLLM splits the per-head up
+    projections and the output across TP GPUs and replicates the two down projections."""
+    d, heads = float(model.hidden_dim), model.num_heads
+    qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+    latent = model.kv_lora_rank + model.qk_rope_head_dim
+    if model.q_lora_rank > 0:
+        q_down, q_up = d * model.q_lora_rank, float(model.q_lora_rank) * heads * qk
+    else:
+        q_down, q_up = 0.0, d * heads * qk
+    kv_up = float(model.kv_lora_rank) * heads * (model.qk_nope_head_dim + model.v_head_dim)
+    out = float(heads) * model.v_head_dim * d
+    return q_up + kv_up + out, q_down + d * latent
+
+
+def model_shape(
+    model: ModelConfig,
+    tp: int,
+    parallelism: Parallelism | None = None,
+    layer_range: range | None = None,
+    first_stage: bool = True,
+    last_stage: bool = True,
+) -> ModelShape:
+    """Count bytes and FLOPs from the architecture; see the module docstring for the terms.
+    `layer_range` (default: every layer) and the stage flags select one pipeline stage."""
+    layout = parallelism or Parallelism(tp)
+    indices = range(model.num_layers) if layer_range is None else layer_range
+    layers = len(indices)
     d = float(model.hidden_dim)
     heads = model.num_heads
     head_dim = float(model.config_head_dim or d / heads)
@@ -220,32 +283,122 @@ def model_shape(model: ModelConfig, tp: int) -> ModelShape:
     experts = model.num_local_experts if moe else 0
     k = model.num_experts_per_tok if moe else 1
     act_bytes = float(model.bytes_per_param)
+    kv_bytes = float(model.kv_bytes_per_element)
     w_bytes = float(model.effective_weight_bytes_per_param)
+    e_bytes = float(model.expert_bytes_per_param)
     # Q, K, V and output projections.
     attention_params = d * (q_dim + 2 * kv_dim) + q_dim * d
+    replicated_params = 0.0
+    if model.is_mla:
+        attention_params, replicated_params = _mla_attention_params(model)
     mlp_params = SWIGLU_MATRICES * d * d_expert
     router_params = d * experts
+    shared_params = SWIGLU_MATRICES * d * model.shared_ffn_dim if moe else 0.0
+    dense_params = SWIGLU_MATRICES * d * (model.dense_ffn_dim or d_ff)
+    # The "expert" layers: the MoE layers of an MoE model, every layer of a dense one.
+    dense_indices = set(model.dense_layer_indices)
+    expert_layers = sum(1 for i in indices if i not in dense_indices) if moe else layers
+    dense_layers = layers - expert_layers if moe else 0
+    windowed = set(model.windowed_layer_indices)
+    window_layers = sum(1 for i in indices if i in windowed) if windowed else 0
+    expert_shards = layout.expert_shards if moe else tp
     # KV heads are split across GPUs; with fewer KV heads than GPUs each GPU keeps a replica.
     kv_heads_per_gpu = max(kv_heads / tp, 1.0)
+    if model.is_mla:  # one latent per token, replicated on every GPU of the TP group
+        kv_per_layer = float(model.kv_lora_rank + model.qk_rope_head_dim) * kv_bytes
+        kv_full = layers * kv_per_layer
+        kv_window = window_layers * kv_per_layer
+        pair = (
+            FLOPS_PER_MAC
+            * heads
+            * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+        )
+        decode_pair = FLOPS_PER_MAC * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim)
+        attention_pair = layers * pair / tp
+        decode_attention_pair = layers * decode_pair / tp
+        window_pair = window_layers * pair / tp
+        context_flops = (
+            FLOPS_PER_MAC
+            * layers
+            * model.kv_lora_rank
+            * heads
+            * (model.qk_nope_head_dim + model.v_head_dim)
+            / tp
+        )
+    else:
+        kv_full = KV_TENSORS * layers * kv_heads_per_gpu * head_dim * kv_bytes
+        kv_window = KV_TENSORS * window_layers * kv_heads_per_gpu * head_dim * kv_bytes
+        # QK^T and AV each take head_dim MACs per head per (query, key) pair.
+        attention_pair = 2 * FLOPS_PER_MAC * layers * heads * head_dim / tp
+        decode_attention_pair = attention_pair
+        window_pair = 2 * FLOPS_PER_MAC * window_layers * heads * head_dim / tp
+        context_flops = 0.0
+    expert_group = attention_params + k * mlp_params + router_params + shared_params
+    dense_group = attention_params + dense_params
+    # Expert outputs are combined by the TP all-reduce unless experts span DP ranks (then an
+    # all-to-all returns them).
+    moe_allreduces = expert_layers if layout.ep_ranks == 1 else 0
     return ModelShape(
         layers=layers,
-        attention_weight_bytes=layers * attention_params * w_bytes / tp,
-        expert_weight_bytes=layers * mlp_params * w_bytes / tp,
-        router_weight_bytes=layers * router_params * w_bytes,
-        lm_head_bytes=model.vocab_size * d * w_bytes / tp,
-        embedding_row_bytes=d * w_bytes,
-        kv_bytes_per_token=KV_TENSORS * layers * kv_heads_per_gpu * head_dim * act_bytes,
+        attention_weight_bytes=layers * attention_params * w_bytes / tp
+        + layers * replicated_params * w_bytes,
+        expert_weight_bytes=expert_layers
+        * mlp_params
+        * (e_bytes if moe else w_bytes)
+        / expert_shards,
+        router_weight_bytes=expert_layers * router_params * w_bytes,
+        lm_head_bytes=model.vocab_size * d * w_bytes / tp if last_stage else 0.0,
+        embedding_row_bytes=d * w_bytes if first_stage else 0.0,
+        kv_bytes_per_token=kv_full,
         linear_flops_per_token=FLOPS_PER_MAC
-        * layers
-        * (attention_params + k * mlp_params + router_params)
-        / tp,
-        lm_head_flops_per_sequence=FLOPS_PER_MAC * model.vocab_size * d / tp,
-        # QK^T and AV each take head_dim MACs per head per (query, key) pair.
-        attention_flops_per_pair=2 * FLOPS_PER_MAC * layers * heads * head_dim / tp,
+        * (expert_layers * expert_group + dense_layers * dense_group)
+        / tp
+        + FLOPS_PER_MAC * layers * replicated_params,
+        lm_head_flops_per_sequence=FLOPS_PER_MAC * model.vocab_size * d / tp if last_stage else 0.0,
+        attention_flops_per_pair=attention_pair,
         allreduce_bytes_per_token=d * act_bytes,
         num_experts=experts,
         experts_per_token=k if moe else 0,
+        dense_mlp_weight_bytes=dense_layers * dense_params * w_bytes / tp,
+        shared_expert_weight_bytes=expert_layers * shared_params * w_bytes / tp,
+        window_kv_bytes_per_token=kv_window,
+        window_attention_flops_per_pair=window_pair,
+        decode_attention_flops_per_pair=decode_attention_pair,
+        context_flops_per_token=context_flops,
+        allreduces=layers + (layers if not moe else dense_layers + moe_allreduces),
+        moe_layers=expert_layers if moe else 0,
+        mixed_weight_widths=moe and e_bytes != w_bytes,
+        weight_bytes_per_param=w_bytes,
+        expert_bytes_per_param=e_bytes if moe else w_bytes,
     )
+
+
+def window_pairs(context_tokens: float, new_tokens: float, window: int, kind: str) -> float:
+    """(query, key) pairs of a chunk of `new_tokens` after `context_tokens` in a layer whose
+    attention sees `window` keys: the last `window` ("sliding") or those of the same
+    `window`-token chunk ("chunked")."""
+    s, n = int(context_tokens), int(new_tokens)
+    if kind == "chunked":
+
+        def upto(x: int) -> int:  # Σ over positions p < x of (p mod window) + 1
+            whole, rest = divmod(x, window)
+            return whole * window * (window + 1) // 2 + rest * (rest + 1) // 2
+
+        return float(upto(s + n) - upto(s))
+    # Query p sees min(p + 1, window) keys; positions s .. s + n - 1.
+    lo, hi = s + 1, s + n
+    if hi <= window:
+        return float((lo + hi) * n // 2)
+    if lo > window:
+        return float(n * window)
+    return float((lo + window) * (window - lo + 1) // 2 + (hi - window) * window)
+
+
+def window_context_read_of(context_tokens: float, window: int, kind: str) -> float:
+    """Cached keys a request attends in a windowed layer (those still inside its window)."""
+    if kind == "chunked":
+        return float(int(context_tokens) % window)
+    return float(min(context_tokens, window))
 
 
 def causal_pairs(context_tokens: int, new_tokens: int) -> int:
@@ -400,11 +553,42 @@ def coefficients_document(c: PhysicsCoefficients, **about: Any) -> dict[str, Any
     }
 
 
+class _Work(NamedTuple):
+    """One step's (or one micro-batch's) work, summed over its requests."""
+
+    prefill_tokens: float
+    prefill_sequences: float
+    prefill_pairs: float  # (query, key) pairs of the prefill chunks in full-attention layers
+    context_read: float  # cached tokens the requests attend (full-attention layers)
+    decodes: float
+    decode_pairs: float
+    window_prefill_pairs: float  # the same in windowed-attention layers
+    window_decode_pairs: float
+    window_context_read: float
+    prefill_context: float  # cached tokens the prefill chunks attend (MLA up-projects them)
+
+    def share(self, parts: int) -> _Work:
+        return _Work(*(value / parts for value in self)) if parts > 1 else self
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """The layers one GPU runs, with its collectives' cost per token at peak link rates."""
+
+    shape: ModelShape
+    allreduce_s_per_token: float
+    alltoall_s_per_token: float
+    collectives: int
+    network_steps: int
+
+
 class PhysicsModel(StepTimeModel):
     """First-principles step time with calibrated efficiencies; see the module docstring."""
 
     name = "physics"
     accepts_coeffs_file = True
+    # Prices pipeline stages, expert all-to-alls and DP attention ranks (docs/parallelism.md).
+    parallelism_dimensions = frozenset({"pp", "dp", "ep"})
 
     def __init__(
         self,
@@ -414,36 +598,102 @@ class PhysicsModel(StepTimeModel):
         coefficients: PhysicsCoefficients | None = None,
         vllm_version: str | None = None,
         given_from: str = "",
+        parallelism: Parallelism | None = None,
+        links: Links | None = None,
     ) -> None:
         validate_roofline_inputs(model, gpu, tp)
+        layout = (parallelism or Parallelism(tp)).check(model)
+        if layout.tp != tp:
+            raise invalid("tp", tp, f"must equal the layout's tp {layout.tp}")
         if coefficients is None:
             coefficients, self.source = default_coefficients(gpu, vllm_version)
         else:
             self.source = CoefficientSource("given", note=f" ({given_from})" if given_from else "")
         self.coefficients = coefficients.check()
-        self.model, self.gpu, self.tp = model, gpu, tp
-        self.shape = model_shape(model, tp)
+        self.model, self.gpu, self.tp, self.layout = model, gpu, tp, layout
+        self.links = links or links_for(gpu)
         bytes_weight = model.effective_weight_bytes_per_param
-        flops_tera = (
-            gpu.tflops_fp8 if bytes_weight == 1.0 and gpu.tflops_fp8 > 0 else gpu.tflops_peak
-        )
-        self.peak_flops_per_s = flops_tera * 1e12
+        self.peak_flops_per_s = peak_tflops(model, gpu) * 1e12
         self.weight_bytes_per_param = bytes_weight
         self.peak_bytes_per_s = gpu.bw_peak_tbs * 1e12
-        link_bytes_per_s = interconnect_gb_per_s(gpu) * 1e9
-        # Ring all-reduce: each GPU sends and receives 2(tp-1)/tp of the payload.
-        self.allreduce_s_per_token = (
-            ALLREDUCES_PER_LAYER
-            * self.shape.layers
+        ranges = stage_layer_ranges(model.num_layers, layout.pp)
+        self.stages = [
+            self._stage(
+                model_shape(
+                    model,
+                    tp,
+                    layout,
+                    None if layout.pp == 1 else ranges[i],
+                    first_stage=i == 0,
+                    last_stage=i == layout.pp - 1,
+                )
+            )
+            for i in range(layout.pp)
+        ]
+        self.shape = self.stages[0].shape if layout.pp == 1 else model_shape(model, tp, layout)
+        self.allreduce_s_per_token = self.stages[0].allreduce_s_per_token
+        self.collectives = self.stages[0].collectives
+        # vLLM hands the hidden states and the residual stream to the next stage.
+        self.hand_off_bytes_per_token = 2 * float(model.hidden_dim) * model.bytes_per_param
+        self.queueing_us = int(request_delay_s(self.coefficients) * 1e6)
+
+    def _stage(self, shape: ModelShape) -> _Stage:
+        tp, layout, links = self.tp, self.layout, self.links
+        # A TP group wider than one scale-up domain all-reduces over the network: every ring
+        # step waits for its slowest (network) hop. NCCL runs one ring per network card, so
+        # the domain's cards carry the rings side by side (each the 1/cards of the payload
+        # it owns): domain x card bandwidth, unless the scale-up link is slower still.
+        tp_over_network = links.crosses(0, tp - 1)
+        link_gb_per_s = links.scale_up_gb_per_s
+        if tp_over_network:
+            link_gb_per_s = min(link_gb_per_s, links.scale_out_gb_per_s * links.domain_gpus)
+        link_bytes_per_s = link_gb_per_s * 1e9
+        # Ring all-reduce: each GPU sends and receives 2(tp-1)/tp of the payload, in 2(tp - 1)
+        # latency steps.
+        allreduce_s_per_token = (
+            shape.allreduces
             * 2
             * (tp - 1)
             / tp
-            * self.shape.allreduce_bytes_per_token
+            * shape.allreduce_bytes_per_token
             / link_bytes_per_s
         )
-        # Ring all-reduce: 2(tp - 1) latency steps each.
-        self.collectives = ALLREDUCES_PER_LAYER * self.shape.layers * 2 * (tp - 1)
-        self.queueing_us = int(request_delay_s(self.coefficients) * 1e6)
+        ring_steps = shape.allreduces * 2 * (tp - 1)
+        alltoall_s_per_token, alltoall_steps, alltoall_network = 0.0, 0, False
+        if layout.ep_ranks > 1 and shape.moe_layers:
+            local_peers, remote_peers = links.alltoall_peers(layout.ep)
+            # Each GPU dispatches its 1/tp share of the rank's tokens to the k experts' GPUs
+            # and receives the results back (combine); (ep - 1)/ep of them live elsewhere.
+            dispatch = self._dispatch_bytes_per_element()
+            per_token = (
+                shape.moe_layers
+                * shape.experts_per_token
+                * float(self.model.hidden_dim)
+                * (dispatch + self.model.bytes_per_param)
+                / tp
+                / layout.ep
+            )
+            # The two links carry their shares at once; the slower one sets the time.
+            alltoall_s_per_token = max(
+                per_token * local_peers / (links.scale_up_gb_per_s * 1e9),
+                per_token * remote_peers / (links.scale_out_gb_per_s * 1e9),
+            )
+            alltoall_steps = 2 * shape.moe_layers
+            alltoall_network = remote_peers > 0
+        collectives = (0 if tp_over_network else ring_steps) + (
+            0 if alltoall_network else alltoall_steps
+        )
+        network_steps = (ring_steps if tp_over_network else 0) + (
+            alltoall_steps if alltoall_network else 0
+        )
+        return _Stage(
+            shape, allreduce_s_per_token, alltoall_s_per_token, collectives, network_steps
+        )
+
+    def _dispatch_bytes_per_element(self) -> float:
+        """Tokens travel to their experts in FP8 when the expert GEMMs run in FP8 (DeepEP's
+        FP8 dispatch); results come back at activation width."""
+        return 1.0 if gemm_precision(self.model, self.gpu) == "fp8" else self.model.bytes_per_param
 
     @classmethod
     def from_deployment(
@@ -455,6 +705,7 @@ class PhysicsModel(StepTimeModel):
         beta: Sequence[float] | None = None,
         vllm_version: str | None = None,
         coeffs_file: str | Path | None = None,
+        parallelism: Parallelism | None = None,
     ) -> PhysicsModel:
         if alpha is not None or beta is not None:
             raise invalid(
@@ -471,61 +722,189 @@ class PhysicsModel(StepTimeModel):
             coefficients,
             vllm_version=vllm_version,
             given_from=f"file {str(coeffs_file)!r}" if coeffs_file is not None else "",
+            parallelism=parallelism,
         )
 
-    def expected_experts(self, step_tokens: int) -> float:
+    def expected_experts(self, step_tokens: float) -> float:
         """Distinct experts per layer that `step_tokens` uniformly routed tokens touch."""
         n, k = self.shape.num_experts, self.shape.experts_per_token
         if n == 0:
             return 1.0
         return n * (1.0 - ((n - k) / n) ** step_tokens)
 
-    def terms(self, batch: StepBatch) -> PhysicsTerms:
-        shape = self.shape
-        pairs_prefill = 0
-        prefill_tokens = 0
-        context_read = 0
+    def work(self, batch: StepBatch) -> _Work:
+        model = self.model
+        window, kind = model.attention_window, model.window_kind
+        windowed = bool(model.windowed_layer_indices) and window > 0
+        prefill_pairs = prefill_tokens = context_read = prefill_context = 0
+        window_prefill_pairs = window_context_read = 0.0
         for context, new in batch.prefill_chunks:
-            pairs_prefill += causal_pairs(context, new)
+            prefill_pairs += causal_pairs(context, new)
             prefill_tokens += new
             context_read += context
+            prefill_context += context
+            if windowed:
+                window_prefill_pairs += window_pairs(context, new, window, kind)
+                window_context_read += window_context_read_of(context, window, kind)
         decodes = batch.decode_count
         # A decode token attends its whole context plus itself.
-        pairs_decode = batch.decode_context_sum + decodes
+        decode_pairs = batch.decode_context_sum + decodes
         context_read += batch.decode_context_sum
-        tokens = prefill_tokens + decodes
-        sequences = len(batch.prefill_chunks) + decodes
+        window_decode_pairs = 0.0
+        if windowed and decodes:
+            # Only the sum of the decoding requests' contexts is known. While their mean fits
+            # in the window, every context is taken to (nothing hidden); beyond it, each sees
+            # a full sliding window or, in chunks, half a chunk on average.
+            if batch.decode_context_sum / decodes < window - 1:
+                window_decode_pairs = decode_pairs
+                window_context_read += batch.decode_context_sum
+            elif kind == "chunked":
+                window_decode_pairs = decodes * (window + 1) / 2
+                window_context_read += decodes * (window - 1) / 2
+            else:
+                window_decode_pairs = decodes * window
+                window_context_read += decodes * window
+        return _Work(
+            prefill_tokens,
+            len(batch.prefill_chunks),
+            prefill_pairs,
+            context_read,
+            decodes,
+            decode_pairs,
+            window_prefill_pairs,
+            window_decode_pairs,
+            window_context_read,
+            prefill_context,
+        )
+
+    def _terms(
+        self, stage: _Stage, work: _Work, sequences: float, single_process: int
+    ) -> PhysicsTerms:
+        shape = stage.shape
+        tokens = work.prefill_tokens + work.decodes
+        expert_bytes = shape.expert_weight_bytes * self.expected_experts(
+            tokens * self.layout.ep_ranks
+        )
         weight_bytes = (
             shape.attention_weight_bytes
-            + shape.expert_weight_bytes * self.expected_experts(tokens)
+            + shape.dense_mlp_weight_bytes
+            + expert_bytes
+            + shape.shared_expert_weight_bytes
             + shape.router_weight_bytes
             + shape.lm_head_bytes
         )
-        kv_bytes = shape.kv_bytes_per_token * (context_read + tokens)
+        # Windowed layers save what their window hides (0 while it hides nothing).
+        kv_bytes = shape.kv_bytes_per_token * (
+            work.context_read + tokens
+        ) - shape.window_kv_bytes_per_token * (work.context_read - work.window_context_read)
         prefill_flops = (
-            shape.linear_flops_per_token * prefill_tokens
-            + shape.attention_flops_per_pair * pairs_prefill
-            + shape.lm_head_flops_per_sequence * len(batch.prefill_chunks)
+            (
+                shape.linear_flops_per_token * work.prefill_tokens
+                + shape.attention_flops_per_pair * work.prefill_pairs
+                + shape.lm_head_flops_per_sequence * work.prefill_sequences
+            )
+            - shape.window_attention_flops_per_pair
+            * (work.prefill_pairs - work.window_prefill_pairs)
+            + shape.context_flops_per_token * work.prefill_context
         )
         decode_flops = (
-            shape.linear_flops_per_token + shape.lm_head_flops_per_sequence
-        ) * decodes + shape.attention_flops_per_pair * pairs_decode
+            (shape.linear_flops_per_token + shape.lm_head_flops_per_sequence) * work.decodes
+            + shape.decode_attention_flops_per_pair * work.decode_pairs
+        ) - shape.window_attention_flops_per_pair * (work.decode_pairs - work.window_decode_pairs)
+        if shape.mixed_weight_widths:
+            params = (weight_bytes - expert_bytes) / shape.weight_bytes_per_param + (
+                expert_bytes / shape.expert_bytes_per_param
+            )
+            row_flops = FLOPS_PER_MAC * params
+        else:
+            row_flops = FLOPS_PER_MAC * weight_bytes / self.weight_bytes_per_param
         return PhysicsTerms(
             (weight_bytes + shape.embedding_row_bytes * tokens) / self.peak_bytes_per_s,
             prefill_flops / self.peak_flops_per_s,
             decode_flops / self.peak_flops_per_s,
-            self.allreduce_s_per_token * tokens,
-            self.collectives,
+            stage.allreduce_s_per_token * tokens,
+            stage.collectives,
             shape.layers,
             sequences,
-            FLOPS_PER_MAC * weight_bytes / self.weight_bytes_per_param / self.peak_flops_per_s,
+            row_flops / self.peak_flops_per_s,
             kv_bytes / self.peak_bytes_per_s,
-            1 if self.tp == 1 else 0,
+            single_process,
+            stage.alltoall_s_per_token * tokens,
+            stage.network_steps,
         )
+
+    def terms(self, batch: StepBatch) -> PhysicsTerms:
+        """The step's terms (one pipeline stage only: calibration records them)."""
+        if len(self.stages) > 1:
+            raise ConfigError(
+                f"pp: invalid value {self.layout.pp}; a pipelined step is priced stage by stage "
+                "and has no single set of terms (calibration takes pp = 1)"
+            )
+        work = self.work(batch)
+        sequences = len(batch.prefill_chunks) + batch.decode_count
+        return self._terms(self.stages[0], work, sequences, 1 if self.tp == 1 else 0)
+
+    def pipeline_step_s(self, batch: StepBatch) -> float:
+        """A step split into m = min(pp, sequences) micro-batches flowing through the stages:
+        it lasts until every micro-batch has passed every stage and the first can start its
+        next token, max(Σ stage + hand-offs, m × slowest stage) — the pipeline bubble is the
+        gap when m < pp or the stages differ (docs/parallelism.md)."""
+        c = self.coefficients
+        work = self.work(batch)
+        sequences = len(batch.prefill_chunks) + batch.decode_count
+        parts = max(1, min(self.layout.pp, sequences))
+        micro = work.share(parts)
+        stage_s = []
+        for stage in self.stages:
+            t = self._terms(stage, micro, 0, 0)
+            stage_s.append(
+                _gpu_s(t, c, max)
+                + _communication_s(t, c)
+                + stage.shape.layers * c.per_layer_overhead_us * 1e-6
+            )
+        micro_tokens = micro.prefill_tokens + micro.decodes
+        hand_off_s = 0.0
+        for i in range(len(self.stages) - 1):
+            last_gpu = (i + 1) * self.tp - 1
+            crosses = self.links.crosses(last_gpu, last_gpu + 1)
+            link = self.links.scale_out_gb_per_s if crosses else self.links.scale_up_gb_per_s
+            latency_us = c.network_latency_us if crosses else c.allreduce_latency_us
+            hand_off_s += (
+                micro_tokens
+                * self.hand_off_bytes_per_token
+                / (link * 1e9 * c.interconnect_efficiency)
+                + latency_us * 1e-6
+            )
+        cycle_s = max(sum(stage_s) + hand_off_s, parts * max(stage_s))
+        overhead_s = (c.per_step_overhead_us + sequences * c.per_sequence_overhead_us) * 1e-6
+        return overhead_s + cycle_s
 
     @property
     def coefficients_source(self) -> str:
         return self.source.describe()
+
+    def efficiencies(self) -> str:
+        """Which of the efficiencies pricing this run were measured on its GPU, which were
+        carried over (and from where), and which are assumptions."""
+        s = self.source
+        if s.kind == "calibrated":
+            text = f"fitted on {s.fit_gpu} with vLLM {s.fit_vllm}: calibrated for this GPU"
+        elif s.kind == "transferred":
+            text = (
+                f"carried over from the {s.fit_gpu} fit (vLLM {s.fit_vllm}) as fractions of "
+                f"{self.gpu.name}'s peaks; not measured on {self.gpu.name}"
+            )
+        elif s.kind == "given":
+            text = "given" + s.note
+        else:
+            text = "physical defaults (public hardware facts), not fitted"
+        stage = self.stages[0]
+        if stage.network_steps or self.layout.pp > 1 or stage.alltoall_s_per_token:
+            text += (
+                "; the network latency, scale-out bandwidth, expert all-to-all and pipeline "
+                "terms are assumptions from public figures, not fitted to any run"
+            )
+        return text
 
     def provenance(self) -> dict[str, Any]:
         return {
@@ -537,12 +916,19 @@ class PhysicsModel(StepTimeModel):
             "gpu": self.gpu.name,
             "gpu_covered_by_fit": self.source.covers_gpu,
             "model_covered_by_fit": self.model.name.lower() in self.source.fit_models,
+            "efficiencies": self.efficiencies(),
+            "gpu_figures": self.gpu.source,
+            "layout": self.layout.describe(),
+            "precision": describe_precision(self.model, self.gpu),
         }
 
     def step_time_us(self, batch: StepBatch) -> int:
         if batch.batch_size == 0:
             return 1
-        step_us = int(price_terms(self.terms(batch), self.coefficients) * 1e6)
+        if len(self.stages) == 1:
+            step_us = int(price_terms(self.terms(batch), self.coefficients) * 1e6)
+        else:
+            step_us = int(self.pipeline_step_s(batch) * 1e6)
         return step_us if step_us > 1 else 1
 
     def queueing_time_us(self, input_tokens: int) -> int:

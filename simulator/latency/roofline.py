@@ -16,6 +16,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
+from simulator.catalog.hardware import mfu_provenance
 from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import invalid
 from simulator.latency.base import StepBatch, StepTimeModel
@@ -171,6 +172,14 @@ class RooflineModel(StepTimeModel):
                 "use latency model 'blackbox' to apply them",
             )
         return cls(model, gpu, tp)
+
+    def provenance(self) -> dict:
+        """Adds where the GPU's MFU (this model's only efficiencies) was measured."""
+        return {
+            **super().provenance(),
+            "efficiencies": mfu_provenance(self.gpu),
+            "gpu_figures": self.gpu.source,
+        }
 
     def effective_experts(self, step_tokens: int) -> float:
         """Expected distinct experts touched by `step_tokens` tokens: N·(1 − ((N−k)/N)^T)."""

@@ -40,6 +40,7 @@ from pathlib import Path
 from ..catalog.types import GPUSpec, ModelConfig
 from ..errors import invalid
 from .base import StepBatch, TrainedAlphaOverheads
+from .parallel import Parallelism
 
 log = logging.getLogger("servesim")
 
@@ -87,34 +88,11 @@ def _coeffs(field: str, values: object, low: int, high: int) -> tuple[float, ...
     return tuple(out)
 
 
-@cache
-def _bundled_extras(name: str) -> tuple[int, int]:
-    """(interleave_moe_layer_step, intermediate_size_mlp) from a bundled model's config.json.
-
-    ModelConfig does not carry these two fields (only Llama-4 sets them among the bundled
-    models), so they are read from the bundled file; a model that is not bundled gets (0, 0).
-    """
-    from ..catalog import models as catalog_models
-
-    folder = catalog_models._lookup_table().get(name.strip().lower())
-    if folder is None:
-        return 0, 0
-    path = catalog_models._MODEL_CONFIGS_DIR / folder / "config.json"
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    cfg = dict(raw)
-    if isinstance(raw.get("text_config"), dict):
-        cfg.update(raw["text_config"])
-
-    def whole(key: str) -> int:
-        value = cfg.get(key)
-        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
-
-    return whole("interleave_moe_layer_step"), whole("intermediate_size_mlp")
-
-
 class TrainedPhysics(TrainedAlphaOverheads):
     name = "trained-physics"
     coefficients_source = COEFFICIENTS_SOURCE
+    # BLIS prices DP ranks; expert parallelism is accepted with no step-time effect, as there.
+    parallelism_dimensions = frozenset({"dp", "ep"})
 
     def __init__(
         self,
@@ -169,12 +147,11 @@ class TrainedPhysics(TrainedAlphaOverheads):
             raise invalid(
                 f"model {model.name!r}: num_experts_per_tok", model.num_experts_per_tok, "> 0"
             )
-        if interleave_moe_layer_step is None or intermediate_size_mlp is None:
-            step, mlp = _bundled_extras(model.name)
-            interleave_moe_layer_step = (
-                step if interleave_moe_layer_step is None else interleave_moe_layer_step
-            )
-            intermediate_size_mlp = mlp if intermediate_size_mlp is None else intermediate_size_mlp
+        if interleave_moe_layer_step is None:
+            interleave_moe_layer_step = model.interleave_moe_layer_step
+        if intermediate_size_mlp is None:
+            # dense_ffn_dim is intermediate_size_mlp when the config gives it, else dff: BLIS's dD.
+            intermediate_size_mlp = model.dense_ffn_dim
 
         L = model.num_layers
         d = float(model.hidden_dim)
@@ -239,16 +216,26 @@ class TrainedPhysics(TrainedAlphaOverheads):
         alpha: Sequence[float] | None = None,
         beta: Sequence[float] | None = None,
         vllm_version: str | None = None,
+        parallelism: Parallelism | None = None,
     ) -> TrainedPhysics:
         """Explicit alpha / beta win, each on its own; else BLIS's global iter29 fit. The
         fit is not keyed by model, GPU, TP or vLLM version (BLIS removed --vllm-version)."""
         shipped = shipped_coefficients()
+        dp = 1
+        if parallelism is not None:
+            parallelism.check(model)
+            dp = parallelism.dp
+            if dp > 1 and not model.is_moe:
+                raise invalid(
+                    "dp", dp, "trained-physics prices DP ranks of MoE models only (as BLIS)"
+                )
         built = cls(
             model,
             gpu,
             tp,
             alpha if alpha is not None else shipped["alpha_coeffs"],
             beta if beta is not None else shipped["beta_coeffs"],
+            dp=dp,
         )
         if alpha is not None or beta is not None:
             built.coefficients_source = "given alpha/beta coefficients" + (

@@ -91,16 +91,25 @@ class GammaArrivals(ArrivalProcess):
     """Gamma gaps with shape 1/cv² and scale cv²·mean (cv default 1 = Poisson-like).
 
     cv > 1 gives bursty traffic (ServeGen's fit for large models). BLIS samples with
-    Marsaglia–Tsang; numpy's gamma sampler draws from the same law.
+    Marsaglia–Tsang; numpy's gamma sampler draws from the same law. A fitted `shape` and
+    `scale_us` replace the cv and the rate altogether (`fit_shape_scale`).
     """
 
     name = "gamma"
 
-    def __init__(self, rate_per_s: float, cv: float | None = None) -> None:
+    def __init__(
+        self,
+        rate_per_s: float,
+        cv: float | None = None,
+        shape: float | None = None,
+        scale_us: float | None = None,
+    ) -> None:
         super().__init__(rate_per_s, cv)
         cv_eff = 1.0 if cv is None else cv
         self.shape = 1.0 / (cv_eff * cv_eff)
         self.scale_us = self.mean_gap_us * cv_eff * cv_eff
+        if fit_shape_scale(self.name, shape, scale_us):
+            self.shape, self.scale_us = float(shape), float(scale_us)
         self.falls_back_to_poisson = self.shape < MIN_GAMMA_SHAPE
         if self.falls_back_to_poisson:
             log.warning(
@@ -147,8 +156,18 @@ class WeibullArrivals(ArrivalProcess):
 
     name = "weibull"
 
-    def __init__(self, rate_per_s: float, cv: float | None = None) -> None:
+    def __init__(
+        self,
+        rate_per_s: float,
+        cv: float | None = None,
+        shape: float | None = None,
+        scale_us: float | None = None,
+    ) -> None:
         super().__init__(rate_per_s, cv)
+        if fit_shape_scale(self.name, shape, scale_us):
+            # A fitted law: the cv (and its range check) plays no part, as in BLIS.
+            self.shape_k, self.scale_us = float(shape), float(scale_us)
+            return
         cv_eff = 1.0 if cv is None else cv
         lo, hi = WEIBULL_CV_RANGE
         if not lo <= cv_eff <= hi:
@@ -160,13 +179,41 @@ class WeibullArrivals(ArrivalProcess):
         return _floor_gaps(self.scale_us * rng.weibull(self.shape_k, count))
 
 
+def fit_shape_scale(process: str, shape: float | None, scale_us: float | None) -> bool:
+    """Do a fitted shape and scale (µs) replace the cv/rate law? Only when both are given and
+    positive; a given one that is not is warned about and the cv law is used (BLIS)."""
+    if shape is None and scale_us is None:
+        return False
+    if shape is not None and scale_us is not None and shape > 0 and scale_us > 0:
+        return True
+    log.warning(
+        "%s arrival: shape %s and scale %s must both be > 0 to be used; using the cv and "
+        "the rate instead",
+        process,
+        shape,
+        scale_us,
+    )
+    return False
+
+
 ARRIVAL_PROCESSES: dict[str, type[ArrivalProcess]] = {
     cls.name: cls for cls in (PoissonArrivals, ConstantArrivals, GammaArrivals, WeibullArrivals)
 }
+# The processes a fitted shape and scale apply to.
+SHAPED_PROCESSES = ("gamma", "weibull")
 
 
-def make_arrivals(name: str, rate_per_s: float, cv: float | None = None) -> ArrivalProcess:
-    """The arrival process `name` at `rate_per_s` requests/s; `cv` for gamma and weibull."""
+def make_arrivals(
+    name: str,
+    rate_per_s: float,
+    cv: float | None = None,
+    shape: float | None = None,
+    scale_us: float | None = None,
+) -> ArrivalProcess:
+    """The arrival process `name` at `rate_per_s` requests/s; `cv` for gamma and weibull, or
+    their fitted `shape` and `scale_us` (both > 0), which then fix the gaps on their own."""
     if name not in ARRIVAL_PROCESSES:
         raise unknown("arrival process", name, ARRIVAL_PROCESSES)
+    if name in SHAPED_PROCESSES:
+        return ARRIVAL_PROCESSES[name](rate_per_s, cv, shape, scale_us)
     return ARRIVAL_PROCESSES[name](rate_per_s, cv)

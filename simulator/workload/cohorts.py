@@ -73,10 +73,13 @@ def diurnal_windows(diurnal: DiurnalSpec) -> list[ActiveWindow]:
     return windows
 
 
-def spike_window(spike: SpikeSpec) -> ActiveWindow:
-    """One window [start_time_us, start_time_us + duration_us)."""
+def spike_window(spike: SpikeSpec, population: int = 1) -> ActiveWindow:
+    """One window [start_time_us, start_time_us + duration_us); a spike's `trace_rate` (the
+    whole cohort's req/s) becomes each of the `population` members' equal share of it."""
     return ActiveWindow(
-        start_us=spike.start_time_us, end_us=spike.start_time_us + spike.duration_us
+        start_us=spike.start_time_us,
+        end_us=spike.start_time_us + spike.duration_us,
+        trace_rate=spike.trace_rate / population if spike.trace_rate else None,
     )
 
 
@@ -106,20 +109,21 @@ def cohort_windows(cohort: CohortSpec) -> list[ActiveWindow]:
     if cohort.diurnal is not None:
         windows.extend(diurnal_windows(cohort.diurnal))
     if cohort.spike is not None:
-        windows.append(spike_window(cohort.spike))
+        windows.append(spike_window(cohort.spike, cohort.population))
     if cohort.drain is not None:
         windows.extend(drain_windows(cohort.drain))
     return windows
 
 
-_COHORT_ONLY = {"id", "population", "diurnal", "spike", "drain"}
+_COHORT_ONLY = {"id", "population", "diurnal", "spike", "drain", "prefix_sharing"}
 
 
 def expand_cohort(cohort: CohortSpec) -> list[ClientSpec]:
     """`population` clients `<id>-<j>`, each with fraction/population and the cohort's windows.
 
-    All other fields are copied. Members share the cohort's nested specs (as BLIS shares its
-    pointers): treat them as read-only.
+    All other fields are copied; with `prefix_sharing: per_member`, member j's prefix group is
+    `<prefix_group>-<j>`, so no two members share a prefix. Members share the cohort's nested
+    specs (as BLIS shares its pointers): treat them as read-only.
     """
     fields = cohort.model_dump(exclude=_COHORT_ONLY)
     windows = cohort_windows(cohort)
@@ -128,10 +132,15 @@ def expand_cohort(cohort: CohortSpec) -> list[ClientSpec]:
     # Validate once, then copy: a cohort may have up to 100 000 members.
     template = ClientSpec.model_validate({**fields, "id": cohort.id})
     fraction = cohort.rate_fraction / cohort.population
-    return [
-        template.model_copy(update={"id": f"{cohort.id}-{j}", "rate_fraction": fraction})
-        for j in range(cohort.population)
-    ]
+    per_member = cohort.prefix_sharing == "per_member"
+
+    def member(j: int) -> ClientSpec:
+        update: dict = {"id": f"{cohort.id}-{j}", "rate_fraction": fraction}
+        if per_member:
+            update["prefix_group"] = f"{cohort.prefix_group}-{j}"
+        return template.model_copy(update=update)
+
+    return [member(j) for j in range(cohort.population)]
 
 
 def expand_cohorts(spec: WorkloadSpec) -> list[ClientSpec]:

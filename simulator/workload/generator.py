@@ -8,6 +8,12 @@ demand instead of materialised up front.
 Multi-turn clients start a session per arrival. Open-loop sessions pre-generate every round;
 closed-loop sessions (the default for multi-turn) generate round N+1 only when round N
 completes, through the `SessionManager` the simulation calls on every finished request.
+Concurrency clients (closed-loop users, `closed_loop.py`) work the same way: only each user's
+first request is in the stream, the rest follow completions.
+
+A lifecycle window that overrides the client's rate (`trace_rate`), arrival process or length
+laws is a period of its own: its requests come from its own arrival process, started at the
+window's opening and stopped at its end (docs/workloads.md, "Time-varying windows").
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +36,7 @@ from ..limits import MAX_REQUESTS, MAX_TIME_US, check_time_us
 from .arrivals import ArrivalProcess, make_arrivals
 from .cohorts import expand_cohorts, expand_inference_perf
 from .lengths import LengthDistribution, from_dist_spec, ratio_from_dist_spec
-from .spec import DEFAULT_PREFIX_LENGTH, ClientSpec, WorkloadSpec
+from .spec import DEFAULT_PREFIX_LENGTH, ActiveWindow, ArrivalSpec, ClientSpec, WorkloadSpec
 
 CHUNK = 1024  # draws per numpy call: amortises call overhead without holding much memory
 
@@ -62,6 +69,23 @@ class _Modal:
     parts: list[tuple[str, _Draws, _Draws]]  # (modality, count draws, size draws)
 
 
+def _process(arrival: ArrivalSpec, rate_per_s: float) -> ArrivalProcess:
+    return make_arrivals(arrival.process, rate_per_s, arrival.cv, arrival.shape, arrival.scale)
+
+
+@dataclass
+class Period:
+    """A lifecycle window with its own traffic: arrivals from its own process between its
+    opening and its end, lengths from its own laws where it gives them."""
+
+    start_us: int
+    end_us: int
+    arrivals: ArrivalProcess
+    arrival_rng: np.random.Generator
+    inputs: _Draws | None
+    outputs: _Draws | None
+
+
 @dataclass
 class ClientPlan:
     """Everything needed to generate one client's requests."""
@@ -76,14 +100,56 @@ class ClientPlan:
     base_dir: Path | None
     # No other client shares this one's key (content keys are built from it).
     unique_key: bool = True
+    # Windows with traffic of their own, each with its rate (req/s); see `Period`.
+    period_windows: list[tuple[int, ActiveWindow, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         c = self.spec
         where = f"clients[{self.index}]"
         rng = lambda name: _stream_seed(self.seed, "client", self.key, name)  # noqa: E731
-        cv = c.arrival.cv
-        self.arrivals: ArrivalProcess = make_arrivals(c.arrival.process, self.rate_per_s, cv)
+        # The client's own arrival process runs unless it is closed-loop, or every one of its
+        # windows is a period (which then brings all of its traffic).
+        self.base_traffic = (
+            c.arrival is not None
+            and not c.concurrency_users
+            and not (self.period_windows and not self.windows)
+            and self.rate_per_s > 0
+        )
+        self.arrivals: ArrivalProcess | None = (
+            _process(c.arrival, self.rate_per_s) if self.base_traffic else None
+        )
         self.arrival_rng = rng("arrival")
+        self.periods = []
+        for k, window, rate in self.period_windows:
+            w_where = f"{where}.lifecycle.windows[{k}]"
+            self.periods.append(
+                Period(
+                    window.start_us,
+                    window.end_us,
+                    _process(window.arrival or c.arrival, rate),
+                    rng(f"window.{k}.arrival"),
+                    _Draws(
+                        from_dist_spec(
+                            window.input_distribution,
+                            self.base_dir,
+                            where=f"{w_where}.input_distribution",
+                        ),
+                        rng(f"window.{k}.input"),
+                    )
+                    if window.input_distribution is not None
+                    else None,
+                    _Draws(
+                        from_dist_spec(
+                            window.output_distribution,
+                            self.base_dir,
+                            where=f"{w_where}.output_distribution",
+                        ),
+                        rng(f"window.{k}.output"),
+                    )
+                    if window.output_distribution is not None
+                    else None,
+                )
+            )
         self.inputs = _Draws(
             from_dist_spec(
                 c.input_distribution, self.base_dir, where=f"{where}.input_distribution"
@@ -145,14 +211,26 @@ class ClientPlan:
 
     @property
     def last_active_us(self) -> int | None:
-        return max(end for _, end in self.windows) if self.windows else None
+        """When the client's traffic ends by itself (None: it never does)."""
+        if self.spec.concurrency_users:
+            return None
+        ends = [p.end_us for p in self.periods]
+        if self.base_traffic:
+            if not self.windows:
+                return None
+            ends += [end for _, end in self.windows]
+        return max(ends, default=0)
 
-    def new_request(self, arrival_us: int, context: list | None = None) -> Request:
+    def new_request(
+        self, arrival_us: int, context: list | None = None, period: Period | None = None
+    ) -> Request:
         """Sample one request's lengths and content; IDs are assigned at the merge."""
         c = self.spec
         seq = next(self._seq)
         text = image = audio = video = 0
-        if self.modal is not None:
+        if period is not None and period.inputs is not None:
+            fresh = period.inputs.next()
+        elif self.modal is not None:
             text = self.modal.text.next()
             extra = {"image": 0, "audio": 0, "video": 0}
             for modality, count, size in self.modal.parts:
@@ -161,7 +239,10 @@ class ClientPlan:
             fresh = text + image + audio + video
         else:
             fresh = self.inputs.next()
-        output = self.outputs.next()
+        if period is not None and period.outputs is not None:
+            output = period.outputs.next()
+        else:
+            output = self.outputs.next()
         segments: list = []
         if context is not None:
             segments.extend(context)
@@ -210,9 +291,66 @@ class ClientPlan:
             return None
         return [*prev.segments, (prev.output_key, produced_tokens)]
 
+    def arrival_instants(self, horizon_us: int | None) -> Iterator[tuple[int, Period | None]]:
+        """Every arrival of the client in time order, with the period it belongs to (None:
+        the client's own process)."""
+        streams = []
+        if self.base_traffic:
+            streams.append(self._tagged(self.arrival_times(horizon_us), 0, None))
+        for k, period in enumerate(self.periods, 1):
+            streams.append(self._tagged(self._period_times(period, horizon_us), k, period))
+        if len(streams) == 1:
+            for t, _, period in streams[0]:
+                yield t, period
+            return
+        for t, _, period in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
+            yield t, period
+
+    @staticmethod
+    def _tagged(
+        times: Iterator[int], rank: int, period: Period | None
+    ) -> Iterator[tuple[int, int, Period | None]]:
+        for t in times:
+            yield t, rank, period
+
+    def _period_times(self, period: Period, horizon_us: int | None) -> Iterator[int]:
+        """A period's arrivals, as BLIS spreads them: n = ⌈rate × duration⌉ requests whose gaps
+        are drawn from the period's process and then scaled together so that the gaps fill
+        the window (truncated to whole µs). The rate fixes the count, the process the shape
+        of the gaps. n + 1 gaps are drawn and the last one only closes the window, so all n
+        arrivals fall inside it (BLIS lets the n-th land on the window's end and drops it)."""
+        stop = period.end_us if horizon_us is None else min(period.end_us, horizon_us)
+        duration_us = stop - period.start_us
+        if duration_us <= 0:
+            return
+        n = math.ceil(period.arrivals.rate_per_s * duration_us / 1e6)
+        if n > MAX_REQUESTS:
+            raise ConfigError(
+                f"client {self.key!r}: a lifecycle window of {duration_us / 1e6:g} s at "
+                f"{period.arrivals.rate_per_s:g} requests/s holds {n:,} requests; at most "
+                f"{MAX_REQUESTS:,} per run"
+            )
+        rng = period.arrival_rng
+        # Two passes over the same draws (the scale needs their sum), chunk by chunk.
+        state = rng.bit_generator.state
+        total = 0.0
+        for start in range(0, n + 1, CHUNK):
+            count = min(CHUNK, n + 1 - start)
+            total += float(period.arrivals.gaps_us(rng, count).sum(dtype=np.float64))
+        rng.bit_generator.state = state
+        scale = duration_us / total
+        t = period.start_us
+        left = n
+        while left:
+            count = min(CHUNK, left)
+            for gap in period.arrivals.gaps_us(rng, count).tolist():
+                t += int(gap * scale)
+                yield t
+            left -= count
+
     def arrival_times(self, horizon_us: int | None) -> Iterator[int]:
         t = 0
-        stop = self.last_active_us
+        stop = max(end for _, end in self.windows) if self.windows else None
         if horizon_us is not None:
             stop = horizon_us if stop is None else min(stop, horizon_us)
         while True:
@@ -266,21 +404,54 @@ class Session:
 
 @dataclass
 class SessionManager:
-    """Closed-loop multi-turn sessions: the next round is created when a round finishes."""
+    """Closed-loop sessions: the next request is created when the previous one finishes.
+
+    Multi-turn sessions (`Session`) live here; closed-loop users and replayed sessions
+    (`closed_loop.py`) bring their own `follow_up` rule and share the run-wide follow-up
+    budget and naming."""
 
     horizon_us: int | None
     sessions: dict[str, Session] = field(default_factory=dict)
     _follow_up_index: itertools.count = field(default_factory=lambda: itertools.count(1 << 40))
+    # Closed-loop users may send this many follow-ups in all (None = no cap): what is left of
+    # the workload's num_requests after every first request.
+    follow_up_budget: int | None = None
+    follow_ups: int = 0
 
     def register(self, req: Request, session: Session) -> None:
         self.sessions[session.session_id] = session
         req.session_id = session.session_id
         req.round_index = 0
 
-    def on_finished(self, req: Request, now_us: int) -> Request | None:
-        """Called once per finished request; returns the next round to inject, if any."""
+    def budget_left(self) -> bool:
+        return self.follow_up_budget is None or self.follow_ups < self.follow_up_budget
+
+    def name_follow_up(self, nxt: Request, session_id: str, round_index: int) -> Request:
+        """Tag and name a closed-loop follow-up as BLIS does (`session_<id>_round_<r>_<k>`)."""
+        from .closed_loop import follow_up_id
+
+        self.follow_ups += 1
+        nxt.session_id = session_id
+        nxt.round_index = round_index
+        nxt.request_id = follow_up_id(session_id, round_index, self.follow_ups)
+        nxt.index = next(self._follow_up_index)
+        return nxt
+
+    def on_finished(
+        self, req: Request, now_us: int, step_end_us: int | None = None
+    ) -> Request | None:
+        """Called once per finished request; returns the next request to inject, if any.
+
+        `now_us`: when the request finished for its client (its completion time, overheads
+        included); `step_end_us`: the end of the engine step that finished it, from which
+        closed-loop users and replayed sessions count their think time (current BLIS)."""
         session = self.sessions.get(req.session_id)
-        if session is None or session.outcome or not session.plan.closed_loop:
+        if session is None or session.outcome:
+            return None
+        follow_up = getattr(session, "follow_up", None)
+        if follow_up is not None:
+            return follow_up(req, now_us if step_end_us is None else step_end_us, self)
+        if not session.plan.closed_loop:
             return None
         if req.state is not RequestState.COMPLETED:
             session.outcome = "cancelled"  # a timed-out, dropped or rejected round ends it
@@ -319,7 +490,7 @@ class SessionManager:
                 session.outcome = session.open_loop_outcome()
             elif not session.outcome:
                 session.outcome = "horizon_interrupted"
-            counts[session.outcome] += 1
+            counts[session.outcome] = counts.get(session.outcome, 0) + 1
         counts["total"] = len(self.sessions)
         return counts
 
@@ -341,9 +512,12 @@ def resolve_clients(spec: WorkloadSpec, base_dir: Path | None = None) -> tuple[W
     if spec.inference_perf is not None:
         spec = expand_inference_perf(spec)
     if spec.servegen_data is not None:
-        from .servegen import expand_servegen
+        from .servegen import expand_servegen, expand_servegen_periods
 
-        spec = expand_servegen(spec, base_dir)
+        if spec.servegen_data.multi_period:
+            spec = expand_servegen_periods(spec, base_dir)
+        else:
+            spec = expand_servegen(spec, base_dir)
     return spec, expand_cohorts(spec)
 
 
@@ -375,46 +549,68 @@ class WorkloadStream:
         self.seed = spec.seed if spec.seed is not None else seed
         self.horizon_us = horizon_us if horizon_us is not None else spec.horizon
         self.num_requests = spec.num_requests or None
-        if self.num_requests is None and self.horizon_us is None:
+        aggregate = spec.aggregate_rate or 0.0
+        open_loop = [c for c in clients if not c.concurrency_users]
+        total_fraction = sum(c.rate_fraction or 0.0 for c in open_loop)
+        # Absolute rates: each period's trace_rate is its req/s; otherwise a trace_rate is the
+        # period's weight among the clients' rate fractions, as a rate_fraction would be.
+        absolute = not aggregate
+
+        def period_rate(c: ClientSpec, w: ActiveWindow) -> float:
+            if absolute:
+                return w.trace_rate or 0.0
+            return aggregate * (w.trace_rate or c.rate_fraction or 0.0) / total_fraction
+
+        prefix = _prefix_lengths(clients)
+        keys = [c.id or f"#{i}" for i, c in enumerate(clients)]
+        key_counts = Counter(keys)
+        self.plans = []
+        for i, c in enumerate(clients):
+            windows = c.lifecycle.windows if c.lifecycle else []
+            self.plans.append(
+                ClientPlan(
+                    index=i,
+                    key=keys[i],
+                    spec=c,
+                    rate_per_s=aggregate * c.rate_fraction / total_fraction
+                    if c.rate_fraction and total_fraction
+                    else 0.0,
+                    prefix_length=prefix.get(c.prefix_group, 0),
+                    windows=sorted((w.start_us, w.end_us) for w in windows if not w.overrides),
+                    seed=self.seed,
+                    base_dir=base_dir,
+                    unique_key=key_counts[keys[i]] == 1,
+                    period_windows=[
+                        (k, w, period_rate(c, w)) for k, w in enumerate(windows) if w.overrides
+                    ],
+                )
+            )
+        ends = [p.last_active_us for p in self.plans]
+        if self.num_requests is None and self.horizon_us is None and None in ends:
             raise ConfigError(
                 "workload: neither num_requests nor a horizon is set, so the traffic never "
                 "ends; set workload num_requests or horizon (µs)"
             )
-        if self.num_requests is None:
-            _check_expected_count(spec.aggregate_rate or 0.0, self.horizon_us)
-        total_fraction = sum(c.rate_fraction for c in clients)
-        prefix = _prefix_lengths(clients)
-        keys = [c.id or f"#{i}" for i, c in enumerate(clients)]
-        key_counts = Counter(keys)
-        self.plans = [
-            ClientPlan(
-                index=i,
-                key=keys[i],
-                spec=c,
-                rate_per_s=(spec.aggregate_rate or 0.0) * c.rate_fraction / total_fraction,
-                prefix_length=prefix.get(c.prefix_group, 0),
-                windows=sorted((w.start_us, w.end_us) for w in c.lifecycle.windows)
-                if c.lifecycle
-                else [],
-                seed=self.seed,
-                base_dir=base_dir,
-                unique_key=key_counts[keys[i]] == 1,
-            )
-            for i, c in enumerate(clients)
-        ]
+        if self.num_requests is None and self.horizon_us is not None:
+            _check_expected_count(aggregate, self.horizon_us)
         self.sessions = SessionManager(self.horizon_us)
+
+    @property
+    def has_sessions(self) -> bool:
+        """Do requests of this workload follow others' completions (sessions, users)?"""
+        return self.spec.has_sessions
 
     def _client_requests(self, plan: ClientPlan) -> Iterator[tuple[int, int, int, Request]]:
         """One client's requests in arrival order, keyed for the merge."""
         mt = plan.multi_turn
         order = itertools.count()
         if mt is None:
-            for t in plan.arrival_times(self.horizon_us):
-                yield (t, plan.index, next(order), plan.new_request(t))
+            for t, period in plan.arrival_instants(self.horizon_us):
+                yield (t, plan.index, next(order), plan.new_request(t, period=period))
             return
         pending: list[tuple[int, int, int, Request]] = []  # open-loop rounds not yet due
         started = 0
-        for t in plan.arrival_times(self.horizon_us):
+        for t, period in plan.arrival_instants(self.horizon_us):
             while pending and pending[0][0] <= t:
                 yield heapq.heappop(pending)
             if mt.single_session and started:
@@ -423,7 +619,7 @@ class WorkloadStream:
                 break
             session_id = f"sess_{plan.key}_{started}"
             started += 1
-            first = plan.new_request(t)
+            first = plan.new_request(t, period=period)
             session = Session(session_id, plan, mt.max_rounds)
             self.sessions.register(first, session)
             yield (t, plan.index, next(order), first)
@@ -447,8 +643,12 @@ class WorkloadStream:
             yield heapq.heappop(pending)
 
     def __iter__(self) -> Iterator[Request]:
-        merged = heapq.merge(*(self._client_requests(p) for p in self.plans))
+        users = [p for p in self.plans if p.spec.concurrency_users]
+        open_loop = (self._client_requests(p) for p in self.plans if not p.spec.concurrency_users)
+        merged: Iterable = heapq.merge(*open_loop)
         limit = self.num_requests
+        if users:
+            merged = self._with_users(merged, users, limit)
         clock_end = MAX_TIME_US
         for i, (t, index, _, req) in enumerate(merged):
             if limit is not None and i >= limit:
@@ -456,10 +656,35 @@ class WorkloadStream:
             # Every time a generated request carries (its arrival, its deadline) must be on
             # the clock; closed-loop rounds are checked where they are made.
             if t > clock_end or req.deadline_us > clock_end:
-                self._beyond_clock(i, self.plans[index], req)
+                self._beyond_clock(i, self.plans[index % len(self.plans)], req)
             req.request_id = f"request_{i}"
             req.index = i
             yield req
+
+    def _with_users(
+        self, merged: Iterable, users: list[ClientPlan], limit: int | None
+    ) -> Iterator[tuple[int, int, int, Request]]:
+        """The open-loop requests with each closed-loop user's first request, as BLIS does:
+        open-loop requests first take their share of num_requests (so they are generated up
+        front), users then start while requests are left, and what remains after that is the
+        users' follow-up budget. A user's first request sorts after open-loop requests of the
+        same instant."""
+        from .closed_loop import user_sessions
+
+        if limit is not None:
+            merged = list(itertools.islice(merged, limit))
+        left = None if limit is None else limit - len(merged)
+        firsts = []
+        for plan in users:
+            for arrival, u, req, session in user_sessions(plan, self.seed, left):
+                self.sessions.register(req, session)
+                # Ranked after every client index: open-loop requests come first at a tie.
+                firsts.append((arrival, len(self.plans) + plan.index, u, req))
+            if left is not None:
+                left -= min(left, plan.spec.concurrency_users)
+        self.sessions.follow_up_budget = left
+        firsts.sort(key=lambda x: (x[0], x[1], x[2]))
+        return heapq.merge(merged, firsts)
 
     def _beyond_clock(self, i: int, plan: ClientPlan, req: Request) -> None:
         if req.arrival_us > MAX_TIME_US:

@@ -6,7 +6,8 @@ workload file in every error. Parameter names are BLIS's (docs/behaviour.md §9.
 
 * gaussian {mean, std_dev, min, max}: N(mean, std_dev) clamped to [min, max], rounded;
   min == max (or std_dev 0) gives a constant.
-* exponential {mean}: Exp(mean), rounded.
+* exponential {mean[, min, max]}: Exp(mean), clamped to [min, max] when given, rounded.
+* lognormal {mu, sigma[, min, max]}: exp(mu + sigma·Z), clamped, rounded (current BLIS).
 * pareto_lognormal {alpha, xm, mu, sigma, mix_weight}: with probability mix_weight a Pareto
   draw xm / U^(1/alpha), otherwise a lognormal exp(mu + sigma·Z); rounded.
 * constant {value}.
@@ -124,20 +125,81 @@ class GaussianLength(LengthDistribution):
         return self.mean_tokens
 
 
+def _clamps(lo: float | None, hi: float | None, where: str) -> tuple[float | None, float | None]:
+    """Optional whole-token bounds [min, max] of a drawn length."""
+    for name, value in (("min", lo), ("max", hi)):
+        if value is not None:
+            _need(float(value).is_integer(), f"{where}.{name}", value, "must be a whole number")
+            _need(value >= 0, f"{where}.{name}", value, "must be >= 0")
+    if lo is not None and hi is not None:
+        _need(lo <= hi, f"{where}.min", lo, f"must be <= max ({hi:g})")
+    return lo, hi
+
+
+def _clamped(values: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
+    if lo is None and hi is None:
+        return values
+    return np.clip(values, lo, hi)
+
+
 class ExponentialLength(LengthDistribution):
+    """round(Exp(mean)), clamped to [min, max] when given."""
+
     name = "exponential"
 
-    def __init__(self, mean: float, *, floor: int = 1, where: str = "exponential") -> None:
+    def __init__(
+        self,
+        mean: float,
+        min: float | None = None,  # noqa: A002
+        max: float | None = None,  # noqa: A002
+        *,
+        floor: int = 1,
+        where: str = "exponential",
+    ) -> None:
         _need(mean > 0, f"{where}.mean", mean, "must be > 0")
         self.mean_tokens = float(mean)
+        self.lo, self.hi = _clamps(min, max, where)
         self.floor = floor
 
     def _draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        return _round(rng.exponential(self.mean_tokens, count))
+        return _round(_clamped(rng.exponential(self.mean_tokens, count), self.lo, self.hi))
 
     @property
     def mean(self) -> float:
         return self.mean_tokens
+
+
+class LognormalLength(LengthDistribution):
+    """round(exp(mu + sigma·Z)), clamped to [min, max] when given (BLIS's `lognormal`, which its
+    ServeGen conversion fits to each chunk's length table)."""
+
+    name = "lognormal"
+
+    def __init__(
+        self,
+        mu: float,
+        sigma: float,
+        min: float | None = None,  # noqa: A002
+        max: float | None = None,  # noqa: A002
+        *,
+        floor: int = 1,
+        where: str = "lognormal",
+    ) -> None:
+        _need(sigma >= 0, f"{where}.sigma", sigma, "must be >= 0")
+        # exp(mu) beyond 10^9 tokens is no prompt length; the bound also keeps exp finite.
+        _need(mu <= math.log(MAX_LENGTH_TOKENS), f"{where}.mu", mu, "must be <= ln(10^9)")
+        self.mu, self.sigma = float(mu), float(sigma)
+        self.lo, self.hi = _clamps(min, max, where)
+        self.floor = floor
+
+    def _draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        values = np.exp(self.mu + self.sigma * rng.standard_normal(count))
+        # A wide sigma can still overflow int64: cap far above any context length.
+        return _round(np.minimum(_clamped(values, self.lo, self.hi), 2.0**53))
+
+    @property
+    def mean(self) -> float:
+        return math.exp(self.mu + self.sigma**2 / 2)
 
 
 class ParetoLognormalLength(LengthDistribution):
@@ -224,6 +286,7 @@ LENGTH_DISTRIBUTIONS: dict[str, type[LengthDistribution]] = {
         ExponentialLength,
         ParetoLognormalLength,
         EmpiricalLength,
+        LognormalLength,
     )
 }
 
@@ -340,7 +403,11 @@ def from_dist_spec(
     if dist.type == "gaussian":
         return _gaussian_from_params(p, minimum, where)
     if dist.type == "exponential":
-        return ExponentialLength(p["mean"], floor=minimum, where=inner)
+        return ExponentialLength(p["mean"], p.get("min"), p.get("max"), floor=minimum, where=inner)
+    if dist.type == "lognormal":
+        return LognormalLength(
+            p["mu"], p["sigma"], p.get("min"), p.get("max"), floor=minimum, where=inner
+        )
     if dist.type == "pareto_lognormal":
         return ParetoLognormalLength(
             p["alpha"], p["xm"], p["mu"], p["sigma"], p["mix_weight"], floor=minimum, where=inner
@@ -398,7 +465,15 @@ def ratio_from_dist_spec(
     if dist.type == "exponential":
         _need(p["mean"] > 0, f"{inner}.mean", p["mean"], "must be > 0")
         mean = p["mean"]
-        return RatioDistribution(lambda rng, n: rng.exponential(mean, n))
+        lo, hi = _clamps(p.get("min"), p.get("max"), inner)
+        return RatioDistribution(lambda rng, n: _clamped(rng.exponential(mean, n), lo, hi))
+    if dist.type == "lognormal":
+        law = LognormalLength(p["mu"], p["sigma"], p.get("min"), p.get("max"), where=inner)
+        return RatioDistribution(
+            lambda rng, n: _clamped(
+                np.exp(law.mu + law.sigma * rng.standard_normal(n)), law.lo, law.hi
+            )
+        )
     if dist.type == "pareto_lognormal":
         law = ParetoLognormalLength(
             p["alpha"], p["xm"], p["mu"], p["sigma"], p["mix_weight"], floor=0, where=inner

@@ -188,13 +188,14 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
         raise ConfigError("compose: no specs given; need at least one")
     flat = [_as_clients(s) for s in specs]
     total_rate = sum(s.aggregate_rate or 0.0 for s in flat)
-    if not (math.isfinite(total_rate) and total_rate > 0):
+    open_loop = any(not c.concurrency_users for s in flat for c in s.clients)
+    if open_loop and not (math.isfinite(total_rate) and total_rate > 0):
         raise invalid("aggregate_rate", total_rate, "the composed rate must be finite and > 0")
     seen: set[str] = set()
     clients = []
     for index, spec in enumerate(flat):
-        fraction_sum = sum(c.rate_fraction for c in spec.clients)
-        weight = (spec.aggregate_rate or 0.0) / total_rate
+        fraction_sum = sum(c.rate_fraction or 0.0 for c in spec.clients)
+        weight = (spec.aggregate_rate or 0.0) / total_rate if total_rate else 0.0
         for client in spec.clients:
             cid = client.id
             if cid in seen:
@@ -203,14 +204,10 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
                 while cid in seen:
                     cid, k = f"{client.id}-{index}-{k}", k + 1
             seen.add(cid)
-            clients.append(
-                client.model_copy(
-                    update={
-                        "id": cid,
-                        "rate_fraction": client.rate_fraction / fraction_sum * weight,
-                    }
-                )
-            )
+            update: dict[str, Any] = {"id": cid}
+            if not client.concurrency_users:  # closed-loop users have no rate to share
+                update["rate_fraction"] = client.rate_fraction / fraction_sum * weight
+            clients.append(client.model_copy(update=update))
     horizons = [s.horizon for s in flat if s.horizon]
     counts = [s.num_requests for s in flat]
     try:
@@ -218,7 +215,7 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
             version="2",
             seed=flat[0].seed,
             category=flat[0].category,
-            aggregate_rate=total_rate,
+            aggregate_rate=total_rate or None,
             horizon=max(horizons) if horizons else None,
             num_requests=sum(counts) if all(c for c in counts) else None,
             clients=clients,

@@ -21,9 +21,11 @@ from ..limits import (
     MAX_BANDWIDTH_GB_PER_S,
     MAX_INFERENCE_PERF_CLIENTS,
     MAX_PEAK_TO_TROUGH,
+    MAX_RATE_PER_S,
     MAX_TIME_S,
     MAX_TIME_US,
     MAX_TOKENS,
+    MIN_RATE_PER_S,
     Flag,
     Milliseconds,
     PositiveRequests,
@@ -31,7 +33,6 @@ from ..limits import (
     PositiveTokens,
     PositiveWholeSeconds,
     Rate,
-    RateFraction,
     Requests,
     Seed,
     TimeUs,
@@ -45,7 +46,9 @@ log = logging.getLogger("servesim")
 
 SLO_CLASSES = ("", "critical", "standard", "sheddable", "batch", "background")
 V1_SLO_CLASSES = {"realtime": "critical", "interactive": "standard"}
-DIST_TYPES = ("gaussian", "exponential", "pareto_lognormal", "empirical", "constant")
+DIST_TYPES = (
+    "gaussian", "exponential", "pareto_lognormal", "empirical", "constant", "lognormal"
+)  # fmt: skip
 # Parameters each distribution needs (empirical takes its CDF points from params or `file`).
 DIST_PARAMS: dict[str, tuple[str, ...]] = {
     "gaussian": ("mean", "std_dev", "min", "max"),
@@ -53,6 +56,12 @@ DIST_PARAMS: dict[str, tuple[str, ...]] = {
     "pareto_lognormal": ("alpha", "xm", "mu", "sigma", "mix_weight"),
     "constant": ("value",),
     "empirical": (),
+    "lognormal": ("mu", "sigma"),
+}
+# Parameters a distribution may have besides the ones it needs: clamps of the drawn length.
+DIST_OPTIONAL_PARAMS: dict[str, tuple[str, ...]] = {
+    "exponential": ("min", "max"),
+    "lognormal": ("min", "max"),
 }
 DEFAULT_PREFIX_LENGTH = 50
 DEFAULT_SESSION_TIMEOUT_US = 300_000_000
@@ -82,13 +91,32 @@ _PeakToTrough = number(
 # Each member is a client with its own random streams; a cohort is a way to write many
 # clients, not an unbounded population.
 _Population = integer(1, MAX_COHORT_POPULATION, "members", "each member is a whole client")
+# A fitted gamma/weibull shape or scale (µs): BLIS warns on a value <= 0 and falls back to the
+# cv; beyond the clock a scale means no arrival ever comes.
+_ShapeOrScale = number(
+    -MAX_TIME_US, MAX_TIME_US, "", "a gap's law cannot reach beyond the clock (2^53 µs)"
+)
+_RateOrZero = number(
+    MIN_RATE_PER_S,
+    MAX_RATE_PER_S,
+    "requests per second",
+    "a rate's mean gap must fit the clock; 0 means every rate is absolute",
+    zero_off=True,
+)
+_RateFractionOrNone = number(
+    0, MAX_RATE_PER_S, "", "a weight of rates, which are at most 10^9 per second"
+)
+# Seconds that may be negative (BLIS: a negative drain timeout means the default).
+_SignedSeconds = integer(-MAX_TIME_S, MAX_TIME_S, "s", "the clock's range in whole seconds")
 _PromptCount = integer(
     1, MAX_INFERENCE_PERF_CLIENTS, "", "prompts × users make the clients, at most 1,000,000"
 )
 
 
 class DistSpec(_Strict):
-    type: Literal["gaussian", "exponential", "pareto_lognormal", "empirical", "constant"]
+    type: Literal[
+        "gaussian", "exponential", "pareto_lognormal", "empirical", "constant", "lognormal"
+    ]
     params: dict[str, _Param] = Field(default_factory=dict)
     file: str | None = None
 
@@ -107,26 +135,53 @@ class DistSpec(_Strict):
                 f"{self.type} needs params {', '.join(DIST_PARAMS[self.type])}; "
                 f"missing {', '.join(missing)}"
             )
-        extra = sorted(set(self.params) - set(DIST_PARAMS[self.type]))
+        valid = (*DIST_PARAMS[self.type], *DIST_OPTIONAL_PARAMS.get(self.type, ()))
+        extra = sorted(set(self.params) - set(valid))
         if extra:
             raise ValueError(
-                f"{self.type}: unknown params {', '.join(extra)}; "
-                f"valid: {', '.join(DIST_PARAMS[self.type])}"
+                f"{self.type}: unknown params {', '.join(extra)}; valid: {', '.join(valid)}"
             )
+        lo, hi = self.params.get("min"), self.params.get("max")
+        if self.type in DIST_OPTIONAL_PARAMS and lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"{self.type}: min ({lo:g}) must be <= max ({hi:g})")
         return self
 
 
 class ArrivalSpec(_Strict):
+    """An arrival process. gamma and weibull take their law from `cv` and the client's rate,
+    or, when `shape` and `scale` (µs) are both given and > 0, from those two alone: the
+    fitted parameters of a ServeGen chunk, which then fix the mean gap whatever the rate."""
+
     process: Literal["poisson", "gamma", "weibull", "constant"]
     cv: CV | None = None
+    shape: _ShapeOrScale | None = None
+    scale: _ShapeOrScale | None = Field(None, description="µs")
 
     @model_validator(mode="after")
     def _check(self) -> ArrivalSpec:
         if self.cv is not None and not math.isfinite(self.cv):
             raise ValueError(f"cv must be a finite number, got {self.cv}")
-        if self.process == "weibull" and self.cv is not None and not 0.01 <= self.cv <= 10.4:
+        if (
+            self.process == "weibull"
+            and self.cv is not None
+            and not self.fitted
+            and not 0.01 <= self.cv <= 10.4
+        ):
             raise ValueError(f"weibull cv must be in [0.01, 10.4], got {self.cv}")
         return self
+
+    @property
+    def fitted(self) -> bool:
+        """Do shape and scale replace the cv/rate law (both given and > 0)?"""
+        return bool(self.shape and self.scale and self.shape > 0 and self.scale > 0)
+
+
+class GoodputTargets(_Strict):
+    """One SLO class's goodput targets, ms; 0 (or absent) = no target on that metric."""
+
+    ttft_ms: Milliseconds = 0.0
+    itl_ms: Milliseconds = 0.0
+    e2e_ms: Milliseconds = 0.0
 
 
 class NetworkSpec(_Strict):
@@ -135,14 +190,31 @@ class NetworkSpec(_Strict):
 
 
 class ActiveWindow(_Strict):
+    """A client's activity window [start_us, end_us). The optional overrides make the window
+    a period of its own (BLIS's time-varying generation, docs/workloads.md): its own rate
+    (`trace_rate`, req/s), arrival process and length laws instead of the client's."""
+
     start_us: TimeUs
     end_us: TimeUs
+    trace_rate: Rate | None = Field(None, description="req/s")
+    arrival: ArrivalSpec | None = None
+    input_distribution: DistSpec | None = None
+    output_distribution: DistSpec | None = None
 
     @model_validator(mode="after")
     def _order(self) -> ActiveWindow:
         if self.end_us <= self.start_us:
             raise ValueError(f"end_us ({self.end_us}) must be > start_us ({self.start_us})")
         return self
+
+    @property
+    def overrides(self) -> bool:
+        """Does the window change the client's traffic (rate, arrivals or lengths)?"""
+        return any(
+            v is not None
+            for v in (self.trace_rate, self.arrival, self.input_distribution,
+                      self.output_distribution)
+        )  # fmt: skip
 
 
 class LifecycleSpec(_Strict):
@@ -177,8 +249,9 @@ class _ClientFields(_Strict):
     tenant_id: str = ""
     slo_class: str = ""
     model: str = ""
-    rate_fraction: RateFraction
-    arrival: ArrivalSpec
+    # Required (> 0) for open-loop traffic; a closed-loop (`concurrency`) client has none.
+    rate_fraction: _RateFractionOrNone | None = None
+    arrival: ArrivalSpec | None = None
     input_distribution: DistSpec
     output_distribution: DistSpec
     prefix_group: str = ""
@@ -189,6 +262,9 @@ class _ClientFields(_Strict):
     reasoning: ReasoningSpec | None = None
     timeout: TimeUs | None = Field(None, description="µs; None = 300 s for sessions")
     closed_loop: Flag | None = None
+    # Each request's TTFT target (µs; 0 = none). BLIS orders its flow-control gateway by it;
+    # servesim has no gateway, so it is carried on the trace export only (docs/workloads.md).
+    slo_target_us: TimeUs = 0
 
     @field_validator("slo_class")
     @classmethod
@@ -211,16 +287,69 @@ class _ClientFields(_Strict):
             return False
         return True if self.closed_loop is None else self.closed_loop
 
+    @property
+    def concurrency_users(self) -> int:
+        """Virtual users of a closed-loop client (0 for open-loop traffic)."""
+        return 0
+
     def timeout_us(self) -> int:
-        """Client deadline after arrival in µs; 0 = none."""
+        """Client deadline after arrival in µs; 0 = none. Sessions and closed-loop users
+        default to 300 s, as in BLIS."""
         if self.timeout is not None:
             return self.timeout
-        return DEFAULT_SESSION_TIMEOUT_US if self.multi_turn is not None else 0
+        if self.multi_turn is not None or self.concurrency_users:
+            return DEFAULT_SESSION_TIMEOUT_US
+        return 0
+
+    def _check_traffic(self) -> None:
+        """Open-loop traffic needs a rate share and an arrival process."""
+        if self.concurrency_users:
+            return
+        if not self.rate_fraction:
+            raise ValueError(
+                "rate_fraction: required (a number > 0) unless the client sets concurrency "
+                "(closed loop)"
+            )
+        if self.arrival is None:
+            raise ValueError(
+                "arrival: required (e.g. {process: poisson}) unless the client sets "
+                "concurrency (closed loop)"
+            )
 
 
 class ClientSpec(_ClientFields):
+    """One client. With `concurrency: N` it is closed-loop: N virtual users, each sending its
+    next request `think_time_us` after its previous one finished (no rate, no arrival)."""
+
     id: str = ""
     lifecycle: LifecycleSpec | None = None
+    concurrency: Requests | None = Field(None, description="virtual users; 0 = open loop")
+    think_time_us: TimeUs = 0
+
+    @property
+    def concurrency_users(self) -> int:
+        return self.concurrency or 0
+
+    @model_validator(mode="after")
+    def _closed_loop(self) -> ClientSpec:
+        if self.concurrency_users:
+            if self.rate_fraction:
+                raise ValueError(
+                    "concurrency and rate_fraction are mutually exclusive: a closed-loop "
+                    "client sends as its users finish, not at a rate"
+                )
+            if self.multi_turn is not None:
+                raise ValueError(
+                    "concurrency and reasoning.multi_turn are mutually exclusive: a "
+                    "closed-loop user is already a session of its own"
+                )
+            if self.lifecycle is not None:
+                raise ValueError(
+                    "concurrency and lifecycle are mutually exclusive: closed-loop users run "
+                    "for the whole workload"
+                )
+        self._check_traffic()
+        return self
 
 
 class DiurnalSpec(_Strict):
@@ -240,6 +369,8 @@ def _ends_on_clock(start_us: int, length_us: int, length_name: str) -> None:
 class SpikeSpec(_Strict):
     start_time_us: TimeUs
     duration_us: PositiveTimeUs
+    # The cohort's whole rate during the spike (req/s), shared equally by its members.
+    trace_rate: Rate | None = Field(None, description="req/s")
 
     @model_validator(mode="after")
     def _end(self) -> SpikeSpec:
@@ -263,12 +394,39 @@ class CohortSpec(_ClientFields):
     diurnal: DiurnalSpec | None = None
     spike: SpikeSpec | None = None
     drain: DrainSpec | None = None
+    # `shared`: every member uses the cohort's prefix group; `per_member`: member j uses
+    # group `<prefix_group>-<j>`, a prefix of its own.
+    prefix_sharing: Literal["shared", "per_member"] = "shared"
+
+    @model_validator(mode="after")
+    def _check(self) -> CohortSpec:
+        if self.prefix_sharing == "per_member" and not self.prefix_group:
+            raise ValueError("prefix_sharing per_member needs a prefix_group")
+        self._check_traffic()
+        return self
 
 
 class ServeGenDataSpec(_Strict):
+    """A ServeGen data folder. With none of the period keys, one span of it becomes one
+    client per chunk (BLIS-Mar). Any of `window_duration_secs`, `drain_timeout_secs` or
+    `time_window` selects the multi-period conversion of current BLIS: midnight, morning
+    and afternoon periods as cohorts per SLO class (docs/workloads.md)."""
+
     path: str
     span_start: WholeSeconds = 0
     span_end: WholeSeconds = 0
+    window_duration_secs: WholeSeconds | None = Field(None, description="s; default 600")
+    # Negative means the default gap, 180 s, as BLIS; 0 means no gap.
+    drain_timeout_secs: _SignedSeconds | None = Field(None, description="s; default 180")
+    time_window: Literal["", "midnight", "morning", "afternoon"] = ""
+
+    @property
+    def multi_period(self) -> bool:
+        return (
+            self.window_duration_secs is not None
+            or self.drain_timeout_secs is not None
+            or bool(self.time_window)
+        )
 
 
 class StageSpec(_Strict):
@@ -307,13 +465,18 @@ class WorkloadSpec(_Strict):
     version: str = "2"
     seed: Seed | None = None
     category: Literal["", "language", "multimodal", "reasoning"] = ""
-    aggregate_rate: Rate | None = Field(None, description="req/s over all clients")
+    # 0 (or absent) only when every rate is absolute (`absolute_rates`) or every client is
+    # closed-loop.
+    aggregate_rate: _RateOrZero | None = Field(None, description="req/s over all clients")
     horizon: PositiveTimeUs | None = Field(None, description="µs")
     num_requests: Requests | None = Field(None, description="0 or None = unlimited")
     clients: list[ClientSpec] = Field(default_factory=list)
     cohorts: list[CohortSpec] = Field(default_factory=list)
     servegen_data: ServeGenDataSpec | None = None
     inference_perf: InferencePerfSpec | None = None
+    # Per SLO class ("default" for requests without one): the targets goodput and SLO
+    # attainment are judged against, unless the scenario's `slo` sets that class's metric.
+    goodput_slo_targets: dict[str, GoodputTargets] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -359,14 +522,47 @@ class WorkloadSpec(_Strict):
             raise ValueError(f"{' and '.join(sources)} are mutually exclusive; give one")
         if not sources and not self.cohorts:
             raise ValueError("at least one client, cohort, servegen_data or inference_perf needed")
-        if (self.clients or self.cohorts) and self.aggregate_rate is None:
-            raise ValueError("aggregate_rate (req/s) is required with clients or cohorts")
+        members = (*self.clients, *self.cohorts)
+        closed = [c for c in self.clients if c.concurrency_users]
+        if closed and any(c.multi_turn is not None for c in members):
+            raise ValueError(
+                "closed-loop (concurrency) clients and multi-turn clients cannot share a "
+                "workload; give them separate runs"
+            )
+        open_loop = [c for c in members if not c.concurrency_users]
+        if open_loop and not self.aggregate_rate and not self.absolute_rates:
+            raise ValueError(
+                "aggregate_rate (req/s) is required with open-loop clients or cohorts, unless "
+                "every rate is absolute (each client's lifecycle windows and each cohort's "
+                "spike give a trace_rate)"
+            )
         return self
 
     @property
-    def has_sessions(self) -> bool:
-        return any(c.multi_turn is not None for c in (*self.clients, *self.cohorts))
+    def absolute_rates(self) -> bool:
+        """BLIS's absolute rate mode: every open-loop client's windows and every cohort's
+        spike carry their own trace_rate (req/s), so no aggregate rate is needed."""
+        clients = [c for c in self.clients if not c.concurrency_users]
+        return all(
+            c.lifecycle is not None and all(w.trace_rate for w in c.lifecycle.windows)
+            for c in clients
+        ) and all(
+            c.spike is not None and c.spike.trace_rate and c.diurnal is None and c.drain is None
+            for c in self.cohorts
+        )
 
+    @property
+    def has_sessions(self) -> bool:
+        """Are there sessions whose next request waits for the previous one (multi-turn
+        clients, closed-loop users)?"""
+        return any(c.multi_turn is not None for c in (*self.clients, *self.cohorts)) or any(
+            c.concurrency_users for c in self.clients
+        )
+
+
+# Fields that a model-level check names at the start of its message ("rate_fraction: ..."):
+# the error's place then ends with that field, as a field check's would.
+FIELD_MESSAGES = frozenset({"rate_fraction", "arrival"})
 
 # Names pydantic inserts into error locations for tagged unions (the scenario's workload).
 _UNION_TAGS = frozenset({"synthetic", "v2"})
@@ -402,9 +598,14 @@ def format_spec_error(exc: ValidationError, source: str) -> str:
             parent = shorten(_location(loc[:-1]) or "(top level)", 120)
             parts.append(f"{parent}: unknown key {excerpt(loc[-1], 60)}")
             continue
+        text = str(err["msg"]).removeprefix("Value error, ")
+        field, sep, rest = text.partition(": ")
+        if sep and field in FIELD_MESSAGES:
+            # A model-level check about one of its fields: name the field in the place.
+            loc, text = (*loc, field), rest
         where = shorten(_location(loc) or "(top level)", 120)
         # A validator's message may quote a user's value with its line breaks.
-        msg = shorten(one_line(str(err["msg"]).removeprefix("Value error, ")), 300)
+        msg = shorten(one_line(text), 300)
         value = err.get("input")
         shown = "" if isinstance(value, dict | list) else f" (got {excerpt(value)})"
         parts.append(f"{where}: {msg}{shown}")

@@ -3,7 +3,8 @@
 
 servesim generates every workload through the v2 generator; a synthetic workload is the
 smallest v2 spec, built by `presets.distribution_spec`: one client, one arrival process,
-Gaussian (or constant) lengths and an optional shared prefix.
+Gaussian (or constant) lengths and an optional shared prefix. With `concurrency` the client
+is closed-loop instead (BLIS `--concurrency`): that many users, no arrival process.
 """
 
 from __future__ import annotations
@@ -50,4 +51,14 @@ def synthetic_to_spec(workload: SyntheticWorkload) -> WorkloadSpec:
             }
     if workload.timeout_us:
         client["timeout"] = workload.timeout_us
+    if workload.concurrency:
+        # BLIS's --concurrency: the same lengths, sent by virtual users instead of at a rate.
+        for key in ("rate_fraction", "arrival"):
+            client.pop(key, None)
+        client["concurrency"] = workload.concurrency
+        client["think_time_us"] = workload.think_time_us
+        # timeout_us 0 means no deadline here as for open-loop traffic (a spec's users get
+        # 300 s when their client sets no timeout).
+        client["timeout"] = workload.timeout_us
+        data.pop("aggregate_rate", None)
     return workload_spec_from_dict(data, source="workload")

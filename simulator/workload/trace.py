@@ -729,11 +729,10 @@ IGNORED_HEADER_KEYS = {
     "kv_offload": "the recorded KV offload configuration is not modelled (servesim's CPU "
     "tier is --kv-cpu-blocks)",
     "observed_kv_metrics": "the observed KV hit rate is a record of the real run; not used",
-    "goodput_slo_targets": "goodput SLO targets are not used",
 }
 IGNORED_COLUMNS = {
     "think_time_us": "recorded think times are not used: replay is open-loop, every row is "
-    "injected at its own time",
+    "injected at its own time (--session-mode closed-loop uses them)",
     "adapter": "LoRA adapters are not modelled: every request runs on the base model",
     "slo_target_us": "per-request TTFT targets are not used",
     "vllm_priority": "the priority sent to vLLM is not used (servesim's priority comes from "
@@ -741,13 +740,16 @@ IGNORED_COLUMNS = {
 }
 
 
-def trace_notes(header_path: str | Path | None, data_path: str | Path) -> list[str]:
+def trace_notes(
+    header_path: str | Path | None, data_path: str | Path, closed_loop: bool = False
+) -> list[str]:
     """One line per thing a replay of this trace leaves out or re-bases, for the user: the
-    header keys and columns servesim reads but does not model, sessions replayed open-loop,
-    and the injection clock when send times are on another clock than arrivals."""
+    header keys and columns servesim reads but does not model, sessions replayed open-loop
+    (unless `closed_loop`), and the injection clock when send times are on another clock
+    than arrivals."""
     notes = []
     header = read_header(header_path) if header_path is not None else {}
-    if header.get("session_context_growth") == "accumulate":
+    if header.get("session_context_growth") == "accumulate" and not closed_loop:
         notes.append(
             "session_context_growth: accumulate: replay is open-loop, so each round's "
             "input_tokens (a delta in such a trace) is replayed as its whole prompt"
@@ -760,7 +762,7 @@ def trace_notes(header_path: str | Path | None, data_path: str | Path) -> list[s
     if "request_id" not in columns:
         return notes
     for column, text in IGNORED_COLUMNS.items():
-        if column in columns:
+        if column in columns and not (closed_loop and column == "think_time_us"):
             notes.append(f"{column}: {text}")
     spans = trace_spans(p)
     shift = spans.first_send_us - spans.first_arrival_us
@@ -1015,3 +1017,39 @@ def write_trace(
     rows = (_trace_row(i, req, keep_prefix_groups) for i, req in enumerate(ordered))
     write_trace_files(header_path, data_path, header_text, columns, rows)
     return header_path, data_path
+
+
+# ---------------------------------------------------------------------------------- closed loop
+
+
+@dataclass
+class ClosedLoopReplay:
+    """The sessions of a trace replayed closed-loop (`replay --session-mode closed-loop`)."""
+
+    sessions: Any  # generator.SessionManager
+    horizon_us: int | None = None
+    spec: Any = None  # no v2 spec behind a trace
+    has_sessions: bool = True
+
+
+def closed_loop_replay(
+    trace: Any, seed: int, horizon_us: int | None = None
+) -> tuple[list[Request], ClosedLoopReplay]:
+    """A trace's requests for closed-loop replay: rows without a session and each session's
+    round 0 at their recorded times; every later round is sent when the one before it has
+    finished plus a think time (`closed_loop.replay_sessions`), as BLIS's closed-loop session
+    mode does. `trace` is the scenario's TraceSpec."""
+    from .closed_loop import parse_think_time, replay_sessions
+    from .generator import SessionManager
+
+    header = read_header(trace.header) if trace.header is not None else {}
+    rows = read_rows(trace.data)
+    if trace.timing == "schedule":
+        rows = [dataclasses.replace(r, send_time_us=0) for r in rows]
+    think = parse_think_time(trace.think_time, "trace.think_time") if trace.think_time else None
+    accumulate = header.get("session_context_growth") == "accumulate"
+    injected, sessions = replay_sessions(rows, requests_from_rows(rows), think, accumulate, seed)
+    manager = SessionManager(horizon_us)
+    for session in sessions:
+        manager.register(session.templates[0], session)
+    return injected, ClosedLoopReplay(manager, horizon_us)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from simulator.catalog.hardware import get_gpu, list_gpus, load_gpu_file
+from simulator.catalog.hardware import get_gpu, list_gpus, load_gpu_file, mfu_provenance
 from simulator.catalog.types import GPUSpec
 from simulator.errors import ConfigError
 
@@ -22,7 +22,17 @@ GOOD_ENTRY = {
 
 
 def test_builtin_catalog_names():
-    assert list_gpus() == ["H100", "A100-SXM", "A100-80", "L40S", "H200", "B200"]
+    assert list_gpus() == [
+        "H100",
+        "A100-SXM",
+        "A100-80",
+        "L40S",
+        "H200",
+        "B200",
+        "GB200",
+        "MI300X",
+        "MI325X",
+    ]
 
 
 def test_blis_table_numbers_verbatim():
@@ -149,3 +159,60 @@ def test_duplicate_names_differing_only_in_case(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml"):
         load_gpu_file(tmp_path / "nope.yaml")
+
+
+# --- servesim's GPUs (data/gpus.yaml) and where their efficiencies come from -------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "bf16", "fp8", "fp4", "tbs", "gib"),
+    [
+        # Dense datasheet figures: the with-sparsity numbers halved.
+        ("H200", 989.5, 1979.0, 0.0, 4.8, 140.4),
+        ("B200", 2250.0, 4500.0, 9000.0, 8.0, 179.1),  # 144 PFLOPS FP4 sparse / 8 GPUs / 2
+        ("GB200", 2500.0, 5000.0, 10000.0, 8.0, 186.0),  # 1,440 PFLOPS FP4 sparse / 72 / 2
+        ("MI300X", 1307.4, 2614.9, 0.0, 5.3, 192.0),
+        ("MI325X", 1307.4, 2614.9, 0.0, 6.0, 256.0),
+    ],
+)
+def test_servesim_gpu_figures(name, bf16, fp8, fp4, tbs, gib):
+    gpu = get_gpu(name)
+    assert (gpu.tflops_peak, gpu.tflops_fp8, gpu.tflops_fp4) == (bf16, fp8, fp4)
+    assert (gpu.bw_peak_tbs, gpu.memory_gib) == (tbs, gib)
+    assert gpu.has_fp8 and gpu.has_fp4 == (fp4 > 0)
+    assert gpu.mfu_from == "H100"
+    assert "datasheet" in gpu.source or "product page" in gpu.source
+
+
+def test_mfu_provenance_says_calibrated_or_carried_over():
+    assert mfu_provenance(get_gpu("H100")) == (
+        "MFU 0.45 prefill / 0.3 decode calibrated on H100 (BLIS discussion #589)"
+    )
+    assert mfu_provenance(get_gpu("B200")) == (
+        "MFU 0.45 prefill / 0.3 decode carried over from H100 (calibrated there); not "
+        "measured on B200"
+    )
+    assert mfu_provenance(get_gpu("A100-80")).endswith(
+        "calibrated on A100-80 (BLIS discussion #589)"
+    )
+
+
+def test_user_file_optional_keys(tmp_path):
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps({"X9": {**GOOD_ENTRY, "TFlopsFP4": 500, "mfuFrom": "H100"}}))
+    gpu = load_gpu_file(path)["X9"]
+    assert gpu.tflops_fp4 == 500.0 and gpu.has_fp4
+    assert "carried over from H100" in mfu_provenance(gpu)
+    path.write_text(json.dumps({"X9": GOOD_ENTRY}))
+    assert mfu_provenance(load_gpu_file(path)["X9"]).endswith(f"as given in GPU file {str(path)!r}")
+    path.write_text(json.dumps({"X9": {**GOOD_ENTRY, "TFlopsFP4": -1}}))
+    with pytest.raises(ConfigError, match="TFlopsFP4: invalid value -1"):
+        load_gpu_file(path)
+    path.write_text(json.dumps({"X9": {**GOOD_ENTRY, "mfuFrom": 3}}))
+    with pytest.raises(ConfigError, match="mfuFrom: invalid value 3"):
+        load_gpu_file(path)
+
+
+def test_provenance_does_not_change_equality():
+    # Two entries with the same numbers are the same GPU whatever their sources say.
+    assert replace(get_gpu("H200"), source="elsewhere", mfu_from="") == get_gpu("H200")

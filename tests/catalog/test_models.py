@@ -37,9 +37,10 @@ def _dense(**overrides) -> dict:
 # --- every bundled config -----------------------------------------------------------------------
 
 
-def test_fourteen_bundled_models_listed_as_lower_case_ids():
+def test_bundled_models_listed_as_lower_case_ids():
+    # BLIS's fourteen plus nine large MoE / explicit-head_dim models (model_index.yaml).
     models = list_models()
-    assert len(models) == 14 == len(list(BUNDLED_DIR.iterdir()))
+    assert len(models) == 23 == len(list(BUNDLED_DIR.iterdir()))
     assert all(m == m.lower() and "/" in m for m in models)
     assert "meta-llama/llama-3.1-8b-instruct" in models
 
@@ -92,6 +93,7 @@ def test_moe_qwen3_30b_a3b_uses_num_experts():
     assert (m.num_local_experts, m.num_experts_per_tok, m.moe_expert_ffn_dim) == (128, 8, 768)
     assert (m.num_heads, m.num_kv_heads, m.config_head_dim) == (32, 4, 128)
     assert m.head_dim == 2048 / 32  # BLIS-Mar: hidden/heads, config head_dim ignored
+    assert m.attention_head_dim == 128  # what the model has, for physics and KV capacity
 
 
 def test_mla_deepseek_v2_lite():
@@ -120,6 +122,7 @@ def test_explicit_head_dim_mistral_nemo():
     m = load_model("mistralai/Mistral-Nemo-Instruct-2407")
     assert m.config_head_dim == 128
     assert m.head_dim == 5120 / 32 == 160  # what BLIS-Mar uses
+    assert m.attention_head_dim == 128
 
 
 def test_fp8_quant_method_glm_5_2():

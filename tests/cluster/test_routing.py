@@ -65,11 +65,20 @@ R = Request("r", 0, 10, 5)
 def test_registries():
     assert sorted(ROUTING_POLICIES) == ["always-busiest", "least-loaded", "round-robin", "weighted"]
     assert sorted(SCORERS) == [
+        "active-requests",  # this and the others not listed at March: BLIS-current's
         "kv-utilization",
+        "load-aware",
         "load-balance",
+        "no-hit-lru",
         "precise-prefix-cache",
+        "precise-prefix-cache@current",
+        "precise-prefix-cache@mar",
         "prefix-affinity",
         "queue-depth",
+        "queue-depth@current",
+        "queue-depth@mar",
+        "running-requests",
+        "vllm-dp",
     ]
 
 
@@ -415,8 +424,9 @@ def test_parse_scorers_unknown_lists_valid_names():
     with pytest.raises(ConfigError) as exc:
         parse_scorers("prefix-afinity:3")
     assert "unknown scorer 'prefix-afinity'" in str(exc.value)
-    assert "valid: kv-utilization, load-balance, precise-prefix-cache, prefix-affinity, " in str(
-        exc.value
+    assert (
+        "valid: active-requests, kv-utilization, load-aware, load-balance, no-hit-lru, "
+        "precise-prefix-cache, " in str(exc.value)
     )
 
 

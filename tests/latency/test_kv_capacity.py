@@ -73,12 +73,13 @@ def test_kv_bytes_per_token_splits_over_tp(llama8b):
 
 
 def test_moe_param_count_qwen3_30b_a3b():
-    """hidden 2048, 32 heads -> head_dim 64, kv_dim 4*64 = 256.
-    attn 2048*(2048+512) + 2048^2 = 9,437,184; experts 3*2048*768*128 = 603,979,776;
-    router 128*2048 = 262,144; norms 4,096 -> layer 613,683,200; *48 = 29,456,793,600;
-    embeddings + lm_head 2*151,936*2,048 = 622,329,856; final norm 2,048 -> 30,079,125,504.
+    """The config's head_dim 128 (not hidden/heads = 2048/32 = 64): q_dim 32*128 = 4,096,
+    kv_dim 4*128 = 512. attn 2048*(4096+1024) + 4096*2048 = 18,874,368; experts
+    3*2048*768*128 = 603,979,776; router 128*2048 = 262,144; norms 4,096 -> layer 623,120,384;
+    *48 = 29,909,778,432; embeddings + lm_head 2*151,936*2,048 = 622,329,856; final norm 2,048
+    -> 30,532,110,336: Qwen's published 30.5B. (hidden/heads gave 30,079,125,504.)
     """
-    assert model_param_count(load_model("Qwen/Qwen3-30B-A3B")) == 30_079_125_504
+    assert model_param_count(load_model("Qwen/Qwen3-30B-A3B")) == 30_532_110_336
 
 
 def test_moe_uses_activation_reserve_8_gib_and_shared_experts():
@@ -86,7 +87,9 @@ def test_moe_uses_activation_reserve_8_gib_and_shared_experts():
     cap = kv_capacity(m, get_gpu("H100"), 1)
     assert cap.activation_gib == 8.0
     without_shared = replace(m, shared_expert_ffn_dim=0)
-    assert model_param_count(m) - model_param_count(without_shared) == 27 * 3 * 2048 * 2816
+    # 2 shared experts of 1,408 in the 26 MoE layers (first_k_dense_replace = 1 keeps layer 0
+    # dense).
+    assert model_param_count(m) - model_param_count(without_shared) == 26 * 3 * 2048 * 2816
 
 
 def test_tied_embeddings_drop_lm_head(llama8b):

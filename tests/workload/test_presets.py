@@ -117,7 +117,11 @@ def test_compose_normalises_fractions_within_each_spec_and_renames_collisions() 
 
 
 def test_compose_expands_cohorts() -> None:
-    base = preset_spec("chatbot", 1.0, 1).clients[0].model_dump(exclude={"lifecycle"})
+    base = (
+        preset_spec("chatbot", 1.0, 1)
+        .clients[0]
+        .model_dump(exclude={"lifecycle", "concurrency", "think_time_us"})
+    )
     with_cohort = workload_spec_from_dict(
         {
             "version": "2",
@@ -145,7 +149,11 @@ def test_spec_to_yaml_round_trips(name: str) -> None:
 
 
 def test_spec_to_yaml_round_trips_rich_spec() -> None:
-    base = preset_spec("chatbot", 1.0, 1).clients[0].model_dump(exclude={"lifecycle"})
+    base = (
+        preset_spec("chatbot", 1.0, 1)
+        .clients[0]
+        .model_dump(exclude={"lifecycle", "concurrency", "think_time_us"})
+    )
     data = {
         "version": "2",
         "seed": 9,
