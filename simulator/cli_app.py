@@ -766,6 +766,10 @@ def _common_flags(
         str, _opt("--log", _OUT, "log level on stderr: debug | info | warning | error")
     ] = "warning",
     quiet: Annotated[bool, _opt(("--quiet", "-q"), _OUT, "no progress bar on stderr")] = False,
+    report: Annotated[
+        Path | None,
+        _opt("--report", _OUT, "write the run's HTML report (one self-contained page)"),
+    ] = None,
 ) -> None:
     """Template: the flags of both `run` and `replay`."""
 
@@ -994,12 +998,14 @@ def _execute(
     trace_output: str | None = None,
     quiet: bool = False,
     timeline_path: Path | None = None,
+    report_path: Path | None = None,
 ) -> None:
     from .api import as_scenario, simulate, with_overrides
     from .scenario import Scenario
 
     _check_writable("--results-path", results_path)
     _check_writable("--timeline-path", timeline_path)
+    _check_writable("--report", report_path)
     _check_writable("--decisions-path", overrides.get("cluster.trace.path"))
     if trace_output is not None:
         _check_writable("--trace-output", f"{trace_output}.yaml")
@@ -1011,6 +1017,8 @@ def _execute(
     outputs = _planned_outputs(results_path, sc.cluster.trace.path, trace_output)
     if timeline_path is not None:
         outputs.append(str(timeline_path))
+    if report_path is not None:
+        outputs.append(str(report_path))
     written: list[str] = []
 
     def lost() -> str:
@@ -1040,6 +1048,12 @@ def _execute(
             with atomic_open(timeline_path, newline="") as handle:
                 result.timeline.to_csv(handle, index=False)
             written.append(str(timeline_path))
+        if report_path is not None:
+            from .report import write_report  # plotly loads only for a report
+
+            write_report(result, report_path)
+            written.append(str(report_path))
+            logging.getLogger("servesim").info("wrote %s", report_path)
 
 
 def _planned_outputs(
@@ -1213,6 +1227,7 @@ def run(
             flags["trace_output"],
             flags["quiet"],
             flags["timeline_path"],
+            flags["report"],
         )
 
     _guarded(go)
@@ -1326,6 +1341,7 @@ def replay(
             trace_output=flags["trace_output"],
             quiet=flags["quiet"],
             timeline_path=flags["timeline_path"],
+            report_path=flags["report"],
         )
         # After the run: a refused input must leave its error as the only line on stderr.
         typer.echo(choice.line(), err=True)
@@ -1617,6 +1633,39 @@ def _echo_validation(done: Any, model: str) -> None:
     typer.echo(f"summary ({model}; error = |predicted - measured| / measured)")
     typer.echo(format_summary(summarize(frame)))
     typer.echo("")
+
+
+@app.command("report")
+def report_cmd(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="a saved result folder (Result.save), a sweep's --out folder, or a "
+            "--results-path JSON file"
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="HTML file to write (default: report.html in the folder, or the JSON file's "
+            "name with .html)",
+        ),
+    ] = None,
+) -> None:
+    """Write one self-contained HTML page (charts and data inside, no network) for a run or
+    a sweep (docs/report.md)."""
+
+    def go() -> None:
+        from .report import default_output, load_input, write_report
+
+        target = output if output is not None else default_output(source)
+        _check_writable("--output", target)
+        write_report(load_input(source), target)
+        typer.echo(str(target))
+
+    _guarded(go)
 
 
 def _register_extras() -> None:

@@ -103,6 +103,10 @@ def register(app: typer.Typer) -> None:
         plot: Annotated[
             Path | None, typer.Option("--plot", help="write the frontier plot (PNG) here")
         ] = None,
+        report: Annotated[
+            Path | None,
+            typer.Option("--report", help="write the plan's HTML report (one page) here"),
+        ] = None,
     ) -> None:
         """Find the fewest instances per GPU type that meet the SLOs (help: above)."""
         from .cli_app import _check_writable, _guarded
@@ -111,6 +115,7 @@ def register(app: typer.Typer) -> None:
             from .plan import plan
 
             _check_writable("--plot", plot)
+            _check_writable("--report", report)
             slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
             prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
 
@@ -141,5 +146,10 @@ def register(app: typer.Typer) -> None:
                 suffix = plot.suffix.lstrip(".") or "png"
                 write_with(plot, lambda tmp: figure.savefig(tmp, format=suffix))
                 typer.echo(f"wrote {plot}", err=True)
+            if report is not None:
+                from .report import write_report  # plotly loads only for a report
+
+                write_report(result, report)
+                typer.echo(f"wrote {report}", err=True)
 
         _guarded(go)

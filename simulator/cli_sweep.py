@@ -105,15 +105,20 @@ def register(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        report: Annotated[
+            Path | None,
+            typer.Option("--report", help="write the sweep's HTML report (one page)"),
+        ] = None,
     ) -> None:
         """Simulate a grid of scenario overrides × seeds; print mean ± 95% CI per point."""
-        from .cli_app import _guarded
+        from .cli_app import _check_writable, _guarded
         from .interruption import interruptible
 
         def go() -> None:
             from .sweeps import load_sweep_file, sweep
 
             _check_out_folder(out)
+            _check_writable("--report", report)
             spec = load_sweep_file(sweep_yaml)
             if check_invariants is not None:
                 spec.base = spec.base.model_copy(update={"check_invariants": check_invariants})
@@ -140,6 +145,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"resumed: {result.skipped} run(s) already in {out}", err=True)
             typer.echo(format_points_table(result))
             typer.echo(f"(95% CI half-width across seeds: {result.ci_method})")
+            if report is not None:
+                result.report(report)
+                typer.echo(f"wrote {report}", err=True)
 
         _guarded(go)
 

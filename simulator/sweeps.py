@@ -89,6 +89,12 @@ class SweepResult:
         lines.append(f"  out:     {self.out if self.out is not None else '(not saved)'}")
         return "\n".join(lines)
 
+    def report(self, path: str | Path) -> Path:
+        """Write this sweep's HTML report, one self-contained page (docs/report.md)."""
+        from .report import write_report
+
+        return write_report(self, path)
+
     def plot_latency_vs_load(
         self,
         metric: str = "ttft_p99_ms",

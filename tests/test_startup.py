@@ -17,6 +17,8 @@ NEVER_ON_THE_RUN_PATH = (
     "scipy",
     "httpx",
     "ray",
+    "plotly",
+    "simulator.report",
     "simulator.metrics.plots",
     "simulator.metrics.persistence",
     "simulator.observe",

@@ -447,6 +447,12 @@ class Result:
 
         return save_result(self, directory)
 
+    def report(self, path: str | Path) -> Path:
+        """Write this run's HTML report, one self-contained page (docs/report.md)."""
+        from ..report import write_report
+
+        return write_report(self, path)
+
     @property
     def run_end_us(self) -> int:
         return round(self.summary["vllm_estimated_duration_s"] * 1e6)

@@ -1,0 +1,150 @@
+"""`servesim report` and `--report` on run, replay, sweep and plan (docs/report.md,
+docs/cli.md): each writes one page; bad input is one `error:` line and exit status 2, before
+anything is simulated or written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import simulator
+from simulator.cli import app
+from tests.report.helpers import embedded
+
+ROOT = Path(__file__).resolve().parents[2]
+CHATBOT = ROOT / "scenarios" / "chatbot.yaml"
+TRACE = ROOT / "tests" / "data" / "blis"
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _is_page(path: Path) -> dict:
+    text = path.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    return embedded(text, "servesim-data")
+
+
+def test_run_report(tmp_path):
+    out = tmp_path / "out" / "chatbot.html"
+    done = invoke("run", CHATBOT, "--num-requests", 200, "--quiet", "--report", out)
+    assert done.exit_code == 0, done.output
+    assert "=== Simulation Metrics ===" in done.stdout
+    data = _is_page(out)
+    assert data["kind"] == "run" and data["summary"]["completed_requests"] == 200
+
+
+def test_replay_report(tmp_path):
+    out = tmp_path / "replay.html"
+    done = invoke(
+        "replay",
+        "--trace-header",
+        TRACE / "r1_fixed512.trace.yaml",
+        "--trace-data",
+        TRACE / "r1_fixed512.trace.csv",
+        "--total-kv-blocks",
+        1_000_000,
+        "--latency-model",
+        "roofline",
+        "--quiet",
+        "--report",
+        out,
+    )
+    assert done.exit_code == 0, done.output
+    assert _is_page(out)["kind"] == "run"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, chatbot):
+    return chatbot.save(tmp_path_factory.mktemp("saved") / "run")
+
+
+def test_report_of_a_saved_result_defaults_to_report_html(saved):
+    done = invoke("report", saved)
+    assert done.exit_code == 0, done.output
+    assert done.stdout.strip() == str(saved / "report.html")
+    assert _is_page(saved / "report.html")["source"] == "saved"
+
+
+def test_report_of_a_results_file(tmp_path, chatbot):
+    from simulator.atomic_io import write_json_atomically
+
+    results = write_json_atomically(tmp_path / "run.json", chatbot.results_document())
+    done = invoke("report", results, "-o", tmp_path / "page.html")
+    assert done.exit_code == 0, done.output
+    assert _is_page(tmp_path / "page.html")["source"] == "document"
+    assert invoke("report", results).exit_code == 0
+    assert (tmp_path / "run.html").is_file()  # the file's name, .html
+
+
+def test_sweep_report_and_report_of_its_folder(tmp_path):
+    """`sweep --report` and `report OUT_FOLDER` give the same points (rebuilt from
+    runs.parquet)."""
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(
+        f"base: {CHATBOT}\ngrid:\n  workload.rate: [10, 20]\n  workload.num_requests: [100]\n"
+        "seeds: [1]\nworkers: 1\n"
+    )
+    page = tmp_path / "sweep.html"
+    done = invoke("sweep", sweep_file, "--out", tmp_path / "out", "--quiet", "--report", page)
+    assert done.exit_code == 0, done.output
+    live = _is_page(page)
+    assert live["kind"] == "sweep" and live["load"] == "workload.rate"
+    assert invoke("report", tmp_path / "out").exit_code == 0
+    again = _is_page(tmp_path / "out" / "report.html")
+    assert again["points"] == live["points"] and again["curves"] == live["curves"]
+
+
+def test_plan_report(tmp_path):
+    """A loose bound one instance meets: one probe (200 requests: the plan's minimum)."""
+    page = tmp_path / "plan.html"
+    done = invoke(
+        "plan",
+        CHATBOT,
+        "--slo",
+        "ttft_p50_ms=2000",
+        "--min-attainment",
+        0.5,
+        "--seeds",
+        "1",
+        "--max-instances",
+        2,
+        "--workers",
+        1,
+        "--quiet",
+        "--report",
+        page,
+    )
+    assert done.exit_code == 0, done.output
+    data = _is_page(page)
+    assert data["kind"] == "plan" and data["best"]["instances"] == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["report", "/nonexistent/run"], "does not exist"),
+        (["report", "{tmp}"], "neither a saved result"),
+        (["report", "{tmp}/other.json"], "is not a results file"),
+        (["report", "{saved}", "-o", "/proc/report.html"], "proc file system"),
+        (["run", str(CHATBOT), "--report", "/proc/report.html"], "--report"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, saved, args, message):
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    args = [a.format(tmp=tmp_path, saved=saved) for a in args]
+    done = invoke(*args)
+    assert done.exit_code == 2, done.output
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "=== Simulation Metrics ===" not in done.stdout
+
+
+def test_python_api(tmp_path, chatbot):
+    assert chatbot.report(tmp_path / "r.html") == tmp_path / "r.html"
+    study = simulator.sweep(CHATBOT, {"workload.num_requests": [50]}, seeds=[1], workers=1)
+    assert _is_page(study.report(tmp_path / "s.html"))["kind"] == "sweep"
