@@ -472,6 +472,16 @@ def _validate_cluster(scenario: Scenario) -> None:
         parse_fitness_weights(c.fitness_weights)
 
 
+def capacity_rule(scenario: Scenario) -> str:
+    """The KV capacity rule in force: `auto` is vLLM's per-GPU allocation under servesim's
+    `physics` model (the measured block counts agree with it) and BLIS's formula under BLIS's
+    backends, whose runs it reproduces (docs/models-and-hardware.md, Capacity rules)."""
+    rule = scenario.engine.kv_capacity_rule
+    if rule == "auto":
+        return "vllm" if scenario.latency.model == "physics" else "blis"
+    return rule
+
+
 def _total_kv_blocks(
     scenario: Scenario, model: ModelConfig, gpu: GPUSpec, tp: int, layout: Parallelism
 ) -> tuple[int, str]:
@@ -495,7 +505,7 @@ def _total_kv_blocks(
             eng.gpu_memory_utilization,
             pp=layout.pp,
             expert_fraction=layout.tp / layout.expert_shards if layout.ep_ranks > 1 else 1.0,
-            rule=eng.kv_capacity_rule,
+            rule=capacity_rule(scenario),
         )
         return blocks, "auto"
     except ConfigError as exc:

@@ -290,8 +290,8 @@ def _common_flags(
         _opt(
             "--kv-capacity-rule",
             _SIM,
-            "KV blocks from free memory: blis (BLIS's formula, default) | vllm (per GPU, as "
-            "vLLM allocates)",
+            "KV blocks from free memory: auto (default: vllm with physics, blis with BLIS's "
+            "backends) | blis (BLIS's formula) | vllm (per GPU, as vLLM allocates)",
         ),
     ] = None,
     latency_model: Annotated[

@@ -195,8 +195,9 @@ class EngineSpec(_Strict):
     # vLLM's --kv-cache-dtype: auto = the model's dtype; fp8 halves the bytes per token.
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     # How free GPU memory becomes blocks (docs/models-and-hardware.md): BLIS's formula, or
-    # vLLM's per-GPU allocation (tp x fewer blocks than BLIS's for tp > 1).
-    kv_capacity_rule: Literal["blis", "vllm"] = "blis"
+    # vLLM's per-GPU allocation (tp x fewer blocks than BLIS's for tp > 1). auto: vllm with
+    # servesim's physics model, blis with BLIS's backends (their runs reproduce).
+    kv_capacity_rule: Literal["auto", "blis", "vllm"] = "auto"
 
 
 class AdmissionSpec(_Strict):

@@ -164,3 +164,30 @@ def test_bad_rule_and_pp():
         kv_capacity(QWEN3_32B, H200, 1, rule="exact")
     with pytest.raises(ConfigError, match="pp: invalid value 0"):
         kv_capacity(QWEN3_32B, H200, 1, pp=0)
+
+
+@pytest.mark.parametrize(
+    ("latency_model", "rule"),
+    [("physics", "vllm"), ("roofline", "blis"), ("trained-physics", "blis")],
+)
+def test_auto_rule_follows_the_latency_model(latency_model, rule):
+    """`auto` (the default) is vLLM's allocation under servesim's physics model and BLIS's
+    formula under BLIS's backends, so BLIS's runs reproduce: Llama-3.1-70B on 4 H100 gets TP
+    (= 4) times fewer blocks under `vllm` (each GPU stores a quarter of every block)."""
+    from simulator.api import as_scenario, capacity_rule, resolve_deployment
+
+    base = {"model": "meta-llama/llama-3.1-70b-instruct", "tp": 4}
+    auto = as_scenario({**base, "latency": {"model": latency_model}})
+    assert auto.engine.kv_capacity_rule == "auto"
+    assert capacity_rule(auto) == rule
+    explicit = {**base, "latency": {"model": "physics"}, "engine": {"kv_capacity_rule": rule}}
+    assert (
+        resolve_deployment(auto).engine.total_kv_blocks
+        == resolve_deployment(as_scenario(explicit)).engine.total_kv_blocks
+    )
+    blis = as_scenario({**base, "engine": {"kv_capacity_rule": "blis"}})
+    vllm = as_scenario({**base, "engine": {"kv_capacity_rule": "vllm"}})
+    blis_blocks = resolve_deployment(blis).engine.total_kv_blocks
+    assert (
+        blis_blocks // 4 <= resolve_deployment(vllm).engine.total_kv_blocks <= blis_blocks // 4 + 1
+    )
