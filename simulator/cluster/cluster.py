@@ -142,6 +142,7 @@ def build_policies(
     rng: np.random.Generator,
     block_size: int,
     kv_probe: Callable[[int, Request], int],
+    options: EngineOptions = ACCELERATED,
 ) -> tuple[AdmissionPolicy, RoutingPolicy]:
     """The admission and routing policies a cluster spec names (raises ConfigError)."""
     admission = make_admission_policy(
@@ -155,6 +156,7 @@ def build_policies(
         rng=rng,
         block_size=block_size,
         kv_probe=kv_probe,
+        private_blocks_by_count=options.private_blocks_by_count,
     )
     return admission, routing
 
@@ -284,9 +286,9 @@ def run_simulation(
     trace = DecisionTrace(cluster.trace.level, cluster.trace.counterfactual_k)
     instances: list[Instance] = []
     admission, routing = build_policies(
-        cluster, subsystem_rng(seed, "router"), block_size, kv_probe
+        cluster, subsystem_rng(seed, "router"), block_size, kv_probe, options
     )
-    pd = _build_pd(cluster, env, seed, block_size, kv_probe, trace, pd_kv_bytes_per_token)
+    pd = _build_pd(cluster, env, seed, block_size, kv_probe, trace, pd_kv_bytes_per_token, options)
     if pd is not None:
         pd.private_subs = fleet is None or not fleet.dynamic
     router = Router(
@@ -444,6 +446,7 @@ def _build_pd(
     kv_probe: Callable[[int, Request], int],
     trace: DecisionTrace,
     kv_bytes_per_token: float,
+    options: EngineOptions = ACCELERATED,
 ) -> Disaggregator | None:
     spec = cluster.pd
     if not spec.enabled:
@@ -466,6 +469,7 @@ def _build_pd(
             rng=subsystem_rng(seed, rng_name),
             block_size=block_size,
             kv_probe=kv_probe,
+            private_blocks_by_count=options.private_blocks_by_count,
         )
 
     return Disaggregator(

@@ -117,10 +117,6 @@ class LoadBalanceScorer(_ListScorer):
         return [1.0 / (1.0 + c.effective_load) for c in candidates]
 
 
-# Off: the prefix-affinity scorer hashes and stores every block (tests compare both ways).
-PRIVATE_BLOCKS_BY_COUNT = True
-
-
 def _full_prompt_blocks(req: Request, block_size: int) -> int:
     return req.input_tokens // block_size
 
@@ -146,6 +142,9 @@ class PrefixAffinityScorer(_ListScorer):
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
         self._index: dict[str, PrefixIndex] = {}
+        # Off (EngineOptions.private_blocks_by_count, the reference path): every block is
+        # hashed and stored.
+        self.private_blocks_by_count = True
 
     @classmethod
     def build(cls, *, block_size: int, kv_probe: KVProbe | None) -> Scorer:
@@ -166,7 +165,7 @@ class PrefixAffinityScorer(_ListScorer):
 
     def _private_block(self, owner: Request, n: int) -> int:
         """The first block this routing may treat as private (n: none)."""
-        if not PRIVATE_BLOCKS_BY_COUNT:
+        if not self.private_blocks_by_count:
             return n
         routed = owner.prefix_index_runs
         if routed is not None and self in routed:
@@ -757,9 +756,12 @@ def make_routing_policy(
     block_size: int = 16,
     kv_probe: KVProbe | None = None,
     scorers_field: str = SCORERS_FIELD,
+    private_blocks_by_count: bool = True,
 ) -> RoutingPolicy:
     """Build routing policy `name`. `scorers` (weighted only) defaults to DEFAULT_SCORERS;
-    it is validated for every policy so that a typo is reported even where it is unused."""
+    it is validated for every policy so that a typo is reported even where it is unused.
+    `private_blocks_by_count` is the accelerated prefix-affinity bookkeeping
+    (engine/options.py); off, every block is hashed."""
     if name not in ROUTING_POLICIES:
         raise unknown("routing policy", name, ROUTING_POLICIES)
     if scorers is None or (isinstance(scorers, str) and not scorers.strip()):
@@ -768,6 +770,10 @@ def make_routing_policy(
         parsed = parse_scorers(scorers, scorers_field)
     else:
         parsed = check_scorers(scorers, scorers_field)
-    return ROUTING_POLICIES[name].build(
+    policy = ROUTING_POLICIES[name].build(
         scorers=parsed, rng=rng, block_size=block_size, kv_probe=kv_probe
     )
+    for scorer, _weight in getattr(policy, "scorers", ()):
+        if isinstance(scorer, PrefixAffinityScorer):
+            scorer.private_blocks_by_count = private_blocks_by_count
+    return policy

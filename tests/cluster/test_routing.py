@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.cluster import routing as routing_module
 from simulator.cluster.prefix_index import PrefixIndex, leading_matches
 from simulator.cluster.routing import (
     DEFAULT_SCORERS,
@@ -302,34 +301,32 @@ def test_private_blocks_by_count_route_as_stored_hashes(events, capacity):
         mode: [PrefixAffinityScorer(BS, capacity), PrefixAffinityScorer(BS, capacity)]
         for mode in (True, False)
     }
+    for mode, pair in scorers.items():
+        for scorer in pair:
+            scorer.private_blocks_by_count = mode
     made: dict[bool, list[Request]] = {True: [], False: []}
     cands = snaps([0, 0, 0])
-    saved = routing_module.PRIVATE_BLOCKS_BY_COUNT
-    try:
-        for kind, a, b, chosen, which in events:
-            seen = {}
-            for by_count, pair in scorers.items():
-                scorer = pair[which]
-                routing_module.PRIVATE_BLOCKS_BY_COUNT = by_count
-                reqs = made[by_count]
-                if kind == "new" or not reqs:
-                    segments = [("sys", a)] if a else []
-                    rid = f"r{len(reqs)}"
-                    req = prompt(rid, *segments, (rid, b)) if b else prompt(rid, *segments)
-                    req.private_from_token = a if b else -1
-                    reqs.append(req)
-                elif kind == "reroute":
-                    req = reqs[a % len(reqs)]
-                else:
-                    req = reqs[a % len(reqs)].sub_request("decode")
-                seen[by_count] = scorer.score_list(req, cands)
-                scorer.observe(req, cands[chosen])
-            assert seen[True] == seen[False]
-            for lazy, eager in zip(scorers[True], scorers[False], strict=True):
-                for c in cands:
-                    assert lazy.index_size(c.instance_id) == eager.index_size(c.instance_id)
-    finally:
-        routing_module.PRIVATE_BLOCKS_BY_COUNT = saved
+    for kind, a, b, chosen, which in events:
+        seen = {}
+        for by_count, pair in scorers.items():
+            scorer = pair[which]
+            reqs = made[by_count]
+            if kind == "new" or not reqs:
+                segments = [("sys", a)] if a else []
+                rid = f"r{len(reqs)}"
+                req = prompt(rid, *segments, (rid, b)) if b else prompt(rid, *segments)
+                req.private_from_token = a if b else -1
+                reqs.append(req)
+            elif kind == "reroute":
+                req = reqs[a % len(reqs)]
+            else:
+                req = reqs[a % len(reqs)].sub_request("decode")
+            seen[by_count] = scorer.score_list(req, cands)
+            scorer.observe(req, cands[chosen])
+        assert seen[True] == seen[False]
+        for lazy, eager in zip(scorers[True], scorers[False], strict=True):
+            for c in cands:
+                assert lazy.index_size(c.instance_id) == eager.index_size(c.instance_id)
 
 
 def test_weighted_observe_feeds_prefix_index():

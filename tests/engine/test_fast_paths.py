@@ -12,7 +12,6 @@ several instances behind routers with snapshot staleness, and PD disaggregation.
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 
 import pandas as pd
 import pytest
@@ -20,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import simulator
-from simulator.cluster import routing
 from simulator.cluster.cluster import run_simulation
 from simulator.engine.batching import EngineConfig
 from simulator.engine.options import ACCELERATED, REFERENCE, EngineOptions
@@ -29,20 +27,7 @@ from simulator.latency.roofline import RooflineModel
 from tests.specs import H100, LLAMA31_8B
 from tests.test_laws import scenarios as engine_scenarios
 
-# Prefix-affinity scoring's switch is still a module flag of the routing policies.
-ROUTING_SWITCH = (routing, "PRIVATE_BLOCKS_BY_COUNT")
 FAST_PATH_OFF = EngineOptions(decode_fast_path=False)
-
-
-@contextmanager
-def routing_by_count(enabled: bool):
-    module, name = ROUTING_SWITCH
-    saved = getattr(module, name)
-    setattr(module, name, enabled)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
 
 
 def accelerated(enabled: bool) -> EngineOptions:
@@ -219,8 +204,7 @@ def cluster_scenarios(draw):
 def test_clusters_are_identical_with_and_without_speedups(scenario):
     runs = {}
     for enabled in (True, False):
-        with routing_by_count(enabled):
-            runs[enabled] = simulator.simulate(scenario, reference=not enabled)
+        runs[enabled] = simulator.simulate(scenario, reference=not enabled)
     _assert_same(runs[True], runs[False])
 
 
@@ -236,7 +220,7 @@ def test_the_speedups_are_on_by_default_and_do_take_effect():
             "output_tokens": {"distribution": "constant", "value": 200},
         },
     }
-    assert EngineOptions() == ACCELERATED and getattr(*ROUTING_SWITCH)
+    assert EngineOptions() == ACCELERATED
     result = simulator.simulate(scenario)
     steps = len(result.engines[0].steps)
     # Light traffic: nearly every step takes the fast path.
@@ -244,8 +228,7 @@ def test_the_speedups_are_on_by_default_and_do_take_effect():
     # 100 -> 300 tokens of context per request cross a 16-token block boundary 12 times while
     # decoding; with room to spare, steady requests take most of those blocks without waking.
     assert result.engines[0].steady_block_takes >= 20 * 10
-    with routing_by_count(False):
-        plain = simulator.simulate(scenario, reference=True)
+    plain = simulator.simulate(scenario, reference=True)
     assert plain.engines[0].fast_path_steps == 0
     assert plain.engines[0].steady_block_takes == 0
     _assert_same(result, plain)
@@ -328,8 +311,7 @@ def test_rerouted_requests_are_identical_with_and_without_speedups(event):
     }
     runs = {}
     for enabled in (True, False):
-        with routing_by_count(enabled):
-            runs[enabled] = simulator.simulate(scenario, reference=not enabled)
+        runs[enabled] = simulator.simulate(scenario, reference=not enabled)
     moved = runs[True].fleet_metrics
     assert moved["redirected_requests"] + moved["retried_requests"] > 0
     _assert_same(runs[True], runs[False])
