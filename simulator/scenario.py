@@ -66,7 +66,8 @@ from .workload.spec import format_spec_error
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Schemas are built on first use: a run validates only the models it uses.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 
 _MemoryFraction = number(0, 1, "", "a fraction of the GPU's memory", lo_open=True)

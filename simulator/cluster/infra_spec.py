@@ -33,7 +33,8 @@ from ..limits import (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Schemas are built on first use: a run validates only the models it uses.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 
 _GpuMemoryGib = number(

@@ -69,7 +69,8 @@ MAX_COHORT_POPULATION = 100_000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Schemas are built on first use: a run validates only the models it uses.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 # A distribution's parameters are token counts, percentages (reason ratios), log-scale or shape
