@@ -24,7 +24,7 @@ from .engine.options import EngineOptions
 from .engine.policies import make_priority_policy, make_scheduler
 from .engine.preemption import make_preemption_policy
 from .engine.request import Request
-from .errors import ConfigError, excerpt
+from .errors import ConfigError, excerpt, invalid
 from .latency import build_step_time_model
 from .latency.base import StepTimeModel
 from .latency.kv_capacity import (
@@ -56,6 +56,12 @@ log = logging.getLogger("servesim")
 UNSTEADY_VERDICTS = ("saturated", "not steady", "empty")
 
 FALLBACK_KV_BLOCKS = 1_000_000
+# Why dp > 1 is refused, and what to use instead (docs/parallelism.md).
+DP_NOT_SIMULATED = (
+    "must be 1: data-parallel attention ranks (each its own scheduler and KV cache, stepping "
+    "together through one expert pool) are not simulated, an instance runs one scheduler; "
+    "for independent replicas give more instances (cluster.num_instances, --num-instances)"
+)
 # Backends whose step time comes from the model's shape; they get an auto-derived context limit.
 ANALYTICAL_BACKENDS = frozenset({"roofline", "physics"})
 
@@ -79,7 +85,7 @@ class Deployment:
 
     def describe(self) -> dict[str, Any]:
         layout = self.parallelism or Parallelism(self.tp)
-        return {
+        described = {
             "model": self.model.name,
             "hardware": self.gpu.name,
             "tp": self.tp,
@@ -92,6 +98,11 @@ class Deployment:
             "kv_blocks_source": self.kv_blocks_source,
             "max_model_len": self.engine.max_model_len,
         }
+        if self.engine.speculative is not None:
+            described["speculative"] = self.engine.speculative.describe()
+        if self.engine.lora is not None:
+            described["lora"] = self.engine.lora.describe()
+        return described
 
 
 def as_scenario(scenario: Scenario | dict | str | Path) -> Scenario:
@@ -136,6 +147,8 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     tp = scenario.tp or int(defaults.get("tensor_parallelism") or 1)
     validate_tp(model, tp)
     model = apply_precision(model, gpu, scenario.weight_dtype, scenario.engine.kv_cache_dtype)
+    if scenario.dp not in (None, 1):
+        raise invalid("dp", scenario.dp, DP_NOT_SIMULATED)
     layout = Parallelism.of(
         tp, scenario.pp, None, scenario.ep, scenario.enable_expert_parallel
     ).check(model)
@@ -162,6 +175,20 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     make_preemption_policy(eng.preemption_policy)
     _validate_cluster(scenario)
     total_blocks, source = _total_kv_blocks(scenario, model, gpu, tp, layout)
+    speculative = None
+    if scenario.speculative is not None:
+        from .speculative_setup import build_speculation
+
+        speculative, total_blocks, source = build_speculation(
+            scenario, model, gpu, tp, layout, step_model, total_blocks, source
+        )
+    lora = None
+    if scenario.lora is not None:
+        from .lora_setup import build_lora
+
+        lora, total_blocks, source = build_lora(
+            scenario, model, gpu, tp, layout, total_blocks, source
+        )
     max_model_len = eng.max_model_len
     if max_model_len is None:
         max_model_len = (
@@ -186,6 +213,8 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
         kv_transfer_bandwidth_gb_per_s=eng.kv_transfer_bandwidth_gb_per_s,
         kv_transfer_base_latency_us=eng.kv_transfer_base_latency_us,
         kv_reload_blocking=eng.kv_reload_blocking,
+        speculative=speculative,
+        lora=lora,
     )
     return Deployment(model, gpu, tp, step_model, engine, source, layout)
 
@@ -202,32 +231,37 @@ def instance_setups(scenario: Scenario, deployment: Deployment) -> list[Instance
     if not pd.enabled:
         return [unified] * cluster.num_instances
     setups = []
-    for role, count, pool in (
-        ("prefill", pd.prefill_instances, pd.prefill),
-        ("decode", pd.decode_instances, pd.decode),
-    ):
-        if pool.changes_deployment:
-            changes = {
-                "hardware": pool.hardware,
-                "tp": pool.tp,
-                "pp": pool.pp,
-                "ep": pool.ep,
-                "latency.model": pool.latency_model,
-                "engine.max_model_len": pool.max_model_len,
-                "engine.total_kv_blocks": pool.total_kv_blocks,
-            }
-            pool_scenario = apply_overrides(
-                scenario,
-                {k: v for k, v in changes.items() if v is not None},
-                source=f"cluster.pd.{role}",
-            )
-            pool_deployment = resolve_deployment(pool_scenario)
-            setups += [
-                InstanceSetup(pool_deployment.engine, pool_deployment.step_model, role)
-            ] * count
-        else:
-            setups += [InstanceSetup(deployment.engine, deployment.step_model, role)] * count
+    pools = pool_deployments(scenario, deployment)
+    for role, count in (("prefill", pd.prefill_instances), ("decode", pd.decode_instances)):
+        setups += [InstanceSetup(pools[role].engine, pools[role].step_model, role)] * count
     return setups + [unified] * (cluster.num_instances - len(setups))
+
+
+def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, Deployment]:
+    """The deployment of each PD pool ("prefill", "decode"): `deployment` itself unless the
+    pool overrides its GPU, layout, latency model, context limit or KV blocks."""
+    pd = scenario.cluster.pd
+    out = {}
+    for role, pool in (("prefill", pd.prefill), ("decode", pd.decode)):
+        if not pool.changes_deployment:
+            out[role] = deployment
+            continue
+        changes = {
+            "hardware": pool.hardware,
+            "tp": pool.tp,
+            "pp": pool.pp,
+            "ep": pool.ep,
+            "latency.model": pool.latency_model,
+            "engine.max_model_len": pool.max_model_len,
+            "engine.total_kv_blocks": pool.total_kv_blocks,
+        }
+        pool_scenario = apply_overrides(
+            scenario,
+            {k: v for k, v in changes.items() if v is not None},
+            source=f"cluster.pd.{role}",
+        )
+        out[role] = resolve_deployment(pool_scenario)
+    return out
 
 
 def uses_fleet(scenario: Scenario) -> bool:
@@ -350,10 +384,17 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
         "model": d.model,
         "hardware": hardware,
         "tp": d.tp,
+        "pp": d.pp,
         "latency.model": d.latency_model,
         "engine.total_kv_blocks": d.total_kv_blocks,
         "engine.max_model_len": d.max_model_len,
     }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if d.ep is not None or d.enable_expert_parallel is not None:
+        # A deployment that sets either expert option sets both: half inherited from the
+        # scenario (ep 8 with its own enable_expert_parallel) would contradict itself.
+        changes["ep"] = d.ep
+        changes["enable_expert_parallel"] = bool(d.enable_expert_parallel)
     # The deployment is resolved as a single-model scenario of its own.
     base = scenario.model_copy(
         update={
@@ -365,13 +406,7 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
         }
     )
     try:
-        return resolve_deployment(
-            apply_overrides(
-                base,
-                {k: v for k, v in changes.items() if v is not None},
-                source=f"deployments[{d.name}]",
-            )
-        )
+        return resolve_deployment(apply_overrides(base, changes, source=f"deployments[{d.name}]"))
     except ConfigError as exc:
         raise ConfigError(f"deployments[{d.name}]: {exc}") from None
 
@@ -379,7 +414,8 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
 def _check_pools(
     scenario: Scenario, specs: list[DeploymentSpec], resolved: dict[str, Deployment]
 ) -> None:
-    """With node pools, every deployment needs a pool of its GPU type with room for its TP."""
+    """With node pools, every deployment needs a pool of its GPU type with room for one whole
+    instance (tp x pp GPUs) on one node: placement never splits an instance across nodes."""
     pools = scenario.node_pools
     if not pools:
         return
@@ -401,7 +437,11 @@ def _check_pools(
             layout = f"tp {dep.tp}" if dep.gpus == dep.tp else f"tp x pp = {dep.gpus}"
             raise ConfigError(
                 f"deployments[{d.name}]: {layout} needs {dep.gpus} GPUs on one node but "
-                f"{where} has at most {max(p.gpus_per_node for p in fitting)} per node"
+                f"{where} has at most {max(p.gpus_per_node for p in fitting)} per node; "
+                "node pools place each instance on a single node, so use a pool with "
+                f"gpus_per_node >= {dep.gpus} or fewer GPUs per instance (an instance "
+                "across nodes runs without node_pools, its network links priced by the "
+                "step-time model: docs/parallelism.md)"
             )
 
 
@@ -472,6 +512,18 @@ def _validate_cluster(scenario: Scenario) -> None:
         parse_fitness_weights(c.fitness_weights)
 
 
+def capacity_settings(scenario: Scenario, layout: Parallelism) -> dict[str, Any]:
+    """The engine and layout settings the KV capacity formula takes besides model, GPU, TP."""
+    eng = scenario.engine
+    return {
+        "block_size": eng.block_size_tokens,
+        "gpu_memory_utilization": eng.gpu_memory_utilization,
+        "pp": layout.pp,
+        "expert_fraction": layout.tp / layout.expert_shards if layout.ep_ranks > 1 else 1.0,
+        "rule": capacity_rule(scenario),
+    }
+
+
 def capacity_rule(scenario: Scenario) -> str:
     """The KV capacity rule in force: `auto` is vLLM's per-GPU allocation under servesim's
     `physics` model (the measured block counts agree with it) and BLIS's formula under BLIS's
@@ -497,16 +549,7 @@ def _total_kv_blocks(
     if entry is not None and entry.total_kv_blocks:
         return entry.total_kv_blocks, "defaults.yaml"
     try:
-        blocks = compute_kv_blocks(
-            model,
-            gpu,
-            tp,
-            eng.block_size_tokens,
-            eng.gpu_memory_utilization,
-            pp=layout.pp,
-            expert_fraction=layout.tp / layout.expert_shards if layout.ep_ranks > 1 else 1.0,
-            rule=capacity_rule(scenario),
-        )
+        blocks = compute_kv_blocks(model, gpu, tp, **capacity_settings(scenario, layout))
         return blocks, "auto"
     except ConfigError as exc:
         log.warning("KV capacity auto-calculation failed (%s); using %d blocks", exc, 1_000_000)

@@ -113,6 +113,7 @@ SCENARIO_FIELDS = {
     "pp": "pp",
     "ep": "ep",
     "enable_expert_parallel": "enable_expert_parallel",
+    "dp": "dp",
     "weight_dtype": "weight_dtype",
     "kv_cache_dtype": "engine.kv_cache_dtype",
     "kv_capacity_rule": "engine.kv_capacity_rule",
@@ -134,6 +135,12 @@ SCENARIO_FIELDS = {
     "kv_transfer_bandwidth": "engine.kv_transfer_bandwidth_gb_per_s",
     "kv_transfer_base_latency": "engine.kv_transfer_base_latency_us",
     "kv_reload_blocking": "engine.kv_reload_blocking",
+    "speculative_method": "speculative.method",
+    "num_speculative_tokens": "speculative.num_speculative_tokens",
+    "speculative_model": "speculative.draft_model",
+    "max_loras": "lora.max_loras",
+    "max_cpu_loras": "lora.max_cpu_loras",
+    "max_lora_rank": "lora.max_lora_rank",
     "seed": "seed",
     "horizon": "horizon_us",
     "slo_ttft_ms": "slo.ttft_ms",
@@ -266,6 +273,15 @@ def _common_flags(
             "--enable-expert-parallel/--no-enable-expert-parallel",
             _SIM,
             "vLLM's flag: shard the routed experts over all tp x dp GPUs (default: off)",
+        ),
+    ] = None,
+    dp: Annotated[
+        int | None,
+        _opt(
+            "--dp",
+            _SIM,
+            "BLIS's data-parallel attention ranks: only 1 (the default) runs; for replicas "
+            "use --num-instances",
         ),
     ] = None,
     weight_dtype: Annotated[
@@ -431,6 +447,60 @@ def _common_flags(
             _SIM,
             "KV reloads stall the engine step, as BLIS (default: off)",
         ),
+    ] = None,
+    speculative_config: Annotated[
+        str | None,
+        _opt(
+            "--speculative-config",
+            _SIM,
+            "speculative decoding as JSON, the scenario's `speculative` fields, e.g. "
+            '\'{"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7}\'',
+        ),
+    ] = None,
+    speculative_method: Annotated[
+        str | None,
+        _opt(
+            "--speculative-method", _SIM, "speculative decoding: draft_model | eagle | ngram | mtp"
+        ),
+    ] = None,
+    num_speculative_tokens: Annotated[
+        int | None,
+        _opt(
+            "--num-speculative-tokens", _SIM, "drafts per request per step (speculative decoding)"
+        ),
+    ] = None,
+    spec_acceptance_rate: Annotated[
+        str | None,
+        _opt(
+            "--spec-acceptance-rate",
+            _SIM,
+            "per-position draft acceptance α: one number in [0, 1], or one per position "
+            "(comma-separated)",
+        ),
+    ] = None,
+    speculative_model: Annotated[
+        str | None,
+        _opt("--speculative-model", _SIM, "the draft model of --speculative-method draft_model"),
+    ] = None,
+    lora: Annotated[
+        str | None,
+        _opt(
+            "--lora",
+            _SIM,
+            "LoRA adapters NAME:RANK, or NAME:RANK:COUNT for NAME-0 .. NAME-(COUNT-1), "
+            "comma-separated (turns multi-LoRA serving on)",
+        ),
+    ] = None,
+    max_loras: Annotated[
+        int | None, _opt("--max-loras", _SIM, "LoRA adapters per batch (GPU slots; default 1)")
+    ] = None,
+    max_cpu_loras: Annotated[
+        int | None,
+        _opt("--max-cpu-loras", _SIM, "LoRA adapters cached in host memory (default: --max-loras)"),
+    ] = None,
+    max_lora_rank: Annotated[
+        int | None,
+        _opt("--max-lora-rank", _SIM, "largest LoRA rank (default: the largest adapter's)"),
     ] = None,
     seed: Annotated[int | None, _opt("--seed", _SIM, "master random seed (default 42)")] = None,
     horizon: Annotated[
@@ -900,6 +970,19 @@ def _coeffs(flag: str, text: str | None) -> list[float] | None:
         ) from None
 
 
+def _json_object(flag: str, text: str) -> dict[str, Any]:
+    """A flag's JSON object (vLLM's --speculative-config style), or a ConfigError."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: invalid value {text!r}; not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag}: invalid value {text!r}; expected a JSON object {{...}}")
+    return value
+
+
 def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
     """Scenario overrides from the common flags: a policy bundle first, explicit flags last."""
     from .cluster.policy_bundle import load_policy_bundle
@@ -919,9 +1002,18 @@ def _overrides(flags: dict[str, Any]) -> dict[str, Any]:
     if flags.get("latency_coeffs") is not None and flags.get("latency_model") is None:
         overrides["latency.model"] = "physics"  # only physics reads a coefficients file
     flags = _renamed_flags(flags)
+    if flags.get("speculative_config") is not None:
+        overrides["speculative"] = _json_object("--speculative-config", flags["speculative_config"])
+    if flags.get("lora") is not None:
+        from .lora_setup import parse_lora_flag
+
+        overrides["lora.adapters"] = parse_lora_flag(flags["lora"])
     for name, path in SCENARIO_FIELDS.items():
         if flags.get(name) is not None:
             overrides[path] = flags[name]
+    rates = _coeffs("--spec-acceptance-rate", flags.get("spec_acceptance_rate"))
+    if rates is not None:
+        overrides["speculative.acceptance_rate"] = rates[0] if len(rates) == 1 else rates
     contention = flags.get("pd_transfer_contention")
     if contention is not None:
         overrides["cluster.pd.transfer_contention"] = on_off("--pd-transfer-contention", contention)

@@ -66,16 +66,19 @@ DEFAULT_MIN_ATTAINMENT = 0.99
 
 @dataclass(frozen=True)
 class PlanChoice:
-    """One GPU type's answer: `instances` replicas of `tp` GPUs each."""
+    """One GPU type's answer: `instances` replicas of `tp` GPUs per pipeline stage each;
+    `gpus` counts the whole fleet (tp x pp x dp per instance, each PD pool its own layout).
+    Without `gpus` (a choice built by hand) the fleet is taken as instances x tp."""
 
     gpu: str
     instances: int
     tp: int
     cost_per_hour_usd: float
+    gpus: int | None = None
 
     @property
     def total_gpus(self) -> int:
-        return self.instances * self.tp
+        return self.gpus if self.gpus is not None else self.instances * self.tp
 
     @property
     def cost_per_hour(self) -> float:
@@ -85,7 +88,8 @@ class PlanChoice:
 @dataclass
 class PlanResult:
     """`frontier`: every probe (gpu, tp, instances, meets, goodput_worst, <metric>_worst, ...).
-    `per_gpu`: per GPU the smallest meeting instance count (NaN when infeasible) and its cost.
+    `per_gpu`: per GPU the smallest meeting instance count (NaN when infeasible), the GPUs
+    it takes (`gpus_per_instance` of the instance's layout, `total_gpus`) and its cost.
     `best`: the cheapest feasible choice, or None when no GPU meets the SLOs."""
 
     frontier: pd.DataFrame
@@ -104,6 +108,8 @@ class PlanResult:
     targets: dict[str, float] = field(default_factory=dict)
     run_requests: int | None = None
     notes: list[str] = field(default_factory=list)
+    # Per GPU, the instance layout in words ("TP 8 x PP 2", PD pools each theirs).
+    layouts: dict[str, str] = field(default_factory=dict)
 
     def plot(self, metric: str | None = None):
         """The frontier: worst-seed `metric` (default: the first SLO) against instance count,
@@ -193,8 +199,9 @@ class PlanResult:
             lines.append(f"no GPU meets the SLOs with <= {self.max_instances} instances")
         else:
             b = self.best
+            layout = self.layouts.get(b.gpu, f"TP {b.tp}")
             lines.append(
-                f"best: {b.gpu} x {b.instances} instance(s) (TP {b.tp}, {b.total_gpus} GPUs), "
+                f"best: {b.gpu} x {b.instances} instance(s) ({layout}, {b.total_gpus} GPUs), "
                 f"${b.cost_per_hour_usd:.2f}/h"
             )
         return "\n".join(lines)
@@ -402,11 +409,17 @@ def plan(
     per total, over its prefill:decode split (from the scenario's ratio outwards).
     `prices` overrides DEFAULT_PRICES_USD_PER_GPU_HOUR. `progress(row)` is called after each
     probe. A GPU that misses the SLOs at `max_instances` is infeasible (reported, no error)."""
-    from .api import as_scenario, resolve_deployment, with_overrides
+    from .api import as_scenario, pool_deployments, resolve_deployment, with_overrides
     from .catalog.hardware import get_gpu, load_gpu_file
     from .sweeps import _seeds, sweep
 
     sc = as_scenario(base)
+    if sc.deployments:
+        raise ConfigError(
+            "plan: the scenario lists `deployments`, whose instance counts plan does not "
+            "search (it sizes cluster.num_instances of the scenario's one deployment); plan "
+            "each deployment as a scenario of its own"
+        )
     bounds = _check_slos(slos)
     if not bounds and min_goodput is None:
         raise ConfigError("plan: give at least one SLO (metric=bound) or min_goodput")
@@ -464,13 +477,24 @@ def plan(
     probes: list[dict[str, Any]] = []
     answers: list[dict[str, Any]] = []
     provenance: dict[str, dict[str, Any]] = {}
+    layouts: dict[str, str] = {}
     for gpu in gpu_names:
         gpu_sc = with_overrides(sc, {"hardware": gpu}, source=f"plan: hardware {gpu}")
         try:
             deployment = resolve_deployment(gpu_sc)
+            pools = pool_deployments(gpu_sc, deployment) if disaggregated else {}
         except ConfigError as exc:
             raise ConfigError(f"plan: GPU {gpu}: {exc}") from None
         tp = deployment.tp
+        # An instance takes tp x pp x dp GPUs (expert parallelism reuses them); under PD each
+        # pool has its own layout, so a fleet's GPUs depend on its split.
+        per_instance = deployment.gpus
+        pool_gpus = {role: d.gpus for role, d in pools.items()}
+        layouts[gpu] = (
+            f"prefill {_layout_text(pools['prefill'])}; decode {_layout_text(pools['decode'])}"
+            if pools
+            else _layout_text(deployment)
+        )
         provenance[gpu] = deployment.step_model.provenance()
         price = price_table.get(gpu.lower(), math.nan)
         passing: dict[int, dict[str, Any]] = {}
@@ -486,6 +510,8 @@ def plan(
             gpu_sc: Scenario = gpu_sc,
             tp: int = tp,
             passing: dict[int, dict[str, Any]] = passing,
+            per_instance: int = per_instance,
+            pool_gpus: dict[str, int] = pool_gpus,
         ) -> bool:
             for split in _splits(gpu_sc, n) if disaggregated else [None]:
                 overrides: dict[str, Any] = {"cluster.num_instances": n}
@@ -509,8 +535,14 @@ def plan(
                     meets, figures, _reasons = judged(longer)
                 row: dict[str, Any] = {"gpu": gpu, "tp": tp, "instances": n}
                 row["requests"] = requests
+                row["gpus"] = n * per_instance
                 if split is not None:
                     row["prefill_instances"], row["decode_instances"] = split
+                    row["gpus"] = (
+                        split[0] * pool_gpus["prefill"]
+                        + split[1] * pool_gpus["decode"]
+                        + (n - split[0] - split[1]) * per_instance
+                    )
                 row.update(figures)
                 row["meets"] = meets
                 probes.append(row)
@@ -550,6 +582,8 @@ def plan(
             else _search(lambda n: n >= 2 and probe(n), max_instances)
         )
         chosen = passing.get(found) if found is not None else None
+        total_gpus = chosen["gpus"] if chosen else math.nan
+        uniform = len({per_instance, *pool_gpus.values()}) == 1
         answers.append(
             {
                 "gpu": gpu,
@@ -569,8 +603,10 @@ def plan(
                     if disaggregated
                     else {}
                 ),
-                "total_gpus": found * tp if found is not None else math.nan,
-                "cost_per_hour_usd": found * tp * price if found is not None else math.nan,
+                "gpus_per_instance": per_instance if uniform else math.nan,
+                "layout": layouts[gpu],
+                "total_gpus": total_gpus,
+                "cost_per_hour_usd": total_gpus * price,
                 "margin": _margin(chosen, bounds) if chosen else math.nan,
                 **(
                     {"saturation_rps_per_instance": rate_per_instance(gpu_sc)}
@@ -587,7 +623,7 @@ def plan(
     frontier = pd.DataFrame(
         probes,
         columns=[
-            "gpu", "tp", "instances", *split_cols, "requests", "meets", "steady",
+            "gpu", "tp", "instances", *split_cols, "gpus", "requests", "meets", "steady",
             "attainment_worst", "attainment_ci_low", "attainment_ci_high",
             *metric_cols, "goodput_worst", "reason",
         ],
@@ -607,7 +643,11 @@ def plan(
             ),
         )
         best = PlanChoice(
-            pick["gpu"], int(pick["instances"]), pick["tp"], pick["cost_per_hour_usd"]
+            pick["gpu"],
+            int(pick["instances"]),
+            pick["tp"],
+            pick["cost_per_hour_usd"],
+            gpus=int(pick["total_gpus"]),
         )
     return PlanResult(
         frontier=frontier,
@@ -623,6 +663,7 @@ def plan(
         targets=targets,
         run_requests=run_requests,
         notes=notes,
+        layouts=layouts,
     )
 
 
@@ -662,6 +703,20 @@ def _splits(sc: Scenario, n: int) -> list[tuple[int, int]]:
     first = min(max(round(n * share), 1), n - 1)
     order = sorted(range(1, n), key=lambda p: (abs(p - first), p))
     return [(p, n - p) for p in order]
+
+
+def _layout_text(deployment: Any) -> str:
+    """An instance's layout in words: "TP 8", "TP 8 x PP 2, EP 8"."""
+    layout = deployment.parallelism
+    parts = [f"TP {deployment.tp}"]
+    if layout is not None and layout.pp > 1:
+        parts.append(f"PP {layout.pp}")
+    if layout is not None and layout.dp > 1:
+        parts.append(f"DP {layout.dp}")
+    text = " x ".join(parts)
+    if layout is not None and layout.ep > 1:
+        text += f", EP {layout.ep}"
+    return text
 
 
 def _margin(row: Mapping[str, Any], bounds: Mapping[str, float]) -> float:

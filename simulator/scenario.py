@@ -61,6 +61,8 @@ from .limits import (
     Tokens,
     number,
 )
+from .lora_setup import LoRASpec
+from .speculative_setup import SpeculativeSpec
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
 from .workload.spec import format_spec_error
 
@@ -404,11 +406,18 @@ class Scenario(_Strict):
     pp: Gpus | None = None
     ep: Gpus | None = None
     enable_expert_parallel: Flag = False
+    # BLIS's --dp: only 1 runs; data-parallel attention ranks need a scheduler per rank,
+    # which the engine does not have (refused with the alternative in resolve_deployment).
+    dp: Gpus | None = None
     # vLLM's --quantization, simplified: auto = the config's checkpoint format.
     weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int4", "fp4"] = "auto"
     hardware_file: Path | None = None
     latency: LatencySpec = Field(default_factory=LatencySpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    # Speculative decoding (docs/speculative.md); None = off.
+    speculative: SpeculativeSpec | None = None
+    # Multi-LoRA serving (docs/lora.md); None = off: requests' adapters run on the base model.
+    lora: LoRASpec | None = None
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     workload: WorkloadField | None = None
     workload_spec: Path | None = None

@@ -299,3 +299,66 @@ def test_probes_report_their_length_and_attainment_interval(result) -> None:
     assert (frontier["requests"] >= result.run_requests).all()
     assert (frontier["attainment_ci_low"] <= frontier["attainment_worst"]).all()
     assert (frontier["attainment_worst"] <= frontier["attainment_ci_high"]).all()
+
+
+# --- GPUs per instance follow the layout (docs/planning.md, "GPUs per instance") ---------
+
+LIGHT = {
+    "model": "meta-llama/llama-3.1-8b-instruct",
+    "hardware": "H100",
+    "workload": {
+        "rate": 2,
+        "num_requests": 200,
+        "prompt_tokens": {"distribution": "constant", "value": 64},
+        "output_tokens": {"distribution": "constant", "value": 8},
+    },
+}
+GENEROUS = {"e2e_mean_ms": 60_000.0}
+
+
+def test_gpu_count_and_cost_follow_the_pipeline() -> None:
+    """TP2 x PP2 (physics prices the stages): one instance takes 2 x 2 = 4 GPUs, so the light
+    load met by one instance costs 4 x $3.00 = $12.00/h, not the 2 x $3.00 of counting TP
+    alone. Every probe counts instances x 4."""
+    res = plan({**LIGHT, "tp": 2, "pp": 2}, GENEROUS, seeds=(1,), max_instances=2, workers=1)
+    f = res.frontier
+    assert (f["gpus"] == f["instances"] * 4).all()
+    answer = res.per_gpu.iloc[0]
+    assert (answer["instances"], answer["gpus_per_instance"], answer["total_gpus"]) == (1, 4, 4)
+    assert answer["layout"] == "TP 2 x PP 2"
+    assert answer["cost_per_hour_usd"] == pytest.approx(4 * 3.00)
+    assert res.best is not None and (res.best.total_gpus, res.best.tp) == (4, 2)
+    assert "best: H100 x 1 instance(s) (TP 2 x PP 2, 4 GPUs), $12.00/h" in res.table()
+
+
+def test_pd_pools_count_at_their_own_size() -> None:
+    """Prefill instances of TP1 and decode instances of TP2: a split of p + d instances takes
+    p x 1 + d x 2 GPUs (the first probe, 1 + 1, takes 3)."""
+    pd_scenario = {
+        **LIGHT,
+        "cluster": {
+            "num_instances": 2,
+            "pd": {
+                "prefill_instances": 1,
+                "decode_instances": 1,
+                "decider": "always",
+                "decode": {"tp": 2},
+            },
+        },
+    }
+    res = plan(pd_scenario, GENEROUS, seeds=(1,), max_instances=3, workers=1)
+    f = res.frontier
+    assert (f["gpus"] == f["prefill_instances"] * 1 + f["decode_instances"] * 2).all()
+    assert f["gpus"].iloc[0] == 3
+    answer = res.per_gpu.iloc[0]
+    assert answer["layout"] == "prefill TP 1; decode TP 2"
+    assert math.isnan(answer["gpus_per_instance"])  # the pools differ
+    assert answer["cost_per_hour_usd"] == pytest.approx(answer["total_gpus"] * 3.00)
+
+
+def test_a_scenario_with_named_deployments_is_refused() -> None:
+    """Its instance counts are the deployments', so probing cluster.num_instances would
+    change nothing and every probe would give the same verdict."""
+    named = {**LIGHT, "deployments": [{"name": "a", "num_instances": 1}]}
+    with pytest.raises(ConfigError, match="plan: the scenario lists `deployments`"):
+        plan(named, GENEROUS, seeds=(1,), workers=1)

@@ -172,6 +172,9 @@ def decider_for(spec: PDSpec, block_size: int) -> PDDecider:
     )
 
 
+_NO_ADAPTERS: frozenset[str] = frozenset()
+
+
 def _live_snapshots(instance_ids: list[str], engines: list[VLLMEngine], models: list[str]):
     """read(index, in_flight): what instance `index` looks like now (the router calls this
     for every candidate of every request, so it is one function, fields in order)."""
@@ -180,6 +183,7 @@ def _live_snapshots(instance_ids: list[str], engines: list[VLLMEngine], models: 
         engine = engines[index]
         kv = engine.kv
         used, total = kv.used_blocks, kv.total_blocks
+        lora = engine.lora
         return InstanceSnapshot(
             instance_ids[index],
             index,
@@ -190,6 +194,7 @@ def _live_snapshots(instance_ids: list[str], engines: list[VLLMEngine], models: 
             kv.hit_rate,
             in_flight,
             models[index],
+            lora.resident if lora is not None else _NO_ADAPTERS,
         )
 
     return read
@@ -263,6 +268,9 @@ def run_simulation(
         )
         for s in setups
     ]
+    for engine, instance_id in zip(engines, instance_ids, strict=True):
+        if engine.speculation is not None:  # each instance draws acceptances from its own stream
+            engine.seed_speculation(subsystem_rng(seed, f"speculative/{instance_id}"))
     block_size = setups[0].engine.block_size
     # Finished requests become compact rows unless PD is on: its parents keep their
     # sub-requests for the PD results anyway.

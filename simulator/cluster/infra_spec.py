@@ -169,12 +169,17 @@ class AutoscalerSpec(_Strict):
 
 class DeploymentSpec(_Strict):
     """One model served by a group of identical instances (docs/behaviour.md §A6). Unset fields
-    inherit the scenario's top-level model / hardware / tp / latency / engine."""
+    inherit the scenario's top-level model / hardware / layout / latency / engine."""
 
     name: str = Field(min_length=1)
     model: str | None = None
     hardware: str | None = None
     tp: Gpus | None = None
+    # The instance's layout beyond TP (docs/parallelism.md); checked against the deployment's
+    # model when it is resolved, since a dense model takes no ep and pp is bounded by layers.
+    pp: Gpus | None = None
+    ep: Gpus | None = None
+    enable_expert_parallel: Flag | None = None
     num_instances: Instances = 1
     role: Literal["unified", "prefill", "decode"] = "unified"
     pool: str | None = Field(None, description="node pool its instances are placed on")

@@ -424,6 +424,23 @@ class NoHitLruScorer(_CachedBlockCounts):
         self._recent.insert(0, iid)
 
 
+class LoRAAffinityScorer(_ListScorer):
+    """BLIS's `lora-affinity` (docs/lora.md): 1 where the request's adapter is in the
+    instance's GPU slots (no load needed), else 0; 1 everywhere for a base-model request or
+    when every candidate scores alike (min-max over the candidates)."""
+
+    name = "lora-affinity"
+
+    def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
+        adapter = req.adapter
+        if not adapter:
+            return [1.0] * len(candidates)
+        scores = [1.0 if adapter in c.adapters else 0.0 for c in candidates]
+        if min(scores) == max(scores):
+            return [1.0] * len(candidates)
+        return scores
+
+
 _BUILT_IN_SCORERS = (
     QueueDepthScorer,
     KVUtilizationScorer,
@@ -437,6 +454,7 @@ _BUILT_IN_SCORERS = (
     LoadAwareScorer,
     VllmDpScorer,
     NoHitLruScorer,
+    LoRAAffinityScorer,
 )
 SCORERS: dict[str, type[Scorer]] = {cls.name: cls for cls in _BUILT_IN_SCORERS}
 # The bare names whose meaning changed in BLIS's current release, pinned to servesim's (and

@@ -24,6 +24,8 @@ class InstanceSnapshot(NamedTuple):
     cache_hit_rate: float = 0.0
     in_flight: int = 0
     model: str = ""
+    # LoRA adapters in the instance's GPU slots (docs/lora.md); empty without LoRA.
+    adapters: frozenset[str] = frozenset()
 
     @property
     def effective_load(self) -> int:

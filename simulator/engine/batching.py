@@ -21,10 +21,12 @@ from ..limits import MAX_TIME_US, duration_us
 from ..metrics.recorder import PACK_AFTER_ROWS, StepLog
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
+from .lora import LoRAConfig, LoRAState
 from .options import ACCELERATED, EngineOptions
 from .policies import make_priority_policy, make_scheduler
 from .preemption import make_preemption_policy
 from .request import Request, RequestState
+from .speculative import Speculation, SpeculativeConfig
 
 _run_seq_of = attrgetter("run_seq")
 
@@ -53,6 +55,10 @@ class EngineConfig:
     kv_transfer_base_latency_us: int = 0
     # BLIS's behaviour: the reload is added to the step that needs it, holding up the batch.
     kv_reload_blocking: bool = False
+    # Speculative decoding (docs/speculative.md); None = off.
+    speculative: SpeculativeConfig | None = None
+    # Multi-LoRA serving (docs/lora.md); None = off (adapters named by requests are ignored).
+    lora: LoRAConfig | None = None
 
     def reload_us(self, blocks: int) -> int:
         """Time to bring `blocks` back from the CPU tier over an idle host link; a reload that
@@ -148,8 +154,16 @@ class VLLMEngine:
         self.clock_us = 0
         self._step_start_us = 0
         self._prev_step_end_us = -1
-        # Decode fast path state (see the class docstring).
-        self.fast_path = options.decode_fast_path
+        # Speculative decoding: drafts per decoding request, their KV, acceptance draws.
+        spec = config.speculative
+        self.speculation = Speculation(spec) if spec is not None else None
+        self._planned_draft_us = 0
+        # LoRA adapters: GPU slots, CPU cache, per-adapter statistics.
+        self.lora = LoRAState(config.lora) if config.lora is not None else None
+        # Decode fast path state (see the class docstring). A speculating request's step is
+        # a random number of tokens, never a counter's advance by one, and a LoRA step is
+        # priced by the tokens of each adapter: both take the per-request loop every step.
+        self.fast_path = options.decode_fast_path and spec is None and self.lora is None
         self._finished_steps = 0
         self.fast_path_steps = 0
         self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
@@ -167,6 +181,11 @@ class VLLMEngine:
         # the next one (0 with one-token blocks, where every step takes a block).
         self._steps_to_next_block = config.block_size - 1
         self._has_cpu_tier = cpu is not None
+
+    def seed_speculation(self, rng) -> None:
+        """The stream this instance's acceptance draws come from (one per instance)."""
+        if self.speculation is not None:
+            self.speculation.seed(rng)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -195,6 +214,13 @@ class VLLMEngine:
             or (req.max_output_tokens > 0 and req.input_tokens + req.max_output_tokens > mml)
         ):
             unservable = True
+        lora = self.lora
+        if lora is not None and req.adapter:
+            # vLLM answers a request for an adapter it was not started with by an error.
+            if not lora.knows(req.adapter):
+                unservable = True
+            else:
+                lora.adapter_stats(req.adapter).requests += 1
         if unservable:
             self._drop(req, now_us)
             return EnqueueOutcome.DROPPED
@@ -293,8 +319,11 @@ class VLLMEngine:
 
     def prefill_requests(self) -> list[Request]:
         """The requests of the planned step's prefill chunks, in `StepBatch.prefill_chunks`
-        order (steady requests only decode, so they are never among them)."""
-        return [r for r in self._active if r.num_new_tokens and r.in_prefill]
+        order (steady requests only decode, so they are never among them; a speculative
+        verification, more than one token of a decoding request, is a chunk too)."""
+        return [
+            r for r in self._active if r.num_new_tokens and (r.in_prefill or r.num_new_tokens > 1)
+        ]
 
     def take_unstarted(self) -> list[Request]:
         """Remove the queued requests that were never scheduled (a redirecting drain)."""
@@ -359,8 +388,23 @@ class VLLMEngine:
             bs = cfg.block_size
             caching = cfg.enable_prefix_caching
             admitted_from = len(running)
+            lora = self.lora
+            if lora is not None:
+                # Adapters of the running batch: a batch holds at most max_loras of them.
+                adapters = {r.adapter for r in running if r.adapter}
+                max_loras = lora.config.max_loras
+                skipped: list[Request] = []
             while waiting and budget > 0 and len(running) < max_running:
                 req = waiting[0]
+                if (
+                    lora is not None
+                    and req.adapter
+                    and req.adapter not in adapters
+                    and len(adapters) >= max_loras
+                ):
+                    # As vLLM: skipped for this step, requests behind it may still run.
+                    skipped.append(waiting.popleft())
+                    continue
                 if req.kv_resident:
                     # Decode sub-request: its prompt KV is here; it needs one token's worth.
                     if not kv.append_token(req, req.computed_tokens):
@@ -368,6 +412,8 @@ class VLLMEngine:
                             continue
                         break
                     self._admit_head(req, 1, now_us)
+                    if lora is not None and req.adapter:
+                        adapters.add(req.adapter)
                     budget -= 1
                     continue
                 target = req.prefill_target
@@ -389,6 +435,8 @@ class VLLMEngine:
                         continue
                     break
                 self._admit_head(req, chunk, now_us)
+                if lora is not None and req.adapter:
+                    adapters.add(req.adapter)
                 req.computed_tokens = start
                 if start > req.cached_tokens:
                     req.cached_tokens = start
@@ -398,6 +446,8 @@ class VLLMEngine:
                         req.num_new_tokens = 0
                         continue
                 budget -= chunk
+            if lora is not None and skipped:
+                waiting.extendleft(reversed(skipped))
             if active is not running and len(running) > admitted_from:
                 active.extend(running[admitted_from:])
         self._unsteady = active[:]
@@ -407,15 +457,35 @@ class VLLMEngine:
         prefill_prompts: list[int] = []
         decode_count = self._steady_count
         decode_context = self._steady_context_offset + decode_count * self._finished_steps
+        verifying = verify_context = 0
+        lora_tokens: dict[str, int] | None = {} if self.lora is not None else None
         for req in active:
             n = req.num_new_tokens
             if n:
+                if lora_tokens is not None and req.adapter:
+                    lora_tokens[req.adapter] = lora_tokens.get(req.adapter, 0) + n
                 if req.in_prefill:
                     prefill_chunks.append((req.computed_tokens, n))
                     prefill_prompts.append(req.prefill_target)
+                elif n > 1:
+                    # A verification: the sampled token and k drafts are n query tokens over
+                    # the request's context, one chunk of the forward pass (as vLLM runs it),
+                    # so every step-time model prices it as it prices a prefill chunk.
+                    prefill_chunks.append((req.computed_tokens, n))
+                    prefill_prompts.append(req.computed_tokens + n)
+                    verifying += 1
+                    verify_context += req.computed_tokens
                 else:
                     decode_count += 1
                     decode_context += req.computed_tokens
+        if verifying:
+            # The drafter proposes the next drafts of the requests it verifies, in this step.
+            self._planned_draft_us = self.speculation.draft_us(verifying, verify_context)
+            step_extra_us += self._planned_draft_us
+        if lora_tokens:
+            # The step's adapters are loaded into GPU slots inside the step (vLLM activates
+            # them in the model runner), then run as the LoRA kernels.
+            step_extra_us += self.lora.activate(lora_tokens)
         self._step_start_us = now_us
         return StepBatch(
             prefill_chunks, decode_count, decode_context, prefill_prompts, step_extra_us
@@ -479,6 +549,7 @@ class VLLMEngine:
         mml = self.config.max_model_len
         kv = self.kv
         block_size = self.config.block_size
+        spec = self.speculation
         preempted = False
         i = 0
         while i < len(order):
@@ -500,6 +571,31 @@ class VLLMEngine:
                     break
             else:
                 if mml > 0 and computed + 1 > mml - 1:
+                    i += 1
+                    continue
+                if spec is not None:
+                    # The sampled token and the drafts, with KV for both and for the
+                    # drafter's next proposals (vLLM's lookahead), up to the context limit.
+                    chunk = 1 + spec.proposals(budget, computed, mml)
+                    end = computed + chunk + spec.lookahead
+                    if mml > 0 and end > mml:
+                        end = mml
+                    # Drafts never ask for more than the whole cache, so a request that fits
+                    # without them fits with them once alone (one that does not, fails as a
+                    # plain decode does: preempted, then dropped as unservable).
+                    room = kv.total_blocks * block_size
+                    if end > room:
+                        end = max(room, computed + 1)
+                        chunk = max(1, min(chunk, end - computed))
+                    while not kv.try_allocate(req, computed, end, []):
+                        preempted = True
+                        served_itself, i, budget = self._preempt(req, i, budget)
+                        if served_itself:
+                            break
+                    if req.state is not RequestState.RUNNING:
+                        break
+                    req.num_new_tokens = chunk
+                    budget -= chunk
                     i += 1
                     continue
                 chunk = 1
@@ -612,7 +708,10 @@ class VLLMEngine:
                 if req.output_tokens == 0:
                     return True
             else:
-                after = req.computed_tokens + 1
+                # A decode yields one token; a verification of n - 1 drafts at most n.
+                after = req.computed_tokens + n
+                if req.generated_tokens + n >= req.output_tokens:
+                    return True
             if req.generated_tokens + 1 >= req.output_tokens or (mml > 0 and after >= mml - 1):
                 return True
         return False
@@ -858,6 +957,12 @@ class VLLMEngine:
             assert 0 <= req.generated_tokens <= max(req.output_tokens, 0), req
             assert req.computed_tokens <= req.input_tokens + req.generated_tokens, req
         self.kv.check_invariants([*self.running, *(r for r in self.waiting if r.block_ids)])
+        if self.lora is not None:
+            # A batch never holds more adapters than the GPU has slots (vLLM's max_loras).
+            adapters = {r.adapter for r in self.running if r.adapter}
+            assert len(adapters) <= self.lora.config.max_loras, adapters
+            assert len(self.lora.gpu) <= self.lora.config.max_loras
+            assert len(self.lora.cpu) <= self.lora.config.max_cpu_loras
 
     def _reorder_waiting(self, now_us: int) -> None:
         policy = self.priority_policy
@@ -932,6 +1037,7 @@ class VLLMEngine:
         decode_tokens = 0
         produced = 0
         served = 0
+        burst_gaps = 0
         active = self._active
         for req in active:
             n = req.num_new_tokens
@@ -949,6 +1055,37 @@ class VLLMEngine:
                     req.last_token_us = end
                     done.append(req)
                     continue
+            elif n > 1:
+                # A verification: the accepted drafts and the target's own token arrive
+                # together; tokens past the output's end are discarded (docs/speculative.md).
+                burst = self.speculation.draw_accepted(req.client_id, n - 1) + 1
+                req.computed_tokens += burst
+                g = req.generated_tokens
+                if burst > req.output_tokens - g:
+                    burst = req.output_tokens - g
+                decode_tokens += burst
+                produced += burst
+                t = end + (g + 1) * otp
+                if g == 0:
+                    req.first_token_us = t
+                else:
+                    gap = t - req.last_token_us
+                    if gap == regular_gap:
+                        regular += 1
+                    else:
+                        irregular.append(gap)
+                # The burst's later tokens follow its first by the per-token overhead each.
+                burst_gaps += burst - 1
+                g += burst
+                req.generated_tokens = g
+                req.last_token_us = end + g * otp
+                if g >= req.output_tokens:
+                    done.append(req)
+                elif mml > 0 and req.computed_tokens >= mml - 1:
+                    req.length_capped = True
+                    self.length_capped += 1
+                    done.append(req)
+                continue
             else:
                 decode_tokens += 1
                 req.computed_tokens += 1
@@ -980,14 +1117,27 @@ class VLLMEngine:
             produced += steady
             regular += steady
         self.total_output_tokens += produced
+        if self.speculation is not None:
+            stats = self.speculation.stats
+            stats.burst_gaps += burst_gaps
+            stats.draft_us += self._planned_draft_us
+            self._planned_draft_us = 0
         if done:
             kv = self.kv
             post = self.post_decode_us
+            lora = self.lora
             for req in done:
                 req.state = RequestState.COMPLETED
                 req.completion_us = req.last_token_us + (post if req.generated_tokens else 0)
                 kv.release(req)
                 _retire(req)
+                if lora is not None and req.adapter:
+                    lora.record_completion(
+                        req.adapter,
+                        req.first_token_us - req.arrival_us if req.first_token_us >= 0 else -1,
+                        req.completion_us - req.arrival_us,
+                        req.generated_tokens,
+                    )
             if len(done) <= 2:
                 # Usually the oldest running requests finish, near the list's front: cheaper
                 # than rebuilding the whole batch.

@@ -52,6 +52,8 @@ class Request:
         "audio_tokens",
         "video_tokens",
         "reason_ratio",
+        # the LoRA adapter the request asks for ("" = the base model)
+        "adapter",
         "priority",
         "state",
         "instance_id",
@@ -130,6 +132,7 @@ class Request:
         audio_tokens: int = 0,
         video_tokens: int = 0,
         reason_ratio: float = 0.0,
+        adapter: str = "",
     ) -> None:
         self.request_id = request_id
         self.index = index
@@ -157,6 +160,7 @@ class Request:
         self.audio_tokens = audio_tokens
         self.video_tokens = video_tokens
         self.reason_ratio = reason_ratio
+        self.adapter = adapter
         self.priority = 0.0
         self.state = RequestState.CREATED
         self.instance_id = ""
@@ -265,6 +269,7 @@ class Request:
             round_index=self.round_index,
             prefix_group=self.prefix_group,
             streaming=self.streaming,
+            adapter=self.adapter,
         )
         sub.output_key = self.output_key
         sub.pd_role = role

@@ -21,13 +21,19 @@ class StepBatch:
     decode_context_sum: sum of the progress indices (at step start) of those decode requests.
     prefill_prompt_tokens: the full prompt length of each prefill request, parallel to
         prefill_chunks (trained-roofline prices attention with it); empty when unknown.
+
+    A speculative verification (docs/speculative.md) is a chunk too: a decoding request
+    checking k drafts runs k + 1 query tokens over its context, the kernel a prefill chunk
+    runs, so it is `(context, k + 1)` in prefill_chunks (with `context + k + 1` as its length)
+    and every model prices it without knowing about speculation.
     """
 
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
     decode_count: int = 0
     decode_context_sum: int = 0
     prefill_prompt_tokens: list[int] = field(default_factory=list)
-    # Time the step spends beyond the forward pass (blocking KV reloads from the CPU tier).
+    # Time the step spends beyond the forward pass: blocking KV reloads from the CPU tier, a
+    # speculative drafter's passes, LoRA adapter loads and kernels.
     extra_us: int = 0
 
     @property

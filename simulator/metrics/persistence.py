@@ -35,7 +35,7 @@ FRAME_NAMES = (
 )  # fmt: skip
 DICT_NAMES = (
     "per_slo", "kv_metrics", "anomalies", "pd_metrics", "session_counts", "scenario",
-    "fleet_metrics",
+    "fleet_metrics", "session_metrics",
 )  # fmt: skip
 
 
@@ -57,6 +57,7 @@ class SavedResult:
     anomalies: dict[str, int] = field(default_factory=dict, repr=False)
     pd_metrics: dict[str, Any] | None = field(default=None, repr=False)
     session_counts: dict[str, int] = field(default_factory=dict, repr=False)
+    session_metrics: dict[str, Any] | None = field(default=None, repr=False)
     fleet_metrics: dict[str, Any] | None = field(default=None, repr=False)
     scenario: dict[str, Any] = field(default_factory=dict, repr=False)
     path: Path | None = None
@@ -201,6 +202,7 @@ def load_result(directory: str | Path) -> SavedResult:
         anomalies=dicts["anomalies"] or {},
         pd_metrics=dicts["pd_metrics"],
         session_counts=dicts["session_counts"] or {},
+        session_metrics=dicts["session_metrics"],
         scenario=dicts["scenario"] or {},
         path=folder,
     )

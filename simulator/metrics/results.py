@@ -36,6 +36,8 @@ STEADY_HEADER = "=== Steady State ==="
 LATENCY_HEADER = "=== Latency Model ==="
 FLEET_HEADER = "=== Fleet Metrics ==="
 MODEL_HEADER = "=== Per-Model Metrics ==="
+SPECULATIVE_HEADER = "=== Speculative Decoding ==="
+ADAPTER_HEADER = "=== Per-Adapter Metrics ==="
 # BLIS's MetricsOutput fields (docs/behaviour.md §10.2), in BLIS's order; kv_allocation_failures is
 # omitted when zero. servesim adds the *_p50_ms fields.
 BLIS_SUMMARY_FIELDS = (
@@ -137,6 +139,10 @@ def pooled_itl_us(engines: list[VLLMEngine]) -> CountedValues:
         irregular = np.asarray(eng.irregular_itl_us, dtype=np.int64)
         values.append(irregular)
         counts.append(np.ones(len(irregular), dtype=np.int64))
+        if eng.speculation is not None:
+            # A verification's later tokens follow its first by the per-token overhead.
+            values.append(np.array([eng.otp_us], dtype=np.int64))
+            counts.append(np.array([eng.speculation.stats.burst_gaps], dtype=np.int64))
     if not values:
         return CountedValues(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     return CountedValues(np.concatenate(values), np.concatenate(counts))
@@ -208,6 +214,26 @@ def compute_summary(
     summary["dropped_unservable"] = dropped
     summary["length_capped_requests"] = sum(e.length_capped for e in engines)
     summary["timed_out_requests"] = timed_out
+    speculating = [e for e in engines if e.speculation is not None]
+    if speculating:  # speculative decoding's fields, only in runs that speculate
+        from ..engine.speculative import summary_fields
+
+        step_us = sum(int(np.sum(e.steps.step_us, dtype=np.int64)) for e in speculating)
+        spec = summary_fields([e.speculation.stats for e in speculating], step_us)
+        spec["spec_in_burst_itl_share"] = (
+            sum(e.speculation.stats.burst_gaps for e in speculating) / len(itl_us)
+            if len(itl_us)
+            else None
+        )
+        # Lists: the report block and the results document show them.
+        del spec["spec_accepted_length_histogram"], spec["spec_per_position_acceptance"]
+        summary.update(spec)
+    with_lora = [e for e in engines if e.lora is not None]
+    if with_lora:  # multi-LoRA serving's fields, only in runs that declare adapters
+        from ..engine.lora import summary_fields as lora_fields
+
+        step_us = sum(int(np.sum(e.steps.step_us, dtype=np.int64)) for e in with_lora)
+        summary.update(lora_fields([e.lora for e in with_lora], step_us))
     # Fleet changes (only present when they happened, so fixed-fleet summaries keep BLIS's
     # field list).
     for state, name in (
@@ -626,6 +652,31 @@ class Result:
         }
 
     @cached_property
+    def adapter_metrics(self) -> dict[str, dict[str, Any]] | None:
+        """Per LoRA adapter over every instance (docs/lora.md), None without LoRA: requests,
+        completions, cold loads and evictions, TTFT and E2E, output throughput."""
+        states = [e.lora for e in self.engines if e.lora is not None]
+        if not states:
+            return None
+        from ..engine.lora import per_adapter
+
+        return per_adapter(states, self.summary["vllm_estimated_duration_s"])
+
+    @cached_property
+    def speculative_metrics(self) -> dict[str, Any] | None:
+        """Speculative decoding over the run (docs/speculative.md), None when it was off:
+        the summary's spec_* fields plus the histogram of drafts accepted per verification."""
+        speculating = [e for e in self.engines if e.speculation is not None]
+        if not speculating:
+            return None
+        from ..engine.speculative import summary_fields
+
+        step_us = sum(int(np.sum(e.steps.step_us, dtype=np.int64)) for e in speculating)
+        out = summary_fields([e.speculation.stats for e in speculating], step_us)
+        out["spec_in_burst_itl_share"] = self.summary.get("spec_in_burst_itl_share")
+        return out
+
+    @cached_property
     def anomalies(self) -> dict[str, int]:
         """BLIS's anomaly counters (docs/behaviour.md §10.4), plus routing rejections."""
         from .anomalies import hol_blocking_instances, priority_inversions
@@ -715,8 +766,13 @@ class Result:
             blocks.append(f"{TENANT_HEADER}\n{json.dumps(self.per_tenant, indent=2)}")
         if self.pd_metrics is not None:
             blocks.append(f"{PD_HEADER}\n{json.dumps(self.pd_metrics, indent=2)}")
-        if self.session_counts:
-            blocks.append(f"{SESSION_HEADER}\n{json.dumps(self.session_counts, indent=2)}")
+        if self.speculative_metrics is not None:
+            spec = json.dumps(self.speculative_metrics, indent=2)
+            blocks.append(f"{SPECULATIVE_HEADER}\n{spec}")
+        if self.adapter_metrics:
+            blocks.append(f"{ADAPTER_HEADER}\n{json.dumps(self.adapter_metrics, indent=2)}")
+        if self.session_block is not None:
+            blocks.append(f"{SESSION_HEADER}\n{json.dumps(self.session_block, indent=2)}")
         if self.client_cap is not None:
             blocks.append(f"{CLIENT_HEADER}\n{json.dumps(self.client_cap, indent=2)}")
         if self.slo:
@@ -739,6 +795,69 @@ class Result:
         if self.latency_provenance:
             blocks.append(f"{LATENCY_HEADER}\n{json.dumps(self.latency_provenance, indent=2)}")
         return "\n".join(blocks)
+
+    @cached_property
+    def session_metrics(self) -> dict[str, Any] | None:
+        """BLIS-current's session statistics (docs/results.md "Sessions"), or None when no
+        request belongs to a session. `sessions` counts the distinct session IDs; TTFT cold is
+        over round-0 requests and warm over later rounds (every request that got a first
+        token); a session's duration runs from its round-0 arrival to its last completion
+        (sessions without a round 0, or with no completed request after it, are left out).
+        Each statistic is {mean, p50, p95, p99, n} in ms, percentiles interpolated linearly."""
+        from .request_table import request_columns
+
+        cols = request_columns(
+            self.request_records,
+            ("arrival_us", "first_token_us", "completion_us", "round_index"),
+            ("session_id", "state"),
+        )
+        in_session = cols["session_id"] != ""
+        if not in_session.any():
+            return None
+        sid = cols["session_id"][in_session]
+        arrival = cols["arrival_us"][in_session]
+        first = cols["first_token_us"][in_session]
+        done = cols["completion_us"][in_session]
+        rnd = cols["round_index"][in_session]
+        completed = cols["state"][in_session] == RequestState.COMPLETED
+        has_token = first >= 0
+        cold = (first - arrival)[has_token & (rnd == 0)] / 1000
+        warm = (first - arrival)[has_token & (rnd > 0)] / 1000
+        start: dict[str, int] = {}
+        end: dict[str, int] = {}
+        for s, a in zip(sid[rnd == 0], arrival[rnd == 0], strict=True):
+            start.setdefault(s, int(a))
+        for s, c in zip(sid[completed], done[completed], strict=True):
+            end[s] = max(end.get(s, int(c)), int(c))
+        durations = [end[s] - a for s, a in start.items() if end.get(s, a) > a]
+
+        def stats(values_ms) -> dict[str, Any]:
+            values_ms = np.asarray(values_ms, dtype=float)
+            return {
+                "mean": _mean(values_ms),
+                "p50": _pct(values_ms, 50),
+                "p95": _pct(values_ms, 95),
+                "p99": _pct(values_ms, 99),
+                "n": len(values_ms),
+            }
+
+        return {
+            "sessions": len(set(sid)),
+            "ttft_cold_ms": stats(cold),
+            "ttft_warm_ms": stats(warm),
+            "session_duration_ms": stats(np.asarray(durations, dtype=float) / 1000),
+        }
+
+    @property
+    def session_block(self) -> dict[str, Any] | None:
+        """What `=== Session Metrics ===` prints: the statistics, then how the sessions ended
+        (`session_counts`, when the run tracked them)."""
+        if self.session_metrics is None and not self.session_counts:
+            return None
+        block = dict(self.session_metrics or {})
+        if self.session_counts:
+            block["outcomes"] = self.session_counts
+        return block
 
     @property
     def client_cap(self) -> dict[str, Any] | None:
@@ -824,6 +943,8 @@ class Result:
             doc["per_slo_class"] = self.per_slo
         if self.session_counts:
             doc["sessions"] = self.session_counts
+        if self.session_metrics is not None:
+            doc["session_metrics"] = self.session_metrics
         if self.client_cap is not None:
             doc["client"] = self.client_cap
         if self.slo:
@@ -838,6 +959,10 @@ class Result:
             doc["fitness"] = {"score": self.fitness[0], "components": self.fitness[1]}
         if self.pd_metrics is not None:
             doc["pd"] = self.pd_metrics
+        if self.speculative_metrics is not None:
+            doc["speculative"] = self.speculative_metrics
+        if self.adapter_metrics is not None:
+            doc["adapters"] = self.adapter_metrics
         if self.multi_model:
             doc["per_model"] = self.per_model.to_dict(orient="records")
         if self.fleet_metrics is not None:

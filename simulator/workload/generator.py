@@ -268,6 +268,7 @@ class ClientPlan:
             audio_tokens=audio,
             video_tokens=video,
             reason_ratio=self.ratio.next() if self.ratio is not None else 0.0,
+            adapter=c.adapter,
         )
         req.output_key = ("out", self.key, seq)
         if context is None and self.private_content:

@@ -266,6 +266,9 @@ class _ClientFields(_Strict):
     # Each request's TTFT target (µs; 0 = none). BLIS orders its flow-control gateway by it;
     # servesim has no gateway, so it is carried on the trace export only (docs/workloads.md).
     slo_target_us: TimeUs = 0
+    # The LoRA adapter every request of this client asks for ("" = the base model); served
+    # only when the scenario declares it (`lora`, docs/lora.md). BLIS's field name.
+    adapter: str = Field("", max_length=200)
 
     @field_validator("slo_class")
     @classmethod

@@ -581,6 +581,7 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
                 audio_tokens=row.audio_tokens,
                 video_tokens=row.video_tokens,
                 reason_ratio=row.reason_ratio,
+                adapter=row.adapter,
             )
         )
         if id_counts[row.request_id] == 1:
@@ -733,7 +734,8 @@ IGNORED_HEADER_KEYS = {
 IGNORED_COLUMNS = {
     "think_time_us": "recorded think times are not used: replay is open-loop, every row is "
     "injected at its own time (--session-mode closed-loop uses them)",
-    "adapter": "LoRA adapters are not modelled: every request runs on the base model",
+    "adapter": "LoRA adapters are served only when the scenario declares them (`lora`, "
+    "docs/lora.md); otherwise every request runs on the base model",
     "slo_target_us": "per-request TTFT targets are not used",
     "vllm_priority": "the priority sent to vLLM is not used (servesim's priority comes from "
     "the scheduler and priority policy)",

@@ -68,6 +68,7 @@ def test_registries():
         "kv-utilization",
         "load-aware",
         "load-balance",
+        "lora-affinity",  # docs/lora.md
         "no-hit-lru",
         "precise-prefix-cache",
         "precise-prefix-cache@current",
@@ -422,8 +423,8 @@ def test_parse_scorers_unknown_lists_valid_names():
         parse_scorers("prefix-afinity:3")
     assert "unknown scorer 'prefix-afinity'" in str(exc.value)
     assert (
-        "valid: active-requests, kv-utilization, load-aware, load-balance, no-hit-lru, "
-        "precise-prefix-cache, " in str(exc.value)
+        "valid: active-requests, kv-utilization, load-aware, load-balance, lora-affinity, "
+        "no-hit-lru, precise-prefix-cache, " in str(exc.value)
     )
 
 

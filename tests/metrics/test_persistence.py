@@ -96,3 +96,16 @@ def _documented_columns(section: str) -> set[str]:
 @pytest.mark.parametrize("section", ["requests", "steps"])
 def test_documented_columns_match_dataframes(result, section):
     assert _documented_columns(section) == set(getattr(result, section).columns)
+
+
+def test_session_metrics_survive_a_round_trip(tmp_path):
+    """A closed-loop run's session block (count, cold/warm TTFT, duration) is saved and read
+    back as the live result has it; a run without sessions saves none."""
+    run = simulator.simulate(
+        {"workload": {"concurrency": 4, "think_time_us": 200_000, "num_requests": 30}}
+    )
+    assert run.session_metrics is not None
+    loaded = load_result(save_result(run, tmp_path / "sessions"))
+    assert loaded.session_metrics == json.loads(json.dumps(run.session_metrics))
+    plain = load_result(save_result(simulator.simulate(TINY), tmp_path / "plain"))
+    assert plain.session_metrics is None
