@@ -922,6 +922,90 @@ class PhysicsModel(StepTimeModel):
             "precision": describe_precision(self.model, self.gpu),
         }
 
+    def decode_step_time_us(self, decode_count: int, decode_context_sum: int) -> int:
+        """`step_time_us` of a decode-only step, as most steps of a busy batch are: the same
+        arithmetic as `work`, `_terms` and `price_terms` on such a step, operation for
+        operation (so the same bits), without building the batch, the work and the terms.
+        Pipelined and windowed models take the general path. tests/latency/test_physics.py
+        compares the two on random shapes, layouts and steps."""
+        if len(self.stages) > 1 or (
+            self.model.windowed_layer_indices and self.model.attention_window > 0
+        ):
+            return super().decode_step_time_us(decode_count, decode_context_sum)
+        if decode_count == 0:
+            return 1
+        stage = self.stages[0]
+        shape = stage.shape
+        c = self.coefficients
+        d, ctx = decode_count, decode_context_sum
+        # work(): no prefill chunks.
+        decode_pairs = ctx + d
+        context_read = 0 + ctx
+        # _terms()
+        tokens = 0 + d
+        n, k = shape.num_experts, shape.experts_per_token
+        step_tokens = tokens * self.layout.ep_ranks
+        experts = 1.0 if n == 0 else n * (1.0 - ((n - k) / n) ** step_tokens)
+        expert_bytes = shape.expert_weight_bytes * experts
+        weight_bytes = (
+            shape.attention_weight_bytes
+            + shape.dense_mlp_weight_bytes
+            + expert_bytes
+            + shape.shared_expert_weight_bytes
+            + shape.router_weight_bytes
+            + shape.lm_head_bytes
+        )
+        kv_bytes = shape.kv_bytes_per_token * (
+            context_read + tokens
+        ) - shape.window_kv_bytes_per_token * (context_read - 0.0)
+        prefill_flops = (
+            (
+                shape.linear_flops_per_token * 0
+                + shape.attention_flops_per_pair * 0
+                + shape.lm_head_flops_per_sequence * 0
+            )
+            - shape.window_attention_flops_per_pair * (0 - 0.0)
+            + shape.context_flops_per_token * 0
+        )
+        decode_flops = (
+            (shape.linear_flops_per_token + shape.lm_head_flops_per_sequence) * d
+            + shape.decode_attention_flops_per_pair * decode_pairs
+        ) - shape.window_attention_flops_per_pair * (decode_pairs - 0.0)
+        if shape.mixed_weight_widths:
+            params = (weight_bytes - expert_bytes) / shape.weight_bytes_per_param + (
+                expert_bytes / shape.expert_bytes_per_param
+            )
+            row_flops = FLOPS_PER_MAC * params
+        else:
+            row_flops = FLOPS_PER_MAC * weight_bytes / self.weight_bytes_per_param
+        peak_bytes, peak_flops = self.peak_bytes_per_s, self.peak_flops_per_s
+        memory_s = (weight_bytes + shape.embedding_row_bytes * tokens) / peak_bytes
+        prefill_s = prefill_flops / peak_flops
+        decode_s = decode_flops / peak_flops
+        row_s = row_flops / peak_flops
+        kv_s = kv_bytes / peak_bytes
+        # price_terms()
+        gpu_s = max(
+            memory_s / c.bandwidth_efficiency + kv_s / c.kv_bandwidth_efficiency,
+            (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
+            + decode_s / c.decode_compute_efficiency,
+        )
+        communication_s = (
+            stage.collectives * c.allreduce_latency_us * 1e-6
+            + stage.allreduce_s_per_token * tokens / c.interconnect_efficiency
+        ) + (
+            stage.alltoall_s_per_token * tokens / c.interconnect_efficiency
+            + stage.network_steps * c.network_latency_us * 1e-6
+        )
+        overhead_s = (
+            c.per_step_overhead_us
+            + (1 if self.tp == 1 else 0) * c.single_process_overhead_us
+            + shape.layers * c.per_layer_overhead_us
+            + (0 + d) * c.per_sequence_overhead_us
+        ) * 1e-6
+        step_us = int((overhead_s + communication_s + gpu_s) * 1e6)
+        return step_us if step_us > 1 else 1
+
     def step_time_us(self, batch: StepBatch) -> int:
         if batch.batch_size == 0:
             return 1

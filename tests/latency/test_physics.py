@@ -11,6 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.catalog.hardware import get_gpu
 from simulator.catalog.models import load_model
@@ -365,3 +367,36 @@ def test_physical_defaults_reproduce_the_public_batch_one_anchor() -> None:
     step_ms = m.step_time_us(StepBatch([], 1, 300)) / 1000
     assert step_ms == pytest.approx(6.440, abs=0.002)
     assert step_ms == pytest.approx(6.48, rel=0.02)  # the public measurement
+
+
+# (model, gpu, tp, dp, ep): dense, GQA with an explicit head_dim, MoE, MoE with FP8 experts
+# beside BF16 attention, MLA with expert parallelism over DP ranks.
+DECODE_CASES = [
+    ("meta-llama/llama-3.1-8b-instruct", "H100", 1, 1, 1),
+    ("meta-llama/llama-3.1-70b-instruct", "H100", 4, 1, 1),
+    ("qwen/qwen3-14b", "H100", 2, 1, 1),
+    ("mistralai/mixtral-8x7b-v0.1", "A100-80", 2, 1, 1),
+    ("redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic", "H100", 4, 1, 1),
+    ("deepseek-ai/DeepSeek-V3", "H200", 8, 2, 16),
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    case=st.sampled_from(DECODE_CASES),
+    decodes=st.integers(0, 600),
+    mean_context=st.integers(0, 40_000),
+)
+def test_the_decode_only_price_is_the_general_price_to_the_bit(case, decodes, mean_context):
+    """Law: `decode_step_time_us` (the steady steps' direct path) equals `step_time_us` of the
+    same decode-only batch for every shape and layout it serves, and falls back to it for the
+    others (pipelines, windows)."""
+    from simulator.latency.parallel import Parallelism
+
+    name, gpu, tp, dp, ep = case
+    model = PhysicsModel(
+        load_model(name), get_gpu(gpu), tp, parallelism=Parallelism(tp, dp=dp, ep=ep)
+    )
+    context_sum = decodes * mean_context
+    general = model.step_time_us(StepBatch([], decodes, context_sum, [], 0))
+    assert model.decode_step_time_us(decodes, context_sum) == general
