@@ -301,6 +301,14 @@ def check_path(base: Scenario, path: str) -> None:
     Checked against the schema, not the dumped dict: `apply_overrides` would create a missing
     key, and the resulting error would not name the grid path."""
     unknown = ConfigError(f"grid: unknown scenario field {excerpt(path)}")
+    from .api import _V2_EQUIVALENTS
+    from .scenario import SyntheticWorkload
+
+    v2_workload = base.workload_spec is not None or (
+        base.workload is not None and not isinstance(base.workload, SyntheticWorkload)
+    )
+    if path in _V2_EQUIVALENTS and v2_workload:
+        return  # a v2 spec's aggregate_rate / num_requests (`_point_scenario`)
     keys = path.split(".")
     node: Any = base
     classes: list[type[BaseModel]] = [type(base)]

@@ -350,3 +350,30 @@ def test_latency_vs_load_rejects_unknown_names(by_rate: sweep_mod.SweepResult) -
         by_rate.plot_latency_vs_load(load="cluster.num_instances")
     with pytest.raises(ConfigError, match="unknown metric 'ttft_p999_ms'"):
         by_rate.plot_latency_vs_load(metric="ttft_p999_ms")
+
+
+def test_a_rate_grid_applies_to_an_inline_v2_workload():
+    """docs/sweeps.md: `workload.rate` is a v2 spec's aggregate_rate, inline or from a file.
+    30 requests at 5 req/s take about twice as long to arrive as at 10 req/s."""
+    scenario = {
+        "workload": {
+            "version": "2",
+            "aggregate_rate": 10,
+            "num_requests": 30,
+            "clients": [
+                {
+                    "id": "c",
+                    "rate_fraction": 1,
+                    "arrival": {"process": "poisson"},
+                    "input_distribution": {"type": "constant", "params": {"value": 100}},
+                    "output_distribution": {"type": "constant", "params": {"value": 20}},
+                }
+            ],
+        }
+    }
+    result = sweep_mod.sweep(scenario, {"workload.rate": [5, 10]}, seeds=[1], workers=1)
+    points = result.points
+    durations = dict(
+        zip(points["workload.rate"], points["vllm_estimated_duration_s_mean"], strict=True)
+    )
+    assert 1.5 < durations[5] / durations[10] < 2.5
