@@ -814,7 +814,8 @@ def _plan_charts(data: dict[str, Any]) -> list[Chart]:
             x=[r["gpu"] for r in rows],
             y=[r["cost_per_hour_usd"] if r["feasible"] else 0 for r in rows],
             text=[
-                f"{int(r['instances'])} × TP{r['tp']} = {int(r['total_gpus'])} GPU(s)"
+                f"{int(r['instances'])} × ({r.get('layout') or 'TP ' + str(r['tp'])}) = "
+                f"{int(r['total_gpus'])} GPU(s)"
                 if r["feasible"]
                 else f"infeasible ≤ {data['max_instances']}"
                 for r in rows
@@ -832,7 +833,8 @@ def _plan_charts(data: dict[str, Any]) -> list[Chart]:
         Chart(
             "plan-cost",
             fig,
-            "Instances × TP × price per GPU-hour for each GPU's smallest fleet meeting every "
+            "Instances × GPUs per instance (its layout) × price per GPU-hour for each GPU's "
+            "smallest fleet meeting every "
             "SLO; prices are the plan's table (override with --price).",
         )
     )
