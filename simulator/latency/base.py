@@ -113,3 +113,20 @@ class TrainedAlphaOverheads(StepTimeModel):
 
     def post_decode_overhead_us(self) -> int:
         return int(self.alpha[1])
+
+
+def trained_prefill_attention(
+    batch: StepBatch, heads_per_gpu: float, head_dim: float
+) -> tuple[float, float]:
+    """BLIS's trained models' prefill terms: the prefill tokens T_pf and the attention FLOPs
+    4·h·t·(s + t/2)·d_h summed over the chunks (t new tokens, s the prompt length, or the
+    chunk's end without one)."""
+    prompts = batch.prefill_prompt_tokens
+    t_pf = 0.0
+    attn = 0.0
+    for i, (context, n) in enumerate(batch.prefill_chunks):
+        t = float(n)
+        s = float(prompts[i]) if prompts else float(context + n)
+        t_pf += t
+        attn += 4 * heads_per_gpu * t * (s + t / 2) * head_dim
+    return t_pf, attn

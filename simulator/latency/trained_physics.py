@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..catalog.types import GPUSpec, ModelConfig
 from ..errors import invalid
-from .base import StepBatch, TrainedAlphaOverheads
+from .base import StepBatch, TrainedAlphaOverheads, trained_prefill_attention
 from .parallel import Parallelism
 
 log = logging.getLogger("servesim")
@@ -255,14 +255,7 @@ class TrainedPhysics(TrainedAlphaOverheads):
         """Every basis function of one step (µs), plus its counts T_pf, T_dc, C, B."""
         L, d, d_kv, d_h, q, dp = self.layers, self.d, self.d_kv, self.d_h, self.q, self.dp
         h = self.heads_per_gpu
-        prompts = batch.prefill_prompt_tokens
-        t_pf = 0.0
-        attn = 0.0
-        for i, (context, n) in enumerate(batch.prefill_chunks):
-            t = float(n)
-            s = float(prompts[i]) if prompts else float(context + n)
-            t_pf += t
-            attn += 4 * h * t * (s + t / 2) * d_h
+        t_pf, attn = trained_prefill_attention(batch, h, d_h)
         t_dc = float(batch.decode_count)
         ctx = float(batch.decode_context_sum)
         proj = 2 * d * (2 * d + 2 * d_kv)

@@ -26,7 +26,12 @@ from collections.abc import Sequence
 from ..catalog.defaults import trained_roofline_defaults
 from ..catalog.types import GPUSpec, ModelConfig
 from ..errors import invalid
-from .base import StepBatch, TrainedAlphaOverheads, coefficients_or_defaults
+from .base import (
+    StepBatch,
+    TrainedAlphaOverheads,
+    coefficients_or_defaults,
+    trained_prefill_attention,
+)
 from .blackbox import validate_coeffs
 
 log = logging.getLogger("servesim")
@@ -97,14 +102,7 @@ class TrainedRoofline(TrainedAlphaOverheads):
     def step_time_us(self, batch: StepBatch) -> int:
         L, d, d_kv, d_h, d_ff = self.layers, self.d, self.d_kv, self.d_h, self.d_ff
         tp, k_eff, h = self.tp, self.k_eff, self.heads_per_gpu
-        prompts = batch.prefill_prompt_tokens
-        t_pf = 0.0
-        attn = 0.0
-        for i, (context, n) in enumerate(batch.prefill_chunks):
-            t = float(n)
-            s = float(prompts[i]) if prompts else float(context + n)
-            t_pf += t
-            attn += 4 * h * t * (s + t / 2) * d_h
+        t_pf, attn = trained_prefill_attention(batch, h, d_h)
         t_dc = float(batch.decode_count)
         ctx = float(batch.decode_context_sum)
 
