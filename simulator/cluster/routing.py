@@ -88,6 +88,15 @@ class _ListScorer(Scorer):
         raise NotImplementedError
 
 
+def _inverted_min_max(values: Sequence[int]) -> list[float]:
+    """(max − x)/(max − min): the smallest scores 1, the largest 0; 1 for all when all equal."""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return [1.0] * len(values)
+    span = hi - lo
+    return [(hi - x) / span for x in values]
+
+
 class QueueDepthScorer(_ListScorer):
     """Min-max normalised effective load: the least loaded scores 1, the most loaded 0."""
 
@@ -95,12 +104,7 @@ class QueueDepthScorer(_ListScorer):
 
     def score_list(self, req: Request, candidates: Sequence[InstanceSnapshot]) -> list[float]:
         # effective_load, without a property call per candidate.
-        loads = [c.queue_depth + c.batch_size + c.in_flight for c in candidates]
-        lo, hi = min(loads), max(loads)
-        if hi == lo:
-            return [1.0] * len(loads)
-        span = hi - lo
-        return [(hi - load) / span for load in loads]
+        return _inverted_min_max([c.queue_depth + c.batch_size + c.in_flight for c in candidates])
 
 
 class KVUtilizationScorer(_ListScorer):
@@ -256,15 +260,6 @@ class PrecisePrefixCacheScorer(_ListScorer):
 # normalised over the candidates. Those two are registered as `name@current`; the bare names
 # keep servesim's meaning (`name@mar`), and the routing profile `blis-current` maps bare names
 # to `@current` (see `resolve_scorers`).
-
-
-def _inverted_min_max(values: Sequence[int]) -> list[float]:
-    """(max − x)/(max − min): the smallest scores 1, the largest 0; 1 for all when all equal."""
-    lo, hi = min(values), max(values)
-    if hi == lo:
-        return [1.0] * len(values)
-    span = hi - lo
-    return [(hi - x) / span for x in values]
 
 
 class QueueDepthCurrentScorer(_ListScorer):
