@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,8 +80,9 @@ def parse_pdf_string(text: str, where: str) -> dict[int, float]:
     return pdf
 
 
-def read_trace(path: Path) -> list[TraceRow]:
-    rows = []
+def _trace_records(path: Path) -> Iterator[tuple[float, float, float, list[str]]]:
+    """(start, rate, cv, the whole record) of every row of a chunk's trace CSV whose first
+    three fields are numbers; a header or damaged row is skipped, as BLIS skips it."""
     with contextlib.closing(csv_records(path, WHERE)) as records:
         for _, record in records:
             if len(record) < 4:
@@ -88,9 +90,15 @@ def read_trace(path: Path) -> list[TraceRow]:
             try:
                 start, rate, cv = (float(record[i].strip()) for i in range(3))
             except ValueError:
-                continue  # header or damaged row, skipped like BLIS
-            rows.append(TraceRow(start, rate, cv, record[3].strip()))
-    return rows
+                continue
+            yield start, rate, cv, record
+
+
+def read_trace(path: Path) -> list[TraceRow]:
+    return [
+        TraceRow(start, rate, cv, record[3].strip())
+        for start, rate, cv, record in _trace_records(path)
+    ]
 
 
 def _in_span(start_s: float, span_start: int, span_end: int) -> bool:
@@ -237,21 +245,14 @@ class _FullRow:
 
 def _read_full_trace(path: Path) -> list[_FullRow]:
     rows = []
-    with contextlib.closing(csv_records(path, WHERE)) as records:
-        for _, record in records:
-            if len(record) < 4:
-                continue
+    for start, rate, cv, record in _trace_records(path):
+        extra = []
+        for i in (4, 5):
             try:
-                start, rate, cv = (float(record[i].strip()) for i in range(3))
+                extra.append(float(record[i].strip()) if len(record) > i else 0.0)
             except ValueError:
-                continue
-            extra = []
-            for i in (4, 5):
-                try:
-                    extra.append(float(record[i].strip()) if len(record) > i else 0.0)
-                except ValueError:
-                    extra.append(0.0)
-            rows.append(_FullRow(start, rate, cv, record[3].strip().lower(), *extra))
+                extra.append(0.0)
+        rows.append(_FullRow(start, rate, cv, record[3].strip().lower(), *extra))
     return rows
 
 
