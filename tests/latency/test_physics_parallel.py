@@ -24,35 +24,21 @@ from simulator.latency import build_step_time_model
 from simulator.latency.base import StepBatch
 from simulator.latency.parallel import Links, Parallelism, links_for, stage_layer_ranges
 from simulator.latency.physics import (
-    PhysicsCoefficients,
     PhysicsModel,
     causal_pairs,
     model_shape,
     window_pairs,
 )
+from tests.latency.test_physics import BARE as PHYSICS_BARE
 
 H100, H200 = get_gpu("H100"), get_gpu("H200")
 DEEPSEEK_V3 = load_model("deepseek-ai/DeepSeek-V3")
 QWEN3_32B = load_model("Qwen/Qwen3-32B")
 LLAMA_70B = load_model("meta-llama/llama-3.1-70b-instruct")
 MIXTRAL = load_model("mistralai/mixtral-8x7b-v0.1")
-# Unit efficiencies and no overheads: only the physical terms at peak rates.
-BARE = PhysicsCoefficients(
-    bandwidth_efficiency=1.0,
-    kv_bandwidth_efficiency=1.0,
-    prefill_compute_efficiency=1.0,
-    decode_compute_efficiency=1.0,
-    interconnect_efficiency=1.0,
-    allreduce_latency_us=0.0,
-    per_layer_overhead_us=0.0,
-    per_step_overhead_us=0.0,
-    per_sequence_overhead_us=0.0,
-    single_process_overhead_us=0.0,
-    request_overhead_us=0.0,
-    gemm_fixed_rows=0.0,
-    output_lag_steps=0.0,
-    network_latency_us=0.0,
-)
+# test_physics's unit efficiencies and no overheads, and no network latency either: only the
+# physical terms at peak rates.
+BARE = replace(PHYSICS_BARE, network_latency_us=0.0)
 
 # --- MLA: DeepSeek-V3 on 8 H200 (TP8) ----------------------------------------------------------
 
