@@ -14,10 +14,10 @@ from pydantic import ValidationError
 from .catalog.defaults import lookup_coefficients, model_defaults
 from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.models import load_model, validate_tp
-from .catalog.precision import apply_precision
+from .catalog.precision import apply_precision, describe_precision
 from .catalog.types import GPUSpec, ModelConfig
 from .cluster.cluster import InstanceSetup, run_simulation
-from .cluster.infra_spec import DeploymentSpec, LifecycleSpec
+from .cluster.infra_spec import DeploymentSpec, LifecycleSpec, NodePoolSpec
 from .cluster.infrastructure import FleetPlan, SlotPlan
 from .engine.batching import EngineConfig
 from .engine.options import EngineOptions
@@ -350,6 +350,9 @@ def plan_fleet(
         events=list(scenario.events),
         autoscalers=list(scenario.autoscaler),
         model_aliases=aliases,
+        latency_by_deployment={d.name: latency_entry(resolved[d.name], d.role) for d in specs}
+        if scenario.deployments
+        else {},
     )
     if (pd_roles or scenario.cluster.pd.enabled) and plan.dynamic:
         raise ConfigError(
@@ -374,6 +377,28 @@ def plan_fleet(
         )
     _check_event_targets(scenario, plan)
     return setups, plan, scenario
+
+
+def latency_entry(dep: Deployment, role: str) -> dict[str, Any]:
+    """What prices one deployment's steps, for the Latency Model block: its model and role,
+    then its step-time model's own provenance, with the GPU, layout and precision filled in
+    for backends whose provenance does not name them."""
+    entry: dict[str, Any] = {"model": dep.model.name, "role": role}
+    entry.update(dep.step_model.provenance())
+    entry.setdefault("gpu", dep.gpu.name)
+    entry.setdefault("layout", (dep.parallelism or Parallelism(dep.tp)).describe())
+    entry.setdefault("precision", describe_precision(dep.model, dep.gpu))
+    return entry
+
+
+def deployments_latency(fleet: FleetPlan | None, top: Deployment) -> dict[str, dict[str, Any]]:
+    """One Latency Model entry per named deployment, or {} when every deployment is priced
+    exactly as the scenario's top-level one (its block already says all there is)."""
+    entries = fleet.latency_by_deployment if fleet is not None else {}
+    same = {k: v for k, v in latency_entry(top, "").items() if k != "role"}
+    if all({k: v for k, v in e.items() if k != "role"} == same for e in entries.values()):
+        return {}
+    return entries
 
 
 def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployment:
@@ -414,8 +439,9 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
 def _check_pools(
     scenario: Scenario, specs: list[DeploymentSpec], resolved: dict[str, Deployment]
 ) -> None:
-    """With node pools, every deployment needs a pool of its GPU type with room for one whole
-    instance (tp x pp GPUs) on one node: placement never splits an instance across nodes."""
+    """With node pools, every deployment needs a pool of its GPU type that can hold one
+    instance (tp x pp GPUs): on one node, or on whole nodes when the instance is a multiple
+    of the pool's gpus_per_node and max_nodes allows that many."""
     pools = scenario.node_pools
     if not pools:
         return
@@ -433,16 +459,36 @@ def _check_pools(
                 f"deployments[{d.name}]: runs on GPU {dep.gpu.name!r} but {where} has "
                 f"gpu_type {types}; set the deployment's hardware or the pool's gpu_type"
             )
-        if not any(p.gpus_per_node >= dep.gpus for p in fitting):
-            layout = f"tp {dep.tp}" if dep.gpus == dep.tp else f"tp x pp = {dep.gpus}"
+        refusals = [_pool_refusal(p, dep.gpus) for p in fitting]
+        if all(refusals):
+            dp = dep.parallelism.dp if dep.parallelism is not None else 1
+            field = "tp" if dep.gpus == dep.tp else "tp x pp x dp" if dp > 1 else "tp x pp"
             raise ConfigError(
-                f"deployments[{d.name}]: {layout} needs {dep.gpus} GPUs on one node but "
-                f"{where} has at most {max(p.gpus_per_node for p in fitting)} per node; "
-                "node pools place each instance on a single node, so use a pool with "
-                f"gpus_per_node >= {dep.gpus} or fewer GPUs per instance (an instance "
-                "across nodes runs without node_pools, its network links priced by the "
-                "step-time model: docs/parallelism.md)"
+                f"deployments[{d.name}]: {field}: invalid value {dep.gpus} (GPUs per "
+                f"instance); {'; '.join(refusals)}"
             )
+
+
+def _pool_refusal(pool: NodePoolSpec, gpus: int) -> str:
+    """Why `pool` cannot hold an instance of `gpus` GPUs ("" when it can). An instance larger
+    than a node takes whole nodes: vLLM runs the same number of GPUs on every node of a
+    multi-node instance, and servesim gives each such instance every GPU of its nodes."""
+    per_node = pool.gpus_per_node
+    if gpus <= per_node:
+        return ""
+    if gpus % per_node:
+        return (
+            f"node pool {pool.name!r} has {per_node} GPUs per node, and an instance across "
+            f"nodes takes whole nodes (vLLM runs the same number of GPUs on every node), so "
+            f"it must be at most {per_node} or a multiple of {per_node}"
+        )
+    nodes = gpus // per_node
+    if nodes > pool.max_nodes:
+        return (
+            f"it takes {nodes} whole nodes of node pool {pool.name!r} ({per_node} GPUs each) "
+            f"but the pool's max_nodes is {pool.max_nodes}; raise max_nodes to at least {nodes}"
+        )
+    return ""
 
 
 def _check_pool_gpus(scenario: Scenario) -> None:
@@ -657,7 +703,11 @@ def simulate(
     setups, fleet, sc = plan_fleet(sc, deployment)
     info["resolved"]["roles"] = [s.role for s in setups]
     pools = {s.role: s.step_model.provenance() for s in setups}
-    if any(p != info["resolved"]["latency"] for p in pools.values()):
+    by_deployment = deployments_latency(fleet, deployment)
+    if by_deployment:
+        # Each entry names its role; a per-role summary would merge deployments of one role.
+        info["resolved"]["latency_by_deployment"] = by_deployment
+    elif any(p != info["resolved"]["latency"] for p in pools.values()):
         info["resolved"]["latency_by_role"] = pools
     if fleet is not None and len(fleet.model_aliases) > 1:
         info["resolved"]["models"] = sorted(fleet.model_aliases)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -39,25 +40,20 @@ SLO_METRICS: tuple[str, ...] = (
     "kv_allocation_failures",
 )
 
-# ASSUMPTION -- on-demand USD per GPU-hour, one number per catalog GPU. The catalog has no
-# prices; these are round mid-range figures from public on-demand list prices of specialised
-# GPU clouds (Lambda, CoreWeave, RunPod, Crusoe) as summarised early 2026:
-#   - pricegpu.pages.dev/blog/h100-vs-a100-cloud-price: H100 SXM 80GB $2.49-3.99/h,
-#     A100 80GB SXM $1.49-2.49/h.
-#   - lyceum.technology/magazine/nvidia-b200-gpu-cloud-pricing-2026: B200 on-demand
-#     $4.50-6.00/h on specialised clouds.
-#   - cyfuture.ai/blog/h100-vs-a100-vs-l40s-gpu-rental-guide and cudocompute.com: L40S rents
-#     well below an A100 (~35% less).
-# H200 is placed between H100 and B200. Hyperscaler list prices (AWS, Azure, GCP) are 2-4x
-# higher; only the ratios matter for ranking, but pass `prices=` for your own rates.
-DEFAULT_PRICES_USD_PER_GPU_HOUR: dict[str, float] = {
-    "H100": 3.00,
-    "H200": 3.50,
-    "B200": 5.00,
-    "A100-SXM": 1.80,  # the catalog's A100-SXM is the 80 GB part, same as A100-80
-    "A100-80": 1.80,
-    "L40S": 1.00,
-}
+
+def _default_prices() -> dict[str, float]:
+    """The bundled price table (catalog/data/prices.yaml: indicative on-demand list prices of
+    specialised GPU clouds, each GPU's sources and their dates in the file's comments)."""
+    import yaml
+
+    text = resources.files("simulator.catalog").joinpath("data/prices.yaml").read_text()
+    table = yaml.safe_load(text)["usd_per_gpu_hour"]
+    return {str(gpu): float(price) for gpu, price in table.items()}
+
+
+# ASSUMPTION -- on-demand USD per GPU-hour, one number per catalog GPU (the catalog's specs
+# carry no prices). Override with `prices=` / `--price GPU=USD`.
+DEFAULT_PRICES_USD_PER_GPU_HOUR: dict[str, float] = _default_prices()
 
 ProbeCallback = Callable[[dict[str, Any]], None]
 # The fraction of offered requests that must meet their per-request targets at every seed.

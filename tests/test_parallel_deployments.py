@@ -173,14 +173,15 @@ def _pooled(gpus_per_node: int) -> dict:
 
 
 def test_node_pools_place_a_whole_instance_on_one_node() -> None:
-    """TP4 x PP2 = 8 GPUs: refused on 4-GPU nodes with what to change, placed on an 8-GPU node
-    (the node's 8 GPUs all held by it) and every request served."""
+    """TP4 x PP2 = 8 GPUs: on 4-GPU nodes it takes two whole nodes, refused while the pool
+    allows one (saying what to change; tests/test_multinode_placement.py places it on two),
+    placed on an 8-GPU node (the node's 8 GPUs all held by it) and every request served."""
     with pytest.raises(ConfigError) as err:
         simulator.simulate(_pooled(4))
     text = str(err.value)
-    assert "deployments[d]: tp x pp = 8 needs 8 GPUs on one node" in text
-    assert "node pool 'p' has at most 4 per node" in text
-    assert "gpus_per_node >= 8" in text
+    assert "deployments[d]: tp x pp: invalid value 8 (GPUs per instance)" in text
+    assert "it takes 2 whole nodes of node pool 'p' (4 GPUs each)" in text
+    assert "raise max_nodes to at least 2" in text
     result = simulator.simulate(_pooled(8), warn_unsteady=False)
     assert result.fleet_instances["gpus"].tolist() == [8]
     assert result.summary["completed_requests"] == FEW["num_requests"]

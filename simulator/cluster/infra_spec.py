@@ -66,7 +66,9 @@ class DelaySpec(_Strict):
 
 
 class NodePoolSpec(_Strict):
-    """A group of identical GPU nodes (docs/behaviour.md §8.1). Cost is per node and hour."""
+    """A group of identical GPU nodes (docs/behaviour.md §8.1). Cost is per node and hour.
+    An instance of more than `gpus_per_node` GPUs takes whole nodes of one pool, so its GPUs
+    must be a multiple of `gpus_per_node` (checked where deployments are resolved)."""
 
     name: str = Field(min_length=1)
     gpu_type: str = Field(min_length=1)

@@ -10,12 +10,18 @@ Request conservation across fleet changes:
   `failed`, or are retried through the router when `retry_on_failure` is set;
 - a redirected request leaves its first instance without a trace there (its input tokens are
   uncounted) and is counted once, where it finally ends.
+
+Placement: an instance whose tp x pp GPUs fit on one node of a pool takes them there (first
+fit, shared with other instances); a larger one takes whole nodes of one pool, every GPU of
+each (vLLM runs the same number of GPUs on every node of a multi-node instance), and any of
+those nodes failing or draining takes the instance with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import simpy
@@ -62,6 +68,9 @@ class FleetPlan:
     autoscalers: list[AutoscalerSpec] = field(default_factory=list)
     # served model key -> other names requests may use for it
     model_aliases: dict[str, list[str]] = field(default_factory=dict)
+    # named deployment -> what prices its steps (model, GPU, layout, precision, latency
+    # model and where its efficiencies come from); empty without named deployments
+    latency_by_deployment: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def dynamic(self) -> bool:
@@ -114,6 +123,9 @@ class Infrastructure:
         ]
         self.pools = {p.name: p for p in plan.node_pools}
         self.nodes: list[Node] = []
+        # Instance index -> the nodes its GPUs are on (one, or several whole nodes). Kept after
+        # termination: the cost report bills an instance's share of the nodes it held.
+        self.placement: dict[int, list[Node]] = {}
         self._pool_counts = {p.name: 0 for p in plan.node_pools}
         self._pending: list[InstanceRecord] = []  # Scheduling: waiting for GPUs
         self._provision_rng = subsystem_rng(seed, "node-provisioning")
@@ -234,11 +246,73 @@ class Infrastructure:
             pool.gpu_type.lower() == slot.gpu_type.lower()
         )
 
+    def nodes_of(self, rec: InstanceRecord) -> list[Node]:
+        """The nodes holding `rec`'s GPUs (empty before it is placed or without node pools)."""
+        return self.placement.get(rec.index, [])
+
+    def nodes_spanned(self, rec: InstanceRecord, pool: NodePoolSpec) -> int:
+        """Nodes of `pool` one instance of `rec` occupies: 1 when its GPUs fit on one node
+        (it may share the node), GPUs / gpus_per_node whole nodes when they are a multiple of
+        it, 0 when the pool cannot hold it (not a whole number of nodes, or more nodes than
+        max_nodes; the scenario's checks make sure some pool can)."""
+        per_node = pool.gpus_per_node
+        if rec.gpus_needed <= per_node:
+            return 1
+        if rec.gpus_needed % per_node or rec.gpus_needed // per_node > pool.max_nodes:
+            return 0
+        return rec.gpus_needed // per_node
+
+    def _whole_nodes_fit(self, rec: InstanceRecord) -> list[Node] | None:
+        """For an instance larger than a node: the first empty Ready nodes (index order), as
+        many as it spans, of the first pool (config order) of its GPU type that has them."""
+        for pool in self.plan.node_pools:
+            needed = self.nodes_spanned(rec, pool)
+            if needed < 2 or not self._fits_pool(rec, pool.name):
+                continue
+            empty = [
+                n
+                for n in self._nodes_in(pool.name)
+                if n.state is NodeState.READY and n.allocated_gpus == 0
+            ]
+            if len(empty) >= needed:
+                return empty[:needed]
+        return None
+
+    def _provision_whole_nodes(self, pool: NodePoolSpec) -> bool:
+        """Scale-up for instances larger than a node of `pool`: provision the empty nodes the
+        instances waiting for it still lack, all of them or none (an instance cannot start on
+        part of its nodes, so a pool without room for all of them is left alone). True when
+        the pool covers the demand."""
+        empty = sum(
+            1
+            for n in self._nodes_in(pool.name)
+            if n.state in (NodeState.READY, NodeState.PROVISIONING) and n.allocated_gpus == 0
+        )
+        demand = sum(
+            self.nodes_spanned(r, pool)
+            for r in self._pending
+            if self._fits_pool(r, pool.name) and self.nodes_spanned(r, pool) > 1
+        )
+        missing = demand - empty
+        if missing <= 0:
+            return True
+        if len(self._nodes_in(pool.name)) + missing > pool.max_nodes:
+            return False
+        for _ in range(missing):
+            self.add_node(pool.name, "scale-up")
+        return True
+
     def _provision_for(self, rec: InstanceRecord) -> None:
         """Scale-up found no free GPUs: provision a node, unless one already on its way has
-        room for every instance waiting for that pool."""
+        room for every instance waiting for that pool (whole nodes for an instance larger
+        than a node)."""
         for pool in self.plan.node_pools:
-            if not self._fits_pool(rec, pool.name):
+            span = self.nodes_spanned(rec, pool)
+            if not span or not self._fits_pool(rec, pool.name):
+                continue
+            if span > 1:
+                if self._provision_whole_nodes(pool):
+                    return
                 continue
             coming = sum(
                 n.free_gpus for n in self._nodes_in(pool.name) if n.state is NodeState.PROVISIONING
@@ -256,10 +330,17 @@ class Infrastructure:
         for rec in list(self._pending):
             slot = self.plan.slots[rec.index]
             node = first_fit(self.nodes, slot.gpu_type, rec.gpus_needed, rec.pool)
-            if node is None:
-                continue
-            node.allocate(rec.instance_id, rec.gpus_needed)
-            rec.node = node
+            if node is not None:
+                node.allocate(rec.instance_id, rec.gpus_needed)
+                nodes = [node]
+            else:
+                nodes = self._whole_nodes_fit(rec)
+                if nodes is None:
+                    continue
+                for whole in nodes:
+                    whole.allocate(rec.instance_id, len(whole.gpus))
+            rec.node = nodes[0]
+            self.placement[rec.index] = nodes
             self._pending.remove(rec)
             self._load(rec)
 
@@ -289,7 +370,8 @@ class Infrastructure:
         event_after(self.env, delay, ROUTER).callbacks.append(lambda _e: self._loaded(rec))
 
     def _where(self, rec: InstanceRecord) -> str:
-        return rec.node.node_id if rec.node is not None else "fleet"
+        nodes = self.nodes_of(rec)
+        return ", ".join(n.node_id for n in nodes) if nodes else "fleet"
 
     def _loaded(self, rec: InstanceRecord) -> None:
         if rec.state is not InstanceState.LOADING:
@@ -387,9 +469,10 @@ class Infrastructure:
         if rec in self._pending:
             self._pending.remove(rec)
         rec.move(InstanceState.TERMINATED, self.env.now, self.timeline, reason)
-        node = rec.node
-        if node is not None:
+        nodes = self.nodes_of(rec)
+        for node in nodes:
             node.release(rec.instance_id)
+        for node in nodes:
             self._maybe_release_node(node)
         self._place_pending()
         if self.check:
@@ -456,7 +539,8 @@ class Infrastructure:
                 # idle node being scaled down.
                 self._retire_node(node, reason)
             for rec in self.records:
-                if rec.node is node and rec.state is not InstanceState.TERMINATED:
+                # An instance on several nodes goes with any one of them.
+                if node in self.nodes_of(rec) and rec.state is not InstanceState.TERMINATED:
                     if action == "fail_node":
                         self.fail(rec, reason)
                     else:
@@ -588,7 +672,20 @@ class Infrastructure:
             holders = {g for g in node.gpus if g is not None}
             for holder in holders:
                 rec = self.record(holder)
-                assert rec.node is node and rec.state is not InstanceState.TERMINATED, rec
+                assert node in self.nodes_of(rec) and rec.state is not InstanceState.TERMINATED, rec
+        for rec in self.records:
+            nodes = self.nodes_of(rec)
+            if rec.state is InstanceState.TERMINATED or not nodes:
+                continue
+            # Exactly tp x pp GPUs, on one node or on whole nodes of one pool.
+            held = sum(len(n.gpu_ids(rec.instance_id)) for n in nodes)
+            assert held == rec.gpus_needed, (rec, held)
+            if len(nodes) > 1:
+                assert len({n.pool for n in nodes}) == 1, rec
+                assert all(
+                    n.free_gpus == 0 and len(n.gpu_ids(rec.instance_id)) == len(n.gpus)
+                    for n in nodes
+                ), rec
         served = self.router.served
         for key, indices in served.routable.items():
             for i in indices:

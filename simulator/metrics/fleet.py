@@ -69,8 +69,10 @@ def node_frame(infra: Any, run_end_us: int) -> pd.DataFrame:
 def uptime_frame(infra: Any, run_end_us: int) -> pd.DataFrame:
     """One row per instance the fleet created: when it existed and what its GPUs cost.
 
-    An instance's share of a node's cost is its GPUs / the node's GPUs, for the time from its
-    creation (Scheduling) to its termination; an instance without a node has no cost."""
+    An instance's share of a node's cost is its GPUs on the node / the node's GPUs, for the
+    time from its creation (Scheduling) to its termination; an instance on several nodes
+    (whole ones) pays each node's whole cost and lists its nodes joined by "+"; an instance
+    without a node has no cost."""
     if infra is None:
         return pd.DataFrame(columns=UPTIME_COLUMNS)
     rows = []
@@ -78,17 +80,20 @@ def uptime_frame(infra: Any, run_end_us: int) -> pd.DataFrame:
         if rec.state is None:
             continue
         uptime_s = _end_s(rec.created_us, rec.terminated_us, run_end_us)
-        node = rec.node
+        nodes = infra.nodes_of(rec)
         gpus = rec.gpus_needed
         cost = 0.0
-        if node is not None:
+        if len(nodes) == 1:
+            node = nodes[0]
             cost = uptime_s / 3600 * node.cost_per_hour * gpus / len(node.gpus)
+        elif nodes:
+            cost = sum(uptime_s / 3600 * n.cost_per_hour for n in nodes)
         rows.append(
             (
                 rec.instance_id,
                 slot.deployment,
                 rec.model,
-                node.node_id if node is not None else "",
+                "+".join(n.node_id for n in nodes),
                 gpus,
                 rec.created_us / 1e6,
                 rec.loaded_us / 1e6 if rec.loaded_us >= 0 else np.nan,

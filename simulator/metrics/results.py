@@ -878,11 +878,14 @@ class Result:
     @property
     def latency_provenance(self) -> dict[str, Any]:
         """Which latency model produced these numbers, from which coefficients (and, when PD
-        pools differ, per pool role)."""
+        pools differ, per pool role; when named deployments differ from the scenario's
+        top-level one, per deployment: model, role, GPU, layout, precision, efficiencies)."""
         resolved = self.scenario.get("resolved", {})
         out = dict(resolved.get("latency", {}))
         if "latency_by_role" in resolved:
             out["by_role"] = resolved["latency_by_role"]
+        if "latency_by_deployment" in resolved:
+            out["by_deployment"] = resolved["latency_by_deployment"]
         return out
 
     def write_trace(self, prefix: str | Path) -> tuple[Path, Path]:
