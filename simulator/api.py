@@ -56,11 +56,10 @@ log = logging.getLogger("servesim")
 UNSTEADY_VERDICTS = ("saturated", "not steady", "empty")
 
 FALLBACK_KV_BLOCKS = 1_000_000
-# Why dp > 1 is refused, and what to use instead (docs/parallelism.md).
-DP_NOT_SIMULATED = (
-    "must be 1: data-parallel attention ranks (each its own scheduler and KV cache, stepping "
-    "together through one expert pool) are not simulated, an instance runs one scheduler; "
-    "for independent replicas give more instances (cluster.num_instances, --num-instances)"
+# Why BLIS's trained-physics cannot price a data-parallel rank (docs/parallelism.md).
+DP_NEEDS_RANK_PRICING = (
+    "latency model 'trained-physics' prices one scheduler standing for all dp ranks (BLIS's "
+    "approximation); servesim runs a scheduler per rank, which latency model physics prices"
 )
 # Backends whose step time comes from the model's shape; they get an auto-derived context limit.
 ANALYTICAL_BACKENDS = frozenset({"roofline", "physics"})
@@ -82,6 +81,11 @@ class Deployment:
     def gpus(self) -> int:
         """GPUs one instance occupies: tp x pp x dp."""
         return self.parallelism.gpus if self.parallelism is not None else self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel attention ranks per instance."""
+        return self.parallelism.dp if self.parallelism is not None else 1
 
     def describe(self) -> dict[str, Any]:
         layout = self.parallelism or Parallelism(self.tp)
@@ -147,10 +151,10 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     tp = scenario.tp or int(defaults.get("tensor_parallelism") or 1)
     validate_tp(model, tp)
     model = apply_precision(model, gpu, scenario.weight_dtype, scenario.engine.kv_cache_dtype)
-    if scenario.dp not in (None, 1):
-        raise invalid("dp", scenario.dp, DP_NOT_SIMULATED)
+    if scenario.dp not in (None, 1) and scenario.latency.model == "trained-physics":
+        raise invalid("dp", scenario.dp, DP_NEEDS_RANK_PRICING)
     layout = Parallelism.of(
-        tp, scenario.pp, None, scenario.ep, scenario.enable_expert_parallel
+        tp, scenario.pp, scenario.dp, scenario.ep, scenario.enable_expert_parallel
     ).check(model)
     if scenario.enable_expert_parallel and not model.is_moe:
         raise ConfigError(
@@ -226,14 +230,15 @@ def instance_setups(scenario: Scenario, deployment: Deployment) -> list[Instance
     deployment: its roofline uses the pool's GPU and TP, and its KV capacity is resolved for
     that GPU (docs/behaviour.md §7.4)."""
     cluster = scenario.cluster
-    unified = InstanceSetup(deployment.engine, deployment.step_model, "unified")
+    unified = InstanceSetup(deployment.engine, deployment.step_model, "unified", deployment.dp)
     pd = cluster.pd
     if not pd.enabled:
         return [unified] * cluster.num_instances
     setups = []
     pools = pool_deployments(scenario, deployment)
     for role, count in (("prefill", pd.prefill_instances), ("decode", pd.decode_instances)):
-        setups += [InstanceSetup(pools[role].engine, pools[role].step_model, role)] * count
+        pool = pools[role]
+        setups += [InstanceSetup(pool.engine, pool.step_model, role, pool.dp)] * count
     return setups + [unified] * (cluster.num_instances - len(setups))
 
 
@@ -251,6 +256,7 @@ def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, De
             "tp": pool.tp,
             "pp": pool.pp,
             "ep": pool.ep,
+            "dp": pool.dp,
             "latency.model": pool.latency_model,
             "engine.max_model_len": pool.max_model_len,
             "engine.total_kv_blocks": pool.total_kv_blocks,
@@ -297,6 +303,16 @@ def plan_fleet(
     order = {"prefill": 0, "decode": 1, "unified": 2}
     specs = sorted(specs, key=lambda d: order[d.role])  # stable: config order within a role
     resolved = {d.name: _resolve_named_deployment(scenario, d) for d in specs}
+    for d in specs:
+        if resolved[d.name].dp > 1:
+            field = "dp" if d.name == "default" else f"deployments[{d.name}]: dp"
+            raise invalid(
+                field,
+                resolved[d.name].dp,
+                "data-parallel ranks run on a fixed fleet (cluster.num_instances and PD "
+                "pools); with deployments, node_pools, lifecycle, events or an autoscaler "
+                "use dp 1",
+            )
     models = {resolved[d.name].model.name.lower() for d in specs}
     roles = {d.role for d in specs}
     pd_roles = roles & {"prefill", "decode"}

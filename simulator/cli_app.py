@@ -180,6 +180,8 @@ SCENARIO_FIELDS = {
     "decode_pp": "cluster.pd.decode.pp",
     "prefill_ep": "cluster.pd.prefill.ep",
     "decode_ep": "cluster.pd.decode.ep",
+    "prefill_dp": "cluster.pd.prefill.dp",
+    "decode_dp": "cluster.pd.decode.dp",
     "prefill_latency_model": "cluster.pd.prefill.latency_model",
     "decode_latency_model": "cluster.pd.decode.latency_model",
     "prefill_max_model_len": "cluster.pd.prefill.max_model_len",
@@ -280,8 +282,8 @@ def _common_flags(
         _opt(
             "--dp",
             _SIM,
-            "BLIS's data-parallel attention ranks: only 1 (the default) runs; for replicas "
-            "use --num-instances",
+            "data-parallel attention ranks per instance, each its own scheduler and KV cache, "
+            "stepping together (default 1; needs --latency-model physics)",
         ),
     ] = None,
     weight_dtype: Annotated[
@@ -727,6 +729,14 @@ def _common_flags(
     ] = None,
     decode_ep: Annotated[
         int | None, _opt("--decode-ep", _PD, "decode pool's expert parallelism (default: --ep)")
+    ] = None,
+    prefill_dp: Annotated[
+        int | None,
+        _opt("--prefill-dp", _PD, "prefill pool's data-parallel attention ranks (default: --dp)"),
+    ] = None,
+    decode_dp: Annotated[
+        int | None,
+        _opt("--decode-dp", _PD, "decode pool's data-parallel attention ranks (default: --dp)"),
     ] = None,
     prefill_latency_model: Annotated[
         str | None,

@@ -300,6 +300,7 @@ class PoolSpec(_ProfileResolved):
     tp: Gpus | None = None
     pp: Gpus | None = None
     ep: Gpus | None = None
+    dp: Gpus | None = None
     latency_model: str | None = None
     max_model_len: Tokens | None = None
     total_kv_blocks: PositiveBlocks | None = None
@@ -309,7 +310,7 @@ class PoolSpec(_ProfileResolved):
     def changes_deployment(self) -> bool:
         return any(
             v is not None
-            for v in (self.hardware, self.tp, self.pp, self.ep, self.latency_model,
+            for v in (self.hardware, self.tp, self.pp, self.ep, self.dp, self.latency_model,
                       self.max_model_len, self.total_kv_blocks)
         )  # fmt: skip
 
@@ -406,8 +407,8 @@ class Scenario(_Strict):
     pp: Gpus | None = None
     ep: Gpus | None = None
     enable_expert_parallel: Flag = False
-    # BLIS's --dp: only 1 runs; data-parallel attention ranks need a scheduler per rank,
-    # which the engine does not have (refused with the alternative in resolve_deployment).
+    # Data-parallel attention ranks per instance (BLIS's and vLLM's --dp): each rank its own
+    # scheduler and KV cache, all stepping together (engine/dp_group.py).
     dp: Gpus | None = None
     # vLLM's --quantization, simplified: auto = the config's checkpoint format.
     weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int4", "fp4"] = "auto"

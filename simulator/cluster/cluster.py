@@ -15,7 +15,8 @@ import simpy
 
 from ..collector import fewer_collections
 from ..engine.batching import EngineConfig, VLLMEngine
-from ..engine.events import ROUTER, Environment, event_after
+from ..engine.dp_group import LockstepGroup
+from ..engine.events import INSTANCE_PRIORITY_STRIDE, ROUTER, STEP, Environment, event_after
 from ..engine.instance import Instance
 from ..engine.options import ACCELERATED, EngineOptions
 from ..engine.request import Request, RequestState
@@ -207,6 +208,26 @@ class InstanceSetup:
     engine: EngineConfig
     step_model: StepTimeModel
     role: str = "unified"  # unified | prefill | decode
+    # Data-parallel attention ranks: the instance runs dp schedulers in lockstep, each a
+    # routable target of its own (engine/dp_group.py).
+    dp: int = 1
+
+
+def rank_layout(
+    setups: Sequence[InstanceSetup],
+) -> tuple[list[InstanceSetup], list[str], list[int]]:
+    """Instances as the ranks that serve: one setup per rank, its id (`instance_3`, or
+    `instance_3.dp1` for rank 1 of a data-parallel instance) and the index of the instance it
+    belongs to."""
+    ranks: list[InstanceSetup] = []
+    ids: list[str] = []
+    owners: list[int] = []
+    for i, setup in enumerate(setups):
+        for r in range(setup.dp):
+            ranks.append(setup)
+            ids.append(f"instance_{i}" if setup.dp == 1 else f"instance_{i}.dp{r}")
+            owners.append(i)
+    return ranks, ids, owners
 
 
 @fewer_collections()
@@ -248,15 +269,18 @@ def run_simulation(
     if isinstance(requests, Sequence):
         requests = sorted(requests, key=lambda r: (r.arrival_us, r.index))
     env = Environment()
-    n = len(setups)
     if fleet is not None:
+        n = len(setups)
         instance_ids = [slot.instance_id for slot in fleet.slots]
         served = ServedModels(fleet.slots[0].model_key)
         for key, aliases in fleet.model_aliases.items():
             served.add_model(key, *aliases)
         instance_models = [slot.model_key for slot in fleet.slots]
+        owners = list(range(n))
     else:
-        instance_ids = [f"instance_{i}" for i in range(n)]
+        # From here on, every routable target is a rank (an instance without dp is one).
+        setups, instance_ids, owners = rank_layout(setups)
+        n = len(setups)
         served = ServedModels.fixed(model_name, n)
         instance_models = [model_name] * n
     engines = [
@@ -296,7 +320,17 @@ def run_simulation(
     admission, routing = build_policies(
         cluster, subsystem_rng(seed, "router"), block_size, kv_probe, options
     )
-    pd = _build_pd(cluster, env, seed, block_size, kv_probe, trace, pd_kv_bytes_per_token, options)
+    pd = _build_pd(
+        cluster,
+        env,
+        seed,
+        block_size,
+        kv_probe,
+        trace,
+        pd_kv_bytes_per_token,
+        options,
+        [s.role for s in setups],
+    )
     if pd is not None:
         pd.private_subs = fleet is None or not fleet.dynamic
     router = Router(
@@ -328,7 +362,18 @@ def run_simulation(
         return False
 
     infra: Infrastructure | None = None
+    groups: dict[int, LockstepGroup] = {}
     for i, (engine, setup) in enumerate(zip(engines, setups, strict=True)):
+        group = None
+        if setup.dp > 1:
+            group = groups.get(owners[i])
+            if group is None:
+                group = groups[owners[i]] = LockstepGroup(
+                    env,
+                    f"instance_{owners[i]}",
+                    setup.step_model,
+                    STEP + INSTANCE_PRIORITY_STRIDE * i,
+                )
 
         def on_instance_finished(req: Request, index: int = i) -> None:
             router.finished(index)
@@ -350,6 +395,7 @@ def run_simulation(
                 check_invariants,
                 index=i,
                 coalesce_steps=options.coalesce_steps,
+                lockstep=group,
             )  # fmt: skip
         )
     if fleet is not None and fleet.dynamic:
@@ -455,15 +501,17 @@ def _build_pd(
     trace: DecisionTrace,
     kv_bytes_per_token: float,
     options: EngineOptions = ACCELERATED,
+    roles: Sequence[str] = (),
 ) -> Disaggregator | None:
+    """The PD disaggregator; `roles` gives each routable target's pool (prefill ranks first,
+    then decode, then unified: contiguous)."""
     spec = cluster.pd
     if not spec.enabled:
         return None
-    p, d = spec.prefill_instances, spec.decode_instances
     pools = Pools(
-        prefill=list(range(p)),
-        decode=list(range(p, p + d)),
-        unified=list(range(p + d, cluster.num_instances)),
+        prefill=[i for i, role in enumerate(roles) if role == "prefill"],
+        decode=[i for i, role in enumerate(roles) if role == "decode"],
+        unified=[i for i, role in enumerate(roles) if role == "unified"],
     )
 
     def pool_policy(pool_scorers: str | None, rng_name: str) -> RoutingPolicy:

@@ -6,6 +6,7 @@ The processes are thin: every rule lives in `VLLMEngine` (batching) and the step
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -24,6 +25,9 @@ from .events import (
 )
 from .request import Request
 
+if TYPE_CHECKING:
+    from .dp_group import LockstepGroup
+
 
 class Instance:
     """A vLLM replica as two SimPy processes: an intake that takes routed requests from its
@@ -40,6 +44,7 @@ class Instance:
         check_invariants: bool = False,
         index: int = 0,
         coalesce_steps: bool = True,
+        lockstep: LockstepGroup | None = None,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -79,8 +84,13 @@ class Instance:
         # Coalescing needs every step's effects to stay inside the engine; CPU-tier reloads
         # start link transfers, so instances with a CPU tier step one event at a time.
         self.coalesce_steps = coalesce_steps and engine.kv.cpu is None
+        # A data-parallel rank does not step on its own: its group steps all ranks together.
+        self.lockstep = lockstep
         env.process(self._intake())
-        env.process(self._step_loop())
+        if lockstep is None:
+            env.process(self._step_loop())
+        else:
+            lockstep.join(self)
 
     def _intake(self):
         inbox = self.inbox
@@ -166,6 +176,9 @@ class Instance:
             self.on_finished(req)
 
     def _wake(self) -> None:
+        if self.lockstep is not None:
+            self.lockstep.wake()
+            return
         idle = self._idle
         if idle is not None and not idle.triggered:
             # At STEP priority (`_idle_event`) so every request arriving this microsecond joins
@@ -255,6 +268,51 @@ class Instance:
         for r in taken:
             self.warm_requests.discard(r)
         return taken
+
+    # ---------------------------------------------- a data-parallel rank's part of a step
+    @property
+    def has_work(self) -> bool:
+        return self.engine.has_work
+
+    def plan_rank_step(self, now_us: int) -> StepBatch | None:
+        """Form this rank's batch for the lockstep step starting at `now_us`
+        (`dp_group.LockstepGroup`); None when it has nothing to run. The planning of
+        `_step_loop`, one step at a time."""
+        engine = self.engine
+        if not engine.has_work:
+            return None
+        batch = engine.plan_step(now_us)
+        if engine.dropped_while_planning:
+            for req in engine.dropped_while_planning:
+                self.on_finished(req)
+            engine.dropped_while_planning.clear()
+        if batch is None:
+            return None
+        if engine.new_reloads:
+            self._start_reloads()
+        if batch.batch_size == 0 and engine.waiting_on_reloads:
+            engine.reload_idle_us.append(now_us)
+            return None
+        return batch
+
+    def price_rank_step(self, batch: StepBatch) -> int:
+        """What this rank's batch would take alone (µs)."""
+        step_us = self.step_model.step_time_us(batch) + batch.extra_us
+        if self.warm_requests:
+            step_us += self._warm_up_extra_us(batch)
+        return step_us
+
+    def step_in_flight(self, end_us: int, step_us: int) -> None:
+        """The group's step now running (its end and duration): a request reaching this rank
+        meanwhile waits for it (the scheduling lag)."""
+        self._inflight_end_us, self._inflight_step_us = end_us, step_us
+
+    def finish_rank_step(self, step_us: int) -> None:
+        """Apply the step this rank planned, which lasted the group's `step_us`."""
+        for req in self.engine.finish_step(step_us):
+            self.on_finished(req)
+        if self.check_invariants:
+            check_step(self.engine, self.instance_id, self.env.now)
 
     def _step_loop(self):
         env = self.env

@@ -91,8 +91,10 @@ def _coeffs(field: str, values: object, low: int, high: int) -> tuple[float, ...
 class TrainedPhysics(TrainedAlphaOverheads):
     name = "trained-physics"
     coefficients_source = COEFFICIENTS_SOURCE
-    # BLIS prices DP ranks; expert parallelism is accepted with no step-time effect, as there.
-    parallelism_dimensions = frozenset({"dp", "ep"})
+    # Expert parallelism is accepted with no step-time effect, as in BLIS. BLIS's DP pricing
+    # (`from_deployment(parallelism=...)` with dp > 1) is one scheduler standing for all
+    # ranks; a run prices each rank's own batch, so runs refuse dp > 1 here.
+    parallelism_dimensions = frozenset({"ep"})
 
     def __init__(
         self,

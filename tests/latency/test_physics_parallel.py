@@ -367,22 +367,25 @@ def test_step_time_is_non_increasing_in_bandwidth_and_compute(layout, batch, mor
     assert fast.step_time_us(batch) <= slow.step_time_us(batch)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(
     tp=st.sampled_from([1, 2]),
     pp=st.sampled_from([1, 2]),
+    dp=st.sampled_from([1, 2]),
     ep_on=st.booleans(),
     seed=st.integers(0, 10_000),
 )
-def test_runs_conserve_requests_and_keep_causality(tp, pp, ep_on, seed):
-    """A whole run under any layout: every request ends in a counted state, none gets its
-    first token before it arrives or finishes before its first token."""
+def test_runs_conserve_requests_and_keep_causality(tp, pp, dp, ep_on, seed):
+    """A whole run under any TP x PP x DP x EP layout: every request ends in a counted
+    state, none gets its first token before it arrives or finishes before its first token;
+    a DP layout serves from tp x pp x dp GPUs as dp routing targets."""
     result = simulator.simulate(
         {
             "model": "qwen/qwen3-30b-a3b",
             "hardware": "H100",
             "tp": tp,
             "pp": pp,
+            "dp": dp,
             "enable_expert_parallel": ep_on,
             "seed": seed,
             "engine": {"total_kv_blocks": 4000},
@@ -390,6 +393,8 @@ def test_runs_conserve_requests_and_keep_causality(tp, pp, ep_on, seed):
         },
         warn_unsteady=False,
     )
+    assert len(result.instance_ids) == dp
+    assert result.latency_provenance["layout"]["gpus"] == tp * pp * dp
     s = result.summary
     assert (
         s["completed_requests"]
