@@ -8,10 +8,12 @@ setup; it does not use bandwidth), then its bytes join the link. Two bandwidth m
   equal transfers started together each take twice as long as one alone.
 * contention off (BLIS's model): every transfer drains at the full bandwidth, independently.
 
-`SharedLink` is the plain-Python core, in exact (float) microseconds. `KVTransferLink` drives it
-from SimPy on the integer µs clock: a transfer completes at the first integer µs at or after its
-exact finish time. A transfer that never shared the link (always, with contention off) takes
-exactly BLIS's `ceil(base_ms*1000 + bytes / (GBps*1000))` µs, minimum 1.
+`SharedLink` is the plain-Python core, in exact (float) microseconds. `KVTransferLink` is the
+link's SimPy process on the integer µs clock: requesters put transfers into its `requests`
+Store; the process waits for the next of a new request and its own next wake-up (a join or a
+finish), and a transfer completes at the first integer µs at or after its exact finish time.
+A transfer that never shared the link (always, with contention off) takes exactly BLIS's
+`ceil(base_ms*1000 + bytes / (GBps*1000))` µs, minimum 1.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from ..engine.events import event_after
+from ..engine.events import LINK_RESUME, PriorityTimeout
 from ..errors import invalid, is_finite_positive
 from ..limits import MAX_TIME_US, check_time_us, duration_us
 
@@ -187,11 +189,13 @@ class _Pending:
 
 
 class KVTransferLink:
-    """The cluster's KV-transfer link as seen from SimPy.
+    """The cluster's KV-transfer link: a SimPy process fed through its `requests` Store.
 
-    `start(id, size_bytes, on_done)` begins a transfer now; `on_done(end_us)` is called at
-    `end_us`. All wake-ups are scheduled with `priority`; a single wake-up is outstanding at a
-    time and a generation counter makes superseded ones no-ops.
+    `start(id, size_bytes, on_done)` puts a transfer request into the Store now; the link
+    process takes it, adds its bytes after the base latency, and calls `on_done(end_us)` (the
+    requester's continuation) at `end_us`. The process waits on `requests.get() | wake-up`,
+    its wake-ups carry `priority`, and it resumes at `LINK_RESUME`, right after whichever woke
+    it, so a completion is handled where a callback on the wake-up would have been.
 
     `bandwidth_field` and `base_latency_field` name the settings in errors (the PD link's by
     default; an instance's host link passes the engine's). A transfer that would end beyond
@@ -240,8 +244,8 @@ class KVTransferLink:
         # Bytes done, callback due at end_us: heap of (end_us, seq, pending).
         self._due: list[tuple[int, int, _Pending]] = []
         self._seq = itertools.count()
-        self._generation = 0
-        self._wake_us: int | None = None
+        self.requests = simpy.Store(env)
+        env.process(self._run())
 
     # ------------------------------------------------------------------ public
     def lone_duration_us(self, size_bytes: float) -> int:
@@ -258,19 +262,21 @@ class KVTransferLink:
             and size_bytes >= 0
         ):
             raise ValueError(f"transfer size_bytes must be finite and >= 0, got {size_bytes!r}")
-        if transfer_id in self._on_link or any(p.transfer_id == transfer_id for p in self._waiting):
+        if transfer_id in self._on_link or any(
+            p.transfer_id == transfer_id for p in (*self._waiting, *self.requests.items)
+        ):
             raise ValueError(f"transfer {transfer_id!r} is already in flight")
         now = int(self.env.now)
         self._check_on_clock(size_bytes, now)
         self.initiated += 1
-        pending = _Pending(transfer_id, size_bytes, now, now + self.base_latency_us, on_done)
-        self._waiting.append(pending)
-        self._reschedule()
+        self.requests.put(
+            _Pending(transfer_id, size_bytes, now, now + self.base_latency_us, on_done)
+        )
 
     @property
     def in_flight(self) -> int:
         """Transfers started and not yet reported done."""
-        return len(self._waiting) + len(self._on_link) + len(self._due)
+        return len(self.requests.items) + len(self._waiting) + len(self._on_link) + len(self._due)
 
     @property
     def active_count(self) -> int:
@@ -327,27 +333,40 @@ class KVTransferLink:
                 wake_us = due_us
         return wake_us
 
-    def _reschedule(self) -> None:
-        wake_us = self._next_event_us()
-        if wake_us is None or wake_us == self._wake_us:
-            return
-        now = int(self.env.now)
-        wake_us = max(wake_us, now)
-        if wake_us > MAX_TIME_US:  # transfers sharing the link stretched beyond the clock
-            check_time_us(
-                wake_us,
-                f"{self._settings()}: {self.active_count} KV transfers sharing the link end",
-            )
-        self._generation += 1
-        self._wake_us = wake_us
-        generation = self._generation
-        event = event_after(self.env, wake_us - now, self.priority)
-        event.callbacks.append(lambda _event: self._wake(generation))
+    def _run(self):
+        """The link's process: take new transfers, wake at each join or finish, report the
+        finished ones. A wake-up whose time has not changed is kept (the same event), so
+        simultaneous events keep the order they had when it was made."""
+        env = self.env
+        get = self.requests.get()
+        timer: simpy.Event | None = None
+        timer_us = -1
+        while True:
+            wake_us = self._next_event_us()
+            if wake_us is None:
+                yield get
+            else:
+                now = int(env.now)
+                wake_us = max(wake_us, now)
+                if timer is None or timer.processed or timer_us != wake_us:
+                    if wake_us > MAX_TIME_US:  # sharing stretched transfers beyond the clock
+                        check_time_us(
+                            wake_us,
+                            f"{self._settings()}: {self.active_count} KV transfers sharing the "
+                            "link end",
+                        )
+                    timer, timer_us = PriorityTimeout(env, wake_us - now, self.priority), wake_us
+                either = get | timer
+                either.tie_priority = LINK_RESUME
+                yield either
+            if get.processed:
+                self._waiting.append(get.value)
+                get = self.requests.get()
+            if timer is not None and timer.processed and timer_us == int(env.now):
+                timer = None
+                self._wake()
 
-    def _wake(self, generation: int) -> None:
-        if generation != self._generation:
-            return  # superseded by a later reschedule
-        self._wake_us = None
+    def _wake(self) -> None:
         now = int(self.env.now)
         self._process_until(now)
         done: list[tuple[int, _Pending]] = []
@@ -356,8 +375,7 @@ class KVTransferLink:
             done.append((end_us, pending))
         for end_us, pending in done:
             self._record(pending, end_us)
-        self._reschedule()
-        # Callbacks last: they may start new transfers, which reschedule on their own.
+        # Continuations last: they may start new transfers (into `requests`).
         for end_us, pending in done:
             pending.on_done(end_us)
 

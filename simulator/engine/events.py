@@ -17,6 +17,9 @@ import simpy
 from simpy.core import NORMAL
 
 ROUTER = 0  # admission and routing decisions: before any instance event at the same time
+# A process that waits on `a | b` resumes right after whichever fired, before anything else at
+# that time: as a callback on it would have run (the KV-transfer link).
+LINK_RESUME = -1
 ARRIVAL = 1  # arrivals, enqueues, Store deliveries (SimPy's NORMAL)
 STEP = 2  # step boundaries and waking an idle instance
 TIMEOUT = 5  # client cancellations at a deadline

@@ -307,3 +307,31 @@ def test_matches_reference_processor_sharing(
     assert link.in_flight == 0
     assert len(link.records) == len(transfers) == link.initiated
     assert 1 <= link.peak_concurrency <= len(transfers)
+
+
+# --------------------------------------------------------------------------- the process
+
+
+def test_the_link_is_a_process_fed_through_a_store_and_resumes_where_its_wake_up_fires() -> None:
+    """`start` puts the transfer into the link's `requests` Store (in flight from then on);
+    the link process takes it, arms its wake-up, and when the wake-up fires it resumes at
+    LINK_RESUME, ahead of events of the wake-up's own priority at that microsecond made after
+    the wake-up was armed: the order a callback on the wake-up had."""
+    from simulator.engine.events import ROUTER, Environment, event_after
+
+    env = Environment()
+    link = KVTransferLink(env, 1.0, 0.0, contention=True, priority=ROUTER)
+    assert isinstance(link.requests, simpy.Store)
+    order: list[str] = []
+    # 1,000,000 bytes at 1 GB/s (1,000 B/µs) = 1,000 µs.
+    link.start("kv", 1_000_000, lambda end_us: order.append(f"link@{end_us}"))
+    assert link.in_flight == 1 and len(link.requests.items) == 1
+
+    def later():
+        yield env.timeout(5)  # the link armed its wake-up at 0, when it took the request
+        event_after(env, 995, ROUTER).callbacks.append(lambda _e: order.append("other@1000"))
+
+    env.process(later())
+    env.run()
+    assert order == ["link@1000", "other@1000"]
+    assert link.in_flight == 0 and not link.requests.items
