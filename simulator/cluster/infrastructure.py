@@ -152,13 +152,18 @@ class Infrastructure:
         for slot in self.plan.slots:
             if slot.initial:
                 self._create(self.records[slot.index], "initial")
-        for event in sorted(self.plan.events, key=lambda e: e.at_s):
-            delay = round(event.at_s * US_PER_S) - now
-            event_after(self.env, max(0, delay), ROUTER).callbacks.append(
-                lambda _e, ev=event: self._apply(ev)
-            )
+        if self.plan.events:
+            self.env.process(self._scenario_events())
         for scaler in self.autoscalers:
             self.env.process(self._autoscale(scaler))
+
+    def _scenario_events(self):
+        """The scenario's `events:` as one process: each applied at its time, in time order
+        (config order among equal times)."""
+        for event in sorted(self.plan.events, key=lambda e: e.at_s):
+            delay = round(event.at_s * US_PER_S) - self.env.now
+            yield event_after(self.env, max(0, delay), ROUTER)
+            self._apply(event)
 
     def _deployment_of(self, spec: AutoscalerSpec) -> str:
         names = list(dict.fromkeys(s.deployment for s in self.plan.slots))
@@ -199,8 +204,14 @@ class Infrastructure:
             self._provision_rng,
             f"node_pools[{pool.name}].provisioning_delay (a draw)",
         )
-        event_after(self.env, delay, ROUTER).callbacks.append(lambda _e: self._node_ready(node))
+        self.env.process(self._provisioning(node, delay))
         return node
+
+    def _provisioning(self, node: Node, delay_us: int):
+        """A new node's process: provisioning takes `delay_us`, then it is Ready (unless an
+        event ended it meanwhile)."""
+        yield event_after(self.env, delay_us, ROUTER)
+        self._node_ready(node)
 
     def _node_ready(self, node: Node) -> None:
         if node.state is not NodeState.PROVISIONING:
@@ -367,7 +378,13 @@ class Infrastructure:
         if delay <= 0:
             self._loaded(rec)
             return
-        event_after(self.env, delay, ROUTER).callbacks.append(lambda _e: self._loaded(rec))
+        self.env.process(self._loading(rec, delay))
+
+    def _loading(self, rec: InstanceRecord, delay_us: int):
+        """A placed instance's process: loading its weights takes `delay_us`, then it serves
+        (unless it was terminated meanwhile)."""
+        yield event_after(self.env, delay_us, ROUTER)
+        self._loaded(rec)
 
     def _where(self, rec: InstanceRecord) -> str:
         nodes = self.nodes_of(rec)
@@ -566,11 +583,14 @@ class Infrastructure:
             yield event_after(self.env, interval_us, ROUTER)
             value = self.signal(scaler.deployment, spec.signal)
             if delay_us > 0:
-                event_after(self.env, delay_us, ROUTER).callbacks.append(
-                    lambda _e, v=value: self._scale(scaler, v)
-                )
+                # The next tick does not wait for this scrape's decision.
+                self.env.process(self._scale_after(scaler, value, delay_us))
             else:
                 self._scale(scaler, value)
+
+    def _scale_after(self, scaler: Autoscaler, value: float, delay_us: int):
+        yield event_after(self.env, delay_us, ROUTER)
+        self._scale(scaler, value)
 
     def _nothing_left_to_scale(self, scaler: Autoscaler) -> bool:
         """Stop ticking once the traffic is over and the fleet is at rest: everything has

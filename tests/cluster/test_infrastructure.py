@@ -668,3 +668,16 @@ def test_bad_fleet_input_is_one_line_and_exit_2(extra, message, tmp_path):
     assert not (tmp_path / "r.json").exists()
     with pytest.raises(ConfigError):
         simulator.simulate(str(path))
+
+
+def test_timed_lifecycle_parts_are_processes_not_callbacks() -> None:
+    """Provisioning, loading, scenario events and delayed scrapes wait inside processes
+    (docs/architecture.md): the module schedules no callback on an event of its own."""
+    import inspect
+
+    from simulator.cluster import infrastructure
+
+    source = inspect.getsource(infrastructure)
+    assert "callbacks.append" not in source
+    for name in ("_provisioning", "_loading", "_scenario_events", "_scale_after", "_autoscale"):
+        assert inspect.isgeneratorfunction(getattr(infrastructure.Infrastructure, name))
