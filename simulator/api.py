@@ -20,6 +20,7 @@ from .cluster.cluster import InstanceSetup, run_simulation
 from .cluster.infra_spec import DeploymentSpec, LifecycleSpec, NodePoolSpec
 from .cluster.infrastructure import FleetPlan, SlotPlan
 from .engine.batching import EngineConfig
+from .engine.formation import make_batch_formation
 from .engine.options import EngineOptions
 from .engine.policies import make_priority_policy, make_scheduler
 from .engine.preemption import make_preemption_policy
@@ -177,6 +178,7 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     make_scheduler(eng.scheduler)
     make_priority_policy(eng.priority_policy)
     make_preemption_policy(eng.preemption_policy)
+    make_batch_formation(eng.batch_formation)
     _validate_cluster(scenario)
     total_blocks, source = _total_kv_blocks(scenario, model, gpu, tp, layout)
     speculative = None
@@ -210,6 +212,7 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
         scheduler=eng.scheduler,
         priority_policy=eng.priority_policy,
         preemption_policy=eng.preemption_policy,
+        batch_formation=eng.batch_formation,
         enable_prefix_caching=eng.enable_prefix_caching,
         kv_cpu_blocks=eng.kv_cpu_blocks,
         kv_offload_policy=eng.kv_offload_policy,

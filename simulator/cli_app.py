@@ -130,6 +130,7 @@ SCENARIO_FIELDS = {
     "scheduler": "engine.scheduler",
     "priority_policy": "engine.priority_policy",
     "preemption_policy": "engine.preemption_policy",
+    "batch_formation": "engine.batch_formation",
     "kv_cpu_blocks": "engine.kv_cpu_blocks",
     "kv_offload_policy": "engine.kv_offload_policy",
     "kv_transfer_bandwidth": "engine.kv_transfer_bandwidth_gb_per_s",
@@ -422,6 +423,15 @@ def _common_flags(
             _SIM,
             "victim when KV runs out: fcfs (newest admitted, default) | priority (least "
             "urgent SLO class, then latest arrival)",
+        ),
+    ] = None,
+    batch_formation: Annotated[
+        str | None,
+        _opt(
+            "--batch-formation",
+            _SIM,
+            "how a step is formed: chunked (vLLM V1, default) | whole-prompt (Orca, no "
+            "chunking) | prefill-first (vLLM V0: prompt-only or decode-only steps)",
         ),
     ] = None,
     kv_cpu_blocks: Annotated[

@@ -189,6 +189,9 @@ class EngineSpec(_Strict):
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
     preemption_policy: str = Field("fcfs", description="fcfs (newest admitted) | priority")
+    batch_formation: str = Field(
+        "chunked", description="chunked (vLLM V1) | whole-prompt (Orca) | prefill-first (vLLM V0)"
+    )
     enable_prefix_caching: Flag = True
     kv_cpu_blocks: Blocks = Field(0, description="CPU KV tier size in blocks; 0 = off")
     kv_offload_policy: Literal["evict", "mirror"] = "evict"

@@ -19,6 +19,7 @@ from operator import attrgetter
 from ..latency.base import StepBatch
 from ..limits import MAX_TIME_US, duration_us
 from ..metrics.recorder import PACK_AFTER_ROWS, StepLog
+from .formation import make_batch_formation
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
 from .lora import LoRAConfig, LoRAState
@@ -44,6 +45,8 @@ class EngineConfig:
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
     preemption_policy: str = "fcfs"
+    # How a step is formed (engine/formation.py): chunked (vLLM V1), whole-prompt, prefill-first.
+    batch_formation: str = "chunked"
     enable_prefix_caching: bool = True
     # Tiered KV (docs/behaviour.md §2.4): a CPU tier of this many blocks behind the GPU cache (0 =
     # off).
@@ -128,6 +131,11 @@ class VLLMEngine:
         self.running: list[Request] = []
         self.scheduler = make_scheduler(config.scheduler)
         self.preemption = make_preemption_policy(config.preemption_policy)
+        self.formation = formation = make_batch_formation(config.batch_formation)
+        # Read per step: a policy that forms steps its own way, and one admitting only whole
+        # prompts (engine/formation.py).
+        self._own_formation = not formation.running_first
+        self._whole_prompts = not formation.chunks_prompts
         self.priority_policy = make_priority_policy(config.priority_policy)
         self.otp_us = output_token_processing_us
         # Fixed per-request cost after the last token (trained-roofline's alpha1): it delays
@@ -162,8 +170,14 @@ class VLLMEngine:
         self.lora = LoRAState(config.lora) if config.lora is not None else None
         # Decode fast path state (see the class docstring). A speculating request's step is
         # a random number of tokens, never a counter's advance by one, and a LoRA step is
-        # priced by the tokens of each adapter: both take the per-request loop every step.
-        self.fast_path = options.decode_fast_path and spec is None and self.lora is None
+        # priced by the tokens of each adapter: both take the per-request loop every step;
+        # so does a batch formation that lets running requests wait (formation.py).
+        self.fast_path = (
+            options.decode_fast_path
+            and spec is None
+            and self.lora is None
+            and formation.supports_decode_fast_path
+        )
         self._finished_steps = 0
         self.fast_path_steps = 0
         self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
@@ -364,7 +378,6 @@ class VLLMEngine:
             self._reorder_waiting(now_us)
 
         budget = cfg.max_num_scheduled_tokens
-        kv = self.kv
         active = self._fast_path_requests(budget) if self.fast_path else None
         if active is None:
             # The plain loop over every running request (it may preempt).
@@ -372,84 +385,20 @@ class VLLMEngine:
             active = self.running
             for req in active:
                 req.num_new_tokens = 0
-            budget, preempted = self._schedule_running(active, budget)
+            if self._own_formation:
+                # A batch formation that orders the step its own way (formation.py).
+                step_extra_us = self.formation.plan(self, budget, now_us)
+            else:
+                budget, preempted = self._schedule_running(active, budget)
+                if not preempted:
+                    step_extra_us = self._admit_waiting(active, budget, now_us)
         else:
             # Steady requests take one token each; nothing else of theirs changes.
             self.fast_path_steps += 1
             budget, preempted = self._schedule_running(active, budget - self._steady_count)
             assert not preempted, "the fast path admitted a step that preempts"
+            step_extra_us = self._admit_waiting(active, budget, now_us)
         self._active = active
-
-        # Phase 2: admit from the head of the wait queue (no skipping: head-of-line blocking).
-        if not preempted:
-            waiting = self.waiting
-            running = self.running
-            max_running = cfg.max_num_running_reqs
-            bs = cfg.block_size
-            caching = cfg.enable_prefix_caching
-            admitted_from = len(running)
-            lora = self.lora
-            if lora is not None:
-                # Adapters of the running batch: a batch holds at most max_loras of them.
-                adapters = {r.adapter for r in running if r.adapter}
-                max_loras = lora.config.max_loras
-                skipped: list[Request] = []
-            while waiting and budget > 0 and len(running) < max_running:
-                req = waiting[0]
-                if (
-                    lora is not None
-                    and req.adapter
-                    and req.adapter not in adapters
-                    and len(adapters) >= max_loras
-                ):
-                    # As vLLM: skipped for this step, requests behind it may still run.
-                    skipped.append(waiting.popleft())
-                    continue
-                if req.kv_resident:
-                    # Decode sub-request: its prompt KV is here; it needs one token's worth.
-                    if not kv.append_token(req, req.computed_tokens):
-                        if not running and self._reclaim_queued_kv(req, now_us):
-                            continue
-                        break
-                    self._admit_head(req, 1, now_us)
-                    if lora is not None and req.adapter:
-                        adapters.add(req.adapter)
-                    budget -= 1
-                    continue
-                target = req.prefill_target
-                # After this prefill, a request with 2+ tokens still to produce needs KV for one
-                # more token; if even the whole cache cannot hold that, it can never progress.
-                decode_needs = 1 if req.output_tokens - req.generated_tokens >= 2 else 0
-                if -(-(target + decode_needs) // bs) > kv.total_blocks:
-                    waiting.popleft()
-                    self._drop(req, now_us)
-                    self.dropped_while_planning.append(req)
-                    continue
-                cached = kv.cached_prefix_blocks(req, target - 1) if caching else []
-                reload = kv.cpu_prefix_blocks(req, len(cached), target - 1) if caching else 0
-                gpu_start = len(cached) * bs
-                start = gpu_start + reload * bs
-                chunk = self._prefill_chunk(target, start, budget)
-                if not kv.try_allocate(req, gpu_start, start + chunk, cached):
-                    if not running and self._reclaim_queued_kv(req, now_us):
-                        continue
-                    break
-                self._admit_head(req, chunk, now_us)
-                if lora is not None and req.adapter:
-                    adapters.add(req.adapter)
-                req.computed_tokens = start
-                if start > req.cached_tokens:
-                    req.cached_tokens = start
-                if reload:
-                    step_extra_us += self._reload(req, len(cached), reload, now_us)
-                    if req.reload_pending:
-                        req.num_new_tokens = 0
-                        continue
-                budget -= chunk
-            if lora is not None and skipped:
-                waiting.extendleft(reversed(skipped))
-            if active is not running and len(running) > admitted_from:
-                active.extend(running[admitted_from:])
         self._unsteady = active[:]
 
         # The batch the step-time model prices: only requests that got tokens this step.
@@ -490,6 +439,91 @@ class VLLMEngine:
         return StepBatch(
             prefill_chunks, decode_count, decode_context, prefill_prompts, step_extra_us
         )
+
+    def _admit_waiting(self, active: list[Request], budget: int, now_us: int) -> int:
+        """Phase 2: admit from the head of the wait queue while the batch has room and budget
+        remains (no skipping: head-of-line blocking). Admitted requests join `active` when it
+        is not the running list itself. Returns time to add to the step (a blocking CPU-tier
+        reload), in µs."""
+        waiting = self.waiting
+        if not waiting:
+            return 0
+        cfg = self.config
+        kv = self.kv
+        running = self.running
+        max_running = cfg.max_num_running_reqs
+        bs = cfg.block_size
+        caching = cfg.enable_prefix_caching
+        admitted_from = len(running)
+        whole_prompts = self._whole_prompts
+        step_extra_us = 0
+        lora = self.lora
+        if lora is not None:
+            # Adapters of the running batch: a batch holds at most max_loras of them.
+            adapters = {r.adapter for r in running if r.adapter}
+            max_loras = lora.config.max_loras
+            skipped: list[Request] = []
+        while waiting and budget > 0 and len(running) < max_running:
+            req = waiting[0]
+            if (
+                lora is not None
+                and req.adapter
+                and req.adapter not in adapters
+                and len(adapters) >= max_loras
+            ):
+                # As vLLM: skipped for this step, requests behind it may still run.
+                skipped.append(waiting.popleft())
+                continue
+            if req.kv_resident:
+                # Decode sub-request: its prompt KV is here; it needs one token's worth.
+                if not kv.append_token(req, req.computed_tokens):
+                    if not running and self._reclaim_queued_kv(req, now_us):
+                        continue
+                    break
+                self._admit_head(req, 1, now_us)
+                if lora is not None and req.adapter:
+                    adapters.add(req.adapter)
+                budget -= 1
+                continue
+            target = req.prefill_target
+            # After this prefill, a request with 2+ tokens still to produce needs KV for one
+            # more token; if even the whole cache cannot hold that, it can never progress.
+            decode_needs = 1 if req.output_tokens - req.generated_tokens >= 2 else 0
+            if -(-(target + decode_needs) // bs) > kv.total_blocks:
+                waiting.popleft()
+                self._drop(req, now_us)
+                self.dropped_while_planning.append(req)
+                continue
+            cached = kv.cached_prefix_blocks(req, target - 1) if caching else []
+            reload = kv.cpu_prefix_blocks(req, len(cached), target - 1) if caching else 0
+            gpu_start = len(cached) * bs
+            start = gpu_start + reload * bs
+            chunk = self._prefill_chunk(target, start, budget)
+            if whole_prompts and chunk < target - start and running:
+                # A prompt joins only whole; one no step could hold whole waits for an empty
+                # batch, where the budget is whole, and is then prefilled in chunks.
+                break
+            if not kv.try_allocate(req, gpu_start, start + chunk, cached):
+                if not running and self._reclaim_queued_kv(req, now_us):
+                    continue
+                break
+            self._admit_head(req, chunk, now_us)
+            if lora is not None and req.adapter:
+                adapters.add(req.adapter)
+            req.computed_tokens = start
+            if start > req.cached_tokens:
+                req.cached_tokens = start
+            if reload:
+                step_extra_us += self._reload(req, len(cached), reload, now_us)
+                if req.reload_pending:
+                    req.num_new_tokens = 0
+                    continue
+            budget -= chunk
+        if lora is not None and skipped:
+            waiting.extendleft(reversed(skipped))
+        if active is not running and len(running) > admitted_from:
+            active.extend(running[admitted_from:])
+        return step_extra_us
 
     def plan_steady_step(self, now_us: int) -> tuple[int, int] | None:
         """The plan when every running request is steady and nothing waits: one token each,
@@ -542,8 +576,11 @@ class VLLMEngine:
             self.steps.pack()
         return True
 
-    def _schedule_running(self, order: list[Request], budget: int) -> tuple[int, bool]:
-        """Phase 1: tokens for running requests in `order` (admission order), within `budget`.
+    def _schedule_running(
+        self, order: list[Request], budget: int, prefills_only: bool = False
+    ) -> tuple[int, bool]:
+        """Phase 1: tokens for running requests in `order` (admission order), within `budget`;
+        with `prefills_only`, chunks for those still in prefill alone (decoders wait).
 
         Returns the budget left and whether a request was preempted for KV room."""
         mml = self.config.max_model_len
@@ -570,7 +607,7 @@ class VLLMEngine:
                 if req.state is not RequestState.RUNNING:
                     break
             else:
-                if mml > 0 and computed + 1 > mml - 1:
+                if prefills_only or (mml > 0 and computed + 1 > mml - 1):
                     i += 1
                     continue
                 if spec is not None:
