@@ -68,16 +68,21 @@ def _standard(num_requests: int) -> dict:
     }
 
 
-def _weighted_cluster(instances: int, num_requests: int) -> dict:
+# The weighted policy's default scorers, given explicitly where a case names them.
+PREFIX_SCORERS = "prefix-affinity:3,queue-depth:2,kv-utilization:2"
+
+
+def _weighted_cluster(instances: int, num_requests: int, scorers: str | None = None) -> dict:
     """The H100's own KV capacity (defaults.yaml: 29,205 blocks), not (a)'s 1,000,000: a
     cache's index costs memory per block, and eight million-block caches would dominate."""
+    routing = {"policy": "weighted"} | ({"scorers": scorers} if scorers else {})
     return {
         "seed": 42,
         "model": MODEL,
         "hardware": "H100",
         "tp": 1,
         "latency": {"model": "roofline"},  # BLIS's backend: like-for-like with its binary
-        "cluster": {"num_instances": instances, "routing": {"policy": "weighted"}},
+        "cluster": {"num_instances": instances, "routing": routing},
         "workload": _fixed_512_128(LOAD * SATURATION_REQ_PER_S * instances, num_requests),
     }
 
@@ -155,7 +160,14 @@ CASES: dict[str, tuple[str, dict, int]] = {
         3,
     ),
     "f": ("1M requests streamed, 8 instances at 70% load", _weighted_cluster(8, 1_000_000), 1),
+    "g": (
+        "64 instances, weighted routing with prefix scorers, 70% load, 1M requests",
+        _weighted_cluster(64, 1_000_000, PREFIX_SCORERS),
+        1,
+    ),
 }
+# Case (g)'s cost per request is judged against case (c)'s (issue 30: within 1.5x).
+COST_RELATIVE_TO = {"g": "c"}
 
 CSV_FIELDS = [
     "case",
@@ -317,6 +329,22 @@ def update_markdown(path: Path, table: str, begin: str = TABLE_BEGIN, end: str =
     else:
         text = text + ("\n" if text else "") + block + "\n"
     path.write_text(text)
+
+
+def relative_costs(rows: list[dict]) -> list[str]:
+    """Cost per request (CPU µs / request) of each case in COST_RELATIVE_TO against its
+    reference case, when both rows are at hand."""
+    by_case = {row["case"]: row for row in rows}
+    lines = []
+    for case, reference in COST_RELATIVE_TO.items():
+        if case in by_case and reference in by_case:
+            cost_us = 1e6 / float(by_case[case]["requests_per_cpu_s"])
+            reference_us = 1e6 / float(by_case[reference]["requests_per_cpu_s"])
+            lines.append(
+                f"({case}) {cost_us:.0f} CPU µs/request, ({reference}) {reference_us:.0f}: "
+                f"{cost_us / reference_us:.2f}x"
+            )
+    return lines
 
 
 def _print_row(row: dict, label: str) -> None:
@@ -515,6 +543,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         _print_row(row, "")
     rows = merge_rows(rows, args.csv)
+    for line in relative_costs(rows):
+        print(line)
     write_csv(rows, args.csv)
     if args.before_tree is not None:
         write_csv(merge_rows(before_rows, args.baseline), args.baseline)

@@ -34,6 +34,12 @@ STEP_COLUMNS: tuple[str, ...] = (
     "itl_regular_gap_us",
 )
 _NUMPY_TYPE = {"d": np.float64, "i": np.intc, "q": np.int64}
+# Storage starts narrower than a column's declared type and widens when a value does not fit
+# (struct refuses to pack it): most steps' counts fit in a byte or two, and a million
+# requests log millions of steps. Readers get the declared type, so values read back the same.
+_NARROWEST = {"d": "i", "i": "b", "q": "b"}
+_WIDER = {"b": "h", "h": "i", "i": "q", "q": "d"}
+_LAST_CODE = {"d": "d", "i": "i", "q": "q"}
 
 # Rows a log holds in its tail lists before the engine packs them into the typed arrays.
 PACK_AFTER_ROWS = 4096
@@ -45,8 +51,9 @@ class StepLog:
     The engine appends each row to plain lists, one per column (`tail_<column>`): appending an
     int to a list costs a third of appending it to a typed `array`, whose every append parses a
     format string, and the engine writes a row every step. `pack()` moves the tails into typed
-    arrays, 4 or 8 bytes a value instead of a pointer plus an int object, as a run can log
-    millions of steps; the engine packs whenever a tail reaches PACK_AFTER_ROWS rows.
+    arrays, 1 to 8 bytes a value instead of a pointer plus an int object, as a run can log
+    millions of steps; the engine packs whenever a tail reaches PACK_AFTER_ROWS rows. A
+    column's array starts at the narrowest type and widens when a value needs it.
 
     Readers use `column(name)` (or the attribute of that name), a NumPy array of the whole
     column, and `len(log)`. Two kinds of column are not stored: the CPU tier's columns of an
@@ -69,7 +76,7 @@ class StepLog:
 
     def __init__(self, has_cpu_tier: bool = False, otp_us: int = 0) -> None:
         self._stored = {**_WRITTEN, **(_CPU_TIER if has_cpu_tier else {})}
-        self._packed = {name: array(code) for name, code in self._stored.items()}
+        self._packed = {name: array(_NARROWEST[code]) for name, code in self._stored.items()}
         self.otp_us = otp_us
         for name in (*_WRITTEN, *_CPU_TIER):
             setattr(self, f"tail_{name}", [])
@@ -81,13 +88,36 @@ class StepLog:
         """Move every tail's rows to the end of its typed array."""
         if not self.tail_start_us:
             return
-        for name, code in self._stored.items():
+        packed = self._packed
+        for name in self._stored:
             tail = getattr(self, f"tail_{name}")
+            column = packed[name]
             # struct converts half as many instructions a value as array.fromlist (which goes
             # through the same format parsing as append) or NumPy; the native format of a
             # typecode is the array's own item layout.
-            self._packed[name].frombytes(struct.pack(f"{len(tail)}{code}", *tail))
+            try:
+                column.frombytes(struct.pack(f"{len(tail)}{column.typecode}", *tail))
+            except struct.error:
+                self._widen_and_pack(name, tail)
             tail.clear()
+
+    def _widen_and_pack(self, name: str, tail: list) -> None:
+        """Pack `tail` into a wider array than the column's: the next type up that holds
+        every value (a float, a fractional time, goes to "d"; beyond the declared type
+        struct raises as an array of that type would)."""
+        last = _LAST_CODE[self._stored[name]]
+        code = self._packed[name].typecode
+        while code != last:
+            code = _WIDER[code]
+            try:
+                packed = struct.pack(f"{len(tail)}{code}", *tail)
+            except struct.error:
+                continue
+            column = array(code, self._packed[name])
+            column.frombytes(packed)
+            self._packed[name] = column
+            return
+        struct.pack(f"{len(tail)}{last}", *tail)  # raises, as packing into the declared type did
 
     def column(self, name: str) -> np.ndarray:
         """The whole column (a copy), packing the tails first."""
@@ -100,8 +130,34 @@ class StepLog:
                 raise KeyError(f"no step column {name!r}; columns: {', '.join(STEP_COLUMNS)}")
             return np.zeros(len(self), dtype=np.intc)
         self.pack()
-        packed = self._packed[name]
-        return np.array(packed, dtype=_NUMPY_TYPE[packed.typecode])
+        return np.array(self._packed[name], dtype=_NUMPY_TYPE[self._stored[name]])
+
+    def itl_regular_counted(self, chunk_rows: int = 1 << 18) -> tuple[np.ndarray, np.ndarray]:
+        """The regular inter-token gaps as (distinct gaps, how many tokens saw each), both
+        int64, the gaps sorted: what `itl_regular_gap_us` and `itl_regular_count` hold,
+        reduced `chunk_rows` rows at a time so that memory stays a few chunks' worth however
+        long the log is. Each gap is computed as `column("itl_regular_gap_us")` computes it
+        and truncated to an integer as `np.asarray(gaps, dtype=np.int64)` does."""
+        self.pack()
+        total = len(self)
+        distinct, counts = [], []
+        previous_end_us = -1.0
+        start_col, step_col = self._packed["start_us"], self._packed["step_us"]
+        count_col = self._packed["itl_regular_count"]
+        for lo in range(0, total, chunk_rows):
+            hi = min(total, lo + chunk_rows)
+            ends_us = np.array(start_col[lo:hi], dtype=np.float64) + np.array(
+                step_col[lo:hi], dtype=np.float64
+            )
+            previous_ends_us = np.concatenate(([previous_end_us], ends_us[:-1]))
+            previous_end_us = ends_us[-1]
+            gaps = np.asarray(ends_us - previous_ends_us + self.otp_us, dtype=np.int64)
+            values, total_counts = distinct_counts(gaps, np.array(count_col[lo:hi], dtype=np.int64))
+            distinct.append(values)
+            counts.append(total_counts)
+        if not distinct:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return distinct_counts(np.concatenate(distinct), np.concatenate(counts))
 
     def last_values(self, name: str, count: int) -> list:
         """The last `count` values of a written column (fewer if it is shorter), unpacked."""
@@ -109,7 +165,23 @@ class StepLog:
         if len(tail) >= count:
             return tail[len(tail) - count :]
         packed = self._packed[name]
-        return [*packed[max(0, len(packed) - (count - len(tail))) :], *tail]
+        head = packed[max(0, len(packed) - (count - len(tail))) :]
+        if self._stored[name] == "d" and packed.typecode != "d":
+            head = map(float, head)  # as a "d" array would have given them
+        return [*head, *tail]
+
+
+def distinct_counts(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values, summed counts) of a multiset given as values with counts,
+    entries with a count of 0 left out; int64 both."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep].astype(np.int64)
+    if not len(values):
+        return values.astype(np.int64), counts
+    order = np.argsort(values, kind="stable")
+    values, counts = values[order], counts[order]
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    return values[starts].astype(np.int64), np.add.reduceat(counts, starts)
 
 
 def _column_attribute(name: str) -> property:

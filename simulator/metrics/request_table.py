@@ -72,6 +72,27 @@ CODED_FIELDS = (
 )
 _BOOL_FIELDS = frozenset(f for f, code in NUMERIC_FIELDS.items() if code == "b")
 _EXACT_TYPE = {"q": int, "d": float, "b": bool}
+# Integer columns are stored in the narrowest type that holds their values so far (most
+# counts fit in a byte or two, timestamps need eight) and widen when a value does not fit;
+# readers get int64. A million finished requests keep about half the bytes this way.
+_WIDER = {"b": "h", "h": "i", "i": "q"}
+_NARROWEST = {"q": "b", "d": "d", "b": "b"}
+_NUMPY_TYPE = {"q": np.int64, "d": np.float64, "b": np.int8}
+
+
+def extend_widening(column: array, values: Sequence[int], widest: str) -> array:
+    """`column` extended by the integers `values`, widened (a new array) as far as they need,
+    up to `widest`; beyond that the OverflowError propagates as from an array of that type."""
+    size = len(column)
+    while True:
+        try:
+            column.extend(values)
+            return column
+        except OverflowError:
+            del column[size:]  # extend appended the values before the one that did not fit
+            if column.typecode == widest:
+                raise
+            column = array(_WIDER[column.typecode], column)
 
 
 class RequestTable:
@@ -87,8 +108,8 @@ class RequestTable:
     def __init__(self) -> None:
         self.seq = array("q")
         self.request_id: list[str] = []
-        self.numeric = {name: array(code) for name, code in NUMERIC_FIELDS.items()}
-        self.codes = {name: array("i") for name in CODED_FIELDS}
+        self.numeric = {name: array(_NARROWEST[code]) for name, code in NUMERIC_FIELDS.items()}
+        self.codes = {name: array("b") for name in CODED_FIELDS}
         self.values: dict[str, list] = {name: [] for name in CODED_FIELDS}
         self._lookup: dict[str, dict] = {name: {} for name in CODED_FIELDS}
         self._object_fields = [n for n in NUMERIC_FIELDS if n != "group_prefix_tokens"]
@@ -122,14 +143,18 @@ class RequestTable:
             for value in set(values) - lookup.keys():
                 lookup[value] = len(self.values[name])
                 self.values[name].append(value)
-            self.codes[name].extend(map(lookup.__getitem__, values))
+            codes = list(map(lookup.__getitem__, values))
+            self.codes[name] = extend_widening(self.codes[name], codes, "i")
 
     def _extend(self, name: str, values: tuple) -> None:
         column = self.numeric[name]
         if type(column) is array:
-            exact = _EXACT_TYPE[column.typecode]
-            if set(map(type, values)) == {exact}:
-                column.extend(values)
+            declared = NUMERIC_FIELDS[name]
+            if set(map(type, values)) == {_EXACT_TYPE[declared]}:
+                if declared == "q":
+                    self.numeric[name] = extend_widening(column, values, "q")
+                else:
+                    column.extend(values)
                 return
             # A value of another type (a fractional timestamp): keep the column as objects.
             column = self.numeric[name] = list(column)
@@ -224,7 +249,11 @@ def request_columns(records: Sequence, numeric: Sequence[str], coded: Sequence[s
         table, live = records.table, records._live  # noqa: SLF001 - same module family
         out = {}
         for name in numeric:
-            column = np.asarray(table.numeric[name])
+            column = table.numeric[name]
+            if type(column) is array:  # its declared type, whatever width it is stored in
+                column = np.asarray(column, dtype=_NUMPY_TYPE[NUMERIC_FIELDS[name]])
+            else:
+                column = np.asarray(column)
             extra = np.asarray([getattr(r, name) for r in live], dtype=column.dtype)
             out[name] = np.concatenate([column, extra]) if len(extra) else column
         for name in coded:
