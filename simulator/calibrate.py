@@ -896,7 +896,8 @@ def split_holdout(
 
 def case_deployment(case: Case) -> Any:
     """The deployment `case` replays on (model, GPU, TP, ...), resolved without running."""
-    from .api import as_scenario, resolve_deployment
+    from .api import as_scenario
+    from .deployment import resolve_deployment
     from .scenario import Scenario, TraceSpec, apply_overrides
 
     sc = as_scenario(case.scenario) if case.scenario is not None else Scenario()

@@ -405,8 +405,9 @@ def plan(
     per total, over its prefill:decode split (from the scenario's ratio outwards).
     `prices` overrides DEFAULT_PRICES_USD_PER_GPU_HOUR. `progress(row)` is called after each
     probe. A GPU that misses the SLOs at `max_instances` is infeasible (reported, no error)."""
-    from .api import as_scenario, pool_deployments, resolve_deployment, with_overrides
+    from .api import as_scenario, with_overrides
     from .catalog.hardware import get_gpu, load_gpu_file
+    from .deployment import pool_deployments, resolve_deployment
     from .sweeps import _seeds, sweep
 
     sc = as_scenario(base)

@@ -511,7 +511,7 @@ class Scenario(_Strict):
 def _instance_slots(scenario: Scenario) -> int:
     """Instances the fleet can ever hold: the initial ones, each autoscaler's headroom above
     its deployment's initial count and one per add_instance event. Mirrors the slots that
-    api.plan_fleet builds (deployments in role order; an autoscaler without a deployment
+    fleet_plan.plan_fleet builds (deployments in role order; an autoscaler without a deployment
     scales the first)."""
     order = {"prefill": 0, "decode": 1, "unified": 2}
     specs = sorted(scenario.deployments, key=lambda d: order[d.role])

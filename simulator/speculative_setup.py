@@ -183,7 +183,7 @@ def blocks_beside(
     (a drafter's weights, LoRA buffers) and every block also holds `kv_share` of the target's
     KV bytes per token (a drafter's KV). `what` names the section in an error. None when the
     model's memory cannot be sized (a measured count is then kept as it is)."""
-    from .api import capacity_settings
+    from .deployment import capacity_settings
     from .engine.speculative import reserve_kv_blocks
     from .errors import ConfigError
     from .latency.kv_capacity import GIB_BYTES, kv_capacity

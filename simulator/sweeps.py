@@ -369,7 +369,7 @@ def _validate(
 ) -> None:
     """Every path, then every combination (values are checked together: PD pool sizes, for
     one, are only valid in pairs). The error names the point's paths and values."""
-    from .api import resolve_deployment
+    from .deployment import resolve_deployment
 
     for path, values in grid.items():
         if path == "seed":

@@ -51,7 +51,7 @@ def invoke(args: list[str]):
 
 
 def start(args: list[str], hashseed: str = "0") -> subprocess.Popen:
-    """Start `python -m simulator.cli ARGS` (cli.py has a __main__ guard)."""
+    """Start `python -m simulator.cli ARGS` (simulator/cli/__main__.py)."""
     env = {**os.environ, "PYTHONHASHSEED": hashseed}
     return subprocess.Popen(
         [sys.executable, "-m", "simulator.cli", *map(str, args)],

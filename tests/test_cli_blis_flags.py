@@ -17,7 +17,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from simulator.cli import app
-from simulator.cli_app import _overrides
+from simulator.cli.flags import common_overrides
 from simulator.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,8 +131,8 @@ def _parsed(args: list[str]) -> dict[str, Any]:
     ],
 )
 def test_renamed_engine_flags(new, old, field):
-    assert _overrides(_parsed([new, "7"]))[field] == 7
-    assert _overrides(_parsed([old, "7"]))[field] == 7
+    assert common_overrides(_parsed([new, "7"]))[field] == 7
+    assert common_overrides(_parsed([old, "7"]))[field] == 7
     (param,) = [p for p in RUN.params if old in p.opts]
     assert param.hidden
     res = runner.invoke(app, ["run", old, "7", new, "8"])
@@ -151,8 +151,8 @@ def test_metrics_path_is_the_results_file(tmp_path):
 
 
 def _workload(args: list[str]) -> dict:
-    from simulator.cli_app import workload_overrides
-    from simulator.cli_blis import closed_loop_overrides
+    from simulator.cli.blis import closed_loop_overrides
+    from simulator.cli.flags import workload_overrides
 
     flags = _parsed(args)
     return closed_loop_overrides(flags, workload_overrides(flags))
@@ -277,7 +277,7 @@ lora: {}
 
 
 def test_defaults_filepath(tmp_path):
-    from simulator.cli_blis import defaults_file_overrides
+    from simulator.cli.blis import defaults_file_overrides
 
     path = tmp_path / "defaults.yaml"
     path.write_text(DEFAULTS)
@@ -330,7 +330,7 @@ def test_defaults_filepath_runs(tmp_path):
 
 
 def test_per_class_goodput_flags():
-    from simulator.cli_blis import go_duration_ms, goodput_overrides
+    from simulator.cli.blis import go_duration_ms, goodput_overrides
 
     assert go_duration_ms("1m30s", "x") == 90_000
     assert go_duration_ms("250us", "x") == 0.25

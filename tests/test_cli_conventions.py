@@ -104,21 +104,21 @@ def parsed_flags(args: list[str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("flag", sorted(ON_OFF))
 def test_on_off_flag_accepts_both_forms(flag):
-    from simulator.cli_app import _overrides
+    from simulator.cli.flags import common_overrides
 
     field, on = ON_OFF[flag]
     name = flag[2:]
-    assert _overrides(parsed_flags([flag])).get(field) is on
-    assert _overrides(parsed_flags([f"--no-{name}"])).get(field) is (not on)
-    assert field not in _overrides(parsed_flags([]))
+    assert common_overrides(parsed_flags([flag])).get(field) is on
+    assert common_overrides(parsed_flags([f"--no-{name}"])).get(field) is (not on)
+    assert field not in common_overrides(parsed_flags([]))
 
 
 def test_autoscaler_flag_pair():
-    from simulator.cli_app import _overrides
+    from simulator.cli.flags import common_overrides
 
-    assert _overrides(parsed_flags(["--no-autoscaler"]))["autoscaler"] == []
-    assert "autoscaler" not in _overrides(parsed_flags(["--autoscaler"]))
-    assert "autoscaler" not in _overrides(parsed_flags([]))
+    assert common_overrides(parsed_flags(["--no-autoscaler"]))["autoscaler"] == []
+    assert "autoscaler" not in common_overrides(parsed_flags(["--autoscaler"]))
+    assert "autoscaler" not in common_overrides(parsed_flags([]))
 
 
 def test_every_boolean_option_is_a_pair_or_a_plain_switch():
@@ -131,11 +131,11 @@ def test_every_boolean_option_is_a_pair_or_a_plain_switch():
 
 @pytest.mark.parametrize("value", ["on", "off", "true", "false", "TRUE", "Off"])
 def test_pd_transfer_contention_takes_a_value(value):
-    from simulator.cli_app import _overrides
+    from simulator.cli.flags import common_overrides
 
-    overrides = _overrides(parsed_flags(["--pd-transfer-contention", value]))
+    overrides = common_overrides(parsed_flags(["--pd-transfer-contention", value]))
     assert overrides["cluster.pd.transfer_contention"] is (value.lower() in ("on", "true"))
-    blis = _overrides(parsed_flags([f"--pd-transfer-contention={value}"]))
+    blis = common_overrides(parsed_flags([f"--pd-transfer-contention={value}"]))
     assert blis["cluster.pd.transfer_contention"] == overrides["cluster.pd.transfer_contention"]
 
 
@@ -158,11 +158,11 @@ def test_an_on_off_flag_runs_end_to_end():
 
 
 def test_loading_delay_old_name_is_a_hidden_alias():
-    from simulator.cli_app import _overrides
+    from simulator.cli.flags import common_overrides
 
     field = "instance_lifecycle.loading_delay.mean_s"
-    assert _overrides(parsed_flags(["--loading-delay-s", "7"]))[field] == 7
-    assert _overrides(parsed_flags(["--loading-delay", "7"]))[field] == 7
+    assert common_overrides(parsed_flags(["--loading-delay-s", "7"]))[field] == 7
+    assert common_overrides(parsed_flags(["--loading-delay", "7"]))[field] == 7
     (old,) = [p for p in COMMANDS["run"].params if "--loading-delay" in p.opts]
     assert old.hidden
     res = runner.invoke(app, ["run", "--loading-delay", "1", "--loading-delay-s", "2"])
@@ -190,7 +190,7 @@ CLIENT = {
 
 def test_expected_requests_of_a_run():
     from simulator.api import as_scenario
-    from simulator.cli_app import expected_requests
+    from simulator.cli.commands import expected_requests
 
     assert expected_requests(as_scenario({"workload": {"num_requests": 37}})) == 37
     v2 = {"workload": {"aggregate_rate": 5, "num_requests": 12, "clients": [CLIENT]}}
@@ -204,7 +204,7 @@ def test_expected_requests_of_a_run():
 
 def test_expected_requests_of_a_trace_is_its_rows(tmp_path):
     from simulator.api import as_scenario
-    from simulator.cli_app import expected_requests
+    from simulator.cli.commands import expected_requests
 
     data = tmp_path / "requests.csv"
     data.write_text(
@@ -217,7 +217,7 @@ def test_progress_bar_shows_the_total():
     from rich.console import Console
 
     from simulator.api import as_scenario
-    from simulator.cli_app import _simulate_with_progress
+    from simulator.cli.commands import _simulate_with_progress
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120)

@@ -1,7 +1,13 @@
 """The package's modules import one another without cycles at import time (docs/architecture.md
 "Layers"): walking every module-level `import` / `from ... import` of `simulator/` (blocks
 under `if TYPE_CHECKING:` excluded) finds no strongly connected component of two or more
-modules. Imports inside functions (done lazily, where they are used) are not counted here."""
+modules. Imports inside functions (done lazily, where they are used) are not counted there.
+
+The command line (`simulator/cli/`) is held to more: counting its imports inside functions
+too, its modules form no cycle, and only the entry point (`simulator.cli`) imports the module
+that builds the app and registers the commands (`simulator.cli.commands`). Resolving a
+deployment (`simulator.deployment`) and planning a fleet (`simulator.fleet_plan`) never import
+the module that runs scenarios (`simulator.api`), at any level."""
 
 from __future__ import annotations
 
@@ -38,13 +44,17 @@ def _targets(node: ast.AST, module: str, is_package: bool, modules: set[str]) ->
     return found
 
 
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
 def _module_level(body: list[ast.stmt]):
     for node in body:
         if isinstance(node, ast.If):
-            test = node.test
-            guarded = isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-            guarded |= isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-            if not guarded:
+            if not _type_checking(node):
                 yield from _module_level(node.body)
                 yield from _module_level(node.orelse)
         elif isinstance(node, ast.Try):
@@ -53,15 +63,29 @@ def _module_level(body: list[ast.stmt]):
             yield node
 
 
-def import_graph() -> dict[str, set[str]]:
+def _every_level(node: ast.AST):
+    """Every import statement under `node`, in functions and classes too (not those under
+    `if TYPE_CHECKING:`, which never run)."""
+    for child in ast.iter_child_nodes(node):
+        skipped = isinstance(child, ast.If) and _type_checking(child)
+        for part in child.orelse if skipped else [child]:
+            if isinstance(part, ast.Import | ast.ImportFrom):
+                yield part
+            yield from _every_level(part)
+
+
+def import_graph(every_level: bool = False) -> dict[str, set[str]]:
+    """Module -> the package modules it imports: at module level, or, with `every_level`,
+    anywhere in it (inside functions too)."""
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {_module_name(p) for p in paths}
     graph: dict[str, set[str]] = {}
     for path in paths:
         module = _module_name(path)
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        nodes = _every_level(tree) if every_level else _module_level(tree.body)
         edges: set[str] = set()
-        for node in _module_level(tree.body):
+        for node in nodes:
             edges |= _targets(node, module, path.name == "__init__.py", modules)
         edges.discard(module)
         graph[module] = edges
@@ -124,3 +148,43 @@ def test_no_module_level_import_cycles():
     graph = import_graph()
     assert len(graph) > 80  # the walk saw the package
     assert cycles(graph) == []
+
+
+CLI = "simulator.cli"
+
+
+def _cli_graph() -> dict[str, set[str]]:
+    graph = import_graph(every_level=True)
+    inside = {m for m in graph if m == CLI or m.startswith(CLI + ".")}
+    return {m: graph[m] & inside for m in inside}
+
+
+def test_the_every_level_walk_sees_imports_inside_functions():
+    tree = ast.parse(
+        "import a\n"
+        "def f():\n    from b import c\n"
+        "    class K:\n        def g(self):\n            import d\n"
+        "if TYPE_CHECKING:\n    import e\nelse:\n    import f\n"
+    )
+    names = {a.name for n in _every_level(tree) for a in n.names if isinstance(n, ast.Import)}
+    froms = {n.module for n in _every_level(tree) if isinstance(n, ast.ImportFrom)}
+    assert names == {"a", "d", "f"} and froms == {"b"}
+
+
+def test_no_import_cycles_in_the_command_line_at_any_level():
+    graph = _cli_graph()
+    assert {f"{CLI}.commands", f"{CLI}.common", f"{CLI}.flags"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_only_the_entry_point_imports_the_module_that_registers_the_commands():
+    graph = _cli_graph()
+    importers = {m for m, edges in graph.items() if f"{CLI}.commands" in edges}
+    assert importers == {CLI}
+
+
+def test_deployments_and_fleet_plans_never_import_the_runs():
+    graph = import_graph(every_level=True)
+    assert "simulator.api" not in graph["simulator.deployment"]
+    assert "simulator.api" not in graph["simulator.fleet_plan"]
+    assert "simulator.fleet_plan" not in graph["simulator.deployment"]

@@ -186,7 +186,7 @@ def test_the_entry_point_module_loads_nothing_heavy():
     added = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.split()
-    heavy = {"typer", "click", "rich", "numpy", "pandas", "simpy", "simulator.cli_app"}
+    heavy = {"typer", "click", "rich", "numpy", "pandas", "simpy", "simulator.cli.commands"}
     assert heavy.isdisjoint(added), added
 
 

@@ -11,7 +11,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from simulator.cli_plan import register
+from simulator.cli.plan import register
 from simulator.errors import ConfigError
 from simulator.plan import _search, plan
 from tests.specs import CAPACITY_25_RPS

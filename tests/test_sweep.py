@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 import simulator.sweeps as sweep_mod
-from simulator.cli_sweep import format_points_table, register
+from simulator.cli.sweep import format_points_table, register
 from simulator.errors import ConfigError
 from simulator.sweeps import load_sweep_file, sweep
 from tests.specs import CAPACITY_25_RPS

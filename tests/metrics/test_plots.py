@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 import simulator
-from simulator.cli_extras import register
+from simulator.cli.plot import register
 from simulator.errors import ConfigError
 from simulator.metrics import plots
 from simulator.metrics.persistence import load_result, save_result

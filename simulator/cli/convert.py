@@ -1,5 +1,5 @@
 """`servesim convert servegen` and `servesim convert inference-perf`: other workload forms
-as v2 specs on stdout (docs/workloads.md, "Converters"). `convert preset` lives in cli_app.
+as v2 specs on stdout (docs/workloads.md, "Converters"). `convert preset` lives in commands.py.
 
 Each prints a spec that `servesim run --workload-spec` runs unchanged and that generates
 exactly the requests the source would (the round-trip tests check it).
@@ -12,10 +12,10 @@ from typing import Annotated
 
 import typer
 
+from .common import guarded
+
 
 def register(convert_app: typer.Typer) -> None:
-    from .cli_app import _guarded
-
     @convert_app.command("servegen")
     def convert_servegen(
         path: Annotated[
@@ -60,8 +60,8 @@ def register(convert_app: typer.Typer) -> None:
         afternoon periods as cohorts per SLO class (or, --single-span, BLIS-Mar's clients)."""
 
         def go() -> None:
-            from .workload.convert import servegen_spec
-            from .workload.presets import spec_to_yaml
+            from ..workload.convert import servegen_spec
+            from ..workload.presets import spec_to_yaml
 
             spec = servegen_spec(
                 path,
@@ -74,7 +74,7 @@ def register(convert_app: typer.Typer) -> None:
             )
             typer.echo(spec_to_yaml(spec), nl=False)
 
-        _guarded(go)
+        guarded(go)
 
     @convert_app.command("inference-perf")
     def convert_inference_perf(
@@ -87,9 +87,9 @@ def register(convert_app: typer.Typer) -> None:
         spec of plain clients."""
 
         def go() -> None:
-            from .workload.convert import inference_perf_spec
-            from .workload.presets import spec_to_yaml
+            from ..workload.convert import inference_perf_spec
+            from ..workload.presets import spec_to_yaml
 
             typer.echo(spec_to_yaml(inference_perf_spec(spec)), nl=False)
 
-        _guarded(go)
+        guarded(go)

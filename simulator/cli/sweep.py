@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from .common import check_writable, guarded
+
 if TYPE_CHECKING:
-    from .sweeps import SweepResult
+    from ..sweeps import SweepResult
 
 # Metrics shown in the printed table, each when the sweep has it (every metric is in
 # points.csv with --out).
@@ -111,14 +113,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Simulate a grid of scenario overrides × seeds; print mean ± 95% CI per point."""
-        from .cli_app import _check_writable, _guarded
-        from .interruption import interruptible
+        from ..interruption import interruptible
 
         def go() -> None:
-            from .sweeps import load_sweep_file, sweep
+            from ..sweeps import load_sweep_file, sweep
 
             _check_out_folder(out)
-            _check_writable("--report", report)
+            check_writable("--report", report)
             spec = load_sweep_file(sweep_yaml)
             if check_invariants is not None:
                 spec.base = spec.base.model_copy(update={"check_invariants": check_invariants})
@@ -149,15 +150,15 @@ def register(app: typer.Typer) -> None:
                 result.report(report)
                 typer.echo(f"wrote {report}", err=True)
 
-        _guarded(go)
+        guarded(go)
 
 
 def _check_out_folder(out: Path | None) -> None:
     """Refuse an --out that cannot hold the sweep's files before any run is simulated."""
     if out is None:
         return
-    from .atomic_io import check_output, check_output_folder
-    from .sweeps import RUNS_DIR
+    from ..atomic_io import check_output, check_output_folder
+    from ..sweeps import RUNS_DIR
 
     check_output_folder(out, "--out")
     check_output_folder(out / RUNS_DIR, "--out")
@@ -167,7 +168,7 @@ def _check_out_folder(out: Path | None) -> None:
 
 def _sweep_loss(out: Path | None) -> str:
     """What an interrupted sweep keeps: the runs already saved under --out resume later."""
-    from .sweeps import RUNS_DIR
+    from ..sweeps import RUNS_DIR
 
     if out is None:
         return "no --out folder, so every finished run was lost"

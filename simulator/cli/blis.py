@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .errors import ConfigError, excerpt
+from ..errors import ConfigError, excerpt
 
 _WL = "Workload"
 
@@ -104,7 +104,7 @@ def session_mode_trace(
     session_mode: str, think_time_ms: int | None, think_time_dist: str | None
 ) -> dict[str, Any]:
     """The trace fields of `replay --session-mode/--think-time-ms/--think-time-dist`."""
-    from .workload.closed_loop import parse_think_time
+    from ..workload.closed_loop import parse_think_time
 
     if session_mode not in SESSION_MODES:
         raise ConfigError(
@@ -202,10 +202,10 @@ def defaults_file_overrides(
     flag is given, and the latency backend's coefficients where none are given (the global
     set of trained-physics, cross-model or trained-roofline, or the blackbox row for the
     model, GPU and TP in `models:`)."""
-    from .api import as_scenario, with_overrides
-    from .catalog.defaults import canonical_gpu, model_defaults
-    from .input_files import read_yaml_mapping
-    from .scenario import Scenario, SyntheticWorkload
+    from ..api import as_scenario, with_overrides
+    from ..catalog.defaults import canonical_gpu, model_defaults
+    from ..input_files import read_yaml_mapping
+    from ..scenario import Scenario, SyntheticWorkload
 
     where = "--defaults-filepath"
     data = read_yaml_mapping(path, "defaults file")

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .common import check_writable, guarded
 
 
 def parse_assignments(values: list[str], flag: str, what: str) -> dict[str, float]:
@@ -109,13 +110,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Find the fewest instances per GPU type that meet the SLOs (help: above)."""
-        from .cli_app import _check_writable, _guarded
 
         def go() -> None:
-            from .plan import plan
+            from ..plan import plan
 
-            _check_writable("--plot", plot)
-            _check_writable("--report", report)
+            check_writable("--plot", plot)
+            check_writable("--report", report)
             slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
             prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
 
@@ -140,16 +140,16 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"warning: {warning}", err=True)
             typer.echo(result.table())
             if plot is not None:
-                from .atomic_io import write_with
+                from ..atomic_io import write_with
 
                 figure = result.plot()
                 suffix = plot.suffix.lstrip(".") or "png"
                 write_with(plot, lambda tmp: figure.savefig(tmp, format=suffix))
                 typer.echo(f"wrote {plot}", err=True)
             if report is not None:
-                from .report import write_report  # plotly loads only for a report
+                from ..report import write_report  # plotly loads only for a report
 
                 write_report(result, report)
                 typer.echo(f"wrote {report}", err=True)
 
-        _guarded(go)
+        guarded(go)

@@ -1,4 +1,5 @@
-"""Extra CLI commands, registered onto the main typer app by `register(app)`."""
+"""`servesim plot`: the standard plots of a saved result, registered onto the main typer app
+by `register(app)`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from .common import check_folder_writable, check_writable, guarded
 
 
 def register(app: typer.Typer) -> None:
@@ -20,19 +23,18 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Draw the standard plots of a saved result as PNG files and print their paths."""
-        from .cli_app import _check_folder_writable, _check_writable, _guarded
 
         def go() -> None:
-            from .metrics.persistence import load_result
-            from .metrics.plots import PLOT_NAMES, write_plots
+            from ..metrics.persistence import load_result
+            from ..metrics.plots import PLOT_NAMES, write_plots
 
             folder = out if out is not None else result_dir
             flag = "--out" if out is not None else "RESULT_DIR"
-            _check_folder_writable(flag, folder)
+            check_folder_writable(flag, folder)
             for name in PLOT_NAMES:
-                _check_writable(flag, folder / f"{name}.png")
+                check_writable(flag, folder / f"{name}.png")
             result = load_result(result_dir)
             for path in write_plots(result, folder):
                 typer.echo(str(path))
 
-        _guarded(go)
+        guarded(go)

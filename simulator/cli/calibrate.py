@@ -9,10 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from .errors import ConfigError, excerpt
+from ..errors import ConfigError, excerpt
+from .common import check_writable, guarded
 
 # Exit status when --fail-if-no-improvement is given and no round beat the start. Bad input
-# is 2, a broken invariant 3 (cli_app): 1 is the conventional "ran, but the answer is no".
+# is 2, a broken invariant 3 (common): 1 is the conventional "ran, but the answer is no".
 NO_IMPROVEMENT_EXIT_CODE = 1
 METRIC_LABELS = {
     "e2e_mean_ms": "E2E mean",
@@ -49,7 +50,7 @@ def _runs(n: int) -> str:
 def format_summary(result: Any) -> str:
     """Per metric, the mean |error| over runs of the start and of the result, in-sample and
     held out side by side; then every run's signed errors (result, and start in brackets)."""
-    from .calibrate import FIT_METRICS, mean_abs_errors, score, signed_errors
+    from ..calibrate import FIT_METRICS, mean_abs_errors, score, signed_errors
 
     columns = [("in-sample", result.start_scores, result.scores)]
     if result.held_out:
@@ -258,13 +259,11 @@ def register(app: typer.Typer) -> None:
         ] = 0.0,
     ) -> None:
         """Fit physics's coefficients, or compare a simulated trace (help: above)."""
-        from .cli_app import _check_writable, _guarded
-
         unchanged: list[bool] = []
 
         def go() -> None:
-            from . import calibrate as cal
-            from .calibration_report import calibration_report, format_report
+            from .. import calibrate as cal
+            from ..calibration_report import calibration_report, format_report
 
             headers, datas = list(trace_header or []), list(trace_data or [])
             if len(headers) != len(datas):
@@ -282,7 +281,7 @@ def register(app: typer.Typer) -> None:
                 )
                 typer.echo(format_report(report))
                 return
-            _check_writable("--output", output)
+            check_writable("--output", output)
             if rounds < 0:
                 raise ConfigError(f"--rounds: invalid value {rounds}; must be an integer >= 0")
             if prior not in cal.PRIOR_CENTRES:
@@ -304,7 +303,7 @@ def register(app: typer.Typer) -> None:
                 trace_folders.insert(0, folder)
                 groundtruth = None
             elif folder is None and not headers and not trace_folders:
-                from .validate import default_groundtruth
+                from ..validate import default_groundtruth
 
                 groundtruth = default_groundtruth("calibrate")
             cases = [
@@ -324,7 +323,7 @@ def register(app: typer.Typer) -> None:
 
             with tempfile.TemporaryDirectory() as tmp:
                 if groundtruth is not None:
-                    from .validate import discover_runs
+                    from ..validate import discover_runs
 
                     specs = discover_runs(groundtruth, forced_output_length)
                     specs = [s for s in specs if include_overloaded or not s.overloaded]
@@ -379,7 +378,7 @@ def register(app: typer.Typer) -> None:
             if len(cases) == 1 and cases[0].trace_header is not None:
                 _report_one(cases[0], result, rtt_ms, network_bandwidth_mbps)
 
-        _guarded(go)
+        guarded(go)
         if unchanged and fail_if_no_improvement:
             raise typer.Exit(NO_IMPROVEMENT_EXIT_CODE)
 
@@ -426,9 +425,9 @@ def _name_apart(cases: list) -> None:
 def _report_one(case: Any, result: Any, rtt_ms: float | None, bandwidth: float) -> None:
     """BLIS's calibration report of the one fitted trace, replayed with the result (it needs
     a real recording: `mode: real`)."""
-    from . import calibrate as cal
-    from .calibration_report import calibration_report, format_report
-    from .workload.trace import read_header
+    from .. import calibrate as cal
+    from ..calibration_report import calibration_report, format_report
+    from ..workload.trace import read_header
 
     if read_header(case.trace_header).get("mode", "generated") != "real":
         typer.echo(

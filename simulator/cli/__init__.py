@@ -1,10 +1,14 @@
 """`servesim` command line: the program's entry point (`main`).
 
-The commands live in `cli_app` (and the `cli_*` modules it registers). This module stays
-light on purpose: `main` must install the signal handlers and the stdout guard before typer
-and the simulator are imported, which takes most of a second, so that Ctrl-C at any moment
-gives one line on stderr and status 130 (SIGTERM: 143), never a traceback. Names such as
-`simulator.cli.app` still resolve: they are looked up in `cli_app` on first use.
+The typer app and the core commands live in `commands`, which registers the other command
+modules (`calibrate`, `convert`, `observe`, `plan`, `plot`, `sweep`); the flags `run` and
+`replay` share are in `flags` and `blis`, the helpers every command uses in `common`. A
+command module never imports `commands`, nor this module. This module stays light on
+purpose: `main` must install the signal handlers and the stdout guard before typer and the
+simulator are imported, which takes most of a second, so that Ctrl-C at any moment gives one
+line on stderr and status 130 (SIGTERM: 143), never a traceback. Names such as
+`simulator.cli.app` still resolve: they are looked up in `commands` (then `common` and
+`flags`) on first use.
 
 Exit statuses: 0 success; 2 bad input or an unusable output (one `error:` line); 3 a broken
 invariant; 128 + N stopped by signal N (130 SIGINT, 143 SIGTERM); 141 (128 + SIGPIPE) when the
@@ -18,14 +22,14 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .interruption import Stop
+    from ..interruption import Stop
 
 READER_GONE_EXIT_CODE = 141  # 128 + SIGPIPE, what a shell shows for a closed pipe
 
 
 def main() -> None:
     """Console-script entry point (`servesim`, and `python -m simulator.cli`)."""
-    from .interruption import Interrupted, stopping_on_signals  # standard library only
+    from ..interruption import Interrupted, stopping_on_signals  # standard library only
 
     with stopping_on_signals(then_ignore=True) as stop:
         status = _run_app(stop)
@@ -43,12 +47,12 @@ def _run_app(stop: Stop) -> int:
     once; from the moment the status is decided, signals are ignored."""
     status = 0
     try:
-        from .atomic_io import guard_stdout
-        from .errors import ServesimError
+        from ..atomic_io import guard_stdout
+        from ..errors import ServesimError
 
         stdout = guard_stdout()
         try:
-            from .cli_app import app
+            from .commands import app
 
             app()
         except SystemExit as exc:
@@ -92,13 +96,15 @@ def __getattr__(name: str) -> Any:
     # `from simulator.cli import app` (tests, notebooks): the commands load on first use.
     if name.startswith("__"):
         raise AttributeError(name)
-    from . import cli_app
+    from importlib import import_module
 
-    try:
-        return getattr(cli_app, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    for module in _LAZY_MODULES:
+        value = getattr(import_module(f"{__name__}.{module}"), name, _MISSING)
+        if value is not _MISSING:
+            return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-if __name__ == "__main__":
-    main()
+# Where `simulator.cli.NAME` is looked up, in order (`commands` loads the other two).
+_LAZY_MODULES = ("commands", "common", "flags")
+_MISSING = object()

@@ -9,8 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from .errors import ConfigError
-from .interruption import Interrupted, signal_of
+from ..errors import ConfigError
+from ..interruption import Interrupted, signal_of
+from .common import check_writable, guarded, setup_logging, stderr_console
+from .flags import with_flags, workload_flags, workload_overrides
 
 _SRV = "Server"
 _REC = "Recording"
@@ -90,14 +92,12 @@ def _progress_display():
     """A live line on stderr (terminals only): sent, finished by status, in flight."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .cli_app import _stderr_console
-
     bar = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
         transient=True,
-        console=_stderr_console(),
+        console=stderr_console(),
     )
     task = bar.add_task("connecting", start=True)
 
@@ -114,9 +114,8 @@ def _progress_display():
 
 
 def _scenario(flags: dict[str, Any]):
-    from .api import with_overrides
-    from .cli_app import workload_overrides
-    from .scenario import Scenario
+    from ..api import with_overrides
+    from ..scenario import Scenario
 
     workload = workload_overrides(flags)
     if flags.get("workload_spec") is None and not workload:
@@ -136,7 +135,6 @@ def _scenario(flags: dict[str, Any]):
 
 def register(app: typer.Typer) -> None:
     """Add `observe --server-url URL --model M --trace-header H --trace-data D [traffic]`."""
-    from .cli_app import _check_writable, _guarded, _setup_logging, _with_flags, _workload_flags
 
     @app.command(
         "observe",
@@ -144,25 +142,25 @@ def register(app: typer.Typer) -> None:
         "workload at its scheduled arrival times and records every request as a TraceV2 pair, "
         "for replay and calibrate.",
     )
-    @_with_flags(_observe_flags, _workload_flags)
+    @with_flags(_observe_flags, workload_flags)
     def observe_cmd(**flags: Any) -> None:
         """Measure a real server and record a TraceV2 pair (help: above)."""
         interrupted = False
 
         def go() -> None:
             nonlocal interrupted
-            from .observe import observe
+            from ..observe import observe
 
-            _setup_logging(flags["log"])
+            setup_logging(flags["log"])
             header_path, data_path = flags["trace_header"], flags["trace_data"]
-            _check_writable("--trace-header", header_path)
-            _check_writable("--trace-data", data_path)
+            check_writable("--trace-header", header_path)
+            check_writable("--trace-data", data_path)
             if header_path.resolve() == data_path.resolve():
                 raise ConfigError(
                     f"--trace-data: invalid value {str(data_path)!r}; it is also --trace-header"
                 )
             itl_path = chunk_times_path(data_path) if flags["record_itl"] else None
-            _check_writable("--record-itl", itl_path)
+            check_writable("--record-itl", itl_path)
             sc = _scenario(flags)
             options = {
                 "api_format": flags["api_format"],
@@ -203,6 +201,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(observation.summary_text())
             interrupted = observation.interrupted
 
-        _guarded(go)
+        guarded(go)
         if interrupted:
             raise typer.Exit(EXIT_INTERRUPTED)

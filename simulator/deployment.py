@@ -1,0 +1,283 @@
+"""A scenario resolved into its deployment: model, GPU, parallel layout, step-time model,
+engine settings and KV capacity (`resolve_deployment`), with BLIS's precedence rules; the PD
+pools' own deployments (`pool_deployments`) and one setup per instance (`instance_setups`).
+Fleets described by `deployments`, node pools and the rest are planned in `fleet_plan`; runs
+are in `api`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from .catalog.defaults import lookup_coefficients, model_defaults
+from .catalog.hardware import get_gpu, load_gpu_file
+from .catalog.models import load_model, validate_tp
+from .catalog.precision import apply_precision
+from .catalog.types import GPUSpec, ModelConfig
+from .cluster.cluster import InstanceSetup
+from .engine.batching import EngineConfig
+from .engine.formation import make_batch_formation
+from .engine.policies import make_priority_policy, make_scheduler
+from .engine.preemption import make_preemption_policy
+from .errors import ConfigError, invalid
+from .latency import build_step_time_model
+from .latency.base import StepTimeModel
+from .latency.kv_capacity import compute_kv_blocks, derive_max_model_len, kv_bytes_per_token
+from .latency.parallel import Parallelism
+from .scenario import Scenario, apply_overrides
+
+log = logging.getLogger("servesim")
+
+
+FALLBACK_KV_BLOCKS = 1_000_000
+# Why BLIS's trained-physics cannot price a data-parallel rank (docs/parallelism.md).
+DP_NEEDS_RANK_PRICING = (
+    "latency model 'trained-physics' prices one scheduler standing for all dp ranks (BLIS's "
+    "approximation); servesim runs a scheduler per rank, which latency model physics prices"
+)
+# Backends whose step time comes from the model's shape; they get an auto-derived context limit.
+ANALYTICAL_BACKENDS = frozenset({"roofline", "physics"})
+
+
+@dataclass
+class Deployment:
+    """A scenario's deployment, fully resolved: what one instance is and how it is priced."""
+
+    model: ModelConfig
+    gpu: GPUSpec
+    tp: int
+    step_model: StepTimeModel
+    engine: EngineConfig
+    kv_blocks_source: str
+    parallelism: Parallelism | None = None
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one instance occupies: tp x pp x dp."""
+        return self.parallelism.gpus if self.parallelism is not None else self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel attention ranks per instance."""
+        return self.parallelism.dp if self.parallelism is not None else 1
+
+    def describe(self) -> dict[str, Any]:
+        layout = self.parallelism or Parallelism(self.tp)
+        described = {
+            "model": self.model.name,
+            "hardware": self.gpu.name,
+            "tp": self.tp,
+            "pp": layout.pp,
+            "ep": layout.ep,
+            "gpus": layout.gpus,
+            "latency_model": self.step_model.name,
+            "latency": self.step_model.provenance(),
+            "total_kv_blocks": self.engine.total_kv_blocks,
+            "kv_blocks_source": self.kv_blocks_source,
+            "max_model_len": self.engine.max_model_len,
+        }
+        if self.engine.speculative is not None:
+            described["speculative"] = self.engine.speculative.describe()
+        if self.engine.lora is not None:
+            described["lora"] = self.engine.lora.describe()
+        return described
+
+
+def resolve_deployment(scenario: Scenario) -> Deployment:
+    """Model, GPU, TP, step-time model and engine settings, with BLIS's precedence rules."""
+    if scenario.model_config_folder is not None:
+        model = load_model(str(scenario.model_config_folder), name=scenario.model)
+    else:
+        model = load_model(scenario.model)
+    defaults = model_defaults(model.name) or {}
+    hardware = scenario.hardware or defaults.get("GPU") or "H100"
+    extra = load_gpu_file(scenario.hardware_file) if scenario.hardware_file else None
+    gpu = get_gpu(hardware, extra)
+    tp = scenario.tp or int(defaults.get("tensor_parallelism") or 1)
+    validate_tp(model, tp)
+    model = apply_precision(model, gpu, scenario.weight_dtype, scenario.engine.kv_cache_dtype)
+    if scenario.dp not in (None, 1) and scenario.latency.model == "trained-physics":
+        raise invalid("dp", scenario.dp, DP_NEEDS_RANK_PRICING)
+    layout = Parallelism.of(
+        tp, scenario.pp, scenario.dp, scenario.ep, scenario.enable_expert_parallel
+    ).check(model)
+    if scenario.enable_expert_parallel and not model.is_moe:
+        raise ConfigError(
+            f"enable_expert_parallel: invalid value True; expert parallelism needs an MoE "
+            f"model and {model.name!r} is dense"
+        )
+    lat = scenario.latency
+    step_model = build_step_time_model(
+        lat.model,
+        model,
+        gpu,
+        tp,
+        lat.alpha_coeffs,
+        lat.beta_coeffs,
+        lat.vllm_version,
+        coeffs_file=lat.coeffs_file,
+        parallelism=layout,
+    )
+    eng = scenario.engine
+    make_scheduler(eng.scheduler)
+    make_priority_policy(eng.priority_policy)
+    make_preemption_policy(eng.preemption_policy)
+    make_batch_formation(eng.batch_formation)
+    _validate_cluster(scenario)
+    total_blocks, source = _total_kv_blocks(scenario, model, gpu, tp, layout)
+    speculative = None
+    if scenario.speculative is not None:
+        from .speculative_setup import build_speculation
+
+        speculative, total_blocks, source = build_speculation(
+            scenario, model, gpu, tp, layout, step_model, total_blocks, source
+        )
+    lora = None
+    if scenario.lora is not None:
+        from .lora_setup import build_lora
+
+        lora, total_blocks, source = build_lora(
+            scenario, model, gpu, tp, layout, total_blocks, source
+        )
+    max_model_len = eng.max_model_len
+    if max_model_len is None:
+        max_model_len = (
+            derive_max_model_len(model, total_blocks, eng.block_size_tokens)
+            if lat.model in ANALYTICAL_BACKENDS
+            else 0
+        )
+    engine = EngineConfig(
+        total_kv_blocks=total_blocks,
+        block_size=eng.block_size_tokens,
+        max_num_running_reqs=eng.max_num_running_reqs,
+        max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+        long_prefill_token_threshold=eng.long_prefill_token_threshold,
+        max_model_len=max_model_len,
+        scheduler=eng.scheduler,
+        priority_policy=eng.priority_policy,
+        preemption_policy=eng.preemption_policy,
+        batch_formation=eng.batch_formation,
+        enable_prefix_caching=eng.enable_prefix_caching,
+        kv_cpu_blocks=eng.kv_cpu_blocks,
+        kv_offload_policy=eng.kv_offload_policy,
+        kv_bytes_per_block=kv_bytes_per_token(model, tp, layout.pp) * eng.block_size_tokens,
+        kv_transfer_bandwidth_gb_per_s=eng.kv_transfer_bandwidth_gb_per_s,
+        kv_transfer_base_latency_us=eng.kv_transfer_base_latency_us,
+        kv_reload_blocking=eng.kv_reload_blocking,
+        speculative=speculative,
+        lora=lora,
+    )
+    return Deployment(model, gpu, tp, step_model, engine, source, layout)
+
+
+def instance_setups(scenario: Scenario, deployment: Deployment) -> list[InstanceSetup]:
+    """One setup per instance: PD pools first (prefill, then decode), then unified ones.
+
+    A pool with overrides (GPU, TP, latency model, context limit, KV blocks) gets its own
+    deployment: its roofline uses the pool's GPU and TP, and its KV capacity is resolved for
+    that GPU (docs/behaviour.md §7.4)."""
+    cluster = scenario.cluster
+    unified = InstanceSetup(deployment.engine, deployment.step_model, "unified", deployment.dp)
+    pd = cluster.pd
+    if not pd.enabled:
+        return [unified] * cluster.num_instances
+    setups = []
+    pools = pool_deployments(scenario, deployment)
+    for role, count in (("prefill", pd.prefill_instances), ("decode", pd.decode_instances)):
+        pool = pools[role]
+        setups += [InstanceSetup(pool.engine, pool.step_model, role, pool.dp)] * count
+    return setups + [unified] * (cluster.num_instances - len(setups))
+
+
+def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, Deployment]:
+    """The deployment of each PD pool ("prefill", "decode"): `deployment` itself unless the
+    pool overrides its GPU, layout, latency model, context limit or KV blocks."""
+    pd = scenario.cluster.pd
+    out = {}
+    for role, pool in (("prefill", pd.prefill), ("decode", pd.decode)):
+        if not pool.changes_deployment:
+            out[role] = deployment
+            continue
+        changes = {
+            "hardware": pool.hardware,
+            "tp": pool.tp,
+            "pp": pool.pp,
+            "ep": pool.ep,
+            "dp": pool.dp,
+            "latency.model": pool.latency_model,
+            "engine.max_model_len": pool.max_model_len,
+            "engine.total_kv_blocks": pool.total_kv_blocks,
+        }
+        pool_scenario = apply_overrides(
+            scenario,
+            {k: v for k, v in changes.items() if v is not None},
+            source=f"cluster.pd.{role}",
+        )
+        out[role] = resolve_deployment(pool_scenario)
+    return out
+
+
+def _validate_cluster(scenario: Scenario) -> None:
+    """Reject unknown policies, scorers and fitness keys before anything runs."""
+    import numpy as np
+
+    from .cluster.cluster import build_policies, decider_for
+    from .metrics.fitness import parse_fitness_weights
+
+    c = scenario.cluster
+    pd = c.pd
+    decider_for(pd, scenario.engine.block_size_tokens)
+    if pd.prefix_threshold is not None and pd.decider != "prefix-threshold":
+        log.warning("pd.prefix_threshold is set but the decider is %r; it is ignored", pd.decider)
+    if pd.prompt_length_threshold is not None and pd.decider != "prompt-length":
+        log.warning(
+            "pd.prompt_length_threshold is set but the decider is %r; it is ignored", pd.decider
+        )
+    build_policies(c, np.random.default_rng(0), scenario.engine.block_size_tokens, lambda _i, _r: 0)
+    if c.fitness_weights:
+        parse_fitness_weights(c.fitness_weights)
+
+
+def capacity_settings(scenario: Scenario, layout: Parallelism) -> dict[str, Any]:
+    """The engine and layout settings the KV capacity formula takes besides model, GPU, TP."""
+    eng = scenario.engine
+    return {
+        "block_size": eng.block_size_tokens,
+        "gpu_memory_utilization": eng.gpu_memory_utilization,
+        "pp": layout.pp,
+        "expert_fraction": layout.tp / layout.expert_shards if layout.ep_ranks > 1 else 1.0,
+        "rule": capacity_rule(scenario),
+    }
+
+
+def capacity_rule(scenario: Scenario) -> str:
+    """The KV capacity rule in force: `auto` is vLLM's per-GPU allocation under servesim's
+    `physics` model (the measured block counts agree with it) and BLIS's formula under BLIS's
+    backends, whose runs it reproduces (docs/models-and-hardware.md, Capacity rules)."""
+    rule = scenario.engine.kv_capacity_rule
+    if rule == "auto":
+        return "vllm" if scenario.latency.model == "physics" else "blis"
+    return rule
+
+
+def _total_kv_blocks(
+    scenario: Scenario, model: ModelConfig, gpu: GPUSpec, tp: int, layout: Parallelism
+) -> tuple[int, str]:
+    """Explicit > measured defaults.yaml entry > auto-calculation > 1,000,000 (docs/behaviour.md
+    §2.5)."""
+    eng = scenario.engine
+    if eng.total_kv_blocks is not None:
+        return eng.total_kv_blocks, "explicit"
+    version = scenario.latency.vllm_version or (model_defaults(model.name) or {}).get(
+        "vllm_version"
+    )
+    entry = lookup_coefficients(model.name, gpu.name, tp, version)
+    if entry is not None and entry.total_kv_blocks:
+        return entry.total_kv_blocks, "defaults.yaml"
+    try:
+        blocks = compute_kv_blocks(model, gpu, tp, **capacity_settings(scenario, layout))
+        return blocks, "auto"
+    except ConfigError as exc:
+        log.warning("KV capacity auto-calculation failed (%s); using %d blocks", exc, 1_000_000)
+        return FALLBACK_KV_BLOCKS, "fallback"

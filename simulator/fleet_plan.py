@@ -1,0 +1,302 @@
+"""Fleet planning: a scenario's named deployments, node pools, instance lifecycle, events and
+autoscalers become the instance setups and the `FleetPlan` the cluster runs (`plan_fleet`),
+after checking that every deployment fits a node pool and every event names an instance or
+node that exists. Each deployment is resolved by `deployment.resolve_deployment`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .catalog.hardware import get_gpu, load_gpu_file
+from .catalog.precision import describe_precision
+from .cluster.cluster import InstanceSetup
+from .cluster.infra_spec import DeploymentSpec, LifecycleSpec, NodePoolSpec
+from .cluster.infrastructure import FleetPlan, SlotPlan
+from .deployment import Deployment, instance_setups, resolve_deployment
+from .errors import ConfigError, invalid
+from .latency.kv_capacity import model_weight_bytes
+from .latency.parallel import Parallelism
+from .scenario import PDSpec, Scenario, apply_overrides
+
+
+def uses_fleet(scenario: Scenario) -> bool:
+    """Does the scenario describe its fleet (deployments, pools, lifecycle, events, scaling)?"""
+    return bool(
+        scenario.deployments
+        or scenario.node_pools
+        or scenario.events
+        or scenario.autoscaler
+        or scenario.instance_lifecycle != LifecycleSpec()
+    )
+
+
+def plan_fleet(
+    scenario: Scenario, deployment: Deployment
+) -> tuple[list[InstanceSetup], FleetPlan | None, Scenario]:
+    """Instance setups and the fleet plan. Without fleet fields: `instance_setups` and no plan.
+
+    With `deployments`, instances are numbered deployment by deployment (prefill roles
+    first, then decode, then unified, so PD pools stay contiguous), and each deployment gets
+    extra slots for its autoscaler's headroom and its add_instance events. Returns the
+    scenario too, with PD pool sizes filled in from the deployments' roles."""
+    if not uses_fleet(scenario):
+        return instance_setups(scenario, deployment), None, scenario
+    specs = scenario.deployments or [
+        DeploymentSpec(name="default", num_instances=scenario.cluster.num_instances)
+    ]
+    if scenario.deployments and scenario.cluster.pd.enabled:
+        raise ConfigError(
+            "cluster.pd.prefill_instances/decode_instances: with `deployments`, give the "
+            "pools as deployments with role: prefill / decode instead"
+        )
+    order = {"prefill": 0, "decode": 1, "unified": 2}
+    specs = sorted(specs, key=lambda d: order[d.role])  # stable: config order within a role
+    resolved = {d.name: _resolve_named_deployment(scenario, d) for d in specs}
+    for d in specs:
+        if resolved[d.name].dp > 1:
+            field = "dp" if d.name == "default" else f"deployments[{d.name}]: dp"
+            raise invalid(
+                field,
+                resolved[d.name].dp,
+                "data-parallel ranks run on a fixed fleet (cluster.num_instances and PD "
+                "pools); with deployments, node_pools, lifecycle, events or an autoscaler "
+                "use dp 1",
+            )
+    models = {resolved[d.name].model.name.lower() for d in specs}
+    roles = {d.role for d in specs}
+    pd_roles = roles & {"prefill", "decode"}
+    if pd_roles and pd_roles != {"prefill", "decode"}:
+        raise ConfigError(
+            f"deployments: role {sorted(pd_roles)[0]!r} needs deployments of both roles "
+            "prefill and decode"
+        )
+    if pd_roles and len(models) > 1:
+        raise ConfigError(
+            "deployments: prefill/decode disaggregation serves one model; these deployments "
+            f"serve {', '.join(sorted(models))}"
+        )
+    _check_pool_gpus(scenario)
+    _check_pools(scenario, specs, resolved)
+    extra = _extra_slots(scenario, specs)
+    setups: list[InstanceSetup] = []
+    slots: list[SlotPlan] = []
+    aliases: dict[str, list[str]] = {}
+    for d in specs:
+        dep = resolved[d.name]
+        key = dep.model.name.lower()
+        aliases.setdefault(key, [])
+        if d.model:
+            aliases[key].append(d.model)
+        if scenario.model and not scenario.deployments:
+            aliases[key].append(scenario.model)
+        weights = model_weight_bytes(dep.model) / dep.gpus
+        for k in range(d.num_instances + extra[d.name]):
+            index = len(slots)
+            slots.append(
+                SlotPlan(
+                    index=index,
+                    instance_id=f"instance_{index}",
+                    deployment=d.name,
+                    model_key=key,
+                    gpu_type=dep.gpu.name,
+                    gpus_needed=dep.gpus,
+                    pool=d.pool,
+                    initial=k < d.num_instances,
+                    weight_bytes=weights,
+                )
+            )
+            setups.append(InstanceSetup(dep.engine, dep.step_model, d.role))
+    if not slots:
+        raise ConfigError("deployments: no instances (every num_instances is 0, no autoscaler)")
+    plan = FleetPlan(
+        slots=slots,
+        node_pools=list(scenario.node_pools),
+        lifecycle=scenario.instance_lifecycle,
+        events=list(scenario.events),
+        autoscalers=list(scenario.autoscaler),
+        model_aliases=aliases,
+        latency_by_deployment={d.name: latency_entry(resolved[d.name], d.role) for d in specs}
+        if scenario.deployments
+        else {},
+    )
+    if (pd_roles or scenario.cluster.pd.enabled) and plan.dynamic:
+        raise ConfigError(
+            "prefill/decode pools run on a fixed fleet: node_pools, loading delays, "
+            "warm-up, events and autoscaler are not supported with them"
+        )
+    if scenario.cluster.pd.enabled:
+        # Lifecycle settings that change nothing on a fixed fleet (e.g. retry_on_failure with
+        # no failure): the PD pools are the cluster's, with their per-pool overrides.
+        return instance_setups(scenario, deployment), None, scenario
+    if pd_roles:
+        counts = {r: sum(d.num_instances for d in specs if d.role == r) for r in order}
+        scenario = apply_overrides(
+            scenario,
+            {
+                "deployments": [],  # now described by the fleet plan
+                "cluster.num_instances": len(slots),
+                "cluster.pd.prefill_instances": counts["prefill"],
+                "cluster.pd.decode_instances": counts["decode"],
+            },
+            source="deployments",
+        )
+    _check_event_targets(scenario, plan)
+    return setups, plan, scenario
+
+
+def latency_entry(dep: Deployment, role: str) -> dict[str, Any]:
+    """What prices one deployment's steps, for the Latency Model block: its model and role,
+    then its step-time model's own provenance, with the GPU, layout and precision filled in
+    for backends whose provenance does not name them."""
+    entry: dict[str, Any] = {"model": dep.model.name, "role": role}
+    entry.update(dep.step_model.provenance())
+    entry.setdefault("gpu", dep.gpu.name)
+    entry.setdefault("layout", (dep.parallelism or Parallelism(dep.tp)).describe())
+    entry.setdefault("precision", describe_precision(dep.model, dep.gpu))
+    return entry
+
+
+def deployments_latency(fleet: FleetPlan | None, top: Deployment) -> dict[str, dict[str, Any]]:
+    """One Latency Model entry per named deployment, or {} when every deployment is priced
+    exactly as the scenario's top-level one (its block already says all there is)."""
+    entries = fleet.latency_by_deployment if fleet is not None else {}
+    same = {k: v for k, v in latency_entry(top, "").items() if k != "role"}
+    if all({k: v for k, v in e.items() if k != "role"} == same for e in entries.values()):
+        return {}
+    return entries
+
+
+def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployment:
+    hardware = d.hardware
+    if hardware is None and d.pool is not None:
+        hardware = next(p.gpu_type for p in scenario.node_pools if p.name == d.pool)
+    changes = {
+        "model": d.model,
+        "hardware": hardware,
+        "tp": d.tp,
+        "pp": d.pp,
+        "latency.model": d.latency_model,
+        "engine.total_kv_blocks": d.total_kv_blocks,
+        "engine.max_model_len": d.max_model_len,
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if d.ep is not None or d.enable_expert_parallel is not None:
+        # A deployment that sets either expert option sets both: half inherited from the
+        # scenario (ep 8 with its own enable_expert_parallel) would contradict itself.
+        changes["ep"] = d.ep
+        changes["enable_expert_parallel"] = bool(d.enable_expert_parallel)
+    # The deployment is resolved as a single-model scenario of its own.
+    base = scenario.model_copy(
+        update={
+            "deployments": [],
+            "events": [],
+            "autoscaler": [],
+            "node_pools": [],
+            "cluster": scenario.cluster.model_copy(update={"pd": PDSpec()}),
+        }
+    )
+    try:
+        return resolve_deployment(apply_overrides(base, changes, source=f"deployments[{d.name}]"))
+    except ConfigError as exc:
+        raise ConfigError(f"deployments[{d.name}]: {exc}") from None
+
+
+def _check_pools(
+    scenario: Scenario, specs: list[DeploymentSpec], resolved: dict[str, Deployment]
+) -> None:
+    """With node pools, every deployment needs a pool of its GPU type that can hold one
+    instance (tp x pp GPUs): on one node, or on whole nodes when the instance is a multiple
+    of the pool's gpus_per_node and max_nodes allows that many."""
+    pools = scenario.node_pools
+    if not pools:
+        return
+    for d in specs:
+        dep = resolved[d.name]
+        fitting = [
+            p
+            for p in pools
+            if (d.pool is None or p.name == d.pool) and p.gpu_type.lower() == dep.gpu.name.lower()
+        ]
+        where = f"node pool {d.pool!r}" if d.pool else "any node pool"
+        if not fitting:
+            types = ", ".join(sorted({p.gpu_type for p in pools}))
+            raise ConfigError(
+                f"deployments[{d.name}]: runs on GPU {dep.gpu.name!r} but {where} has "
+                f"gpu_type {types}; set the deployment's hardware or the pool's gpu_type"
+            )
+        refusals = [_pool_refusal(p, dep.gpus) for p in fitting]
+        if all(refusals):
+            dp = dep.parallelism.dp if dep.parallelism is not None else 1
+            field = "tp" if dep.gpus == dep.tp else "tp x pp x dp" if dp > 1 else "tp x pp"
+            raise ConfigError(
+                f"deployments[{d.name}]: {field}: invalid value {dep.gpus} (GPUs per "
+                f"instance); {'; '.join(refusals)}"
+            )
+
+
+def _pool_refusal(pool: NodePoolSpec, gpus: int) -> str:
+    """Why `pool` cannot hold an instance of `gpus` GPUs ("" when it can). An instance larger
+    than a node takes whole nodes: vLLM runs the same number of GPUs on every node of a
+    multi-node instance, and servesim gives each such instance every GPU of its nodes."""
+    per_node = pool.gpus_per_node
+    if gpus <= per_node:
+        return ""
+    if gpus % per_node:
+        return (
+            f"node pool {pool.name!r} has {per_node} GPUs per node, and an instance across "
+            f"nodes takes whole nodes (vLLM runs the same number of GPUs on every node), so "
+            f"it must be at most {per_node} or a multiple of {per_node}"
+        )
+    nodes = gpus // per_node
+    if nodes > pool.max_nodes:
+        return (
+            f"it takes {nodes} whole nodes of node pool {pool.name!r} ({per_node} GPUs each) "
+            f"but the pool's max_nodes is {pool.max_nodes}; raise max_nodes to at least {nodes}"
+        )
+    return ""
+
+
+def _check_pool_gpus(scenario: Scenario) -> None:
+    extra = load_gpu_file(scenario.hardware_file) if scenario.hardware_file else None
+    for i, pool in enumerate(scenario.node_pools):
+        try:
+            get_gpu(pool.gpu_type, extra)
+        except ConfigError as exc:
+            raise ConfigError(f"node_pools[{i}].gpu_type: {exc}") from None
+
+
+def _extra_slots(scenario: Scenario, specs: list[DeploymentSpec]) -> dict[str, int]:
+    """Slots beyond the initial instances: autoscaler headroom and add_instance events."""
+    extra = {d.name: 0 for d in specs}
+    first = specs[0].name
+    for a in scenario.autoscaler:
+        name = a.deployment or first
+        initial = next(d.num_instances for d in specs if d.name == name)
+        extra[name] += max(0, a.max_instances - initial)
+    for e in scenario.events:
+        if e.action == "add_instance":
+            extra[e.deployment or first] += 1
+    return extra
+
+
+def _check_event_targets(scenario: Scenario, plan: FleetPlan) -> None:
+    ids = [s.instance_id for s in plan.slots]
+    for i, e in enumerate(scenario.events):
+        if e.target is not None and e.target not in ids:
+            raise ConfigError(
+                f"events[{i}].target: unknown instance {e.target!r}; instances are "
+                f"{ids[0]} .. {ids[-1]}"
+            )
+        if e.node is not None:
+            if not scenario.node_pools:
+                raise ConfigError(
+                    f"events[{i}].node: {e.node!r}, but the scenario has no node_pools"
+                )
+            pool = e.node.rsplit("-", 1)[0]
+            known = {p.name: p for p in scenario.node_pools}
+            if pool not in known or not e.node.rsplit("-", 1)[-1].isdigit():
+                raise ConfigError(
+                    f"events[{i}].node: unknown node {e.node!r}; nodes are named "
+                    "<pool>-<index>, e.g. "
+                    f"{scenario.node_pools[0].name}-0"
+                )
