@@ -177,27 +177,48 @@ _NO_ADAPTERS: frozenset[str] = frozenset()
 
 
 def _live_snapshots(instance_ids: list[str], engines: list[VLLMEngine], models: list[str]):
-    """read(index, in_flight): what instance `index` looks like now (the router calls this
-    for every candidate of every request, so it is one function, fields in order)."""
+    """read(index, in_flight): what instance `index` looks like now; `read.many(indices,
+    in_flights)`: the same for each of `indices` (with its in-flight count), in one loop.
+
+    The router reads every candidate for every request (64 per request in case (g)), so
+    `many` builds them without a Python call per candidate: every field is re-read from the
+    engine each time (nothing is cached), `KVCache.hit_rate` is computed inline, and the
+    tuple is made by `tuple.__new__` rather than the NamedTuple's Python-level `__new__`
+    (the same object: fields in order)."""
+    new = tuple.__new__
+
+    def many(indices: Iterable[int], in_flights: Iterable[int]) -> list[InstanceSnapshot]:
+        out = []
+        for index, in_flight in zip(indices, in_flights, strict=True):
+            engine = engines[index]
+            kv = engine.kv
+            used, total = kv.used_blocks, kv.total_blocks
+            hits = kv.cache_hits
+            lookups = hits + kv.cache_misses
+            lora = engine.lora
+            out.append(
+                new(
+                    InstanceSnapshot,
+                    (
+                        instance_ids[index],
+                        index,
+                        len(engine.waiting),  # queue_depth
+                        len(engine.running),  # batch_size
+                        used / total,  # kv_utilization
+                        total - used,  # free_kv_blocks
+                        hits / lookups if lookups else 0.0,  # cache_hit_rate (KVCache.hit_rate)
+                        in_flight,
+                        models[index],
+                        lora.resident if lora is not None else _NO_ADAPTERS,
+                    ),
+                )
+            )
+        return out
 
     def read(index: int, in_flight: int) -> InstanceSnapshot:
-        engine = engines[index]
-        kv = engine.kv
-        used, total = kv.used_blocks, kv.total_blocks
-        lora = engine.lora
-        return InstanceSnapshot(
-            instance_ids[index],
-            index,
-            len(engine.waiting),  # queue_depth
-            len(engine.running),  # batch_size
-            used / total,  # kv_utilization
-            total - used,  # free_kv_blocks
-            kv.hit_rate,
-            in_flight,
-            models[index],
-            lora.resident if lora is not None else _NO_ADAPTERS,
-        )
+        return many((index,), (in_flight,))[0]
 
+    read.many = many  # type: ignore[attr-defined]
     return read
 
 

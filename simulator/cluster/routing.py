@@ -13,7 +13,7 @@ scorers (the prefix-affinity index, no-hit-lru's recency list) learn where the r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -42,8 +42,41 @@ class RoutingDecision:
 
     target: int
     reason: str
-    # Per-instance scores if the policy computes them (weighted), keyed by instance id.
-    scores: dict[str, float] | None = None
+    # Per-instance scores if the policy computes them (weighted), keyed by instance id, in
+    # candidate order: a dict, or (weighted) a `ScoresByInstance` mapping.
+    scores: Mapping[str, float] | None = None
+
+
+class ScoresByInstance(Mapping[str, float]):
+    """Scores keyed by instance id, in candidate order, read-only: the candidates and their
+    scores, made into a dict when first read. The weighted policy decides once per request
+    over every candidate (64 in case (g)) and only the decision trace reads the scores, so
+    an untraced run never builds the dict. Equal to that dict, and reads like it."""
+
+    __slots__ = ("_candidates", "_scores", "_dict")
+
+    def __init__(self, candidates: Sequence[InstanceSnapshot], scores: Sequence[float]) -> None:
+        self._candidates = tuple(candidates)  # as they are now, should the caller reuse its list
+        self._scores = tuple(scores)
+        self._dict: dict[str, float] | None = None
+
+    def _by_id(self) -> dict[str, float]:
+        if self._dict is None:
+            ids = [c.instance_id for c in self._candidates]
+            self._dict = dict(zip(ids, self._scores, strict=True))
+        return self._dict
+
+    def __getitem__(self, instance_id: str) -> float:
+        return self._by_id()[instance_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_id())
+
+    def __len__(self) -> int:
+        return len(self._by_id())
+
+    def __repr__(self) -> str:
+        return repr(self._by_id())
 
 
 # --------------------------------------------------------------------------- scorers
@@ -685,6 +718,29 @@ class LeastLoaded(RoutingPolicy):
         return RoutingDecision(chosen.index, f"least-loaded (load={best})")
 
 
+def _composite(terms: list[tuple[float, Sequence[float]]], n: int) -> list[float]:
+    """Composite scores in candidate order: per candidate 0.0 + w₁·clamp01(s₁) + w₂·clamp01(s₂)
+    + …, added in the terms' order (`terms`: (weight, scores in candidate order))."""
+    if len(terms) == 2:
+        # The usual case (the default scorers' two load terms, prefix-affinity's zeros
+        # skipped) in one pass instead of two: the same additions in the same order.
+        (w1, scores1), (w2, scores2) = terms
+        if len(scores1) == n:
+            return [
+                0.0
+                + w1 * (0.0 if s1 < 0.0 else 1.0 if s1 > 1.0 else s1)
+                + w2 * (0.0 if s2 < 0.0 else 1.0 if s2 > 1.0 else s2)
+                for s1, s2 in zip(scores1, scores2, strict=True)
+            ]
+    composite = [0.0] * n
+    for weight, scores in terms:
+        composite = [
+            total + weight * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
+            for total, s in zip(composite, scores, strict=True)
+        ]
+    return composite
+
+
 class Weighted(RoutingPolicy):
     """composite = Σ w_i·clamp01(score_i) with weights normalised to sum 1; argmax, random ties."""
 
@@ -702,6 +758,11 @@ class Weighted(RoutingPolicy):
             s.score_list if type(s) in _BUILT_IN_SCORERS else partial(Scorer.score_list, s)
             for s, _ in self.scorers
         ]
+        # Whose all-zero score lists `route` may skip: a built-in scorer's (plain Python
+        # floats) with a finite weight (w·0.0 is 0.0, or -0.0 for w < 0).
+        self._skip_zeros = [
+            type(s) in _BUILT_IN_SCORERS and math.isfinite(w) for s, w in self.scorers
+        ]
         self.rng = rng
 
     @classmethod
@@ -716,17 +777,27 @@ class Weighted(RoutingPolicy):
         self, req: Request, candidates: Sequence[InstanceSnapshot], now_us: int
     ) -> RoutingDecision:
         _require(candidates)
-        # Composite scores in candidate order (instance ids are unique among candidates).
-        composite = [0.0] * len(candidates)
-        for (_, weight), score_list in zip(self.scorers, self._score_lists, strict=True):
-            composite = [
-                total + weight * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
-                for total, s in zip(composite, score_list(req, candidates), strict=True)
-            ]
+        terms = []
+        for (_, weight), score_list, skip_zeros in zip(
+            self.scorers, self._score_lists, self._skip_zeros, strict=True
+        ):
+            scores = score_list(req, candidates)
+            # A built-in scorer's all-zero list (prefix-affinity for a prompt nobody shares)
+            # adds nothing: t + 0.0 is t for every total, none being -0.0 (they start at 0.0,
+            # and a sum is -0.0 only when both terms are).
+            if skip_zeros and not any(scores):
+                continue
+            terms.append((weight, scores))
+        composite = _composite(terms, len(candidates))
         best = max(composite)
-        tied = [c for c, total in zip(candidates, composite, strict=True) if total == best]
-        chosen = self.break_tie(req, tied) if len(tied) > 1 else tied[0]
-        scores = dict(zip([c.instance_id for c in candidates], composite, strict=True))
+        if best == best and composite.count(best) == 1:
+            # One best candidate (the usual case), found in C rather than through a tie list;
+            # a NaN best (never equal to itself) takes the general path, as before.
+            chosen = candidates[composite.index(best)]
+        else:
+            tied = [c for c, total in zip(candidates, composite, strict=True) if total == best]
+            chosen = self.break_tie(req, tied) if len(tied) > 1 else tied[0]
+        scores = ScoresByInstance(candidates, composite)
         return RoutingDecision(chosen.index, f"weighted (score={best:.4f})", scores)
 
     def break_tie(self, req: Request, tied: list[InstanceSnapshot]) -> InstanceSnapshot:

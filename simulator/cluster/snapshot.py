@@ -51,6 +51,10 @@ class SnapshotCache:
         self.interval_us = interval_us
         self.read_live = read_live
         self.read_in_flight = read_in_flight
+        # `read_live.many(indices, in_flights)`, when the reader has it (the cluster's does):
+        # every candidate's snapshot in one call rather than a call per candidate. Without
+        # it (a reader standing in for the cluster's), `read_live` is called per candidate.
+        self._read_many = getattr(read_live, "many", None)
         self._cached = [
             InstanceSnapshot(iid, i, model=model) for i, (iid, model) in enumerate(instances)
         ]
@@ -68,5 +72,7 @@ class SnapshotCache:
         """`get` for each of `indices`, in order (the router's candidates for a request)."""
         if self.interval_us <= 0:
             read_live, read_in_flight = self.read_live, self.read_in_flight
+            if self._read_many is not None:
+                return self._read_many(indices, map(read_in_flight, indices))
             return [read_live(i, read_in_flight(i)) for i in indices]
         return [self.get(i, now_us) for i in indices]
