@@ -23,7 +23,7 @@ from ..engine.request import Request, RequestState
 from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
-from ..metrics.request_table import RequestRecords, RequestTable
+from ..metrics.request_table import RequestRecords, RequestTable, request_stats, served_stats
 from ..metrics.results import Result, compute_summary
 from ..metrics.slo import SloPolicy, slo_report
 from ..metrics.steady import judge
@@ -62,7 +62,7 @@ class _Source:
         self.client_wait_us = 0
         # With a table, finished requests become rows there (`retire`) and only unfinished
         # ones stay objects here, keyed by id with their injection ordinal; without one
-        # (PD: parents keep their sub-requests anyway) every request stays in `injected`.
+        # (compaction off) every request stays in `injected`.
         self.table = table
         self.injected: list[Request] = []
         self.injected_count = 0
@@ -317,9 +317,8 @@ def run_simulation(
         if engine.speculation is not None:  # each instance draws acceptances from its own stream
             engine.seed_speculation(subsystem_rng(seed, f"speculative/{instance_id}"))
     block_size = setups[0].engine.block_size
-    # Finished requests become compact rows unless PD is on: its parents keep their
-    # sub-requests for the PD results anyway.
-    compact = options.compact_finished_requests and not cluster.pd.enabled
+    # Finished requests become compact rows (PD parents with their sub-requests' fields).
+    compact = options.compact_finished_requests
     source = _Source(requests, horizon_us, RequestTable() if compact else None, max_in_flight)
     for engine in engines:
         engine.keep_completed = source.table is None
@@ -354,6 +353,8 @@ def run_simulation(
     )
     if pd is not None:
         pd.private_subs = fleet is None or not fleet.dynamic
+        if source.table is not None:
+            pd.keep_in(source.table)
     router = Router(
         env,
         admission,
@@ -452,8 +453,11 @@ def run_simulation(
         return engine.clock_us if horizon_us is None else min(engine.clock_us, horizon_us)
 
     arrived = source.records()
-    handled = [r for r in arrived if r.state is not RequestState.REJECTED]
+    # Read as columns: a million finished requests are rows, not objects.
+    stats = request_stats(arrived)
+    handled = stats.where(~stats.is_state(RequestState.REJECTED))
     summary = compute_summary("cluster", handled, engines, max(end_of(e) for e in engines))
+    del stats, handled
     slo = slo_report(
         arrived,
         SloPolicy.from_scenario((scenario or {}).get("slo")),
@@ -470,18 +474,11 @@ def run_simulation(
     per_instance = []
     if n > 1:
         # Instance-level views count what each engine served: sub-requests, not parents.
-        served: dict[str, list] = {iid: [] for iid in instance_ids}
-        for r in handled:
-            if not r.disaggregated and r.instance_id in served:
-                served[r.instance_id].append(r)
-        for parent in pd.parents if pd is not None else ():
-            for sub in (parent.prefill_sub, parent.decode_sub):
-                if sub is not None and sub.instance_id in served:
-                    served[sub.instance_id].append(sub)
+        by_instance = served_stats(arrived, pd.parents if pd is not None else (), instance_ids)
         for i, (iid, engine) in enumerate(zip(instance_ids, engines, strict=True)):
             if infra is not None and infra.records[i].state is None:
                 continue  # a slot the fleet never used
-            per_instance.append(compute_summary(iid, served[iid], [engine], end_of(engine)))
+            per_instance.append(compute_summary(iid, by_instance[i], [engine], end_of(engine)))
     result = Result(
         summary=summary,
         request_records=arrived,

@@ -21,8 +21,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
+from array import array
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 import simpy
@@ -30,6 +32,7 @@ import simpy
 from ..engine.events import LINK_RESUME, PriorityTimeout
 from ..errors import invalid, is_finite_positive
 from ..limits import MAX_TIME_US, check_time_us, duration_us
+from ..metrics.request_table import StringColumn
 
 BANDWIDTH_FIELD = "cluster.pd.transfer_bandwidth_gb_per_s"
 BASE_LATENCY_FIELD = "cluster.pd.transfer_base_latency_ms"
@@ -177,6 +180,101 @@ class TransferRecord:
     duration_us: int  # end - requested
 
 
+_WIDER_INT = {"b": "h", "h": "i", "i": "q"}
+
+
+class TransferRecords(Sequence):
+    """The completed transfers as columns (a million transfers would otherwise keep a
+    million objects); reading one builds its `TransferRecord`, with the values and types it
+    was recorded with. Integers are stored as narrow as their values allow; a column meeting
+    a value of another type (a fractional size) keeps plain values from then on. A start is
+    the request time plus the base latency, computed as the link computes it, so it is kept
+    only where it is not (never, from the link)."""
+
+    def __init__(self, base_latency_us: float = 0.0) -> None:
+        self.base_latency_us = base_latency_us
+        self.transfer_id = StringColumn()  # a request id each, from the PD flow
+        self.size_bytes: array | list = array("b")
+        self.requested_us: array | list = array("b")
+        self.duration_us: array | list = array("b")
+        self.concurrency_at_start: array | list = array("b")
+        self.other_starts: dict[int, float] = {}
+
+    def append(
+        self,
+        transfer_id: TransferId,
+        size_bytes: float,
+        requested_us: int,
+        start_us: float,
+        end_us: int,
+        concurrency_at_start: int,
+    ) -> None:
+        if start_us != requested_us + self.base_latency_us or type(start_us) is not float:
+            self.other_starts[len(self.transfer_id)] = start_us
+        self.transfer_id.append(transfer_id)
+        self._add("size_bytes", size_bytes, int)
+        self._add("requested_us", requested_us, int)
+        self._add("duration_us", end_us - requested_us, int)
+        self._add("concurrency_at_start", concurrency_at_start, int)
+
+    def _add(self, name: str, value, kind: type) -> None:
+        column = getattr(self, name)
+        if type(column) is array:
+            if type(value) is kind:
+                while True:
+                    try:
+                        column.append(value)
+                        return
+                    except OverflowError:
+                        if column.typecode not in _WIDER_INT:
+                            break
+                        column = array(_WIDER_INT[column.typecode], column)
+                        setattr(self, name, column)
+            column = list(column)
+            setattr(self, name, column)
+        column.append(value)
+
+    def start_us(self, i: int) -> float:
+        start = self.other_starts.get(i)
+        return self.requested_us[i] + self.base_latency_us if start is None else start
+
+    def starts(self) -> Iterator[float]:
+        """start_us of every record, in order."""
+        return map(self.start_us, range(len(self)))
+
+    def __len__(self) -> int:
+        return len(self.transfer_id)
+
+    def _at(self, i: int) -> TransferRecord:
+        requested, duration = self.requested_us[i], self.duration_us[i]
+        return TransferRecord(
+            self.transfer_id[i],
+            self.size_bytes[i],
+            requested,
+            self.start_us(i),
+            requested + duration,
+            self.concurrency_at_start[i],
+            duration,
+        )
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._at(k) for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("transfer record index out of range")
+        return self._at(i)
+
+    def __iter__(self) -> Iterator[TransferRecord]:
+        return map(self._at, range(len(self)))
+
+    def intervals(self) -> Iterator[tuple[float, int]]:
+        """(start_us, end_us) of every record, in order."""
+        ends = map(operator.add, self.requested_us, self.duration_us)
+        return zip(self.starts(), ends, strict=True)
+
+
 @dataclass
 class _Pending:
     transfer_id: TransferId
@@ -233,7 +331,7 @@ class KVTransferLink:
         self.bandwidth_bytes_per_us = self.bandwidth_gb_per_s * 1000.0
         self.base_latency_us = self.base_latency_ms * 1000.0
         self.core = SharedLink(self.bandwidth_bytes_per_us, contention)
-        self.records: list[TransferRecord] = []
+        self.records = TransferRecords(self.base_latency_us)
         self.initiated = 0
         self.peak_concurrency = 0
         self._concurrency_sum = 0
@@ -297,7 +395,7 @@ class KVTransferLink:
         if until_us <= 0:
             return 0.0
         area = 0.0
-        intervals = [(r.start_us, r.end_us) for r in self.records]
+        intervals = list(self.records.intervals())
         intervals += [(p.start_us, until_us) for p in self._on_link.values()]
         intervals += [(p.start_us, end) for end, _, p in self._due]
         for lo, hi in intervals:
@@ -425,13 +523,10 @@ class KVTransferLink:
 
     def _record(self, pending: _Pending, end_us: int) -> None:
         self.records.append(
-            TransferRecord(
-                transfer_id=pending.transfer_id,
-                size_bytes=pending.size_bytes,
-                requested_us=pending.requested_us,
-                start_us=pending.start_us,
-                end_us=end_us,
-                concurrency_at_start=pending.concurrency_at_start,
-                duration_us=end_us - pending.requested_us,
-            )
+            pending.transfer_id,
+            pending.size_bytes,
+            pending.requested_us,
+            pending.start_us,
+            end_us,
+            pending.concurrency_at_start,
         )

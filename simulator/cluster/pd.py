@@ -11,6 +11,11 @@ look at that instance's real KV cache). A disaggregated request becomes a parent
 
 The parent is the user-facing request: it takes its first token, completion and token count
 from the decode sub-request, so summaries never show sub-requests (INV-PD-6).
+
+In a run that compacts finished requests (`keep_in`), a finished parent becomes a row of the
+cluster's request table like any other request, with what the PD results read of its two
+sub-requests (metrics/request_table.py, `PDColumns`), and the objects go; `parents` then lists
+rows and the still-live parents in the order they were disaggregated.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 from ..engine.instance import Instance
 from ..engine.request import Request, RequestState
+from ..metrics.request_table import ParentRecords, RequestTable
 from .decisions import DecisionTrace
 from .disaggregation import DecisionContext, PDDecider
 from .kv_transfer import KVTransferLink
@@ -57,7 +63,13 @@ class Disaggregator:
         self.block_size = block_size
         self.trace = trace
         self.instances: list[Instance] = []
-        self.parents: list[Request] = []
+        # Every disaggregated parent, in order: a list of the objects, or (`keep_in`) the
+        # live parents by id with their ordinal, the finished ones being rows of `table`.
+        self._parents: list[Request] = []
+        self._live: dict[int, tuple[int, Request]] = {}
+        self._routed = 0
+        self.table: RequestTable | None = None
+        self._records: tuple[tuple[int, int], ParentRecords] | None = None
         self.dropped_at_decode_kv = 0
         # Sub-requests inherit their parent's private-content mark (the KV cache then defers
         # hashing it) only when each instance can see at most one of a parent's phases: the
@@ -65,6 +77,35 @@ class Disaggregator:
         self.private_subs = False
         self.prefill_completed = 0
         self.decode_completed = 0
+
+    # ------------------------------------------------------------------ parents
+    def keep_in(self, table: RequestTable) -> None:
+        """Finished parents become rows of `table` (which must be empty) with their PD fields,
+        as the cluster retires them; only unfinished ones stay objects here."""
+        table.track_pd(self._retire)
+        self.table = table
+
+    def _retire(self, parent: Request) -> int:
+        """A finished parent has been read into the table: forget the object (its sub-requests
+        let go of it, so no reference cycle outlives it) and return its ordinal."""
+        ordinal, _ = self._live.pop(id(parent))
+        for sub in (parent.prefill_sub, parent.decode_sub):
+            if sub is not None:
+                sub.parent = None
+        return ordinal
+
+    @property
+    def parents(self) -> list[Request] | ParentRecords:
+        """Every disaggregated parent, in the order it was disaggregated."""
+        if self.table is None:
+            return self._parents
+        key = (len(self.table), self._routed)
+        if self._records is None or self._records[0] != key:
+            self._records = key, ParentRecords(self.table, list(self._live.values()))
+        return self._records[1]
+
+    def _live_parents(self):
+        return self._parents if self.table is None else [p for _o, p in self._live.values()]
 
     # ------------------------------------------------------------------ routing
     def route(
@@ -96,7 +137,11 @@ class Disaggregator:
             req.prefill_sub = sub
             req.decode_instance_index = decode_choice.target
             req.state = RequestState.QUEUED
-            self.parents.append(req)
+            if self.table is None:
+                self._parents.append(req)
+            else:
+                self._live[id(req)] = (self._routed, req)
+            self._routed += 1
             dispatch(sub, decision.target)
         elif self.pools.unified:
             candidates = [snapshot(i) for i in self.pools.unified]
@@ -188,7 +233,7 @@ class Disaggregator:
 
     def finalize(self) -> None:
         """At the end of a run, unfinished parents take the state of their current phase."""
-        for parent in self.parents:
+        for parent in self._live_parents():
             if parent.is_finished:
                 continue
             if parent.decode_sub is not None:

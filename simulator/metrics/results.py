@@ -18,6 +18,7 @@ import numpy as np
 
 from ..engine.batching import VLLMEngine
 from ..engine.request import Request, RequestState
+from .request_table import ParentRecords, RequestStats
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -160,28 +161,41 @@ def _stat_pct(values, p: float) -> float:
 
 def compute_summary(
     instance_id: str,
-    requests: list[Request],
+    requests: list[Request] | RequestStats,
     engines: list[VLLMEngine],
     sim_end_us: int,
 ) -> dict[str, Any]:
-    """The BLIS MetricsOutput dict for `requests` served by `engines`.
+    """The BLIS MetricsOutput dict for `requests` (objects, or their `RequestStats`
+    columns: the same numbers) served by `engines`.
 
     Request counts come from the requests' own states (a request that arrived but is not yet
     enqueued anywhere counts as queued), token totals and inter-token gaps from the engines.
     """
-    counts = {state: 0 for state in RequestState}
-    for r in requests:
-        counts[r.state] += 1
-    completed = [r for r in requests if r.state is RequestState.COMPLETED]
-    e2e_us = np.array([r.completion_us - r.arrival_us for r in completed], dtype=np.int64)
-    ttft_us = np.array(
-        [r.first_token_us - r.arrival_us for r in requests if r.first_token_us >= 0],
-        dtype=np.int64,
-    )
-    sched_us = np.array(
-        [r.schedule_us - r.arrival_us for r in requests if r.schedule_us >= 0], dtype=np.int64
-    )
+    if isinstance(requests, RequestStats):
+        counts = requests.state_counts()
+        completed = requests.is_state(RequestState.COMPLETED)
+        arrival = requests.arrival_us
+        # As the lists of the objects' differences made int64 (a fractional time truncated).
+        e2e_us = (requests.completion_us - arrival)[completed].astype(np.int64, copy=False)
+        first, scheduled = requests.first_token_us, requests.schedule_us
+        ttft_us = (first - arrival)[first >= 0].astype(np.int64, copy=False)
+        sched_us = (scheduled - arrival)[scheduled >= 0].astype(np.int64, copy=False)
+    else:
+        counts = {state: 0 for state in RequestState}
+        for r in requests:
+            counts[r.state] += 1
+        completed = [r for r in requests if r.state is RequestState.COMPLETED]
+        e2e_us = np.array([r.completion_us - r.arrival_us for r in completed], dtype=np.int64)
+        ttft_us = np.array(
+            [r.first_token_us - r.arrival_us for r in requests if r.first_token_us >= 0],
+            dtype=np.int64,
+        )
+        sched_us = np.array(
+            [r.schedule_us - r.arrival_us for r in requests if r.schedule_us >= 0],
+            dtype=np.int64,
+        )
     itl_us = pooled_itl_us(engines)
+    n_completed = len(e2e_us)
     still_queued = counts[RequestState.QUEUED] + counts[RequestState.CREATED]
     still_running = counts[RequestState.RUNNING]
     dropped = counts[RequestState.DROPPED]
@@ -190,14 +204,14 @@ def compute_summary(
     output_tokens = sum(e.total_output_tokens for e in engines)
     summary: dict[str, Any] = {
         "instance_id": instance_id,
-        "completed_requests": len(completed),
+        "completed_requests": n_completed,
         "still_queued": still_queued,
         "still_running": still_running,
-        "injected_requests": len(completed) + still_queued + still_running + dropped + timed_out,
+        "injected_requests": n_completed + still_queued + still_running + dropped + timed_out,
         "total_input_tokens": sum(e.total_input_tokens for e in engines),
         "total_output_tokens": output_tokens,
         "vllm_estimated_duration_s": duration_s,
-        "responses_per_sec": len(completed) / duration_s if duration_s > 0 else 0.0,
+        "responses_per_sec": n_completed / duration_s if duration_s > 0 else 0.0,
         "tokens_per_sec": output_tokens / duration_s if duration_s > 0 else 0.0,
     }
     # A statistic of no samples is unknown (JSON null), never 0: a run that served nobody
@@ -418,6 +432,27 @@ def steps_frame(engines: list[VLLMEngine], instance_ids: list[str]) -> pd.DataFr
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def _parent_columns(parents: Sequence, names: Sequence[str]) -> list[np.ndarray]:
+    """Fields of every PD parent (rows and objects alike), in order."""
+    if isinstance(parents, ParentRecords):
+        return [parents.column(name) for name in names]
+    return [
+        np.asarray([getattr(p, name) for p in parents], dtype=np.int64 if not parents else None)
+        for name in names
+    ]
+
+
+def _transfer_ends(parents: Sequence) -> tuple[list, list, list]:
+    """Per PD parent in order: id, prefill instance and decode instance index."""
+    if isinstance(parents, ParentRecords):
+        return parents.transfer_ends()
+    return (
+        [p.request_id for p in parents],
+        [p.prefill_sub.instance_id for p in parents],
+        [p.decode_instance_index for p in parents],
+    )
+
+
 @dataclass
 class Result:
     """Outcome of one run. `summary` is the BLIS-compatible dict; DataFrames are built lazily."""
@@ -595,22 +630,35 @@ class Result:
         ]
         if self.pd is None:
             return pd.DataFrame(columns=columns)
-        parents = {p.request_id: p for p in self.pd.parents}
+        ids, prefill, decode = _transfer_ends(self.pd.parents)
+        parents = dict(
+            zip(ids, range(len(ids)), strict=True)
+        )  # by request id (the last if one repeats)
+        link = self.pd.link
+        records = link.records
         rows = []
-        for rec in self.pd.link.records:
-            parent = parents[rec.transfer_id]
+        for tid, size, requested, start, duration, concurrency in zip(
+            records.transfer_id,
+            records.size_bytes,
+            records.requested_us,
+            records.starts(),
+            records.duration_us,
+            records.concurrency_at_start,
+            strict=True,
+        ):
+            parent = parents[tid]
             rows.append(
                 (
-                    rec.transfer_id,
-                    parent.prefill_sub.instance_id,
-                    self.instance_ids[parent.decode_instance_index],
-                    rec.size_bytes,
-                    rec.requested_us,
-                    rec.start_us,
-                    rec.end_us,
-                    rec.duration_us,
-                    rec.duration_us - self.pd.link.lone_duration_us(rec.size_bytes),
-                    rec.concurrency_at_start,
+                    tid,
+                    prefill[parent],
+                    self.instance_ids[decode[parent]],
+                    size,
+                    requested,
+                    start,
+                    requested + duration,
+                    duration,
+                    duration - link.lone_duration_us(size),
+                    concurrency,
                 )
             )
         return pd.DataFrame.from_records(rows, columns=columns)
@@ -626,12 +674,12 @@ class Result:
         decode_tput = d.decode_completed / duration_s if duration_s else 0.0
         lo, hi = sorted((prefill_tput, decode_tput))
         imbalance: float | str = 1.0 if hi == 0 else ("inf" if lo == 0 else hi / lo)
-        ttft = np.array(
-            [p.first_token_us - p.arrival_us for p in d.parents if p.first_token_us >= 0],
-            dtype=np.int64,
+        first, arrival, transfer_end = _parent_columns(
+            d.parents, ("first_token_us", "arrival_us", "transfer_end_us")
         )
+        ttft = (first - arrival)[first >= 0].astype(np.int64)
         durations = self.transfers.duration_us.to_numpy(dtype=np.int64)
-        completed_transfers = int(sum(p.transfer_end_us >= 0 for p in d.parents))
+        completed_transfers = int(np.count_nonzero(transfer_end >= 0))
         end = max(self.summary["vllm_estimated_duration_s"] * 1e6, 1.0)
         return {
             "disaggregated_requests": completed_transfers,
