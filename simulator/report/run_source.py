@@ -143,7 +143,8 @@ def _from_live(result: Any) -> RunSource:
         slo_class=np.array([s or "" for s in cols["slo_class"]], dtype=object),
         tpot_ms=np.where(completed, tpot, np.nan),
         disaggregated=np.array(
-            [bool(getattr(r, "disaggregated", False)) for r in result.request_records]
+            [bool(getattr(r, "disaggregated", False)) for r in result.request_records],
+            dtype=bool,  # also when no request arrived
         )
         if result.pd is not None
         else None,

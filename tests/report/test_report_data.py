@@ -324,3 +324,26 @@ def test_one_curve_per_other_parameter():
         "cluster.num_instances=1": {"load": 20, "steady_seeds": 0, "n_seeds": 1},
         "cluster.num_instances=2": None,
     }
+
+
+def test_a_pd_run_in_which_no_request_arrived_still_has_a_report() -> None:
+    """The horizon (1 µs) ends the run before the first arrival (1 req/s): nothing to chart,
+    yet the report builds, and says no request was completed."""
+    import simulator
+
+    result = simulator.simulate(
+        {
+            "model": "meta-llama/llama-3.1-8b-instruct",
+            "hardware": "H100",
+            "horizon_us": 1,
+            "workload": {"num_requests": 5, "rate": 1},
+            "cluster": {
+                "num_instances": 2,
+                "pd": {"prefill_instances": 1, "decode_instances": 1, "decider": "always"},
+            },
+        },
+        warn_unsteady=False,
+    )
+    assert result.summary["injected_requests"] == 0
+    data = report_data(result)
+    assert data["headline"]["completed_requests"] == 0
