@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError, excerpt
+from .flags import WORKLOAD_FIELDS
 
 _WL = "Workload"
 
@@ -146,16 +147,12 @@ _DEFAULTS_KEYS = {
     "lora",
     "kv_offload_devices",
 }
+# A defaults.yaml workload preset's keys are `run`'s length flags (and prefix_tokens): each
+# sets the scenario field that flag sets.
 _PRESET_FIELDS = {
-    "prompt_tokens": "workload.prompt_tokens.mean",
-    "prompt_tokens_stdev": "workload.prompt_tokens.stdev",
-    "prompt_tokens_min": "workload.prompt_tokens.min",
-    "prompt_tokens_max": "workload.prompt_tokens.max",
-    "output_tokens": "workload.output_tokens.mean",
-    "output_tokens_stdev": "workload.output_tokens.stdev",
-    "output_tokens_min": "workload.output_tokens.min",
-    "output_tokens_max": "workload.output_tokens.max",
-    "prefix_tokens": "workload.prefix_tokens",
+    key: field
+    for key, field in WORKLOAD_FIELDS.items()
+    if key.startswith(("prompt_tokens", "output_tokens")) or key == "prefix_tokens"
 }
 # Backend -> the section of defaults.yaml holding its one global coefficient set.
 _GLOBAL_COEFFICIENTS = {
