@@ -4,10 +4,14 @@ measured by benchmarks/."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+from simulator.collector import RUN_GEN0_THRESHOLD
 
 # Imported only where they are used: tables and plots, other commands, optional extras.
 NEVER_ON_THE_RUN_PATH = (
@@ -73,3 +77,30 @@ def test_a_run_needs_no_package_outside_the_runtime_dependencies():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "=== Simulation Metrics ===" in done.stdout
+
+
+def _process_settings_after(argv: list[str], environment: dict[str, str]) -> dict:
+    probe = (
+        "import gc, json, os, sys\n"
+        "from simulator.cli import main\n"
+        f"sys.argv = ['servesim', *{argv!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('SETTINGS', json.dumps({'blas_threads': os.environ.get('OPENBLAS_NUM_THREADS'),"
+        " 'gen0': gc.get_threshold()[0], 'frozen': gc.get_freeze_count()}), file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | environment
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    line = next(x for x in done.stderr.splitlines() if x.startswith("SETTINGS "))
+    return json.loads(line.split(" ", 1)[1])
+
+
+def test_the_command_line_process_starts_lean_and_leaves_its_objects_to_the_os():
+    """What start-up costs are avoided (docs/performance.md "Start-up"): numpy's BLAS starts one
+    thread (unless the user chose), the young-generation threshold is the run's from the first
+    line, and every object is frozen before exit so the interpreter's last collection walks
+    none of them."""
+    settings = _process_settings_after(["--help"], {})
+    assert settings["blas_threads"] == "1"
+    assert settings["gen0"] >= RUN_GEN0_THRESHOLD
+    assert settings["frozen"] > 0
+    assert _process_settings_after(["--help"], {"OPENBLAS_NUM_THREADS": "4"})["blas_threads"] == "4"

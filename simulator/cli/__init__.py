@@ -18,6 +18,7 @@ dropped and the command still finishes writing its files.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,14 @@ READER_GONE_EXIT_CODE = 141  # 128 + SIGPIPE, what a shell shows for a closed pi
 
 def main() -> None:
     """Console-script entry point (`servesim`, and `python -m simulator.cli`)."""
+    from ..collector import fewer_collections_for_this_process, skip_the_final_collection
     from ..interruption import Interrupted, stopping_on_signals  # standard library only
+
+    fewer_collections_for_this_process()
+    # numpy's BLAS would start a thread per core on import (about 70 ms, and as much CPU
+    # again) for matrix products servesim never makes large enough to share; a user's own
+    # setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
     with stopping_on_signals(then_ignore=True) as stop:
         status = _run_app(stop)
@@ -38,6 +46,7 @@ def main() -> None:
                 stop.reported = True
                 _error_line(Interrupted(stop.first).message())
             status = 128 + stop.first
+    skip_the_final_collection()
     sys.exit(status)
 
 
