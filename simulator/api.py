@@ -43,7 +43,7 @@ from .scenario import (
 from .workload.generator import WorkloadStream
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
 from .workload.spec import format_spec_error, load_workload_spec
-from .workload.synthetic import synthetic_to_spec
+from .workload.synthetic import V2_EQUIVALENTS, synthetic_to_spec
 from .workload.trace import ClientReplay, load_requests_file, recorded_client
 
 __all__ = [
@@ -303,10 +303,6 @@ def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> Cl
     return ClientReplay(True, value, "--max-in-flight")
 
 
-# Flags of BLIS's distribution mode that also mean something for a v2 workload spec.
-_V2_EQUIVALENTS = {"workload.rate": "aggregate_rate", "workload.num_requests": "num_requests"}
-
-
 def with_overrides(
     scenario: Scenario,
     overrides: dict[str, Any],
@@ -337,12 +333,12 @@ def with_overrides(
             for member in (*spec.get("clients", ()), *spec.get("cohorts", ())):
                 member["timeout"] = value
             continue
-        if key not in _V2_EQUIVALENTS:
+        if key not in V2_EQUIVALENTS:
             raise ConfigError(
                 f"{key}: does not apply to a v2 workload spec; only --rate (aggregate_rate), "
                 "--num-requests and the deadline (--timeout, --timeout-us) do"
             )
-        spec[_V2_EQUIVALENTS[key]] = value
+        spec[V2_EQUIVALENTS[key]] = value
     if seed_given and spec.get("seed") is not None:
         spec["seed"] = overrides["seed"]
     base_dir = _workload_base_dir(sc)

@@ -130,15 +130,17 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     if scenario.speculative is not None:
         from .speculative_setup import build_speculation
 
+        capacity = capacity_settings(scenario, layout)
         speculative, total_blocks, source = build_speculation(
-            scenario, model, gpu, tp, layout, step_model, total_blocks, source
+            scenario, model, gpu, tp, capacity, step_model, total_blocks, source
         )
     lora = None
     if scenario.lora is not None:
         from .lora_setup import build_lora
 
+        capacity = capacity_settings(scenario, layout)
         lora, total_blocks, source = build_lora(
-            scenario, model, gpu, tp, layout, total_blocks, source
+            scenario, model, gpu, tp, capacity, total_blocks, source
         )
     max_model_len = eng.max_model_len
     if max_model_len is None:

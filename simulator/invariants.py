@@ -241,11 +241,13 @@ def _check_ordered(chain: list[tuple[str, int]], law: str, now_us: int, req: Req
 # --- at the end -----------------------------------------------------------------------------
 
 
-def check_run(result: Result) -> None:
-    """The whole run's bookkeeping, once it has ended."""
+def check_run(result: Result, engines: list[VLLMEngine] | None = None) -> None:
+    """The whole run's bookkeeping, once it has ended. A result keeps its engines' records,
+    not the engines: their own self-checks run only when the live `engines` are given (the
+    run passes them)."""
     summary = result.summary
     end_us = _end_us(result)
-    for instance_id, engine in zip(result.instance_ids, result.engines, strict=True):
+    for instance_id, engine in zip(result.instance_ids, engines or (), strict=True):
         check_engine(engine, instance_id, end_us)
     records = result.request_records
     rejected = [r for r in records if r.state is RequestState.REJECTED]

@@ -4,7 +4,7 @@ capacity vLLM's adapter buffers take."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -13,7 +13,6 @@ from .limits import Bandwidth, TimeUs, integer
 if TYPE_CHECKING:
     from .catalog.types import GPUSpec, ModelConfig
     from .engine.lora import LoRAConfig, ModuleShapes
-    from .latency.parallel import Parallelism
     from .scenario import Scenario
 
 MAX_ADAPTERS = 100_000
@@ -140,13 +139,14 @@ def build_lora(
     model: ModelConfig,
     gpu: GPUSpec,
     tp: int,
-    layout: Parallelism,
+    capacity: dict[str, Any],
     total_blocks: int,
     blocks_source: str,
 ) -> tuple[LoRAConfig, int, str]:
     """The engine's LoRA config, and the KV blocks left beside vLLM's adapter buffers: a cache
     sized by the formula or by a measurement of vLLM without LoRA shrinks; an explicit block
-    count is taken as given."""
+    count is taken as given. `capacity`: the capacity formula's settings
+    (`deployment.capacity_settings`)."""
     from .engine.lora import ALL_TARGET_MODULES, Adapter, LoRAConfig, LoRACost
     from .speculative_setup import blocks_beside, shrinks
 
@@ -189,7 +189,7 @@ def build_lora(
     )
     if shrinks(blocks_source):
         left = blocks_beside(
-            scenario, model, gpu, tp, layout, total_blocks, config.reserved_bytes(), 0.0, "lora"
+            capacity, model, gpu, tp, total_blocks, config.reserved_bytes(), 0.0, "lora"
         )
         if left is not None:
             config = _with_reserved(config, total_blocks - left)

@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from .catalog.types import GPUSpec, ModelConfig
     from .engine.speculative import SpeculativeConfig
     from .latency.base import StepTimeModel
-    from .latency.parallel import Parallelism
     from .scenario import Scenario
 
 # vLLM's own ceiling is the drafter's; beyond a few tens a draft is all but never accepted.
@@ -84,14 +83,15 @@ def build_speculation(
     model: ModelConfig,
     gpu: GPUSpec,
     tp: int,
-    layout: Parallelism,
+    capacity: dict[str, Any],
     step_model: StepTimeModel,
     total_blocks: int,
     blocks_source: str,
 ) -> tuple[SpeculativeConfig, int, str]:
     """The engine's speculative config, and the KV blocks left beside the drafter: a cache
     sized by the formula or by a measurement of vLLM without a drafter shrinks; an explicit
-    block count is taken as given."""
+    block count is taken as given. `capacity`: the capacity formula's settings
+    (`deployment.capacity_settings`)."""
     from .engine.speculative import (
         DraftModelDrafter,
         EagleDrafter,
@@ -153,7 +153,7 @@ def build_speculation(
     )
     if shrinks(blocks_source) and (reserved_bytes or kv_share):
         left = blocks_beside(
-            scenario, model, gpu, tp, layout, total_blocks, reserved_bytes, kv_share, "speculative"
+            capacity, model, gpu, tp, total_blocks, reserved_bytes, kv_share, "speculative"
         )
         if left is not None:
             total_blocks = left
@@ -169,11 +169,10 @@ def shrinks(blocks_source: str) -> bool:
 
 
 def blocks_beside(
-    scenario: Scenario,
+    capacity: dict[str, Any],
     model: ModelConfig,
     gpu: GPUSpec,
     tp: int,
-    layout: Parallelism,
     blocks: int,
     reserved_bytes: float,
     kv_share: float,
@@ -181,15 +180,17 @@ def blocks_beside(
 ) -> int | None:
     """KV blocks of an auto-sized cache once `reserved_bytes` of its pool hold something else
     (a drafter's weights, LoRA buffers) and every block also holds `kv_share` of the target's
-    KV bytes per token (a drafter's KV). `what` names the section in an error. None when the
-    model's memory cannot be sized (a measured count is then kept as it is)."""
-    from .deployment import capacity_settings
+    KV bytes per token (a drafter's KV). `capacity` holds the settings the capacity formula
+    takes besides model, GPU and TP (`deployment.capacity_settings`, passed in by the
+    deployment that resolves this setup, which this module must not import). `what` names
+    the section in an error. None when the model's memory cannot be sized (a measured count
+    is then kept as it is)."""
     from .engine.speculative import reserve_kv_blocks
     from .errors import ConfigError
     from .latency.kv_capacity import GIB_BYTES, kv_capacity
 
     try:
-        cap = kv_capacity(model, gpu, tp, **capacity_settings(scenario, layout))
+        cap = kv_capacity(model, gpu, tp, **capacity)
     except ConfigError:
         return None
     pool_bytes = (cap.available_gib - cap.overhead_gib) * GIB_BYTES

@@ -19,12 +19,11 @@ import os
 import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,257 +31,29 @@ from .atomic_io import write_text_atomically, write_with
 from .errors import ConfigError, excerpt
 from .input_files import read_json, read_yaml_mapping
 from .interruption import ignore_interrupts_in_worker
+from .metrics.study import TEXT_COLUMNS, SweepTables, metric_label, summarize_points
 from .scenario import Scenario, TraceSpec, scenario_from_dict
 from .workload.spec import format_spec_error
+from .workload.synthetic import V2_EQUIVALENTS
 
 RUNS_DIR = "runs.d"
-CI_LEVEL = 0.95
-# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (used when scipy is absent).
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-_Z975 = 1.959964
 # Summary fields BLIS prints only when non-zero: a missing one means 0, not unknown.
 _ZERO_WHEN_ABSENT = ("kv_allocation_failures",)
-# Summary fields kept as text in `runs` (not averaged in `points`).
-TEXT_COLUMNS = ("steady_state",)
+# `plan` labels its figures' axes as a sweep does.
+_metric_label = metric_label
 
 Progress = Callable[[int, int, dict[str, Any]], None]
 
 
-@dataclass(repr=False)
-class SweepResult:
-    """`runs`: tidy, one row per (point, seed), sorted by point then seed. `points`: per point,
-    `<metric>_mean` and `<metric>_ci95` (half-width of the 95% CI of the mean across seeds)."""
-
-    runs: pd.DataFrame
-    points: pd.DataFrame
-    params: list[str]
-    metrics: list[str]
-    ci_method: str
-    simulated: int = 0
-    skipped: int = 0
-    out: Path | None = None
-    seeds: list[int] = field(default_factory=list)
-
-    def __repr__(self) -> str:
-        """A few lines: the grid, the counts, the seeds, the CI method and the folder (the
-        tables themselves are `runs` and `points`)."""
-        n_points, n_runs = len(self.points), len(self.runs)
-        grid = "; ".join(
-            f"{p}: {_values_text(pd.unique(self.points[p]) if p in self.points else [])}"
-            for p in self.params
-        )
-        lines = [
-            f"SweepResult({n_points} point(s) x {len(self.seeds)} seed(s) = {n_runs} run(s); "
-            f"{self.simulated} simulated, {self.skipped} resumed)",
-            f"  params:  {grid or '(none: the base scenario only)'}",
-            f"  seeds:   {_values_text(self.seeds, limit=10)}",
-            f"  metrics: {len(self.metrics)} per run; points has <metric>_mean and <metric>_ci95",
-            f"  CI:      95% half-width, {self.ci_method}",
-        ]
-        if {"steady_seeds", "n_seeds"} <= set(self.points.columns):
-            steady = int(self.points["steady_seeds"].sum())
-            lines.append(f"  steady:  {steady} of {int(self.points['n_seeds'].sum())} run(s)")
-        lines.append(f"  out:     {self.out if self.out is not None else '(not saved)'}")
-        return "\n".join(lines)
+class SweepResult(SweepTables):
+    """What `sweep` returns: the sweep's tables (`runs`, `points`, their figures), and its
+    HTML report."""
 
     def report(self, path: str | Path) -> Path:
         """Write this sweep's HTML report, one self-contained page (docs/report.md)."""
         from .report import write_report
 
         return write_report(self, path)
-
-    def plot_latency_vs_load(
-        self,
-        metric: str = "ttft_p99_ms",
-        load: str = "workload.rate",
-        slo: float | None = None,
-        log_y: bool | None = None,
-    ):
-        """`metric` (mean across seeds, 95% CI band) against the grid parameter `load`, one
-        line per combination of the other grid parameters; a dashed line at `slo` when given.
-        The y axis is logarithmic when `log_y`, by default when the means span more than 50x.
-
-        The saturation point, the smallest load at which not every seed reached a steady
-        state (`steady_seeds < n_seeds`), is a dotted vertical line, and every such point an
-        X; when every load is steady the legend says so. A Figure (Agg canvas)."""
-        from .metrics.plots import _figure
-
-        if load not in self.params:
-            raise ConfigError(
-                f"plot_latency_vs_load: load {excerpt(load)} is not a grid parameter; "
-                f"grid: {', '.join(self.params) or '(none)'}"
-            )
-        if f"{metric}_mean" not in self.points.columns:
-            raise ConfigError(
-                f"plot_latency_vs_load: unknown metric {excerpt(metric)}; valid: "
-                f"{', '.join(sorted(self.metrics))}"
-            )
-        if slo is not None and (
-            isinstance(slo, bool) or not isinstance(slo, int | float) or not math.isfinite(slo)
-        ):
-            raise ConfigError(f"plot_latency_vs_load: invalid value slo={slo!r}; a number")
-        pts = self.points.copy()
-        pts["_load"] = pd.to_numeric(pts[load], errors="coerce")
-        if pts["_load"].isna().any():
-            raise ConfigError(
-                f"plot_latency_vs_load: load {excerpt(load)} needs numeric values, got "
-                f"{excerpt(list(self.points[load]))}"
-            )
-        has_verdicts = {"steady_seeds", "n_seeds"} <= set(pts.columns)
-        others = [p for p in self.params if p != load]
-        groups = list(pts.groupby(others, sort=False, dropna=False)) if others else [((), pts)]
-        fig = _figure(8, 5)
-        ax = fig.add_subplot(1, 1, 1)
-        marked_unsteady = False
-        for key, group in groups:
-            values = key if isinstance(key, tuple) else (key,)
-            name = ", ".join(f"{p}={v}" for p, v in zip(others, values, strict=True))
-            g = group.sort_values("_load", kind="stable")
-            x = g["_load"].to_numpy(dtype=float)
-            y = g[f"{metric}_mean"].to_numpy(dtype=float)
-            half = g[f"{metric}_ci95"].to_numpy(dtype=float)
-            (line,) = ax.plot(x, y, marker="o", label=name or f"{metric} (mean)")
-            color = line.get_color()
-            band = ~np.isnan(half)
-            if band.any():
-                ax.fill_between(
-                    x[band],
-                    (y - half)[band],
-                    (y + half)[band],
-                    color=color,
-                    alpha=0.2,
-                    linewidth=0,
-                )
-            suffix = f" ({name})" if name else ""
-            if not has_verdicts:
-                ax.plot([], [], " ", label=f"saturation unknown{suffix}: no steady-state verdicts")
-                continue
-            unsteady = (g["steady_seeds"] < g["n_seeds"]).to_numpy()
-            if unsteady.any():
-                ax.scatter(
-                    x[unsteady],
-                    y[unsteady],
-                    marker="X",
-                    s=110,
-                    color=color,
-                    zorder=3,
-                    edgecolors="black",
-                    linewidths=0.6,
-                    label=None if marked_unsteady else "not every seed steady",
-                )
-                marked_unsteady = True
-                first = int(np.flatnonzero(unsteady)[0])
-                row = g.iloc[first]
-                ax.axvline(
-                    x[first],
-                    color=color,
-                    linestyle=":",
-                    linewidth=1.5,
-                    gid="saturation",
-                    label=f"saturation{suffix}: {load} = {x[first]:g} "
-                    f"({int(row['steady_seeds'])}/{int(row['n_seeds'])} seeds steady)",
-                )
-            else:
-                ax.plot(
-                    [],
-                    [],
-                    " ",
-                    gid="no-saturation",
-                    label=f"no saturation{suffix}: every seed steady up to {load} = {x.max():g}",
-                )
-        if slo is not None:
-            ax.axhline(
-                slo,
-                color="grey",
-                linestyle="--",
-                linewidth=1.2,
-                gid="slo",
-                label=f"SLO: {metric} = {slo:g}",
-            )
-        n_seeds = len(self.seeds) or int(pts["n_seeds"].max())
-        means = pts[f"{metric}_mean"].to_numpy(dtype=float)
-        means = means[np.isfinite(means)]
-        if log_y is None:  # a saturated point easily sits 100x above the rest
-            log_y = bool(len(means)) and means.min() > 0 and means.max() / means.min() > 50
-        if log_y:
-            ax.set_yscale("log")
-        ax.set_title(f"{metric} vs {load}: mean ± 95% CI over {n_seeds} seed(s)")
-        ax.set_xlabel(_LOAD_LABELS.get(load, load))
-        ax.set_ylabel(_metric_label(metric))
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small", loc="best")
-        return fig
-
-
-# Axis labels (with units) of common load parameters and metric suffixes.
-_LOAD_LABELS = {
-    "workload.rate": "offered load: workload.rate (requests / s)",
-    "workload.aggregate_rate": "offered load: workload.aggregate_rate (requests / s)",
-    "workload.num_requests": "workload.num_requests (requests)",
-    "cluster.num_instances": "cluster.num_instances (instances)",
-}
-_METRIC_UNITS = (
-    ("_ms", "ms"),
-    ("_per_sec", "per s"),
-    ("_per_s", "per s"),
-    ("_rps", "requests / s"),
-    ("_tps", "tokens / s"),
-    ("_s", "s"),
-    ("_requests", "requests"),
-    ("_rate", "fraction"),
-    ("_attainment", "fraction"),
-)
-
-
-def _metric_label(metric: str) -> str:
-    unit = next((u for suffix, u in _METRIC_UNITS if metric.endswith(suffix)), None)
-    return f"{metric} ({unit})" if unit else metric
-
-
-def _values_text(values: Sequence[Any], limit: int = 6) -> str:
-    """`1, 2, 4` or `1, 2, 3, ..., 50 (50 values)`; each value cut to 30 characters."""
-
-    def one(v: Any) -> str:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "null (default)"  # a null grid value (NaN in a numeric column)
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)  # an integer column that also holds a null turned float
-        text = str(v)
-        return text if len(text) <= 30 else text[:27] + "..."
-
-    items = list(values)
-    if len(items) <= limit:
-        return ", ".join(one(v) for v in items)
-    head = ", ".join(one(v) for v in items[: limit - 1])
-    return f"{head}, ..., {one(items[-1])} ({len(items)} values)"
-
-
-# --- confidence intervals -------------------------------------------------------------------
-
-
-def t_quantile_975(df: int) -> tuple[float, str]:
-    """The 97.5% quantile for a two-sided 95% CI with `df` degrees of freedom, and its method."""
-    try:
-        from scipy import stats
-
-        return float(stats.t.ppf(0.975, df)), "student-t (scipy)"
-    except ImportError:
-        if df <= len(_T975):
-            return _T975[df - 1], "student-t (table)"
-        return _Z975, "normal (z=1.96)"
-
-
-def _ci_half_width(values: pd.Series) -> tuple[float, str]:
-    x = values.dropna()
-    n = len(x)
-    if n < 2:
-        return math.nan, "n<2"
-    q, method = t_quantile_975(n - 1)
-    return q * float(x.std(ddof=1)) / math.sqrt(n), method
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -301,13 +72,12 @@ def check_path(base: Scenario, path: str) -> None:
     Checked against the schema, not the dumped dict: `apply_overrides` would create a missing
     key, and the resulting error would not name the grid path."""
     unknown = ConfigError(f"grid: unknown scenario field {excerpt(path)}")
-    from .api import _V2_EQUIVALENTS
     from .scenario import SyntheticWorkload
 
     v2_workload = base.workload_spec is not None or (
         base.workload is not None and not isinstance(base.workload, SyntheticWorkload)
     )
-    if path in _V2_EQUIVALENTS and v2_workload:
+    if path in V2_EQUIVALENTS and v2_workload:
         return  # a v2 spec's aggregate_rate / num_requests (`_point_scenario`)
     keys = path.split(".")
     node: Any = base
@@ -336,13 +106,13 @@ def _point_scenario(
 ) -> Scenario:
     """The base with one point's overrides and the seed (workload.rate / num_requests also
     apply to a v2 workload, as its aggregate_rate / num_requests, as on the command line)."""
-    from .api import _V2_EQUIVALENTS, with_overrides
+    from .api import with_overrides
 
     unset = [k for k, v in params.items() if v is None]
     if unset:
         base = _unset_fields(base, unset, source)
-    overrides = {k: v for k, v in params.items() if v is not None and k not in _V2_EQUIVALENTS}
-    workload = {k: v for k, v in params.items() if v is not None and k in _V2_EQUIVALENTS}
+    overrides = {k: v for k, v in params.items() if v is not None and k not in V2_EQUIVALENTS}
+    workload = {k: v for k, v in params.items() if v is not None and k in V2_EQUIVALENTS}
     overrides["seed"] = seed
     return with_overrides(base, overrides, workload, source=source)
 
@@ -610,30 +380,6 @@ def sweep(
     if out_dir is not None:
         write_outputs(result, out_dir)
     return result
-
-
-def summarize_points(
-    runs: pd.DataFrame, params: list[str], metrics: list[str]
-) -> tuple[pd.DataFrame, str]:
-    """Per point: the parameters, `n_seeds`, and `<metric>_mean` / `<metric>_ci95` columns."""
-    rows = []
-    methods: set[str] = set()
-    for p, group in runs.groupby("point", sort=True):
-        row: dict[str, Any] = {"point": p}
-        row.update({k: group[k].iloc[0] for k in params})
-        row["n_seeds"] = len(group)
-        if "steady_state" in group:
-            row["steady_seeds"] = int((group["steady_state"] == "steady").sum())
-        for m in metrics:
-            values = pd.to_numeric(group[m], errors="coerce")
-            half, method = _ci_half_width(values)
-            methods.add(method)
-            row[f"{m}_mean"] = float(values.mean())
-            row[f"{m}_ci95"] = half
-        rows.append(row)
-    real = sorted(methods - {"n<2"})
-    method = ", ".join(real) if real else "none (one seed per point)"
-    return pd.DataFrame(rows), method
 
 
 def write_outputs(result: SweepResult, out_dir: Path) -> None:

@@ -1,13 +1,14 @@
-"""The package's modules import one another without cycles at import time (docs/architecture.md
-"Layers"): walking every module-level `import` / `from ... import` of `simulator/` (blocks
-under `if TYPE_CHECKING:` excluded) finds no strongly connected component of two or more
-modules. Imports inside functions (done lazily, where they are used) are not counted there.
+"""The package is layered: its modules import one another without cycles (docs/architecture.md
+"Layers"). Walking every `import` / `from ... import` of `simulator/`, inside functions and
+classes too (blocks under `if TYPE_CHECKING:` excluded: they never run), finds no strongly
+connected component of two or more modules. A lower layer that needs a higher one takes a
+function or a value from its caller instead of importing it.
 
-The command line (`simulator/cli/`) is held to more: counting its imports inside functions
-too, its modules form no cycle, and only the entry point (`simulator.cli`) imports the module
-that builds the app and registers the commands (`simulator.cli.commands`). Resolving a
-deployment (`simulator.deployment`) and planning a fleet (`simulator.fleet_plan`) never import
-the module that runs scenarios (`simulator.api`), at any level."""
+The command line (`simulator/cli/`) is held to more: only the entry point (`simulator.cli`)
+imports the module that builds the app and registers the commands (`simulator.cli.commands`).
+Resolving a deployment (`simulator.deployment`) and planning a fleet (`simulator.fleet_plan`)
+never import the module that runs scenarios (`simulator.api`), and the views of a run never
+import the `Result` that shows them."""
 
 from __future__ import annotations
 
@@ -138,6 +139,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def describe(graph: dict[str, set[str]], component: list[str]) -> str:
+    """A cycle's modules and the imports between them, one edge a line."""
+    members = set(component)
+    edges = [f"  {m} -> {t}" for m in component for t in sorted(graph[m] & members)]
+    return (
+        f"{len(component)} modules import one another: "
+        + ", ".join(component)
+        + "\n"
+        + ("\n".join(edges))
+    )
+
+
 def test_the_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
@@ -171,6 +184,19 @@ def test_the_every_level_walk_sees_imports_inside_functions():
     assert names == {"a", "d", "f"} and froms == {"b"}
 
 
+def test_a_cycle_is_described_by_its_modules_and_edges():
+    graph = {"a": {"b", "x"}, "b": {"a"}, "x": set()}
+    text = describe(graph, cycles(graph)[0])
+    assert text.splitlines() == ["2 modules import one another: a, b", "  a -> b", "  b -> a"]
+
+
+def test_no_import_cycles_at_any_level():
+    graph = import_graph(every_level=True)
+    assert len(graph) > 80
+    found = cycles(graph)
+    assert not found, "\n".join(describe(graph, c) for c in found)
+
+
 def test_no_import_cycles_in_the_command_line_at_any_level():
     graph = _cli_graph()
     assert {f"{CLI}.commands", f"{CLI}.common", f"{CLI}.flags"} <= set(graph)
@@ -188,3 +214,15 @@ def test_deployments_and_fleet_plans_never_import_the_runs():
     assert "simulator.api" not in graph["simulator.deployment"]
     assert "simulator.api" not in graph["simulator.fleet_plan"]
     assert "simulator.fleet_plan" not in graph["simulator.deployment"]
+
+
+def test_the_views_of_a_run_never_import_its_result():
+    graph = import_graph(every_level=True)
+    below = [
+        m
+        for m in graph
+        if m.startswith(("simulator.report", "simulator.metrics."))
+        and m != "simulator.metrics.results"
+    ]
+    assert {"simulator.metrics.summary", "simulator.metrics.views.text"} <= set(below)
+    assert [m for m in below if "simulator.metrics.results" in graph[m]] == []

@@ -23,10 +23,12 @@ from ..engine.request import Request, RequestState
 from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
+from ..metrics.instance_record import InstanceRecord, capture_instance
 from ..metrics.request_table import RequestRecords, RequestTable, request_stats, served_stats
-from ..metrics.results import Result, compute_summary
+from ..metrics.results import Result
 from ..metrics.slo import SloPolicy, slo_report
 from ..metrics.steady import judge
+from ..metrics.summary import compute_summary
 from ..rng import subsystem_rng
 from ..scenario import ClusterSpec, PDSpec
 from ..workload.generator import SessionManager
@@ -269,6 +271,7 @@ def run_simulation(
     fleet: FleetPlan | None = None,
     max_in_flight: int | None = None,
     options: EngineOptions = ACCELERATED,
+    on_end: Callable[[list[VLLMEngine]], None] | None = None,
 ) -> Result:
     """Simulate `requests` on a cluster until all finish or the horizon passes.
 
@@ -282,6 +285,9 @@ def run_simulation(
     `max_in_flight` caps the user-facing requests outstanding at once, as a load generator
     with that many connections does: a request due while all are busy is sent when one frees.
     `options` chooses the exact accelerations (all off: `EngineOptions(reference=True)`).
+    The result keeps each engine's end-of-run record (`Result.engines`), not the engine;
+    `on_end` is called with the live engines once the run has ended, for tests of their
+    internal state.
     """
     cluster = cluster or ClusterSpec()
     check_invariants = invariants_requested(check_invariants)
@@ -448,15 +454,17 @@ def run_simulation(
         engine.sync_lazy_progress()
     if pd is not None:
         pd.finalize()
+    # The result keeps what each engine leaves behind, not the engine.
+    records = [capture_instance(engine) for engine in engines]
 
-    def end_of(engine: VLLMEngine) -> int:
+    def end_of(engine: InstanceRecord) -> int:
         return engine.clock_us if horizon_us is None else min(engine.clock_us, horizon_us)
 
     arrived = source.records()
     # Read as columns: a million finished requests are rows, not objects.
     stats = request_stats(arrived)
     handled = stats.where(~stats.is_state(RequestState.REJECTED))
-    summary = compute_summary("cluster", handled, engines, max(end_of(e) for e in engines))
+    summary = compute_summary("cluster", handled, records, max(end_of(e) for e in records))
     del stats, handled
     slo = slo_report(
         arrived,
@@ -475,14 +483,14 @@ def run_simulation(
     if n > 1:
         # Instance-level views count what each engine served: sub-requests, not parents.
         by_instance = served_stats(arrived, pd.parents if pd is not None else (), instance_ids)
-        for i, (iid, engine) in enumerate(zip(instance_ids, engines, strict=True)):
+        for i, (iid, record) in enumerate(zip(instance_ids, records, strict=True)):
             if infra is not None and infra.records[i].state is None:
                 continue  # a slot the fleet never used
-            per_instance.append(compute_summary(iid, by_instance[i], [engine], end_of(engine)))
+            per_instance.append(compute_summary(iid, by_instance[i], [record], end_of(record)))
     result = Result(
         summary=summary,
         request_records=arrived,
-        engines=engines,
+        instance_records=records,
         instance_ids=instance_ids,
         scenario=scenario or {},
         not_arrived=source.not_arrived,
@@ -506,7 +514,9 @@ def run_simulation(
         fleet=fleet,
     )
     if check_invariants:
-        check_run(result)
+        check_run(result, engines)
+    if on_end is not None:
+        on_end(engines)
     return result
 
 

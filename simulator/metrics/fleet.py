@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine.request import Request, RequestState
+from .summary import pooled_itl_us, stat_mean, stat_pct
 
 TIMELINE_COLUMNS = ["time_us", "time_s", "kind", "id", "from_state", "to_state", "reason"]
 UPTIME_COLUMNS = [
@@ -140,21 +141,20 @@ def served_model_of(req: Request, aliases: dict[str, str], default: str) -> str:
 
 def per_model_frame(
     requests: list[Request],
-    engines: list[Any],
+    instances: list[Any],
     instance_models: list[str],
     aliases: dict[str, str],
     default_model: str,
     duration_s: float,
 ) -> pd.DataFrame:
-    """TTFT, E2E, ITL, throughput and counts per model (ms; throughput per second)."""
-    from .results import _stat_mean, _stat_pct, pooled_itl_us
-
+    """TTFT, E2E, ITL, throughput and counts per model (ms; throughput per second);
+    `instances` are the instances' end-of-run records, `instance_models` their models."""
     groups: dict[str, list[Request]] = {m: [] for m in dict.fromkeys(instance_models)}
     for r in requests:
         groups.setdefault(served_model_of(r, aliases, default_model), []).append(r)
     rows = []
     for model, members in groups.items():
-        mine = [e for e, m in zip(engines, instance_models, strict=True) if m == model]
+        mine = [e for e, m in zip(instances, instance_models, strict=True) if m == model]
         done = [r for r in members if r.state is RequestState.COMPLETED]
         ttft = np.array(
             [r.first_token_us - r.arrival_us for r in members if r.first_token_us >= 0],
@@ -172,8 +172,8 @@ def per_model_frame(
             "unfinished": sum(not r.is_finished for r in members),
         }
         for name, values in (("ttft", ttft), ("e2e", e2e), ("itl", itl)):
-            row[f"{name}_mean_ms"] = _stat_mean(values) / 1000
-            row[f"{name}_p99_ms"] = _stat_pct(values, 99) / 1000
+            row[f"{name}_mean_ms"] = stat_mean(values) / 1000
+            row[f"{name}_p99_ms"] = stat_pct(values, 99) / 1000
         row["responses_per_sec"] = len(done) / duration_s if duration_s > 0 else 0.0
         row["tokens_per_sec"] = output_tokens / duration_s if duration_s > 0 else 0.0
         rows.append(row)

@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..errors import ConfigError, ServesimError, one_line, shorten
 from ..input_files import check_path, open_binary, read_json
+from .summary import format_summary
 
 if TYPE_CHECKING:
     from .plots import PlotAccessor
@@ -69,8 +70,6 @@ class SavedResult:
         return PlotAccessor(self)
 
     def summary_text(self) -> str:
-        from .results import format_summary
-
         return format_summary(self.summary)
 
 

@@ -645,7 +645,7 @@ def sweep_charts(data: dict[str, Any]) -> list[Chart]:
 
 
 def _sweep_charts(data: dict[str, Any]) -> list[Chart]:
-    from ..sweeps import _LOAD_LABELS, _metric_label
+    from ..metrics.study import LOAD_LABELS, metric_label
 
     charts: list[Chart] = []
     load = data.get("load")
@@ -736,8 +736,8 @@ def _sweep_charts(data: dict[str, Any]) -> list[Chart]:
         _layout(
             fig,
             f"{metric} vs {load}",
-            _LOAD_LABELS.get(load, f"{load} (grid value)"),
-            _metric_label(metric),
+            LOAD_LABELS.get(load, f"{load} (grid value)"),
+            metric_label(metric),
         )
         _subtitle(fig, f"mean ± 95% CI over {n_seeds} seed(s)")
         if metric.endswith(("_attainment", "_rate")):
@@ -754,7 +754,7 @@ def plan_charts(data: dict[str, Any]) -> list[Chart]:
 
 
 def _plan_charts(data: dict[str, Any]) -> list[Chart]:
-    from ..sweeps import _metric_label
+    from ..metrics.study import metric_label
 
     charts: list[Chart] = []
     frontier = data["frontier"]
@@ -789,7 +789,7 @@ def _plan_charts(data: dict[str, Any]) -> list[Chart]:
         ylabel = (
             "worst-seed SLO attainment (fraction)"
             if column == "attainment_worst"
-            else f"worst-seed {_metric_label(metric)}"
+            else f"worst-seed {metric_label(metric)}"
         )
         _layout(
             fig,

@@ -120,7 +120,7 @@ def _tpot_ms(first: np.ndarray, last: np.ndarray, generated: np.ndarray) -> np.n
 def _from_live(result: Any) -> RunSource:
     from ..metrics.plots import instance_capacities
     from ..metrics.request_table import request_columns
-    from ..metrics.results import pooled_itl_us
+    from ..metrics.summary import pooled_itl_us
 
     cols = request_columns(
         result.request_records,
@@ -168,7 +168,7 @@ def _from_live(result: Any) -> RunSource:
         instances=result.instances,
         instance_ids=ids,
         roles=_roles(result.scenario or {}, ids),
-        itl_gaps=pooled_itl_us(result.engines),
+        itl_gaps=pooled_itl_us(result.instance_records),
         slo=dict(result.slo or {}),
         steady=steady,
         anomalies=dict(result.anomalies),

@@ -185,11 +185,12 @@ def plan_data(plan: Any) -> dict[str, Any]:
 
 
 def sweep_from_folder(folder: Path) -> Any:
-    """A `SweepResult` rebuilt from a sweep's --out folder (runs.parquet, else runs.csv):
-    the grid parameters are the columns between `point` and `seed`, as `sweep` writes them."""
+    """A sweep's tables (`metrics.study.SweepTables`) rebuilt from its --out folder
+    (runs.parquet, else runs.csv): the grid parameters are the columns between `point` and
+    `seed`, as `sweep` writes them."""
     from ..errors import ConfigError
     from ..input_files import open_binary
-    from ..sweeps import TEXT_COLUMNS, SweepResult, summarize_points
+    from ..metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
 
     parquet, csv = folder / "runs.parquet", folder / "runs.csv"
     if parquet.is_file():
@@ -215,7 +216,7 @@ def sweep_from_folder(folder: Path) -> Any:
     params = columns[columns.index("point") + 1 : columns.index("seed")]
     metrics = [c for c in columns if c not in {"point", "seed", *params, *TEXT_COLUMNS}]
     points, method = summarize_points(runs, params, metrics)
-    return SweepResult(
+    return SweepTables(
         runs=runs,
         points=points,
         params=params,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,15 @@ from .spec import DEFAULT_SESSION_TIMEOUT_US
 if TYPE_CHECKING:
     from .generator import ClientPlan, SessionManager
     from .trace import TraceRow
+
+
+def stream_seed(seed: int, *names: str) -> np.random.Generator:
+    """The random stream `names` of a run seeded `seed`: one seeding rule for every stream of
+    a client (its lengths and arrivals in the generator, its users' think times here), so
+    adding a stream never shifts another's draws."""
+    key = tuple(zlib.crc32(n.encode("utf-8")) for n in names)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
+
 
 # --- think times ------------------------------------------------------------------------------
 
@@ -214,8 +224,6 @@ def user_sessions(
     think_us = plan.spec.think_time_us
     client_id = plan.spec.id or plan.key
     out = []
-    from .generator import _stream_seed  # one seeding rule for every stream of a client
-
     for u in range(users):
         if limit is not None and u >= limit:
             break
@@ -226,7 +234,7 @@ def user_sessions(
             f"concurrency_{client_id}_user_{u}",
             plan,
             ConstantThink(think_us),
-            _stream_seed(seed, "client", plan.key, f"user.{u}.think"),
+            stream_seed(seed, "client", plan.key, f"user.{u}.think"),
         )
         out.append((arrival, u, req, session))
     return out
@@ -288,8 +296,6 @@ def replay_sessions(
     A session's rows must carry rounds 0..n-1, each once. Round r's think time: `think` when
     given; else the recorded `think_time_us` column, when the session has a non-zero one for
     some round >= 1; else the recorded gap between the two rounds' arrivals (at least 0)."""
-    from .generator import _stream_seed
-
     by_session: dict[str, list[tuple[TraceRow, Request]]] = {}
     injected: list[Request] = []
     for row, req in zip(rows, requests, strict=True):
@@ -330,7 +336,7 @@ def replay_sessions(
                 templates,
                 thinks,
                 accumulate,
-                _stream_seed(seed, "replay-session", session_id),
+                stream_seed(seed, "replay-session", session_id),
             )
         )
     injected.sort(key=lambda r: (r.arrival_us, r.index))

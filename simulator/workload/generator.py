@@ -22,7 +22,6 @@ import bisect
 import heapq
 import itertools
 import math
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,16 +33,12 @@ from ..engine.request import Request, RequestState
 from ..errors import ConfigError
 from ..limits import MAX_REQUESTS, MAX_TIME_US, check_time_us
 from .arrivals import ArrivalProcess, make_arrivals
+from .closed_loop import stream_seed
 from .cohorts import expand_cohorts, expand_inference_perf
 from .lengths import LengthDistribution, from_dist_spec, ratio_from_dist_spec
 from .spec import DEFAULT_PREFIX_LENGTH, ActiveWindow, ArrivalSpec, ClientSpec, WorkloadSpec
 
 CHUNK = 1024  # draws per numpy call: amortises call overhead without holding much memory
-
-
-def _stream_seed(seed: int, *names: str) -> np.random.Generator:
-    key = tuple(zlib.crc32(n.encode("utf-8")) for n in names)
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
 class _Draws:
@@ -106,7 +101,7 @@ class ClientPlan:
     def __post_init__(self) -> None:
         c = self.spec
         where = f"clients[{self.index}]"
-        rng = lambda name: _stream_seed(self.seed, "client", self.key, name)  # noqa: E731
+        rng = lambda name: stream_seed(self.seed, "client", self.key, name)  # noqa: E731
         # The client's own arrival process runs unless it is closed-loop, or every one of its
         # windows is a period (which then brings all of its traffic).
         self.base_traffic = (

@@ -16,6 +16,11 @@ from ..scenario import LengthSpec, SyntheticWorkload
 from .presets import DISTRIBUTION_DEFAULTS, distribution_spec, presets
 from .spec import WorkloadSpec, workload_spec_from_dict
 
+# The synthetic workload's fields (BLIS's distribution-mode flags, as scenario paths) that also
+# mean something for a v2 workload spec, and the spec field each sets: `--rate` and
+# `--num-requests` on the command line, a sweep's grid over them.
+V2_EQUIVALENTS = {"workload.rate": "aggregate_rate", "workload.num_requests": "num_requests"}
+
 
 def _gaussian_flags(spec: LengthSpec | None, base: dict[str, Any], which: str) -> dict[str, Any]:
     """distribution_spec keyword arguments for one length law (a preset's or the defaults)."""

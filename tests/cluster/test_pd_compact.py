@@ -133,7 +133,10 @@ def _assert_same_pd_views(compact, plain, tmp_path: Path) -> None:
         if parent.is_finished:
             assert isinstance(parent, RequestRow)
             assert isinstance(parent.prefill_sub, SubRow)
-    assert all(not e.completed for e in compact.engines)
+    # The result keeps each engine's record (its counts), never the engine's lists.
+    assert [e.completed_count for e in compact.engines] == [
+        e.completed_count for e in plain.engines
+    ]
 
 
 def _run_both(scenario):
@@ -269,6 +272,6 @@ def test_finished_parents_and_sub_requests_are_not_kept_as_objects():
     )
     assert result.summary["completed_requests"] == result.pd_metrics["transfers"] == 300
     assert all(isinstance(p, RequestRow) for p in result.pd.parents)
-    # Only the sub-requests of each engine's last step stay referenced (its working list).
-    last_batches = sum(len(e._active) for e in result.engines)  # noqa: SLF001
-    assert _live(Request) - before <= last_batches <= 20
+    # At most the sub-requests of each engine's last step stay referenced (its working list,
+    # which the PD pools still reach): 4 instances, at most 5 each.
+    assert _live(Request) - before <= 20

@@ -94,6 +94,13 @@ def _hash_state(engine) -> tuple:
     return dict(kv._hash_to_block), list(kv._block_hash)  # noqa: SLF001
 
 
+def _run_keeping_engines(*args, **kwargs) -> tuple:
+    """The result and the live engines (a result keeps only their records)."""
+    kept = []
+    result = run_simulation(*args, **kwargs, on_end=kept.extend)
+    return result, kept
+
+
 @SAME_SETTINGS
 @given(engine_scenarios())
 def test_the_fast_path_alone_leaves_the_same_hashes(case):
@@ -103,14 +110,14 @@ def test_the_fast_path_alone_leaves_the_same_hashes(case):
     per-request loop's count says. The caches' whole hash state is compared, not only what
     a later prefix hit would show."""
     requests, config, model, horizon = case
-    runs = {}
+    runs, engines = {}, {}
     for enabled in (True, False):
         options = ACCELERATED if enabled else FAST_PATH_OFF
-        runs[enabled] = run_simulation(_copies(requests), config, model, horizon, options=options)
+        runs[enabled], engines[enabled] = _run_keeping_engines(
+            _copies(requests), config, model, horizon, options=options
+        )
     _assert_same(runs[True], runs[False])
-    assert [_hash_state(e) for e in runs[True].engines] == [
-        _hash_state(e) for e in runs[False].engines
-    ]
+    assert [_hash_state(e) for e in engines[True]] == [_hash_state(e) for e in engines[False]]
 
 
 def test_a_timeout_in_the_step_that_fills_the_private_prompt_block_hashes_it():
@@ -126,17 +133,20 @@ def test_a_timeout_in_the_step_that_fills_the_private_prompt_block_hashes_it():
     def run(deadline_us: int, fast: bool):
         req = Request("r", 0, 20, 40, index=0, deadline_us=deadline_us)
         req.private_from_token = 0
-        return run_simulation(
+        return _run_keeping_engines(
             [req], config, model, None, options=ACCELERATED if fast else FAST_PATH_OFF
         )
 
-    starts_us = list(run(0, True).engines[0].steps.start_us)
+    starts_us = list(run(0, True)[0].engines[0].steps.start_us)
     hashed_counts = []
     for start_us in starts_us[:20]:
-        fast, plain = run(int(start_us) + 1, True), run(int(start_us) + 1, False)
+        (fast, [fast_engine]), (plain, [plain_engine]) = (
+            run(int(start_us) + 1, True),
+            run(int(start_us) + 1, False),
+        )
         _assert_same(fast, plain)
-        assert _hash_state(fast.engines[0]) == _hash_state(plain.engines[0])
-        hashed_counts.append(len(fast.engines[0].kv._hash_to_block))  # noqa: SLF001
+        assert _hash_state(fast_engine) == _hash_state(plain_engine)
+        hashed_counts.append(len(fast_engine.kv._hash_to_block))  # noqa: SLF001
     # Step 0 prefills positions 0-19 (block 0 full); decode step k computes position 19 + k.
     assert hashed_counts == [1] * 12 + [2] * 8
 

@@ -32,7 +32,7 @@ def _req(session, rnd, arrival, first=-1, done=-1, state=RequestState.COMPLETED)
 
 
 def _result(records) -> Result:
-    return Result(summary={}, request_records=records, engines=[], instance_ids=[])
+    return Result(summary={}, request_records=records, instance_records=[], instance_ids=[])
 
 
 def test_session_statistics_by_hand():

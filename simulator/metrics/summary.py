@@ -1,0 +1,291 @@
+"""The BLIS-compatible summary of a run and the statistics it is made of.
+
+Summary fields follow BLIS's MetricsOutput (docs/behaviour.md §10.2): same names, same units (ms),
+plus the p50 latencies BLIS lacks. Semantics follow servesim's Part A (docs/behaviour.md): E2E is
+completion − arrival and output-token totals include each request's first token (§A3).
+
+Everything here reads requests (objects or their columns) and the instances' end-of-run
+records (`metrics.instance_record`), never a live engine, so the run (`cluster.cluster`), the
+per-model view (`metrics.fleet`) and the report (`report.run_source`) share it without
+importing `metrics.results`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..engine.request import Request, RequestState
+from .request_table import RequestStats
+
+if TYPE_CHECKING:
+    from .instance_record import InstanceRecord
+
+
+SUMMARY_HEADER = "=== Simulation Metrics ==="
+# BLIS's MetricsOutput fields (docs/behaviour.md §10.2), in BLIS's order; kv_allocation_failures is
+# omitted when zero. servesim adds the *_p50_ms fields.
+BLIS_SUMMARY_FIELDS = (
+    "instance_id",
+    "completed_requests",
+    "still_queued",
+    "still_running",
+    "injected_requests",
+    "total_input_tokens",
+    "total_output_tokens",
+    "vllm_estimated_duration_s",
+    "responses_per_sec",
+    "tokens_per_sec",
+    "e2e_mean_ms",
+    "e2e_p90_ms",
+    "e2e_p95_ms",
+    "e2e_p99_ms",
+    "ttft_mean_ms",
+    "ttft_p90_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "itl_mean_ms",
+    "itl_p90_ms",
+    "itl_p95_ms",
+    "itl_p99_ms",
+    "scheduling_delay_p99_ms",
+    "preemption_count",
+    "dropped_unservable",
+    "length_capped_requests",
+    "timed_out_requests",
+)
+
+
+def pct(values: np.ndarray, p: float) -> float:
+    """numpy's linear percentile; 0 of no values."""
+    return float(np.percentile(values, p)) if len(values) else 0.0
+
+
+def mean(values: np.ndarray) -> float:
+    """The mean as the exact sum over the count; 0 of no values."""
+    return float(values.sum() / len(values)) if len(values) else 0.0
+
+
+class CountedValues:
+    """A multiset of integers as sorted distinct values and their counts, with numpy's mean
+    and linear-interpolation percentile computed exactly as on the expanded array.
+
+    A run's inter-token gaps are logged per step as (gap, count); expanding them costs one
+    integer per output token (about 1 GB for a million requests). The statistics need only
+    the sum, the count and two order statistics per percentile."""
+
+    def __init__(self, values: np.ndarray, counts: np.ndarray) -> None:
+        keep = counts > 0
+        distinct, inverse = np.unique(values[keep], return_inverse=True)
+        self.values = distinct
+        self.counts = np.zeros(len(distinct), dtype=np.int64)
+        np.add.at(self.counts, inverse, counts[keep].astype(np.int64))
+        self.cumulative = np.cumsum(self.counts)
+        self.n = int(self.cumulative[-1]) if len(distinct) else 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def mean(self) -> float:
+        """As `mean` of the expanded array: the exact integer sum over n."""
+        if not self.n:
+            return 0.0
+        total = np.int64(int((self.values.astype(object) * self.counts.astype(object)).sum()))
+        return float(total / self.n)
+
+    def _at(self, index: int) -> np.int64:
+        return self.values[int(np.searchsorted(self.cumulative, index, side="right"))]
+
+    def percentile(self, p: float) -> float:
+        """numpy.percentile(expanded, p) with its default linear method, step by step."""
+        n = self.n
+        if not n:
+            return 0.0
+        virtual = (n - 1) * np.true_divide(p, 100)
+        if virtual >= n - 1:
+            return float(self._at(n - 1))
+        if virtual < 0:
+            return float(self._at(0))
+        lo = np.floor(virtual)
+        gamma = virtual - lo
+        a = self._at(int(lo))
+        b = self._at(int(lo) + 1)
+        diff = b - a
+        result = b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+        return float(result)
+
+
+def pooled_itl_us(instances: Sequence[InstanceRecord]) -> CountedValues:
+    """Every individual inter-token gap (µs) of the run, as counted values."""
+    values = []
+    counts = []
+    for eng in instances:
+        # Reduced log by log, chunk by chunk: the expanded columns of a million-request run
+        # are tens of MB each, and sorting them all at once took several hundred MB.
+        regular_us, regular_counts = eng.steps.itl_regular_counted()
+        values.append(regular_us)
+        counts.append(regular_counts)
+        irregular = np.asarray(eng.irregular_itl_us, dtype=np.int64)
+        values.append(irregular)
+        counts.append(np.ones(len(irregular), dtype=np.int64))
+        if eng.speculation is not None:
+            # A verification's later tokens follow its first by the per-token overhead.
+            values.append(np.array([eng.otp_us], dtype=np.int64))
+            counts.append(np.array([eng.speculation.stats.burst_gaps], dtype=np.int64))
+    if not values:
+        return CountedValues(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    return CountedValues(np.concatenate(values), np.concatenate(counts))
+
+
+def stat_mean(values: np.ndarray | CountedValues) -> float:
+    return values.mean() if isinstance(values, CountedValues) else mean(values)
+
+
+def stat_pct(values: np.ndarray | CountedValues, p: float) -> float:
+    return values.percentile(p) if isinstance(values, CountedValues) else pct(values, p)
+
+
+def compute_summary(
+    instance_id: str,
+    requests: list[Request] | RequestStats,
+    engines: Sequence[InstanceRecord],
+    sim_end_us: int,
+) -> dict[str, Any]:
+    """The BLIS MetricsOutput dict for `requests` (objects, or their `RequestStats`
+    columns: the same numbers) served by the instances whose end-of-run records are `engines`.
+
+    Request counts come from the requests' own states (a request that arrived but is not yet
+    enqueued anywhere counts as queued), token totals and inter-token gaps from the engines.
+    """
+    if isinstance(requests, RequestStats):
+        counts = requests.state_counts()
+        completed = requests.is_state(RequestState.COMPLETED)
+        arrival = requests.arrival_us
+        # As the lists of the objects' differences made int64 (a fractional time truncated).
+        e2e_us = (requests.completion_us - arrival)[completed].astype(np.int64, copy=False)
+        first, scheduled = requests.first_token_us, requests.schedule_us
+        ttft_us = (first - arrival)[first >= 0].astype(np.int64, copy=False)
+        sched_us = (scheduled - arrival)[scheduled >= 0].astype(np.int64, copy=False)
+    else:
+        counts = {state: 0 for state in RequestState}
+        for r in requests:
+            counts[r.state] += 1
+        completed = [r for r in requests if r.state is RequestState.COMPLETED]
+        e2e_us = np.array([r.completion_us - r.arrival_us for r in completed], dtype=np.int64)
+        ttft_us = np.array(
+            [r.first_token_us - r.arrival_us for r in requests if r.first_token_us >= 0],
+            dtype=np.int64,
+        )
+        sched_us = np.array(
+            [r.schedule_us - r.arrival_us for r in requests if r.schedule_us >= 0],
+            dtype=np.int64,
+        )
+    itl_us = pooled_itl_us(engines)
+    n_completed = len(e2e_us)
+    still_queued = counts[RequestState.QUEUED] + counts[RequestState.CREATED]
+    still_running = counts[RequestState.RUNNING]
+    dropped = counts[RequestState.DROPPED]
+    timed_out = counts[RequestState.TIMED_OUT]
+    duration_s = sim_end_us / 1e6
+    output_tokens = sum(e.total_output_tokens for e in engines)
+    summary: dict[str, Any] = {
+        "instance_id": instance_id,
+        "completed_requests": n_completed,
+        "still_queued": still_queued,
+        "still_running": still_running,
+        "injected_requests": n_completed + still_queued + still_running + dropped + timed_out,
+        "total_input_tokens": sum(e.total_input_tokens for e in engines),
+        "total_output_tokens": output_tokens,
+        "vllm_estimated_duration_s": duration_s,
+        "responses_per_sec": n_completed / duration_s if duration_s > 0 else 0.0,
+        "tokens_per_sec": output_tokens / duration_s if duration_s > 0 else 0.0,
+    }
+    # A statistic of no samples is unknown (JSON null), never 0: a run that served nobody
+    # must not look fast. BLIS prints 0 there.
+    for name, values in (("e2e", e2e_us), ("ttft", ttft_us), ("itl", itl_us)):
+        sampled = len(values) > 0
+        summary[f"{name}_mean_ms"] = stat_mean(values) / 1000 if sampled else None
+        summary[f"{name}_p50_ms"] = stat_pct(values, 50) / 1000 if sampled else None
+        for p in (90, 95, 99):
+            summary[f"{name}_p{p}_ms"] = stat_pct(values, p) / 1000 if sampled else None
+    summary["scheduling_delay_p99_ms"] = pct(sched_us, 99) / 1000 if len(sched_us) else None
+    failures = sum(e.kv_allocation_failures for e in engines)
+    if failures:
+        summary["kv_allocation_failures"] = failures
+    summary["preemption_count"] = sum(e.preemption_count for e in engines)
+    summary["dropped_unservable"] = dropped
+    summary["length_capped_requests"] = sum(e.length_capped for e in engines)
+    summary["timed_out_requests"] = timed_out
+    speculating = [e for e in engines if e.speculation is not None]
+    if speculating:  # speculative decoding's fields, only in runs that speculate
+        from ..engine.speculative import summary_fields
+
+        step_us = sum(int(np.sum(e.steps.step_us, dtype=np.int64)) for e in speculating)
+        spec = summary_fields([e.speculation.stats for e in speculating], step_us)
+        spec["spec_in_burst_itl_share"] = (
+            sum(e.speculation.stats.burst_gaps for e in speculating) / len(itl_us)
+            if len(itl_us)
+            else None
+        )
+        # Lists: the report block and the results document show them.
+        del spec["spec_accepted_length_histogram"], spec["spec_per_position_acceptance"]
+        summary.update(spec)
+    with_lora = [e for e in engines if e.lora is not None]
+    if with_lora:  # multi-LoRA serving's fields, only in runs that declare adapters
+        from ..engine.lora import summary_fields as lora_fields
+
+        step_us = sum(int(np.sum(e.steps.step_us, dtype=np.int64)) for e in with_lora)
+        summary.update(lora_fields([e.lora for e in with_lora], step_us))
+    # Fleet changes (only present when they happened, so fixed-fleet summaries keep BLIS's
+    # field list).
+    for state, name in (
+        (RequestState.DROPPED_ON_DRAIN, "dropped_on_drain"),
+        (RequestState.FAILED, "failed_requests"),
+    ):
+        if counts[state]:
+            summary[name] = counts[state]
+            summary["injected_requests"] += counts[state]
+    return summary
+
+
+def per_class_metrics(
+    requests: list[Request], key: Callable[[Request], str]
+) -> dict[str, dict[str, Any]]:
+    """Request counts and TTFT / E2E mean and percentiles (ms) per class, classes sorted."""
+    groups: dict[str, list[Request]] = {}
+    for r in requests:
+        groups.setdefault(key(r), []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(groups):
+        members = groups[name]
+        ttft = np.array(
+            [r.first_token_us - r.arrival_us for r in members if r.first_token_us >= 0],
+            dtype=np.int64,
+        )
+        e2e = np.array(
+            [r.completion_us - r.arrival_us for r in members if r.state is RequestState.COMPLETED],
+            dtype=np.int64,
+        )
+        row: dict[str, Any] = {"requests": len(members), "completed_requests": len(e2e)}
+        for metric, values in (("ttft", ttft), ("e2e", e2e)):
+            row[f"{metric}_mean_ms"] = mean(values) / 1000
+            for p in (50, 90, 99):
+                row[f"{metric}_p{p}_ms"] = pct(values, p) / 1000
+        out[name] = row
+    return out
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """BLIS's stdout block: the header line, then the JSON."""
+    return f"{SUMMARY_HEADER}\n{json.dumps(summary, indent=2)}"
+
+
+def mean_itl_ms(r: Request) -> float:
+    """A request's mean inter-token time (TPOT), ms; 0 with fewer than two tokens."""
+    gen = r.generated_tokens
+    if gen > 1 and r.first_token_us >= 0:
+        return (r.last_token_us - r.first_token_us) / (gen - 1) / 1000
+    return 0.0

@@ -1,0 +1,129 @@
+"""Prefill-decode disaggregation's views (docs/behaviour.md §7.4): one row per KV transfer,
+and BLIS's PD metrics, from the run's disaggregator (its parents, rows or objects, and its
+link's transfer records)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..request_table import ParentRecords
+from ..summary import mean, pct
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _parent_columns(parents: Sequence, names: Sequence[str]) -> list[np.ndarray]:
+    """Fields of every PD parent (rows and objects alike), in order."""
+    if isinstance(parents, ParentRecords):
+        return [parents.column(name) for name in names]
+    return [
+        np.asarray([getattr(p, name) for p in parents], dtype=np.int64 if not parents else None)
+        for name in names
+    ]
+
+
+def _transfer_ends(parents: Sequence) -> tuple[list, list, list]:
+    """Per PD parent in order: id, prefill instance and decode instance index."""
+    if isinstance(parents, ParentRecords):
+        return parents.transfer_ends()
+    return (
+        [p.request_id for p in parents],
+        [p.prefill_sub.instance_id for p in parents],
+        [p.decode_instance_index for p in parents],
+    )
+
+
+def transfers_frame(pd_state: Any, instance_ids: list[str]) -> pd.DataFrame:
+    """One row per KV transfer (PD): request, instances, bytes and timing (µs)."""
+    import pandas as pd
+
+    columns = [
+        "request_id",
+        "prefill_instance",
+        "decode_instance",
+        "size_bytes",
+        "requested_us",
+        "start_us",
+        "end_us",
+        "duration_us",
+        "contention_delay_us",
+        "concurrency_at_start",
+    ]
+    if pd_state is None:
+        return pd.DataFrame(columns=columns)
+    ids, prefill, decode = _transfer_ends(pd_state.parents)
+    parents = dict(
+        zip(ids, range(len(ids)), strict=True)
+    )  # by request id (the last if one repeats)
+    link = pd_state.link
+    records = link.records
+    rows = []
+    for tid, size, requested, start, duration, concurrency in zip(
+        records.transfer_id,
+        records.size_bytes,
+        records.requested_us,
+        records.starts(),
+        records.duration_us,
+        records.concurrency_at_start,
+        strict=True,
+    ):
+        parent = parents[tid]
+        rows.append(
+            (
+                tid,
+                prefill[parent],
+                instance_ids[decode[parent]],
+                size,
+                requested,
+                start,
+                requested + duration,
+                duration,
+                duration - link.lone_duration_us(size),
+                concurrency,
+            )
+        )
+    return pd.DataFrame.from_records(rows, columns=columns)
+
+
+def pd_metrics(
+    pd_state: Any, summary: dict[str, Any], transfers: pd.DataFrame
+) -> dict[str, Any] | None:
+    """BLIS's `=== PD Metrics ===` (docs/behaviour.md §7.4) plus link concurrency."""
+    if pd_state is None:
+        return None
+    d = pd_state
+    duration_s = summary["vllm_estimated_duration_s"]
+    prefill_tput = d.prefill_completed / duration_s if duration_s else 0.0
+    decode_tput = d.decode_completed / duration_s if duration_s else 0.0
+    lo, hi = sorted((prefill_tput, decode_tput))
+    imbalance: float | str = 1.0 if hi == 0 else ("inf" if lo == 0 else hi / lo)
+    first, arrival, transfer_end = _parent_columns(
+        d.parents, ("first_token_us", "arrival_us", "transfer_end_us")
+    )
+    ttft = (first - arrival)[first >= 0].astype(np.int64)
+    durations = transfers.duration_us.to_numpy(dtype=np.int64)
+    completed_transfers = int(np.count_nonzero(transfer_end >= 0))
+    end = max(summary["vllm_estimated_duration_s"] * 1e6, 1.0)
+    return {
+        "disaggregated_requests": completed_transfers,
+        "dropped_at_decode_kv": d.dropped_at_decode_kv,
+        "prefill_throughput_rps": prefill_tput,
+        "decode_throughput_rps": decode_tput,
+        "load_imbalance_ratio": imbalance,
+        "parent_ttft_mean_ms": mean(ttft) / 1000,
+        "parent_ttft_p50_ms": pct(ttft, 50) / 1000,
+        "parent_ttft_p95_ms": pct(ttft, 95) / 1000,
+        "parent_ttft_p99_ms": pct(ttft, 99) / 1000,
+        "transfers": int(len(durations)),
+        "transfer_duration_mean_us": mean(durations),
+        "transfer_duration_p50_us": pct(durations, 50),
+        "transfer_duration_p95_us": pct(durations, 95),
+        "transfer_duration_p99_us": pct(durations, 99),
+        "link_peak_concurrency": d.link.peak_concurrency,
+        "link_mean_concurrency_at_start": d.link.mean_concurrency_at_start,
+        "link_time_weighted_concurrency": d.link.time_weighted_mean_concurrency(int(end)),
+    }

@@ -1,0 +1,125 @@
+"""The run as text and as one document: the blocks the command line prints, in BLIS's order
+(docs/behaviour.md §10.1), and the `--results-path` file (§10.3). Both read a result's views
+by attribute, so they serve any object that has them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..fitness import format_fitness
+from ..summary import format_summary
+
+PER_SLO_HEADER = "=== Per-SLO Metrics ==="
+ANOMALY_HEADER = "=== Anomaly Counters ==="
+KV_HEADER = "=== KV Cache Metrics ==="
+TENANT_HEADER = "=== Per-Tenant Metrics ==="
+PD_HEADER = "=== PD Metrics ==="
+SESSION_HEADER = "=== Session Metrics ==="
+CLIENT_HEADER = "=== Client ==="
+SLO_HEADER = "=== SLO Attainment ==="
+STEADY_HEADER = "=== Steady State ==="
+LATENCY_HEADER = "=== Latency Model ==="
+FLEET_HEADER = "=== Fleet Metrics ==="
+MODEL_HEADER = "=== Per-Model Metrics ==="
+SPECULATIVE_HEADER = "=== Speculative Decoding ==="
+ADAPTER_HEADER = "=== Per-Adapter Metrics ==="
+
+
+def report_text(result: Any) -> str:
+    """Everything the CLI prints, in BLIS's order (docs/behaviour.md §10.1)."""
+    blocks = [format_summary(s) for s in result.instance_summaries if s["completed_requests"] > 0]
+    blocks.append(format_summary(result.summary))
+    if result.fitness is not None:
+        blocks.append(format_fitness(*result.fitness))
+    if any(result.anomalies.values()):
+        blocks.append(f"{ANOMALY_HEADER}\n{json.dumps(result.anomalies, indent=2)}")
+    if any(result.kv_metrics.values()):
+        kv = {k: round(v, 4) if isinstance(v, float) else v for k, v in result.kv_metrics.items()}
+        blocks.append(f"{KV_HEADER}\n{json.dumps(kv, indent=2)}")
+    if len(result.per_slo) > 1:
+        blocks.append(f"{PER_SLO_HEADER}\n{json.dumps(result.per_slo, indent=2)}")
+    if len(result.per_tenant["tokens"]) > 1:
+        blocks.append(f"{TENANT_HEADER}\n{json.dumps(result.per_tenant, indent=2)}")
+    if result.pd_metrics is not None:
+        blocks.append(f"{PD_HEADER}\n{json.dumps(result.pd_metrics, indent=2)}")
+    if result.speculative_metrics is not None:
+        spec = json.dumps(result.speculative_metrics, indent=2)
+        blocks.append(f"{SPECULATIVE_HEADER}\n{spec}")
+    if result.adapter_metrics:
+        blocks.append(f"{ADAPTER_HEADER}\n{json.dumps(result.adapter_metrics, indent=2)}")
+    if result.session_block is not None:
+        blocks.append(f"{SESSION_HEADER}\n{json.dumps(result.session_block, indent=2)}")
+    if result.client_cap is not None:
+        blocks.append(f"{CLIENT_HEADER}\n{json.dumps(result.client_cap, indent=2)}")
+    if result.slo:
+        blocks.append(f"{SLO_HEADER}\n{json.dumps(result.slo, indent=2)}")
+    if result.steady_state is not None:
+        steady = result.steady_state.document()
+        blocks.append(f"{STEADY_HEADER}\n{json.dumps(steady, indent=2)}")
+    if result.multi_model:
+        table = result.per_model.set_index("model").round(3).to_dict(orient="index")
+        blocks.append(f"{MODEL_HEADER}\n{json.dumps(table, indent=2)}")
+    if result.fleet_metrics is not None:
+        fleet = {
+            k: round(v, 3) if isinstance(v, float) else v for k, v in result.fleet_metrics.items()
+        }
+        blocks.append(f"{FLEET_HEADER}\n{json.dumps(fleet, indent=2)}")
+    if result.decisions is not None and result.scenario.get("cluster", {}).get("trace", {}).get(
+        "summarize"
+    ):
+        blocks.append(result.decisions.summary_text())
+    if result.latency_provenance:
+        blocks.append(f"{LATENCY_HEADER}\n{json.dumps(result.latency_provenance, indent=2)}")
+    return "\n".join(blocks)
+
+
+def latency_provenance(scenario: dict[str, Any]) -> dict[str, Any]:
+    """Which latency model produced these numbers, from which coefficients (and, when PD
+    pools differ, per pool role; when named deployments differ from the scenario's
+    top-level one, per deployment: model, role, GPU, layout, precision, efficiencies)."""
+    resolved = scenario.get("resolved", {})
+    out = dict(resolved.get("latency", {}))
+    if "latency_by_role" in resolved:
+        out["by_role"] = resolved["latency_by_role"]
+    if "latency_by_deployment" in resolved:
+        out["by_deployment"] = resolved["latency_by_deployment"]
+    return out
+
+
+def results_document(result: Any) -> dict[str, Any]:
+    """What `--results-path` writes: the summary, every dict-valued view and one record per
+    request."""
+    doc = dict(result.summary)
+    if len(result.per_slo) > 1:
+        doc["per_slo_class"] = result.per_slo
+    if result.session_counts:
+        doc["sessions"] = result.session_counts
+    if result.session_metrics is not None:
+        doc["session_metrics"] = result.session_metrics
+    if result.client_cap is not None:
+        doc["client"] = result.client_cap
+    if result.slo:
+        doc["slo"] = result.slo
+    if result.steady_state is not None:
+        doc["steady_state_detail"] = result.steady_state.document()
+    if result.instance_summaries:
+        doc["instances"] = result.instance_summaries
+    doc["anomalies"] = result.anomalies
+    doc["kv_cache"] = result.kv_metrics
+    if result.fitness is not None:
+        doc["fitness"] = {"score": result.fitness[0], "components": result.fitness[1]}
+    if result.pd_metrics is not None:
+        doc["pd"] = result.pd_metrics
+    if result.speculative_metrics is not None:
+        doc["speculative"] = result.speculative_metrics
+    if result.adapter_metrics is not None:
+        doc["adapters"] = result.adapter_metrics
+    if result.multi_model:
+        doc["per_model"] = result.per_model.to_dict(orient="records")
+    if result.fleet_metrics is not None:
+        doc["fleet"] = result.fleet_metrics
+    if result.latency_provenance:
+        doc["latency_model"] = result.latency_provenance
+    doc["requests"] = result.blis_request_records()
+    return doc
