@@ -536,11 +536,7 @@ def _build_pd(
     spec = cluster.pd
     if not spec.enabled:
         return None
-    pools = Pools(
-        prefill=[i for i, role in enumerate(roles) if role == "prefill"],
-        decode=[i for i, role in enumerate(roles) if role == "decode"],
-        unified=[i for i, role in enumerate(roles) if role == "unified"],
-    )
+    pools = Pools.from_roles(env, roles)
 
     def pool_policy(pool_scorers: str | None, rng_name: str) -> RoutingPolicy:
         if pool_scorers:

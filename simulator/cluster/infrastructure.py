@@ -15,6 +15,16 @@ Placement: an instance whose tp x pp GPUs fit on one node of a pool takes them t
 fit, shared with other instances); a larger one takes whole nodes of one pool, every GPU of
 each (vLLM runs the same number of GPUs on every node of a multi-node instance), and any of
 those nodes failing or draining takes the instance with it.
+
+Each node holds its GPUs as a `simpy.Container` (`Node.capacity`, level = free GPUs): placing
+an instance takes its GPUs from its node's container (or empties each of its whole nodes'),
+and its termination puts them back. An instance that finds no room waits in Scheduling and
+`_place_pending` scans again whenever a node becomes Ready or GPUs are given back; it does
+not wait on a `Container.get`. A get waits on one container, while placement is a choice
+among containers (the first Ready node that fits, pools in config order, or several empty
+nodes at once for an instance larger than a node), and a yielded get would resume the
+waiting instance after the other events of its microsecond (a request routed meanwhile
+would see another fleet), while the scan places it within the event that freed the room.
 """
 
 from __future__ import annotations
@@ -185,6 +195,7 @@ class Infrastructure:
             [None] * pool.gpus_per_node,
             pool.cost_per_hour,
             created_us=self.env.now,
+            env=self.env,
         )
         self.nodes.append(node)
         self.timeline.record(self.env.now, "node", node.node_id, "", node.state.value, reason)
@@ -687,8 +698,13 @@ class Infrastructure:
             raise InvariantViolation("fleet state (INV-FLEET)", self.env.now, detail) from None
 
     def _assert_fleet_laws(self) -> None:
+        held_on_nodes = 0
         for node in self.nodes:
-            assert node.allocated_gpus + node.free_gpus == len(node.gpus), node
+            # The container (the capacity) and the holder record (who has which GPU) agree.
+            level = node.capacity.level
+            assert 0 <= level <= node.capacity.capacity == len(node.gpus), node
+            assert level == node.free_gpus_recorded, (node, level)
+            held_on_nodes += len(node.gpus) - level
             holders = {g for g in node.gpus if g is not None}
             for holder in holders:
                 rec = self.record(holder)
@@ -706,6 +722,12 @@ class Infrastructure:
                     n.free_gpus == 0 and len(n.gpu_ids(rec.instance_id)) == len(n.gpus)
                     for n in nodes
                 ), rec
+        placed = sum(
+            r.gpus_needed
+            for r in self.records
+            if r.state is not InstanceState.TERMINATED and self.nodes_of(r)
+        )
+        assert held_on_nodes == placed, (held_on_nodes, placed)
         served = self.router.served
         for key, indices in served.routable.items():
             for i in indices:

@@ -1,13 +1,19 @@
-"""Nodes, GPUs and instance lifecycle states as plain objects (docs/behaviour.md §8.2, §8.3).
+"""Nodes, GPUs and instance lifecycle states (docs/behaviour.md §8.2, §8.3).
 
-No SimPy here: the state machines refuse illegal edges, placement is first-fit, and every
-transition is written to a `Timeline`. `infrastructure.py` drives them in simulated time.
+The state machines refuse illegal edges, placement is first-fit, and every transition is
+written to a `Timeline`; `infrastructure.py` drives them in simulated time. The one SimPy
+object here is each node's GPU capacity, a `simpy.Container` whose level is its free GPUs,
+kept next to the record of which instance holds which GPU (users see GPU ids). GPUs are
+taken and given back with calls that the container grants at once, never waited for (see
+`Node.allocate`), so the rules stay synchronous and testable with integers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+import simpy
 
 
 class NodeState(StrEnum):
@@ -82,7 +88,12 @@ class Timeline:
 
 @dataclass
 class Node:
-    """One machine of a pool. `gpus[j]` is the id of the instance holding GPU j, or None."""
+    """One machine of a pool. `gpus[j]` is the id of the instance holding GPU j, or None;
+    `capacity` holds the same GPUs as a SimPy resource (level = free GPUs, capacity = GPUs
+    per node), and the two always agree (`free_gpus_recorded`).
+
+    `env` is the run's environment; a node built outside a run (a test of placement rules)
+    gets an environment of its own that nobody runs, so its container's events stay inert."""
 
     node_id: str
     pool: str
@@ -92,35 +103,60 @@ class Node:
     state: NodeState = NodeState.PROVISIONING
     created_us: int = 0
     terminated_us: int = -1
+    env: simpy.Environment | None = field(default=None, repr=False, compare=False)
+    capacity: simpy.Container = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        env = self.env if self.env is not None else simpy.Environment()
+        self.capacity = simpy.Container(env, capacity=len(self.gpus), init=self.free_gpus_recorded)
 
     @property
     def free_gpus(self) -> int:
-        return sum(1 for g in self.gpus if g is None)
+        return int(self.capacity.level)
 
     @property
     def allocated_gpus(self) -> int:
         return len(self.gpus) - self.free_gpus
 
+    @property
+    def free_gpus_recorded(self) -> int:
+        """Free GPUs by the holder record (the container's level must equal it)."""
+        return sum(1 for g in self.gpus if g is None)
+
     def gpu_ids(self, instance_id: str) -> list[str]:
         return [f"{self.node_id}-gpu-{j}" for j, g in enumerate(self.gpus) if g == instance_id]
 
     def allocate(self, instance_id: str, count: int) -> list[int]:
-        """Take the `count` lowest-index free GPUs for `instance_id` (caller checked room)."""
+        """Take the `count` lowest-index free GPUs for `instance_id` (caller checked room).
+
+        The container's get is only called, never yielded: with the room checked first it is
+        granted at once (the level drops as the get is created), and yielding it would resume
+        the placing process after the other events of this microsecond, reordering ties. The
+        get's success event is still scheduled; it has no callbacks, so it changes nothing."""
         taken = [j for j, g in enumerate(self.gpus) if g is None][:count]
-        if len(taken) < count:
+        if len(taken) < count or self.free_gpus < count:
             raise IllegalTransition(
-                f"node {self.node_id}: {count} GPUs asked for, {len(taken)} free"
+                f"node {self.node_id}: {count} GPUs asked for, {len(taken)} free "
+                f"({self.free_gpus} by its container)"
             )
+        granted = self.capacity.get(count)
+        # A get left waiting would take GPUs later, behind the holder record's back.
+        assert granted.triggered, (self.node_id, count)
         for j in taken:
             self.gpus[j] = instance_id
         return taken
 
     def release(self, instance_id: str) -> int:
+        """Give back every GPU `instance_id` holds here (a put granted at once, as in
+        `allocate`); the number given back."""
         freed = 0
         for j, g in enumerate(self.gpus):
             if g == instance_id:
                 self.gpus[j] = None
                 freed += 1
+        if freed:
+            returned = self.capacity.put(freed)
+            assert returned.triggered, (self.node_id, freed)
         return freed
 
     def move(self, new: NodeState, now_us: int, timeline: Timeline, reason: str) -> None:

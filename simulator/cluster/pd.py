@@ -9,6 +9,9 @@ look at that instance's real KV cache). A disaggregated request becomes a parent
       -> decode sub-request on the chosen decode instance, prompt KV already resident,
          generating every output token.
 
+Each role's candidates come from its pool (`pools.py`: prefill, decode and unified pools as
+separate resource groups, fixed for the run).
+
 The parent is the user-facing request: it takes its first token, completion and token count
 from the decode sub-request, so summaries never show sub-requests (INV-PD-6).
 
@@ -21,7 +24,6 @@ rows and the still-live parents in the order they were disaggregated.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ..engine.instance import Instance
 from ..engine.request import Request, RequestState
@@ -29,15 +31,11 @@ from ..metrics.request_table import ParentRecords, RequestTable
 from .decisions import DecisionTrace
 from .disaggregation import DecisionContext, PDDecider
 from .kv_transfer import KVTransferLink
+from .pools import InstancePool, Pools
 from .routing import RoutingPolicy
 from .snapshot import InstanceSnapshot
 
-
-@dataclass
-class Pools:
-    prefill: list[int]
-    decode: list[int]
-    unified: list[int]
+__all__ = ["Disaggregator", "InstancePool", "Pools"]
 
 
 class Disaggregator:
@@ -118,7 +116,7 @@ class Disaggregator:
     ) -> None:
         """Decide and dispatch `req`: `dispatch(request, instance_index)` sends a (sub-)request
         to an instance's inbox and counts it in flight."""
-        decode_candidates = [snapshot(i) for i in self.pools.decode]
+        decode_candidates = [snapshot(i) for i in self.pools.decode.members]
         decode_choice = self.decode_routing.route(req, decode_candidates, now_us)
         ctx = DecisionContext(decode_choice.target, self.kv_probe, self.block_size)
         disaggregate, reason = self.decider.decide(req, ctx)
@@ -126,7 +124,7 @@ class Disaggregator:
             "disaggregation", req, now_us, disaggregate=disaggregate, reason=reason
         )
         if disaggregate:
-            prefill_candidates = [snapshot(i) for i in self.pools.prefill]
+            prefill_candidates = [snapshot(i) for i in self.pools.prefill.members]
             decision = self.prefill_routing.route(req, prefill_candidates, now_us)
             chosen = next(c for c in prefill_candidates if c.index == decision.target)
             self.prefill_routing.observe(req, chosen)
@@ -144,7 +142,7 @@ class Disaggregator:
             self._routed += 1
             dispatch(sub, decision.target)
         elif self.pools.unified:
-            candidates = [snapshot(i) for i in self.pools.unified]
+            candidates = [snapshot(i) for i in self.pools.unified.members]
             decision = fallback.route(req, candidates, now_us)
             fallback.observe(req, next(c for c in candidates if c.index == decision.target))
             self.trace.record_routing(req, now_us, decision, candidates)
