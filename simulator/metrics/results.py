@@ -211,7 +211,7 @@ class Result:
     @cached_property
     def per_slo(self) -> dict[str, dict[str, Any]]:
         """TTFT / E2E per SLO class ("default" when untagged), docs/behaviour.md §10.4, in ms."""
-        return per_class_metrics(self.request_records, lambda r: r.slo_class or "default")
+        return per_class_metrics(self.request_records, "slo_class")
 
     @cached_property
     def instances(self) -> pandas.DataFrame:
