@@ -4,21 +4,25 @@
 SimPy: the instance process calls `enqueue`, `plan_step` (at a step's start), and
 `finish_step` (at its end), and the engine answers with plain values. That split keeps the
 scheduling rules testable with nothing but integers.
+
+This is the reference: a step is formed (`plan_general_step`: Phase 1 `_schedule_running`,
+Phase 2 `_admit_waiting`), priced by the step-time model, advanced and completed
+(`finish_step`), one request at a time, each rule written once. The exact accelerations of
+that loop live in `accelerator.py` and call the rules here (`tokens_to_end`, `context_limit`,
+`_prefill_chunk`) instead of restating them.
 """
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from operator import attrgetter
 
 from ..latency.base import StepBatch
 from ..limits import MAX_TIME_US, duration_us
 from ..metrics.recorder import PACK_AFTER_ROWS, StepLog
+from .accelerator import SteadyDecoders
 from .formation import make_batch_formation
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
@@ -29,7 +33,9 @@ from .preemption import make_preemption_policy
 from .request import Request, RequestState
 from .speculative import Speculation, SpeculativeConfig
 
-_run_seq_of = attrgetter("run_seq")
+# The context limit of an engine without one (`max_model_len` 0): more tokens than any
+# request computes, so that the same comparisons hold with and without a limit.
+NO_CONTEXT_LIMIT = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -91,19 +97,9 @@ class EnqueueOutcome(StrEnum):
 class VLLMEngine:
     """Wait queue + running batch + KV cache of one instance.
 
-    Decode fast path. Most of a busy batch is requests decoding one token per step in which
-    nothing happens but counters moving: no KV block to take, no prompt block to hash, no
-    completion (a private prompt block, whose hashing the KV cache defers, does not count: its
-    fill is applied when the request stops being steady, see `_unsteady_one`). Such a
-    *steady* request is not touched step by step: its computed and generated counts are exact
-    as of step `sync_step` and advance by one per finished step; its
-    `wake_step` (kept in a heap) is the next step at which it needs individual attention, and
-    from then on it is handled like any other request until it is steady again. The step-time
-    model gets the steady requests as aggregates (their count and the sum of their contexts,
-    kept incrementally). A step takes the fast path only when nothing can differ from handling
-    every request: the token budget covers every running request's demand and the free KV
-    blocks cover every allocation, so no request is cut short or preempted; otherwise every
-    steady request is brought up to date and the step runs the plain per-request loop.
+    With the decode fast path on (`EngineOptions.decode_fast_path`), `steady` holds the
+    running requests that only advance a counter per step (`accelerator.SteadyDecoders`):
+    the reference loops here see only the others, and count the steady ones as a group.
     `sync_lazy_progress()` brings every request up to date (for readers outside the engine).
     """
 
@@ -168,33 +164,26 @@ class VLLMEngine:
         self._planned_draft_us = 0
         # LoRA adapters: GPU slots, CPU cache, per-adapter statistics.
         self.lora = LoRAState(config.lora) if config.lora is not None else None
-        # Decode fast path state (see the class docstring). A speculating request's step is
-        # a random number of tokens, never a counter's advance by one, and a LoRA step is
-        # priced by the tokens of each adapter: both take the per-request loop every step;
-        # so does a batch formation that lets running requests wait (formation.py).
+        # The computed-token count at which a request is length-capped (`context_room`).
+        mml = config.max_model_len
+        self.context_limit = mml - 1 if mml > 0 else NO_CONTEXT_LIMIT
+        self._active: list[Request] = []  # this step's one-by-one requests, in running order
+        self._run_seq = 0
+        self.fast_path_steps = 0
+        self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
+        # Steps finished without a SimPy event of their own (the instance's step coalescing).
+        self.steps_coalesced = 0
+        # The decode fast path (accelerator.py). A speculating request's step is a random
+        # number of tokens, never a counter's advance by one, and a LoRA step is priced by the
+        # tokens of each adapter: both take the reference loop every step; so does a batch
+        # formation that lets running requests wait (formation.py).
         self.fast_path = (
             options.decode_fast_path
             and spec is None
             and self.lora is None
             and formation.supports_decode_fast_path
         )
-        self._finished_steps = 0
-        self.fast_path_steps = 0
-        self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
-        # Steps finished without a SimPy event of their own (the instance's step coalescing).
-        self.steps_coalesced = 0
-        self._steady_count = 0
-        # Sum over steady requests of (computed_tokens - sync_step): their context sum at a
-        # step start is this plus steady_count * finished steps.
-        self._steady_context_offset = 0
-        self._wake_heap: list[tuple[int, int, Request]] = []
-        self._unsteady: list[Request] = []  # running requests handled one by one, in order
-        self._active: list[Request] = []  # this step's one-by-one requests, in running order
-        self._run_seq = 0
-        # A steady request that just took a block at a block start is this many tokens from
-        # the next one (0 with one-token blocks, where every step takes a block).
-        self._steps_to_next_block = config.block_size - 1
-        self._has_cpu_tier = cpu is not None
+        self.steady = SteadyDecoders(self) if self.fast_path else None
 
     def seed_speculation(self, rng) -> None:
         """The stream this instance's acceptance draws come from (one per instance)."""
@@ -205,6 +194,24 @@ class VLLMEngine:
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
+
+    # ------------------------------------------------------------------ rules
+    def context_room(self, computed_tokens: int) -> int:
+        """Tokens a request that has computed `computed_tokens` may still compute under
+        `max_model_len`: it is length-capped when its context reaches max_model_len − 1
+        (BLIS), so a prefill chunk stops there and a request at it gets no decode token.
+        Without a limit, more than any request needs."""
+        return self.context_limit - computed_tokens
+
+    def tokens_to_end(self, computed_tokens: int, generated_tokens: int, output_tokens: int) -> int:
+        """Tokens a decoding request (at `computed_tokens` / `generated_tokens` of
+        `output_tokens`) has still to produce before it ends: its output is complete or its
+        context reaches the limit (`context_room`), whichever comes first. `finish_step`
+        completes a request once this is 0 or less; a token that brings it there is the
+        request's last."""
+        left = output_tokens - generated_tokens
+        room = self.context_limit - computed_tokens
+        return left if left < room else room
 
     # ------------------------------------------------------------------ admission
     def enqueue(self, req: Request, now_us: int) -> EnqueueOutcome:
@@ -300,10 +307,8 @@ class VLLMEngine:
             if req.block_ids:
                 self.kv.release(req)
         elif req.state is RequestState.RUNNING:
-            if req.steady:
-                self._unsteady_one(req, in_step=1)
-            elif req in self._unsteady:
-                self._unsteady.remove(req)
+            if self.steady is not None:
+                self.steady.leave(req)
             self.running.remove(req)
             self.kv.release(req)
         else:
@@ -319,7 +324,10 @@ class VLLMEngine:
     def evict_all(self) -> list[Request]:
         """Remove every queued and running request, freeing their KV blocks (the instance is
         going away). The caller settles each request's fate."""
-        self._unsteady_all(in_step=1)  # exact token counts for every running request first
+        steady = self.steady
+        if steady is not None:
+            steady.unsteady_all(in_step=1)  # exact token counts for every running request first
+            steady.unsteady = []
         evicted = [*self.running, *self.waiting]
         for req in evicted:
             if req.block_ids:
@@ -328,7 +336,6 @@ class VLLMEngine:
         self.running = []
         self.waiting = deque()
         self._active = []
-        self._unsteady = []
         return evicted
 
     def prefill_requests(self) -> list[Request]:
@@ -362,13 +369,16 @@ class VLLMEngine:
         """Form the batch for a step starting at `now_us` (docs/behaviour.md §1.4 phase A, §1.5)."""
         if not self.running and not self.waiting:
             return None
-        steady = self.plan_steady_step(now_us)
-        if steady is not None:
-            return StepBatch([], steady[0], steady[1], [], 0)
+        if self.steady is not None:
+            plan = self.steady.plan_step(now_us)
+            if plan is not None:
+                return StepBatch([], plan[0], plan[1], [], 0)
         return self.plan_general_step(now_us)
 
     def plan_general_step(self, now_us: int) -> StepBatch:
-        """`plan_step` once the all-steady plan is ruled out (there is work)."""
+        """`plan_step` once the all-steady plan is ruled out (there is work): the reference
+        step, less the steady requests (`steady`) when the fast path can keep them as a
+        group this step."""
         self.clock_us = now_us
         self.kv.now_us = now_us
         self.step_count += 1
@@ -378,10 +388,12 @@ class VLLMEngine:
             self._reorder_waiting(now_us)
 
         budget = cfg.max_num_scheduled_tokens
-        active = self._fast_path_requests(budget) if self.fast_path else None
+        steady = self.steady
+        active = steady.one_by_one(budget) if steady is not None else None
         if active is None:
             # The plain loop over every running request (it may preempt).
-            self._unsteady_all()
+            if steady is not None:
+                steady.unsteady_all()
             active = self.running
             for req in active:
                 req.num_new_tokens = 0
@@ -395,17 +407,22 @@ class VLLMEngine:
         else:
             # Steady requests take one token each; nothing else of theirs changes.
             self.fast_path_steps += 1
-            budget, preempted = self._schedule_running(active, budget - self._steady_count)
+            budget, preempted = self._schedule_running(active, budget - steady.count)
             assert not preempted, "the fast path admitted a step that preempts"
             step_extra_us = self._admit_waiting(active, budget, now_us)
         self._active = active
-        self._unsteady = active[:]
 
         # The batch the step-time model prices: only requests that got tokens this step.
         prefill_chunks: list[tuple[int, int]] = []
         prefill_prompts: list[int] = []
-        decode_count = self._steady_count
-        decode_context = self._steady_context_offset + decode_count * self._finished_steps
+        if steady is not None:
+            # This step's requests are handled one by one until it ends; `finish_step` then
+            # makes steady those that can be.
+            steady.unsteady = active[:]
+            decode_count = steady.count
+            decode_context = steady.context_sum()
+        else:
+            decode_count = decode_context = 0
         verifying = verify_context = 0
         lora_tokens: dict[str, int] | None = {} if self.lora is not None else None
         for req in active:
@@ -525,57 +542,6 @@ class VLLMEngine:
             active.extend(running[admitted_from:])
         return step_extra_us
 
-    def plan_steady_step(self, now_us: int) -> tuple[int, int] | None:
-        """The plan when every running request is steady and nothing waits: one token each,
-        plus the KV blocks of those reaching a block start. Returns the decode count and
-        context sum the step-time model prices; None when the step needs the general plan
-        (something waits, a request is handled one by one or needs more than a block, or the
-        budget or the blocks run short); nothing has changed then."""
-        if self.waiting or self._unsteady or not self.fast_path:
-            return None
-        n = self._steady_count
-        if n > self.config.max_num_scheduled_tokens:
-            return None
-        step = self._finished_steps
-        heap = self._wake_heap
-        if heap and heap[0][0] <= step and not self._take_steady_blocks(step, now_us):
-            return None
-        self.clock_us = now_us
-        self.kv.now_us = now_us
-        self.step_count += 1
-        self.fast_path_steps += 1
-        self._active = []
-        self._step_start_us = now_us
-        return n, self._steady_context_offset + n * step
-
-    def _take_steady_blocks(self, step: int, now_us: int) -> bool:
-        """The steady requests due at `step` take their KV blocks and stay steady. False, with
-        nothing changed, when one of them needs more than a block or the blocks run short."""
-        heap = self._wake_heap
-        kv = self.kv
-        wakers = []
-        blocks_only = True
-        while heap and heap[0][0] <= step:
-            entry = heapq.heappop(heap)
-            req = entry[2]
-            if req.steady and req.wake_step == entry[0]:
-                wakers.append(entry)
-                if not req.wake_for_block:
-                    blocks_only = False
-        if not blocks_only or len(wakers) > kv.total_blocks - kv.used_blocks:
-            for entry in wakers:
-                heapq.heappush(heap, entry)
-            return False
-        kv.now_us = now_us
-        for entry in wakers:
-            self._take_block_steady(entry[2], step)
-        self.steady_block_takes += len(wakers)
-        # Steady steps do not pack the step log; some steady request takes a block at least
-        # every block_size steps, so checking here keeps its tails short.
-        if len(self.steps.tail_start_us) >= PACK_AFTER_ROWS:
-            self.steps.pack()
-        return True
-
     def _schedule_running(
         self, order: list[Request], budget: int, prefills_only: bool = False
     ) -> tuple[int, bool]:
@@ -583,7 +549,7 @@ class VLLMEngine:
         with `prefills_only`, chunks for those still in prefill alone (decoders wait).
 
         Returns the budget left and whether a request was preempted for KV room."""
-        mml = self.config.max_model_len
+        limit = self.context_limit
         kv = self.kv
         block_size = self.config.block_size
         spec = self.speculation
@@ -607,12 +573,15 @@ class VLLMEngine:
                 if req.state is not RequestState.RUNNING:
                     break
             else:
-                if prefills_only or (mml > 0 and computed + 1 > mml - 1):
+                # No context room left (`context_room`; compared inline, as this runs for
+                # every request in every step): it gets no token.
+                if prefills_only or computed >= limit:
                     i += 1
                     continue
                 if spec is not None:
                     # The sampled token and the drafts, with KV for both and for the
                     # drafter's next proposals (vLLM's lookahead), up to the context limit.
+                    mml = self.config.max_model_len
                     chunk = 1 + spec.proposals(budget, computed, mml)
                     end = computed + chunk + spec.lookahead
                     if mml > 0 and end > mml:
@@ -657,209 +626,6 @@ class VLLMEngine:
             budget -= chunk
             i += 1
         return budget, preempted
-
-    # ------------------------------------------------------------------ decode fast path
-    def _fast_path_requests(self, budget: int) -> list[Request] | None:
-        """The running requests to handle one by one this step, in running order, when the
-        step can take the fast path; None when it cannot (see the class docstring)."""
-        step = self._finished_steps
-        heap = self._wake_heap
-        active = self._unsteady
-        woken = False
-        block_wakers: list[Request] = []
-        while heap and heap[0][0] <= step:
-            wake, _seq, req = heapq.heappop(heap)
-            if req.steady and req.wake_step == wake:
-                if req.wake_for_block:
-                    block_wakers.append(req)  # in running order: the heap breaks ties so
-                    continue
-                self._unsteady_one(req)
-                if not woken:
-                    active = active[:]
-                    woken = True
-                active.append(req)
-        if woken:
-            active.sort(key=_run_seq_of)
-        tokens, blocks, hashes = self._demand(active, budget)
-        free = self.kv.total_blocks - self.kv.used_blocks
-        if block_wakers:
-            if not blocks and not hashes and tokens <= budget and len(block_wakers) <= free:
-                # Nothing handled one by one takes or hashes a block this step, so the cache
-                # ends the same as if the per-request loop had handed these blocks out.
-                for req in block_wakers:
-                    self._take_block_steady(req, step)
-                free -= len(block_wakers)
-                self.steady_block_takes += len(block_wakers)
-            else:
-                for req in block_wakers:
-                    self._unsteady_one(req)
-                active = [*active, *block_wakers]
-                active.sort(key=_run_seq_of)
-                woken = True
-                tokens, blocks, hashes = self._demand(active, budget)
-        # Would the plain loop give every request its full demand without preempting?
-        if tokens > budget or blocks > free:
-            return None
-        for req in active:
-            req.num_new_tokens = 0
-        return active if woken else active[:]
-
-    def _demand(self, active: list[Request], budget: int) -> tuple[int, int, bool]:
-        """Tokens this step's requests ask for (steady ones included), new KV blocks for the
-        ones handled one by one, and whether any of those may hash a full block."""
-        tokens = self._steady_count
-        blocks = 0
-        hashes = False
-        mml = self.config.max_model_len
-        bs = self.config.block_size
-        for req in active:
-            if req.reload_pending:
-                continue
-            computed = req.computed_tokens
-            if req.in_prefill:
-                end = computed + self._prefill_chunk(req.prefill_target, computed, budget)
-                tokens += end - computed
-                needed = -(-end // bs) - len(req.block_ids)
-                if needed > 0:
-                    blocks += needed
-                hashes = True
-            elif not (mml > 0 and computed + 1 > mml - 1):
-                tokens += 1
-                if computed % bs == 0 or not req.block_ids:
-                    blocks += 1
-                elif (computed + 1) % bs == 0:
-                    hashes = True  # possibly: the block holding prompt tokens fills up
-        return tokens, blocks, hashes
-
-    def may_finish_requests(self) -> bool:
-        """Could the planned step complete a request? (False is certain; True may not be.)"""
-        mml = self.config.max_model_len
-        for req in self._active:
-            n = req.num_new_tokens
-            if not n:
-                continue
-            if req.in_prefill:
-                after = req.computed_tokens + n
-                if after < req.prefill_target:
-                    continue
-                if req.output_tokens == 0:
-                    return True
-            else:
-                # A decode yields one token; a verification of n - 1 drafts at most n.
-                after = req.computed_tokens + n
-                if req.generated_tokens + n >= req.output_tokens:
-                    return True
-            if req.generated_tokens + 1 >= req.output_tokens or (mml > 0 and after >= mml - 1):
-                return True
-        return False
-
-    def _steady_wake(self, req: Request, computed: int, generated: int) -> tuple[int, bool]:
-        """Steps from the next one until `req` (at `computed` / `generated` tokens), decoding
-        one token per step, needs attention: a KV block to take, a prompt block to hash (not
-        a private one: `lazy_hash_end` records it), or its last token (0 = at once). The flag
-        says the only need then is a new KV block: a request at a block start now (0, True)
-        waits for its block as a steady one."""
-        bs = self.config.block_size
-        steps = -computed % bs  # next position at a block start: a new block
-        block_only = True
-        # A need that falls on the block step too makes that step more than a block taking.
-        done_in = req.output_tokens - generated - 1
-        if done_in <= steps:
-            steps = done_in
-            block_only = False
-        mml = self.config.max_model_len
-        if mml > 0:
-            capped_in = mml - 2 - computed
-            if capped_in <= steps:
-                steps = capped_in
-                block_only = False
-        # The block holding the last prompt token is hashed once it fills up with output.
-        hash_at = computed + (bs - 1 - computed) % bs
-        if hash_at - computed <= steps and hash_at + 1 <= -(-req.prefill_target // bs) * bs:
-            if self.kv.defers_hash(req, hash_at // bs):
-                # A private block's hashing is deferred anyway (KVCache): filling it only
-                # sets the count a release short of completion hashes, so the request stays
-                # steady and `_unsteady_one` sets that count if the block filled meanwhile.
-                req.lazy_hash_end = hash_at + 1
-            else:
-                steps = hash_at - computed
-                block_only = False
-        return (steps, block_only) if steps > 0 else (0, block_only)
-
-    def _make_steady(self, req: Request, wake_in: int, block_only: bool) -> None:
-        step = self._finished_steps
-        req.steady = True
-        req.sync_step = step
-        req.wake_step = step + wake_in
-        req.wake_for_block = block_only
-        self._steady_count += 1
-        self._steady_context_offset += req.computed_tokens - step
-        heapq.heappush(self._wake_heap, (req.wake_step, req.run_seq, req))
-
-    def _take_block_steady(self, req: Request, step: int) -> None:
-        """A steady request at a block start gets its block and stays steady: nothing else of
-        it changes this step, so the per-request loop has nothing to do for it."""
-        self.kv.take_block(req)  # the caller checked the room
-        behind = step - req.sync_step
-        # After this step's token it is one further on: when does it need attention next?
-        computed = req.computed_tokens + behind + 1
-        generated = req.generated_tokens + behind + 1
-        # Nearly always the next block start, a block from now: `_steady_wake`'s answer when
-        # neither the last token nor the context limit comes first (the block just taken holds
-        # output alone, so there is no prompt block to hash in it).
-        to_next_block = self._steps_to_next_block
-        mml = self.config.max_model_len
-        if (
-            to_next_block
-            and req.output_tokens - generated - 1 > to_next_block
-            and (mml <= 0 or mml - 2 - computed > to_next_block)
-        ):
-            wake_in, block_only = to_next_block, True
-        else:
-            wake_in, block_only = self._steady_wake(req, computed, generated)
-        req.wake_step = wake_step = step + 1 + wake_in
-        req.wake_for_block = block_only
-        heapq.heappush(self._wake_heap, (wake_step, req.run_seq, req))
-
-    def _sync(self, req: Request) -> None:
-        behind = self._finished_steps - req.sync_step
-        if behind:
-            req.computed_tokens += behind
-            req.generated_tokens += behind
-            req.last_token_us = self._prev_step_end_us + req.generated_tokens * self.otp_us
-            req.sync_step = self._finished_steps
-
-    def _unsteady_one(self, req: Request, in_step: int = 0) -> None:
-        """Bring a steady request up to date and hand it back to the one-by-one loop.
-
-        `in_step` is 1 when a planned step holds the request's next token (a timeout or an
-        eviction in the middle of a step), 0 between steps (planning): the per-request loop
-        takes a token's KV, and hashes a block it fills, when it plans the step."""
-        self._sync(req)
-        req.steady = False
-        self._steady_count -= 1
-        self._steady_context_offset -= req.computed_tokens - req.sync_step
-        hash_end = req.lazy_hash_end
-        if hash_end:
-            # The private prompt block skipped by `_steady_wake`: if it filled up, the count
-            # of deferred blocks is what filling it on the per-request loop would have set.
-            req.lazy_hash_end = 0
-            if req.computed_tokens + in_step >= hash_end:
-                req.deferred_hash_blocks = hash_end // self.config.block_size
-
-    def _unsteady_all(self, in_step: int = 0) -> None:
-        if self._steady_count:
-            for req in self.running:
-                if req.steady:
-                    self._unsteady_one(req, in_step)
-        self._wake_heap.clear()
-
-    def sync_lazy_progress(self) -> None:
-        """Bring every steady request's counters and last-token time up to date."""
-        if self._steady_count:
-            for req in self.running:
-                if req.steady:
-                    self._sync(req)
 
     def _admit_head(self, req: Request, new_tokens: int, now_us: int) -> None:
         """Move the head of the wait queue into the running batch for this step."""
@@ -940,9 +706,9 @@ class VLLMEngine:
             chunk = threshold
         if chunk > budget:
             chunk = budget
-        mml = self.config.max_model_len
-        if mml > 0:
-            chunk = min(chunk, max(mml - 1 - start, 0))
+        room = self.context_room(start)
+        if chunk > room:
+            chunk = room if room > 0 else 0
         return chunk
 
     def _preempt(self, serving: Request, cursor: int, budget: int) -> tuple[bool, int, int]:
@@ -981,10 +747,8 @@ class VLLMEngine:
     def check_invariants(self) -> None:
         """Assert the engine's laws (tests and debug runs): states, progress bounds, KV."""
         self.sync_lazy_progress()
-        steady = [r for r in self.running if r.steady]
-        assert len(steady) == self._steady_count
-        assert sum(r.computed_tokens - r.sync_step for r in steady) == (self._steady_context_offset)
-        assert all(r.wake_step >= self._finished_steps for r in steady)
+        if self.steady is not None:
+            self.steady.check_invariants()
         for req in self.waiting:
             assert req.state is RequestState.QUEUED, req
             assert not req.block_ids or req.kv_resident, req
@@ -1008,51 +772,10 @@ class VLLMEngine:
         if not self.scheduler.keeps_order:
             self.waiting = deque(self.scheduler.order(list(self.waiting)))
 
-    def finish_and_plan_steady(self, step_us: int, price: Callable[[int, int], int]) -> int:
-        """`finish_step` for a step in which every request served was steady (none handled one
-        by one, so none completes) on an engine without a CPU tier, then `plan_steady_step`
-        at its end, priced by `price(decode_count, decode_context_sum)`: the same counters,
-        log row and plan, without the per-request loops, in one call, as most steps of a busy
-        batch are such. Returns the planned step's duration; 0 when the step was finished and
-        the next one needs the general plan (nothing planned yet); -1 when the step was not
-        all steady (nothing done: it needs `finish_step`)."""
-        if self._active or not self._steady_count or self._has_cpu_tier:
-            return -1
-        start = self._step_start_us
-        end = start + step_us
-        steady = self._steady_count
-        self.total_output_tokens += steady
-        # The same row as finish_step's, written out: a shared StepLog.append_row call cost
-        # +0.6 % (a) and +1.1 % (d) instructions. A column added there and not here would
-        # differ in length; tests/engine/test_fast_paths.py compares step frames and summaries.
-        # (No CPU tier here, so no CPU-tier columns; the regular gap is derived from the times.)
-        steps = self.steps
-        waiting = self.waiting
-        steps.tail_start_us.append(start)
-        steps.tail_step_us.append(step_us)
-        steps.tail_batch_size.append(steady)
-        steps.tail_prefill_tokens.append(0)
-        steps.tail_decode_tokens.append(steady)
-        steps.tail_kv_used_blocks.append(self.kv.used_blocks)
-        steps.tail_queue_length.append(len(waiting))
-        steps.tail_running_requests.append(len(self.running))
-        steps.tail_preemptions.append(self.preemption_count)
-        steps.tail_itl_regular_count.append(steady)
-        self._prev_step_end_us = end
-        self._finished_steps = step = self._finished_steps + 1
-        self._unsteady = []
-        self.clock_us = end
-        # plan_steady_step(end), written out.
-        if waiting or not self.fast_path or steady > self.config.max_num_scheduled_tokens:
-            return 0
-        heap = self._wake_heap
-        if heap and heap[0][0] <= step and not self._take_steady_blocks(step, end):
-            return 0
-        self.kv.now_us = end
-        self.step_count += 1
-        self.fast_path_steps += 1
-        self._step_start_us = end
-        return price(steady, self._steady_context_offset + steady * step)
+    def sync_lazy_progress(self) -> None:
+        """Bring every steady request's counters and last-token time up to date."""
+        if self.steady is not None:
+            self.steady.sync_all()
 
     def finish_step(self, step_us: int) -> list[Request]:
         """Apply a step that ran for `step_us`: progress, tokens, completions (docs/behaviour.md
@@ -1068,7 +791,9 @@ class VLLMEngine:
         regular_gap = end - prev_end + otp
         regular = 0
         irregular = self.irregular_itl_us
-        mml = self.config.max_model_len
+        # A request ends when `tokens_to_end` reaches 0, written out below by its two reasons
+        # (the output is complete; the context is at the limit: length-capped).
+        limit = self.context_limit
         done: list[Request] = []
         prefill_tokens = 0
         decode_tokens = 0
@@ -1118,7 +843,7 @@ class VLLMEngine:
                 req.last_token_us = end + g * otp
                 if g >= req.output_tokens:
                     done.append(req)
-                elif mml > 0 and req.computed_tokens >= mml - 1:
+                elif req.computed_tokens >= limit:
                     req.length_capped = True
                     self.length_capped += 1
                     done.append(req)
@@ -1142,17 +867,18 @@ class VLLMEngine:
             req.last_token_us = t
             if g >= req.output_tokens:
                 done.append(req)
-            elif mml > 0 and req.computed_tokens >= mml - 1:
+            elif req.computed_tokens >= limit:
                 req.length_capped = True
                 self.length_capped += 1
                 done.append(req)
-        steady = self._steady_count
-        if steady:
-            # Each steady request decoded one token with the regular gap (see the class doc).
-            served += steady
-            decode_tokens += steady
-            produced += steady
-            regular += steady
+        steady = self.steady
+        if steady is not None and steady.count:
+            # Each steady request decoded one token with the regular gap (accelerator.py).
+            n = steady.count
+            served += n
+            decode_tokens += n
+            produced += n
+            regular += n
         self.total_output_tokens += produced
         if self.speculation is not None:
             stats = self.speculation.stats
@@ -1185,8 +911,25 @@ class VLLMEngine:
             self.completed_count += len(done)
             if self.keep_completed:
                 self.completed.extend(done)
+        self._log_step(start, step_us, served, prefill_tokens, decode_tokens, regular)
+        self._prev_step_end_us = end
+        if steady is not None:
+            steady.after_step(active)
+        return done
+
+    def _log_step(
+        self,
+        start_us: int,
+        step_us: int,
+        served: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        regular_itl_count: int,
+    ) -> None:
+        """The step log's row of a finished step (metrics/recorder.py: StepLog), the engine's
+        state after it. `SteadyDecoders.finish_and_plan` writes the same row inline."""
         steps = self.steps
-        steps.tail_start_us.append(start)
+        steps.tail_start_us.append(start_us)
         steps.tail_step_us.append(step_us)
         steps.tail_batch_size.append(served)
         steps.tail_prefill_tokens.append(prefill_tokens)
@@ -1195,30 +938,13 @@ class VLLMEngine:
         steps.tail_queue_length.append(len(self.waiting))
         steps.tail_running_requests.append(len(self.running))
         steps.tail_preemptions.append(self.preemption_count)
-        steps.tail_itl_regular_count.append(regular)
+        steps.tail_itl_regular_count.append(regular_itl_count)
         cpu = self.kv.cpu
         if cpu is not None:
             steps.tail_cpu_kv_used_blocks.append(cpu.used_blocks)
             steps.tail_reloading_requests.append(sum(1 for r in self.running if r.reload_pending))
         if len(steps.tail_start_us) >= PACK_AFTER_ROWS:
             steps.pack()
-        self._prev_step_end_us = end
-        self._finished_steps += 1
-        if self.fast_path:
-            unsteady = []
-            for req in active:
-                if req.state is not RequestState.RUNNING:
-                    continue
-                if req.num_new_tokens and not req.in_prefill and not req.reload_pending:
-                    wake_in, block_only = self._steady_wake(
-                        req, req.computed_tokens, req.generated_tokens
-                    )
-                    if wake_in or block_only:
-                        self._make_steady(req, wake_in, block_only)
-                        continue
-                unsteady.append(req)
-            self._unsteady = unsteady
-        return done
 
 
 def _retire(req: Request) -> None:

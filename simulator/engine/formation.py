@@ -48,7 +48,7 @@ class BatchFormation:
     # step serves every running request before admitting anyone: a policy that lets running
     # requests wait must turn it off.
     supports_decode_fast_path = True
-    # Step coalescing (Instance._can_finish_quietly) needs no flag: it runs steps ahead only
+    # Step coalescing (accelerator.finish_quiet_steps) needs no flag: it runs steps ahead only
     # while nothing waits, and with an empty wait queue a step of every policy here serves the
     # running requests alone, decided by the engine's state (no admission, no drop), so a
     # quiet step is the same with or without its own event. tests/engine/test_formation.py

@@ -1,6 +1,9 @@
 """One serving instance as SimPy processes: an intake that enqueues and a step loop.
 
 The processes are thin: every rule lives in `VLLMEngine` (batching) and the step-time model.
+The step loop is the reference loop (plan, price, wait for the step's end, finish) with the
+exact accelerations of accelerator.py: whole steady steps (`SteadyDecoders`) and quiet steps
+finished without an event each (`finish_quiet_steps`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import simpy
 from ..invariants import STALLED_STEPS_LIMIT, check_step, stalled
 from ..latency.base import StepBatch, StepTimeModel
 from ..limits import MAX_TIME_US, duration_us
+from .accelerator import finish_quiet_steps
 from .batching import EnqueueOutcome, VLLMEngine
 from .events import (
     ARRIVAL,
@@ -321,8 +325,9 @@ class Instance:
         decode_step_time = self._decode_step_time
         on_finished = self.on_finished
         priority = self._step_priority
+        steady_decoders = engine.steady  # None with the decode fast path off
         # The duration of a steady step already planned where the previous one finished
-        # (`VLLMEngine.finish_and_plan_steady`); 0 when the next step is still to plan.
+        # (`SteadyDecoders.finish_and_plan`); 0 when the next step is still to plan.
         planned_us = 0
         empty_steps = 0  # consecutive steps that gave no request a token (the watchdog)
         while True:
@@ -340,8 +345,10 @@ class Instance:
                 # A step of steady decoders alone (nothing waits, none is warming up) is
                 # priced from its aggregates, as coalesced steps are; anything else builds the
                 # batch.
-                may_be_steady = engine.running and not self.warm_requests
-                steady = engine.plan_steady_step(env.now) if may_be_steady else None
+                may_be_steady = (
+                    steady_decoders is not None and engine.running and not self.warm_requests
+                )
+                steady = steady_decoders.plan_step(env.now) if may_be_steady else None
                 if steady is not None:
                     step_us = decode_step_time(steady[0], steady[1])
                 else:
@@ -378,7 +385,7 @@ class Instance:
                         step_us += self._warm_up_extra_us(batch)
             end_us = env.now + step_us
             if self.coalesce_steps and not self.warm_requests:
-                end_us, step_us = self._finish_quiet_steps(end_us, step_us)
+                end_us, step_us = finish_quiet_steps(self, end_us, step_us)
             self._inflight_end_us, self._inflight_step_us = end_us, step_us
             yield PriorityTimeout(env, end_us - env.now, priority)
             if self.terminated:
@@ -387,8 +394,8 @@ class Instance:
             # such a step too, in one call; warm-up requests need the general plan's pricing.
             planned_us = (
                 -1
-                if self.warm_requests
-                else engine.finish_and_plan_steady(self._inflight_step_us, decode_step_time)
+                if self.warm_requests or steady_decoders is None
+                else steady_decoders.finish_and_plan(self._inflight_step_us, decode_step_time)
             )
             if planned_us < 0:
                 for req in engine.finish_step(self._inflight_step_us):
@@ -396,58 +403,3 @@ class Instance:
                 planned_us = 0
             if self.check_invariants:
                 check_step(engine, self.instance_id, env.now)
-
-    def _finish_quiet_steps(self, end_us: int, step_us: int) -> tuple[int, int]:
-        """Finish quiet steps at once, without a SimPy event each, for as long as the planned
-        step's end comes strictly before every other scheduled event (`env.peek()`). A step
-        is quiet when it completes no request and nothing waits at this instance, so all it
-        does is end and let the next one be planned (`_can_finish_quietly`).
-
-        Nothing can happen before such a step ends (every other event is later, and only
-        events schedule events), and nothing outside this instance sees what it does, so
-        finishing it here gives the same steps (times, log rows) and request timestamps as
-        waiting for its event. Returns the end and duration of the first step that needs its
-        event."""
-        peek = self.env.peek
-        while end_us < peek() and self._can_finish_quietly():
-            end_us, step_us = self._finish_quiet_step(end_us, step_us)
-        return end_us, step_us
-
-    def _can_finish_quietly(self) -> bool:
-        """Does the step in flight (or planned) complete nothing, with nothing waiting?
-
-        No completion means the work left after the step is the work there is now. A plan
-        may also drop a queued request that can never fit (reported as finished at that
-        instant), so steps only run ahead while nothing waits."""
-        engine = self.engine
-        # With nothing waiting, there is work iff something runs; a step of steady requests
-        # alone (none handled one by one, `_active` empty) cannot complete any.
-        return (
-            bool(engine.running)
-            and not engine.waiting
-            and not (engine._active and engine.may_finish_requests())  # noqa: SLF001
-        )
-
-    def _finish_quiet_step(self, end_us: int, step_us: int) -> tuple[int, int]:
-        """Finish the quiet step ending at `end_us` and plan the next: its end and duration.
-
-        Most such steps only advance steady decoders, and the next one does the same: those
-        take the engine's all-steady paths and the model's decode-only step time."""
-        engine = self.engine
-        engine.steps_coalesced += 1
-        next_step_us = engine.finish_and_plan_steady(step_us, self._decode_step_time)
-        if next_step_us < 0:
-            finished = engine.finish_step(step_us)
-            assert not finished, "a coalesced step completed a request"
-        if self.check_invariants:
-            check_step(engine, self.instance_id, end_us)
-        if next_step_us > 0:
-            return end_us + next_step_us, next_step_us
-        steady = engine.plan_steady_step(end_us) if next_step_us < 0 else None
-        if steady is not None:
-            step_us = self._decode_step_time(steady[0], steady[1])  # not *steady: a slower call
-            return end_us + step_us, step_us
-        batch = engine.plan_general_step(end_us)
-        assert not engine.new_reloads
-        step_us = self.step_model.step_time_us(batch) + batch.extra_us
-        return end_us + step_us, step_us

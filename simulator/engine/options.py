@@ -18,10 +18,10 @@ class EngineOptions:
 
     reference: bool = False
     # Decoding requests that need nothing but a counter advance are handled as a group
-    # (VLLMEngine's steady requests).
+    # (accelerator.SteadyDecoders).
     decode_fast_path: bool = True
     # An instance finishes its own quiet steps without a SimPy event each
-    # (Instance._finish_quiet_steps).
+    # (accelerator.finish_quiet_steps).
     coalesce_steps: bool = True
     # A request's private prompt blocks are hashed only when a release needs them (KVCache).
     defer_private_hashes: bool = True

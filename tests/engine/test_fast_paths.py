@@ -55,11 +55,11 @@ def _assert_same(fast, plain) -> None:
     assert fast_obs[5] == plain_obs[5]
 
 
-# Each example runs a scenario twice (accelerated and reference). 150 examples per law: about
-# 20 s for the three laws on an idle 2-core machine; the CI profile draws the same ones every
-# run (tests/conftest.py), `make fuzz` explores more.
+# Each example runs a scenario twice (accelerated and reference). 300 examples per law: 7 to
+# 8 s a law on an idle 2-core machine; the CI profile draws the same ones every run
+# (tests/conftest.py), `make fuzz` explores more.
 SAME_SETTINGS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -105,10 +105,10 @@ def _run_keeping_engines(*args, **kwargs) -> tuple:
 @given(engine_scenarios())
 def test_the_fast_path_alone_leaves_the_same_hashes(case):
     """Private hashing deferred on both sides, the decode fast path on and off: a steady
-    request is not woken when its private last prompt block fills up (`_steady_wake`), so a
-    release short of completion (preemption, timeout) must still hash that block as the
-    per-request loop's count says. The caches' whole hash state is compared, not only what
-    a later prefix hit would show."""
+    request is not woken when its private last prompt block fills up
+    (`SteadyDecoders._wake`), so a release short of completion (preemption, timeout) must
+    still hash that block as the per-request loop's count says. The caches' whole hash state
+    is compared, not only what a later prefix hit would show."""
     requests, config, model, horizon = case
     runs, engines = {}, {}
     for enabled in (True, False):
@@ -126,7 +126,8 @@ def test_a_timeout_in_the_step_that_fills_the_private_prompt_block_hashes_it():
     that computes position 31, the 12th decode step) times out in the middle of each of its
     first 20 steps. The per-request loop counts the block as full when it plans that step,
     so a timeout during it hashes two blocks and one during the step before hashes one;
-    the fast path, which never woke for it, must agree (`_unsteady_one(in_step=1)`)."""
+    the fast path, which never woke for it, must agree
+    (`SteadyDecoders.unsteady_one(in_step=1)`)."""
     config = EngineConfig(total_kv_blocks=100, block_size=16)
     model = RooflineModel(LLAMA31_8B, H100, 1)
 
