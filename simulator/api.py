@@ -182,6 +182,7 @@ def simulate(
     warn_unsteady: bool = True,
     reference: bool = False,
     options: EngineOptions | None = None,
+    end_checks: bool = False,
     **overrides: Any,
 ) -> Result:
     """Run one scenario (object, dict or YAML path); keyword overrides use dotted paths with
@@ -190,7 +191,10 @@ def simulate(
     A run that did not reach a steady state logs a warning (`servesim` logger) unless
     `warn_unsteady` is False (sweeps and plans judge many runs and report verdicts).
     `reference=True` runs without the exact accelerations (engine/options.py): the same
-    results, slower; for checking them. `options` picks them one by one instead."""
+    results, slower; for checking them. `options` picks them one by one instead.
+    `end_checks=True` checks every end-of-run law once the run ends, each engine's own
+    (KV-block conservation) included, which needs the live engines that the result does not
+    keep, without the per-step checks of `check_invariants` (docs/python.md)."""
     sc = as_scenario(scenario)
     if overrides:
         sc = apply_overrides(sc, {k.replace("__", "."): v for k, v in overrides.items()})
@@ -234,6 +238,7 @@ def simulate(
         check_invariants=sc.check_invariants,
         max_in_flight=sc.trace.max_in_flight if sc.trace is not None else None,
         options=options if options is not None else EngineOptions(reference=reference),
+        end_checks=end_checks,
     )
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)

@@ -116,7 +116,7 @@ class PlanResult:
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
-        from .sweeps import _metric_label
+        from .metrics.study import metric_label
 
         metric = metric or (next(iter(self.slos)) if self.slos else "goodput")
         column = "goodput_worst" if metric == "goodput" else f"{metric}_worst"
@@ -162,7 +162,7 @@ class PlanResult:
             ax.axhline(bound, linestyle="--", color="grey", label=f"SLO {metric} = {_fmt(bound)}")
         ax.set_xlabel("instances")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ylabel = "completed / injected (fraction)" if metric == "goodput" else _metric_label(metric)
+        ylabel = "completed / injected (fraction)" if metric == "goodput" else metric_label(metric)
         ax.set_ylabel(f"worst-seed {ylabel}")
         ax.set_title(f"Capacity frontier: worst seed of {len(self.seeds)} per probe")
         ax.grid(True, alpha=0.3)

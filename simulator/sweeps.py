@@ -31,7 +31,7 @@ from .atomic_io import write_text_atomically, write_with
 from .errors import ConfigError, excerpt
 from .input_files import read_json, read_yaml_mapping
 from .interruption import ignore_interrupts_in_worker
-from .metrics.study import TEXT_COLUMNS, SweepTables, metric_label, summarize_points
+from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
 from .scenario import Scenario, TraceSpec, scenario_from_dict
 from .workload.spec import format_spec_error
 from .workload.synthetic import V2_EQUIVALENTS
@@ -39,8 +39,6 @@ from .workload.synthetic import V2_EQUIVALENTS
 RUNS_DIR = "runs.d"
 # Summary fields BLIS prints only when non-zero: a missing one means 0, not unknown.
 _ZERO_WHEN_ABSENT = ("kv_allocation_failures",)
-# `plan` labels its figures' axes as a sweep does.
-_metric_label = metric_label
 
 Progress = Callable[[int, int, dict[str, Any]], None]
 

@@ -23,7 +23,9 @@ from ..engine.request import Request, RequestState
 from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
+from ..metrics.fleet_record import capture_fleet
 from ..metrics.instance_record import InstanceRecord, capture_instance
+from ..metrics.pd_record import capture_pd
 from ..metrics.request_table import RequestRecords, RequestTable, request_stats, served_stats
 from ..metrics.results import Result
 from ..metrics.slo import SloPolicy, slo_report
@@ -272,6 +274,7 @@ def run_simulation(
     max_in_flight: int | None = None,
     options: EngineOptions = ACCELERATED,
     on_end: Callable[[list[VLLMEngine]], None] | None = None,
+    end_checks: bool = False,
 ) -> Result:
     """Simulate `requests` on a cluster until all finish or the horizon passes.
 
@@ -285,9 +288,12 @@ def run_simulation(
     `max_in_flight` caps the user-facing requests outstanding at once, as a load generator
     with that many connections does: a request due while all are busy is sent when one frees.
     `options` chooses the exact accelerations (all off: `EngineOptions(reference=True)`).
-    The result keeps each engine's end-of-run record (`Result.engines`), not the engine;
-    `on_end` is called with the live engines once the run has ended, for tests of their
-    internal state.
+    The result keeps plain end-of-run records, never a live object: each engine's
+    (`Result.engines`), the PD flow's (`Result.pd`) and the changing fleet's
+    (`Result.infrastructure`). `end_checks` runs the end-of-run laws with the live engines'
+    own self-checks (`invariants.check_run(result, engines)`) without the per-step checks
+    of `check_invariants`, which runs them too; `on_end` is called with the live engines once
+    the run has ended, for tests of their internal state.
     """
     cluster = cluster or ClusterSpec()
     check_invariants = invariants_requested(check_invariants)
@@ -506,14 +512,14 @@ def run_simulation(
         routed=list(router.routed),
         in_flight_at_end=list(router.in_flight),
         decisions=trace,
-        pd=pd,
+        pd=capture_pd(pd) if pd is not None else None,
         instance_roles=[s.role for s in setups],
-        infrastructure=infra,
+        infrastructure=capture_fleet(infra) if infra is not None else None,
         instance_models=instance_models,
         parked_at_end=router.parked_now,
         fleet=fleet,
     )
-    if check_invariants:
+    if check_invariants or end_checks:
         check_run(result, engines)
     if on_end is not None:
         on_end(engines)

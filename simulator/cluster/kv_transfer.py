@@ -32,6 +32,7 @@ import simpy
 from ..engine.events import LINK_RESUME, PriorityTimeout
 from ..errors import invalid, is_finite_positive
 from ..limits import MAX_TIME_US, check_time_us, duration_us
+from ..metrics.pd_record import lone_transfer_us, time_weighted_concurrency
 from ..metrics.request_table import StringColumn
 
 BANDWIDTH_FIELD = "cluster.pd.transfer_bandwidth_gb_per_s"
@@ -348,7 +349,7 @@ class KVTransferLink:
     # ------------------------------------------------------------------ public
     def lone_duration_us(self, size_bytes: float) -> int:
         """BLIS's transfer time: ceil(base_ms*1000 + bytes / (GBps*1000)), at least 1 µs."""
-        return max(1, math.ceil(self.base_latency_us + size_bytes / self.bandwidth_bytes_per_us))
+        return lone_transfer_us(self.base_latency_us, self.bandwidth_bytes_per_us, size_bytes)
 
     def start(
         self, transfer_id: TransferId, size_bytes: float, on_done: Callable[[int], None]
@@ -392,15 +393,14 @@ class KVTransferLink:
         Each transfer counts over [start_us, end_us) (end rounded up to the µs, so this can
         overstate by under 1 µs per transfer); idle time counts as 0.
         """
-        if until_us <= 0:
-            return 0.0
-        area = 0.0
-        intervals = list(self.records.intervals())
-        intervals += [(p.start_us, until_us) for p in self._on_link.values()]
-        intervals += [(p.start_us, end) for end, _, p in self._due]
-        for lo, hi in intervals:
-            area += max(0.0, min(hi, until_us) - lo)
-        return area / until_us
+        return time_weighted_concurrency(self.records.intervals(), self.open_transfers(), until_us)
+
+    def open_transfers(self) -> list[tuple[float, int | None]]:
+        """The transfers not finished now, as (start_us, end_us): bytes on the link (end None:
+        still draining), then bytes done with the continuation due (end: when it is due)."""
+        out: list[tuple[float, int | None]] = [(p.start_us, None) for p in self._on_link.values()]
+        out += [(p.start_us, end_us) for end_us, _seq, p in self._due]
+        return out
 
     # ------------------------------------------------------------------ internals
     def _settings(self) -> str:

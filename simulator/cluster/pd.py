@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..engine.instance import Instance
 from ..engine.request import Request, RequestState
 from ..metrics.request_table import ParentRecords, RequestTable
 from .decisions import DecisionTrace
@@ -60,7 +59,6 @@ class Disaggregator:
         self.kv_probe = kv_probe
         self.block_size = block_size
         self.trace = trace
-        self.instances: list[Instance] = []
         # Every disaggregated parent, in order: a list of the objects, or (`keep_in`) the
         # live parents by id with their ordinal, the finished ones being rows of `table`.
         self._parents: list[Request] = []
@@ -252,6 +250,14 @@ class Disaggregator:
                 parent.enqueue_us = p.enqueue_us
                 parent.schedule_us = p.schedule_us
                 parent.first_schedule_us = p.first_schedule_us
+        if self.table is not None:
+            # No parent becomes a row after the run: the table, which the result keeps, lets
+            # go of this disaggregator and, through its policies and link, of the engines.
+            self.table.pd.retire = _run_ended
+
+
+def _run_ended(parent: Request) -> int:
+    raise RuntimeError(f"the run has ended: parent {parent.request_id} cannot become a row")
 
 
 def _take_decode_progress(parent: Request) -> None:

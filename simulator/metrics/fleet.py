@@ -1,15 +1,20 @@
 """Reports of a changing fleet: lifecycle timeline, instance uptime and GPU cost, and
-per-model metrics for multi-model runs (docs/behaviour.md §A6, §A7)."""
+per-model metrics for multi-model runs (docs/behaviour.md §A6, §A7). The fleet's functions
+read its end-of-run record (`infra`, a `FleetRecord` of metrics/fleet_record.py), or None
+for a run on a fixed fleet."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from ..engine.request import Request, RequestState
 from .summary import pooled_itl_us, stat_mean, stat_pct
+
+if TYPE_CHECKING:
+    from .fleet_record import FleetRecord
 
 TIMELINE_COLUMNS = ["time_us", "time_s", "kind", "id", "from_state", "to_state", "reason"]
 UPTIME_COLUMNS = [
@@ -29,7 +34,7 @@ UPTIME_COLUMNS = [
 NODE_COLUMNS = ["node_id", "pool", "gpus", "created_s", "terminated_s", "uptime_s", "cost_usd"]
 
 
-def timeline_frame(infra: Any) -> pd.DataFrame:
+def timeline_frame(infra: FleetRecord | None) -> pd.DataFrame:
     """Every lifecycle transition, in the order it happened."""
     if infra is None:
         return pd.DataFrame(columns=TIMELINE_COLUMNS)
@@ -45,7 +50,7 @@ def _end_s(start_us: int, end_us: int, run_end_us: int) -> float:
     return max(0, stop - start_us) / 1e6
 
 
-def node_frame(infra: Any, run_end_us: int) -> pd.DataFrame:
+def node_frame(infra: FleetRecord | None, run_end_us: int) -> pd.DataFrame:
     """One row per node: billed from the provisioning request until it terminates (or the
     run ends), at its pool's cost per hour."""
     if infra is None:
@@ -67,7 +72,7 @@ def node_frame(infra: Any, run_end_us: int) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=NODE_COLUMNS)
 
 
-def uptime_frame(infra: Any, run_end_us: int) -> pd.DataFrame:
+def uptime_frame(infra: FleetRecord | None, run_end_us: int) -> pd.DataFrame:
     """One row per instance the fleet created: when it existed and what its GPUs cost.
 
     An instance's share of a node's cost is its GPUs on the node / the node's GPUs, for the
@@ -108,7 +113,7 @@ def uptime_frame(infra: Any, run_end_us: int) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=UPTIME_COLUMNS)
 
 
-def fleet_summary(infra: Any, run_end_us: int) -> dict[str, Any]:
+def fleet_summary(infra: FleetRecord, run_end_us: int) -> dict[str, Any]:
     """Counts and totals of the fleet's changes: what the capacity cost and what was lost."""
     uptime = uptime_frame(infra, run_end_us)
     nodes = node_frame(infra, run_end_us)
@@ -123,7 +128,7 @@ def fleet_summary(infra: Any, run_end_us: int) -> dict[str, Any]:
         "failed_requests": infra.failed,
         "retried_requests": infra.retried,
         "redirected_requests": infra.redirected,
-        "requests_waited_for_instance": infra.router.parked_total,
+        "requests_waited_for_instance": infra.parked_total,
     }
     for scaler in infra.autoscalers:
         out[f"autoscaler_{scaler.deployment}_scale_ups"] = scaler.scale_ups

@@ -1,5 +1,6 @@
 """What a run returns: its data (the summary, the request records, the instances' end-of-run
-records, the PD and fleet state) and, as cached attributes, the views built from them.
+records, the PD flow's and the fleet's end-of-run records) and, as cached attributes, the
+views built from them.
 
 A view is computed by the module that owns its concept (metrics/summary.py, metrics/views/,
 metrics/fleet.py, metrics/anomalies.py, metrics/fitness.py); `Result` only passes it the data.
@@ -56,6 +57,8 @@ from .views.text import (
 if TYPE_CHECKING:
     import pandas
 
+    from .fleet_record import FleetRecord
+    from .pd_record import PDRecord
     from .plots import PlotAccessor
 
 # Names other modules and notebooks import from here; each is defined where its concept lives.
@@ -100,9 +103,11 @@ class Result:
     routed: list[int] = field(default_factory=list, repr=False)
     in_flight_at_end: list[int] = field(default_factory=list, repr=False)
     decisions: Any = field(default=None, repr=False)
-    pd: Any = field(default=None, repr=False)
+    # A PD run's flow at its end (metrics/pd_record.py): parents, the link's transfers, pools.
+    pd: PDRecord | None = field(default=None, repr=False)
     instance_roles: list[str] = field(default_factory=list, repr=False)
-    infrastructure: Any = field(default=None, repr=False)
+    # A changing fleet at its end (metrics/fleet_record.py): timeline, nodes, instance slots.
+    infrastructure: FleetRecord | None = field(default=None, repr=False)
     instance_models: list[str] = field(default_factory=list, repr=False)
     parked_at_end: int = 0
     fleet: Any = field(default=None, repr=False)

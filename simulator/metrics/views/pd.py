@@ -1,6 +1,6 @@
 """Prefill-decode disaggregation's views (docs/behaviour.md §7.4): one row per KV transfer,
-and BLIS's PD metrics, from the run's disaggregator (its parents, rows or objects, and its
-link's transfer records)."""
+and BLIS's PD metrics, from the run's PD record (metrics/pd_record.py: its parents, rows or
+objects, and its link's transfer records and statistics)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from ..summary import mean, pct
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ..pd_record import PDRecord
 
 
 def _parent_columns(parents: Sequence, names: Sequence[str]) -> list[np.ndarray]:
@@ -37,7 +39,7 @@ def _transfer_ends(parents: Sequence) -> tuple[list, list, list]:
     )
 
 
-def transfers_frame(pd_state: Any, instance_ids: list[str]) -> pd.DataFrame:
+def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.DataFrame:
     """One row per KV transfer (PD): request, instances, bytes and timing (µs)."""
     import pandas as pd
 
@@ -90,7 +92,7 @@ def transfers_frame(pd_state: Any, instance_ids: list[str]) -> pd.DataFrame:
 
 
 def pd_metrics(
-    pd_state: Any, summary: dict[str, Any], transfers: pd.DataFrame
+    pd_state: PDRecord | None, summary: dict[str, Any], transfers: pd.DataFrame
 ) -> dict[str, Any] | None:
     """BLIS's `=== PD Metrics ===` (docs/behaviour.md §7.4) plus link concurrency."""
     if pd_state is None:
