@@ -16,15 +16,17 @@ test_capacity_resources.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import simpy
 
+from ..metrics.pd_record import PoolMembers, RolePools
+
 ROLES = ("prefill", "decode", "unified")
 
 
-class InstancePool:
+class InstancePool(PoolMembers):
     """One role's routing targets, in index order (the order candidate lists are built in)."""
 
     def __init__(self, env: simpy.Environment, role: str, members: Iterable[int]) -> None:
@@ -43,21 +45,12 @@ class InstancePool:
         """Members serving right now (the container's level)."""
         return 0 if self.serving is None else int(self.serving.level)
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.members)
-
-    def __len__(self) -> int:
-        return len(self.members)
-
-    def __contains__(self, index: object) -> bool:
-        return index in self.members
-
     def __repr__(self) -> str:
         return f"InstancePool({self.role!r}, {list(self.members)})"
 
 
 @dataclass(frozen=True)
-class Pools:
+class Pools(RolePools):
     """The three pools of a disaggregated cluster; together they partition its targets."""
 
     prefill: InstancePool
@@ -74,13 +67,3 @@ class Pools:
         return cls(
             *(InstancePool(env, r, (i for i, role in enumerate(roles) if role == r)) for r in ROLES)
         )
-
-    def __iter__(self) -> Iterator[InstancePool]:
-        return iter((self.prefill, self.decode, self.unified))
-
-    def role_of(self, index: int) -> str:
-        """The role of the pool holding routing target `index`."""
-        for pool in self:
-            if index in pool:
-                return pool.role
-        raise KeyError(index)

@@ -12,7 +12,7 @@ and tests read a record as they read the live object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -116,29 +116,19 @@ class FleetRecord:
         raise KeyError(instance_id)
 
 
+def _copied(record_type: type, live: Any, **changed: Any) -> Any:
+    """A record of `live`: each of the record type's fields read from the live object under
+    the same name, unless given in `changed`."""
+    values = {f.name: getattr(live, f.name) for f in fields(record_type) if f.name not in changed}
+    return record_type(**values, **changed)
+
+
 def _capture_node(node: Node) -> NodeRecord:
-    return NodeRecord(
-        node_id=node.node_id,
-        pool=node.pool,
-        gpu_type=node.gpu_type,
-        gpus=list(node.gpus),
-        cost_per_hour=node.cost_per_hour,
-        state=node.state,
-        created_us=node.created_us,
-        terminated_us=node.terminated_us,
-        free_gpus=node.free_gpus,
-    )
+    return _copied(NodeRecord, node, gpus=list(node.gpus))
 
 
 def _capture_scaler(scaler: Autoscaler) -> AutoscalerRecord:
-    return AutoscalerRecord(
-        deployment=scaler.deployment,
-        spec=scaler.spec,
-        scale_ups=scaler.scale_ups,
-        scale_downs=scaler.scale_downs,
-        refused_scale_ups=scaler.refused_scale_ups,
-        samples=scaler.samples,
-    )
+    return _copied(AutoscalerRecord, scaler)
 
 
 def capture_fleet(infra: Infrastructure) -> FleetRecord:

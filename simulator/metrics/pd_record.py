@@ -78,14 +78,13 @@ class LinkRecord:
         return time_weighted_concurrency(self.records.intervals(), self.open_transfers, until_us)
 
 
-@dataclass(frozen=True, slots=True)
-class PoolRecord:
-    """One role's routing targets (instance or rank indices, in index order) and how many of
-    them were serving when the run ended (its container's level)."""
+class PoolMembers:
+    """What a pool answers about its members, live (`cluster/pools.py: InstancePool`) or
+    recorded (`PoolRecord`): iteration in index order, size, membership."""
 
+    __slots__ = ()
     role: str
     members: tuple[int, ...]
-    serving_at_end: int
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.members)
@@ -97,15 +96,16 @@ class PoolRecord:
         return index in self.members
 
 
-@dataclass(frozen=True, slots=True)
-class PoolsRecord:
-    """The prefill, decode and unified pools' membership (fixed for a PD run)."""
+class RolePools:
+    """The prefill, decode and unified pools together, live (`cluster/pools.py: Pools`) or
+    recorded (`PoolsRecord`)."""
 
-    prefill: PoolRecord
-    decode: PoolRecord
-    unified: PoolRecord
+    __slots__ = ()
+    prefill: PoolMembers
+    decode: PoolMembers
+    unified: PoolMembers
 
-    def __iter__(self) -> Iterator[PoolRecord]:
+    def __iter__(self) -> Iterator[PoolMembers]:
         return iter((self.prefill, self.decode, self.unified))
 
     def role_of(self, index: int) -> str:
@@ -114,6 +114,25 @@ class PoolsRecord:
             if index in pool:
                 return pool.role
         raise KeyError(index)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRecord(PoolMembers):
+    """One role's routing targets (instance or rank indices, in index order) and how many of
+    them were serving when the run ended (its container's level)."""
+
+    role: str
+    members: tuple[int, ...]
+    serving_at_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolsRecord(RolePools):
+    """The prefill, decode and unified pools' membership (fixed for a PD run)."""
+
+    prefill: PoolRecord
+    decode: PoolRecord
+    unified: PoolRecord
 
 
 @dataclass(frozen=True, slots=True)
