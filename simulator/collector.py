@@ -4,8 +4,8 @@ A run allocates and frees millions of small objects (requests, SimPy events, ste
 reference counting reclaims nearly all of them. The cyclic collector still starts a young
 collection every 700 net container allocations (CPython's default), and every so often a
 full one that walks every object the process holds: the imported libraries, a notebook's own
-data, the run's live requests. In the benchmark cases that was 4-7 % of a run's time (case
-(a): 88 ms of 1.27 s, 65 ms of it one full collection), for no memory returned.
+data, the run's live requests — time spent for no memory returned (measured in
+docs/performance.md, "What makes it fast").
 
 During a run the young threshold is raised to `RUN_GEN0_THRESHOLD` (at most that many
 unreachable cycles wait, a few MiB), and the objects that existed before the run are frozen
@@ -14,12 +14,12 @@ collector only frees objects nothing can reach.
 
 The command line raises the same threshold for its whole process from its first line
 (`fewer_collections_for_this_process`): importing the simulator, numpy and pydantic and
-building the scenario schema create some hundred thousand objects, all of which live until the
-process ends, and the default threshold walked them in several full collections (about 30 ms
-of a 1-request `servesim run`). Before it exits it freezes every object
-(`skip_the_final_collection`): the interpreter's last collection would otherwise walk them all
-(about 20 ms after a run) to free memory the operating system takes back anyway. Every
-output is written and closed explicitly before that point, so no finaliser is waited for.
+building the scenario schema create some hundred thousand objects, all of which live until
+the process ends, and the default threshold walked them in full collections again and again.
+Before it exits it freezes every object (`skip_the_final_collection`): the interpreter's last
+collection would otherwise walk them all to free memory the operating system takes back
+anyway. Every output is written and closed explicitly before that point, so no finaliser is
+waited for.
 """
 
 from __future__ import annotations

@@ -95,10 +95,10 @@ def _process_settings_after(argv: list[str], environment: dict[str, str]) -> dic
 
 
 def test_the_command_line_process_starts_lean_and_leaves_its_objects_to_the_os():
-    """What start-up costs are avoided (docs/performance.md "Start-up"): numpy's BLAS starts one
-    thread (unless the user chose), the young-generation threshold is the run's from the first
-    line, and every object is frozen before exit so the interpreter's last collection walks
-    none of them."""
+    """What start-up costs are avoided (docs/performance.md, "What makes it fast"): numpy's
+    BLAS starts one thread (unless the user chose), the young-generation threshold is the
+    run's from the first line, and every object is frozen before exit so the interpreter's
+    last collection walks none of them."""
     settings = _process_settings_after(["--help"], {})
     assert settings["blas_threads"] == "1"
     assert settings["gen0"] >= RUN_GEN0_THRESHOLD

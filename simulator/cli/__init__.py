@@ -34,8 +34,8 @@ def main() -> None:
     from ..interruption import Interrupted, stopping_on_signals  # standard library only
 
     fewer_collections_for_this_process()
-    # numpy's BLAS would start a thread per core on import (about 70 ms, and as much CPU
-    # again) for matrix products servesim never makes large enough to share; a user's own
+    # numpy's BLAS would start a thread per core on import, for matrix products servesim
+    # never makes large enough to share (docs/performance.md, "What makes it fast"); a user's own
     # setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
