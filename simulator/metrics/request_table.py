@@ -728,19 +728,18 @@ class RequestStats:
             return parts[0]
         if not parts:
             return _stats_of_objects([])
+        common = [k for k in parts[0].times if all(k in p.times for p in parts)]
         return RequestStats(
             np.concatenate([p.state for p in parts]),
-            **{k: np.concatenate([p.times[k] for p in parts]) for k in STATS_FIELDS},
+            **{k: np.concatenate([p.times[k] for p in parts]) for k in common},
         )
 
 
-def _stats_of_objects(requests: Sequence) -> RequestStats:
+def _stats_of_objects(requests: Sequence, fields: Sequence[str] = STATS_FIELDS) -> RequestStats:
     state = np.array([_STATE_CODE[r.state] for r in requests], dtype=np.int8)
     if not len(requests):
-        return RequestStats(state, **{k: np.zeros(0, dtype=np.int64) for k in STATS_FIELDS})
-    return RequestStats(
-        state, **{k: np.asarray([getattr(r, k) for r in requests]) for k in STATS_FIELDS}
-    )
+        return RequestStats(state, **{k: np.zeros(0, dtype=np.int64) for k in fields})
+    return RequestStats(state, **{k: np.asarray([getattr(r, k) for r in requests]) for k in fields})
 
 
 def _state_codes(codes: array, values: list) -> np.ndarray:
@@ -761,16 +760,18 @@ def _main_times(table: RequestTable) -> dict[str, np.ndarray]:
     return {k: _as_numpy(table.numeric[k], NUMERIC_FIELDS[k]) for k in STATS_FIELDS}
 
 
-def request_stats(records: Sequence) -> RequestStats:
-    """`records` (a `RequestRecords` or request objects) as `RequestStats`, in no
-    particular order."""
+def request_stats(records: Sequence, fields: Sequence[str] = STATS_FIELDS) -> RequestStats:
+    """`records` (a `RequestRecords` or request objects) as `RequestStats` with the
+    timestamps `fields` (of `STATS_FIELDS`), in no particular order. A table's columns come
+    as views (no copy); objects are read field by field."""
     if isinstance(records, RequestRecords):
         table = records.table
         rows = RequestStats(
             _state_codes(table.codes["state"], table.values["state"]), **_main_times(table)
         )
-        return RequestStats.join([rows, _stats_of_objects(records._live)])  # noqa: SLF001
-    return _stats_of_objects(records)
+        live = _stats_of_objects(records._live, fields)  # noqa: SLF001
+        return RequestStats.join([rows, live])
+    return _stats_of_objects(records, fields)
 
 
 class _Served:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..engine.request import RequestState
+from .summary import DEFAULT_CLASS, class_masks
 
-DEFAULT_CLASS = "default"
 METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 
 
@@ -109,13 +109,14 @@ def slo_report(records: Sequence[Any], policy: SloPolicy, duration_s: float) -> 
     from .request_table import request_columns
 
     cols = request_columns(records, COLUMNS, CODED)
-    classes = np.where(cols["slo_class"] == "", DEFAULT_CLASS, cols["slo_class"]).astype(object)
-    classes[np.equal(classes, None)] = DEFAULT_CLASS
-    met = np.zeros(len(classes), dtype=bool)
-    names = sorted(set(classes.tolist()))
-    for name in names:
-        members = classes == name
-        met[members] = met_mask({k: v[members] for k, v in cols.items()}, policy.targets(name))
+    classes = class_masks(cols["slo_class"])  # unset: DEFAULT_CLASS; sorted by name
+    names = list(classes)
+    if len(names) == 1:  # the usual run: no copy of a million requests' columns per class
+        met = met_mask(cols, policy.targets(names[0]))
+    else:
+        met = np.zeros(len(cols["state"]), dtype=bool)
+        for name, members in classes.items():
+            met[members] = met_mask({k: v[members] for k, v in cols.items()}, policy.targets(name))
     tokens = cols["generated_tokens"]
     report = {
         "targets": policy.describe(),
@@ -123,8 +124,7 @@ def slo_report(records: Sequence[Any], policy: SloPolicy, duration_s: float) -> 
     }
     if len(names) > 1 or policy.classes:
         report["per_class"] = {}
-        for name in names:
-            members = classes == name
+        for name, members in classes.items():
             hit = met & members
             report["per_class"][name] = {
                 "targets": policy.targets(name).given(),

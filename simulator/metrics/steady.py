@@ -81,24 +81,25 @@ def _median_ms(ttft_us: np.ndarray) -> float:
 def judge(records: Sequence[Any]) -> SteadyState:
     """The steady-state verdict of a run from its arrived requests (any order); requests
     that admission rejected never entered a queue and are left out."""
-    from .request_table import request_columns
+    from .request_table import request_stats
 
-    cols = request_columns(records, ("arrival_us", "first_token_us", "completion_us"), ("state",))
-    entered = cols["state"] != RequestState.REJECTED  # admission's refusals never queued
-    cols = {name: column[entered] for name, column in cols.items()}
-    arrival, first = cols["arrival_us"], cols["first_token_us"]
-    states = cols["state"]
+    # The table's own columns (views, no copy: a million requests' verdict must not double the
+    # run's memory), in no particular order, which no figure here depends on.
+    stats = request_stats(records, ("arrival_us", "first_token_us", "completion_us"))
+    stats = stats.where(~stats.is_state(RequestState.REJECTED))  # refusals never queued
+    arrival, first = stats.arrival_us, stats.first_token_us
     n = len(arrival)
-    completed = states == RequestState.COMPLETED
-    unfinished = int(np.isin(states, _UNFINISHED).sum())
-    lost = int(np.isin(states, _LOST).sum())
+    completed = stats.is_state(RequestState.COMPLETED)
+    counts = stats.state_counts()
+    unfinished = sum(counts[s] for s in _UNFINISHED)
+    lost = sum(counts[s] for s in _LOST)
     if not completed.any():
         return SteadyState("empty", ["no request completed"], unfinished_at_end=unfinished,
                            lost_requests=lost)  # fmt: skip
     start, end = int(arrival.min()), int(arrival.max())
     span_s = (end - start) / 1e6
     offered = n / span_s if span_s > 0 else None
-    run_s = (int(cols["completion_us"][completed].max()) - start) / 1e6
+    run_s = (int(stats.completion_us[completed].max()) - start) / 1e6
     achieved = int(completed.sum()) / run_s if run_s > 0 else None
     warm_up_us = int((end - start) * WARM_UP_FRACTION)
     window_start = start + warm_up_us

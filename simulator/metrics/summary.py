@@ -251,13 +251,17 @@ def compute_summary(
     return summary
 
 
+# The class of a request without a label (an SLO class or a tenant).
+DEFAULT_CLASS = "default"
+
+
 def class_masks(values: np.ndarray) -> dict[str, np.ndarray]:
     """Rows per class of a coded column (`slo_class`, `tenant_id`): an unset value (None or
     "") is the class "default"; classes sorted by name."""
     masks: dict[str, np.ndarray] = {}
     for value in dict.fromkeys(values.tolist()):  # the few distinct values, first seen first
         rows = values == value if value is not None else np.equal(values, None)
-        name = value or "default"
+        name = value or DEFAULT_CLASS
         masks[name] = masks[name] | rows if name in masks else rows
     return {name: masks[name] for name in sorted(masks)}
 

@@ -119,6 +119,8 @@ def _everything(result, tmp_path, tag: str) -> tuple:
         json.dumps(result.per_slo, sort_keys=True),
         json.dumps(result.per_tenant, sort_keys=True),
         json.dumps(result.anomalies, sort_keys=True),
+        json.dumps(result.steady_state.document(), sort_keys=True),
+        json.dumps(result.slo, sort_keys=True),
         json.dumps(result.blis_request_records(), sort_keys=True),
         result.instances.to_json(),
         data.read_bytes(),
