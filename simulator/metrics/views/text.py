@@ -121,5 +121,20 @@ def results_document(result: Any) -> dict[str, Any]:
         doc["fleet"] = result.fleet_metrics
     if result.latency_provenance:
         doc["latency_model"] = result.latency_provenance
+    policies = engine_policies(result.scenario)
+    if policies:
+        doc["engine_policies"] = policies
     doc["requests"] = result.blis_request_records()
     return doc
+
+
+# The engine's pluggable rules (docs/engine.md): which of each produced a run.
+ENGINE_POLICY_FIELDS = ("scheduler", "priority_policy", "batch_formation", "preemption_policy")
+
+
+def engine_policies(scenario: dict[str, Any] | None) -> dict[str, str]:
+    """The wait-queue order, priority, batch formation and preemption policies the run's
+    engines used (every instance uses the scenario's `engine` section); empty when the run
+    does not say (a result saved before these were recorded)."""
+    engine = (scenario or {}).get("engine") or {}
+    return {name: engine[name] for name in ENGINE_POLICY_FIELDS if name in engine}
