@@ -282,22 +282,28 @@ class Instance:
         """Form this rank's batch for the lockstep step starting at `now_us`
         (`dp_group.LockstepGroup`); None when it has nothing to run. The planning of
         `_step_loop`, one step at a time."""
-        engine = self.engine
-        if not engine.has_work:
+        if not self.engine.has_work:
             return None
-        batch = engine.plan_step(now_us)
+        batch = self.engine.plan_step(now_us)
+        return batch if self._runnable(batch, now_us) else None
+
+    def _runnable(self, batch: StepBatch | None, now_us: int) -> bool:
+        """Settle what planning left — report the requests it dropped, start the CPU-tier
+        reloads it asked for — and say whether `batch` is a step to run: not when there is
+        none, nor when all it does is wait for reloads (that wait is recorded at `now_us`)."""
+        engine = self.engine
         if engine.dropped_while_planning:
             for req in engine.dropped_while_planning:
                 self.on_finished(req)
             engine.dropped_while_planning.clear()
         if batch is None:
-            return None
+            return False
         if engine.new_reloads:
             self._start_reloads()
         if batch.batch_size == 0 and engine.waiting_on_reloads:
             engine.reload_idle_us.append(now_us)
-            return None
-        return batch
+            return False
+        return True
 
     def price_rank_step(self, batch: StepBatch) -> int:
         """What this rank's batch would take alone (µs)."""
@@ -358,21 +364,13 @@ class Instance:
                         if may_be_steady
                         else engine.plan_step(env.now)
                     )
-                    if engine.dropped_while_planning:
-                        for req in engine.dropped_while_planning:
-                            on_finished(req)
-                        engine.dropped_while_planning.clear()
-                    if batch is None:
-                        continue
-                    if engine.new_reloads:
-                        self._start_reloads()
-                    if batch.batch_size == 0 and engine.waiting_on_reloads:
-                        # Nothing to compute until a prefix arrives from the CPU tier (or a
-                        # request).
-                        engine.reload_idle_us.append(env.now)
-                        self._idle = PriorityEvent(env, priority)
-                        yield self._idle
-                        self._idle = None
+                    if not self._runnable(batch, env.now):
+                        if batch is not None:
+                            # Nothing to compute until a prefix arrives from the CPU tier (or
+                            # a request).
+                            self._idle = PriorityEvent(env, priority)
+                            yield self._idle
+                            self._idle = None
                         continue
                     if batch.batch_size:
                         empty_steps = 0
