@@ -12,8 +12,10 @@ and tests read a record as they read the live object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from .instance_record import record_of
 
 if TYPE_CHECKING:
     from ..cluster.autoscaler import Autoscaler
@@ -116,48 +118,29 @@ class FleetRecord:
         raise KeyError(instance_id)
 
 
-def _copied(record_type: type, live: Any, **changed: Any) -> Any:
-    """A record of `live`: each of the record type's fields read from the live object under
-    the same name, unless given in `changed`."""
-    values = {f.name: getattr(live, f.name) for f in fields(record_type) if f.name not in changed}
-    return record_type(**values, **changed)
-
-
 def _capture_node(node: Node) -> NodeRecord:
-    return _copied(NodeRecord, node, gpus=list(node.gpus))
+    return record_of(NodeRecord, node, gpus=list(node.gpus))
 
 
 def _capture_scaler(scaler: Autoscaler) -> AutoscalerRecord:
-    return _copied(AutoscalerRecord, scaler)
+    return record_of(AutoscalerRecord, scaler)
 
 
 def capture_fleet(infra: Infrastructure) -> FleetRecord:
     """`infra`'s record, once the run has stopped."""
     records = [
-        FleetInstanceRecord(
-            index=rec.index,
-            instance_id=rec.instance_id,
-            deployment=rec.deployment,
-            model=rec.model,
-            gpus_needed=rec.gpus_needed,
-            pool=rec.pool,
-            state=rec.state,
-            created_us=rec.created_us,
-            loaded_us=rec.loaded_us,
-            terminated_us=rec.terminated_us,
+        record_of(
+            FleetInstanceRecord,
+            rec,
             node_ids=tuple(n.node_id for n in infra.nodes_of(rec)),
         )
         for rec in infra.records
     ]
-    return FleetRecord(
-        plan=infra.plan,
-        timeline=infra.timeline,
+    return record_of(
+        FleetRecord,
+        infra,
         nodes=[_capture_node(n) for n in infra.nodes],
         records=records,
         autoscalers=[_capture_scaler(s) for s in infra.autoscalers],
-        dropped_on_drain=infra.dropped_on_drain,
-        failed=infra.failed,
-        retried=infra.retried,
-        redirected=infra.redirected,
         parked_total=infra.router.parked_total,
     )

@@ -11,7 +11,7 @@ engine needed only while it ran.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -74,45 +74,20 @@ class InstanceRecord:
     steps_coalesced: int
 
 
+def record_of(record_type: type, live: Any, **changed: Any) -> Any:
+    """A record of `live` (an engine, a link, a node, ...): each of the record type's fields
+    read from the live object under the same name, unless given in `changed`. Every
+    end-of-run record is taken this way, so a record cannot drift from what it records."""
+    values = {
+        f.name: getattr(live, f.name)
+        for f in fields(record_type)
+        if f.init and f.name not in changed
+    }
+    return record_type(**values, **changed)
+
+
 def capture_instance(engine: VLLMEngine) -> InstanceRecord:
     """`engine`'s record, taken once it has stopped (its lazy progress synced)."""
     kv = engine.kv
-    tier = kv.cpu
-    return InstanceRecord(
-        config=engine.config,
-        steps=engine.steps,
-        irregular_itl_us=engine.irregular_itl_us,
-        kv=KVRecord(
-            total_blocks=kv.total_blocks,
-            peak_used_blocks=kv.peak_used_blocks,
-            cache_hits=kv.cache_hits,
-            cache_misses=kv.cache_misses,
-            hit_rate=kv.hit_rate,
-            cpu=None
-            if tier is None
-            else CPUTierRecord(
-                capacity_blocks=tier.capacity_blocks,
-                offloaded_blocks=tier.offloaded_blocks,
-                evicted_blocks=tier.evicted_blocks,
-                reloaded_blocks=tier.reloaded_blocks,
-                thrashed_blocks=tier.thrashed_blocks,
-            ),
-        ),
-        clock_us=engine.clock_us,
-        completed_count=engine.completed_count,
-        total_input_tokens=engine.total_input_tokens,
-        total_output_tokens=engine.total_output_tokens,
-        preemption_count=engine.preemption_count,
-        dropped_unservable=engine.dropped_unservable,
-        timed_out=engine.timed_out,
-        length_capped=engine.length_capped,
-        kv_allocation_failures=engine.kv_allocation_failures,
-        otp_us=engine.otp_us,
-        post_decode_us=engine.post_decode_us,
-        reload_idle_us=engine.reload_idle_us,
-        speculation=engine.speculation,
-        lora=engine.lora,
-        fast_path_steps=engine.fast_path_steps,
-        steady_block_takes=engine.steady_block_takes,
-        steps_coalesced=engine.steps_coalesced,
-    )
+    cpu = None if kv.cpu is None else record_of(CPUTierRecord, kv.cpu)
+    return record_of(InstanceRecord, engine, kv=record_of(KVRecord, kv, cpu=cpu))

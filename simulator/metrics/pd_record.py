@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .instance_record import record_of
+
 if TYPE_CHECKING:
     from ..cluster.kv_transfer import KVTransferLink, TransferRecords
     from ..cluster.pd import Disaggregator
@@ -154,15 +156,7 @@ class PDRecord:
 
 def capture_link(link: KVTransferLink) -> LinkRecord:
     """`link`'s record, once the run has stopped."""
-    return LinkRecord(
-        records=link.records,
-        initiated=link.initiated,
-        peak_concurrency=link.peak_concurrency,
-        mean_concurrency_at_start=link.mean_concurrency_at_start,
-        bandwidth_bytes_per_us=link.bandwidth_bytes_per_us,
-        base_latency_us=link.base_latency_us,
-        open_transfers=tuple(link.open_transfers()),
-    )
+    return record_of(LinkRecord, link, open_transfers=tuple(link.open_transfers()))
 
 
 def _capture_pool(pool: InstancePool) -> PoolRecord:
@@ -175,13 +169,4 @@ def capture_pools(pools: Pools) -> PoolsRecord:
 
 def capture_pd(pd: Disaggregator) -> PDRecord:
     """`pd`'s record, taken after `Disaggregator.finalize` (unfinished parents settled)."""
-    return PDRecord(
-        parents=pd.parents,
-        link=capture_link(pd.link),
-        pools=capture_pools(pd.pools),
-        dropped_at_decode_kv=pd.dropped_at_decode_kv,
-        prefill_completed=pd.prefill_completed,
-        decode_completed=pd.decode_completed,
-        kv_bytes_per_token=pd.kv_bytes_per_token,
-        block_size=pd.block_size,
-    )
+    return record_of(PDRecord, pd, link=capture_link(pd.link), pools=capture_pools(pd.pools))
