@@ -96,9 +96,8 @@ def tenant_tokens(requests: Sequence) -> dict[str, int]:
     read as columns (`requests`: a run's records or request objects)."""
     columns = request_columns(requests, ("generated_tokens",), ("state", "tenant_id"))
     completed = columns["state"] == RequestState.COMPLETED
-    tokens = columns["generated_tokens"]
+    tokens = columns["generated_tokens"][completed]
     return {
-        name: int(tokens[rows & completed].sum())
-        for name, rows in class_masks(columns["tenant_id"]).items()
-        if (rows & completed).any()
+        name: int(tokens[rows].sum())
+        for name, rows in class_masks(columns["tenant_id"][completed]).items()
     }
