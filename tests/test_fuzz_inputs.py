@@ -213,7 +213,7 @@ def test_hardware_file_with_damaged_bytes(scratch, data):
 
 
 COEFFICIENTS = {
-    "version": 1,
+    "version": 2,
     "latency_model": "physics",
     "coefficients": {
         "bandwidth_efficiency": 0.8,

@@ -7,9 +7,15 @@ together) on each of the `tp` GPUs of the instance. Per GPU it costs
          + batch × per-sequence overhead + layers × per-layer overhead
          + all-reduces × (2(tp − 1) × all-reduce step latency
                           + all-reduce bytes / (link bandwidth × link eff.))
-         + max(weight bytes / (peak bandwidth × bandwidth eff.)
-               + KV bytes / (peak bandwidth × KV bandwidth eff.),
-               prefill FLOPs / (peak × prefill eff.) + decode FLOPs / (peak × decode eff.))
+         + max(weight bytes / (peak bandwidth × bandwidth eff.),
+               prefill GEMM FLOPs / (peak × prefill eff.)
+               + decode GEMM FLOPs / (peak × decode eff.))
+         + max(KV bytes / (peak bandwidth × KV bandwidth eff.),
+               prefill attention FLOPs / (peak × prefill eff.)
+               + decode attention FLOPs / (peak × decode eff.))
+
+A roofline per kernel class: the GEMMs and the attention are separate kernels run one after
+the other, so the KV stream does not hide under a prefill chunk's GEMMs (docs/latency-models.md).
 
 Bytes are the weights streamed once per step (attention, all three SwiGLU matrices, the MoE
 experts the step's tokens actually touch, the router, the LM head, the embedding rows looked
@@ -61,7 +67,10 @@ KV_TENSORS = 2
 # counts them, without the MoE one when an all-to-all returns the experts' outputs instead).
 ALLREDUCES_PER_LAYER = 2
 
-COEFFICIENTS_FILE_VERSION = 1
+# Version 2: the step is priced as a roofline per kernel class (GEMMs, attention). A version-1
+# file was fitted under one roofline over the whole step; it still loads, and the run's
+# provenance says to refit it.
+COEFFICIENTS_FILE_VERSION = 2
 _DATA = Path(__file__).resolve().parent.parent / "catalog" / "data" / "physics.yaml"
 
 
@@ -148,8 +157,8 @@ class PhysicsTerms(NamedTuple):
     """One step's work per GPU at peak rates (seconds), plus the counts overheads scale with."""
 
     memory_s: float  # weight (and embedding-row) bytes / peak bandwidth
-    prefill_compute_s: float  # prefill FLOPs / peak FLOP rate
-    decode_compute_s: float  # decode FLOPs / peak FLOP rate
+    prefill_compute_s: float  # prefill tokens' GEMM FLOPs / peak FLOP rate
+    decode_compute_s: float  # decode tokens' GEMM FLOPs / peak FLOP rate
     allreduce_transfer_s: float  # all-reduce bytes on the link / link bandwidth
     collectives: int  # collective latency steps on the scale-up link (ring steps, all-to-alls)
     layers: int
@@ -161,6 +170,10 @@ class PhysicsTerms(NamedTuple):
     # the two links they use / its bandwidth; 0 without them.
     alltoall_transfer_s: float = 0.0
     network_steps: int = 0  # collective latency steps that cross the scale-out network
+    # Attention FLOPs (score and value products over the context; MLA's up-projection of the
+    # cached latents) / peak FLOP rate: they run in the attention kernels, beside the KV reads.
+    prefill_attention_s: float = 0.0
+    decode_attention_s: float = 0.0
 
 
 def _communication_s(terms: Sequence[Any], c: PhysicsCoefficients) -> Any:
@@ -176,12 +189,22 @@ def _communication_s(terms: Sequence[Any], c: PhysicsCoefficients) -> Any:
 
 
 def _gpu_s(terms: Sequence[Any], c: PhysicsCoefficients, maximum: Callable[[Any, Any], Any]) -> Any:
+    """A roofline per kernel class, not per step: the GEMMs stream the weights while they
+    compute, the attention kernels stream the KV cache while they compute, and the two run one
+    after the other, so neither stream hides under the other's arithmetic."""
     memory_s, prefill_s, decode_s, row_s, kv_s = terms[0], terms[1], terms[2], terms[7], terms[8]
-    return maximum(
-        memory_s / c.bandwidth_efficiency + kv_s / c.kv_bandwidth_efficiency,
+    prefill_attention_s, decode_attention_s = terms[12], terms[13]
+    gemm_s = maximum(
+        memory_s / c.bandwidth_efficiency,
         (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
         + decode_s / c.decode_compute_efficiency,
     )
+    attention_s = maximum(
+        kv_s / c.kv_bandwidth_efficiency,
+        prefill_attention_s / c.prefill_compute_efficiency
+        + decode_attention_s / c.decode_compute_efficiency,
+    )
+    return gemm_s + attention_s
 
 
 def price_terms(
@@ -543,6 +566,22 @@ def load_coefficients_file(path: str | Path) -> PhysicsCoefficients:
     return coefficients_from_mapping(data["coefficients"], f"{str(path)!r} coefficients")
 
 
+def coefficients_file_note(path: str | Path) -> str:
+    """How a run names its coefficients file, with a warning for a file fitted before the
+    per-kernel-class roofline (an explicit `version` below the current one)."""
+    from simulator.input_files import read_yaml_mapping
+
+    version = read_yaml_mapping(path, "latency coefficients file").get("version")
+    note = f"file {str(path)!r}"
+    is_count = isinstance(version, int) and not isinstance(version, bool)
+    if is_count and version < COEFFICIENTS_FILE_VERSION:
+        note += (
+            f"; written by an older calibrate (file version {version}) for the "
+            "single-roofline step: refit with servesim calibrate"
+        )
+    return note
+
+
 def coefficients_document(c: PhysicsCoefficients, **about: Any) -> dict[str, Any]:
     """The YAML document `load_coefficients_file` reads, with free-form provenance."""
     return {
@@ -721,7 +760,7 @@ class PhysicsModel(StepTimeModel):
             tp,
             coefficients,
             vllm_version=vllm_version,
-            given_from=f"file {str(coeffs_file)!r}" if coeffs_file is not None else "",
+            given_from=coefficients_file_note(coeffs_file) if coeffs_file is not None else "",
             parallelism=parallelism,
         )
 
@@ -798,19 +837,21 @@ class PhysicsModel(StepTimeModel):
             work.context_read + tokens
         ) - shape.window_kv_bytes_per_token * (work.context_read - work.window_context_read)
         prefill_flops = (
-            (
-                shape.linear_flops_per_token * work.prefill_tokens
-                + shape.attention_flops_per_pair * work.prefill_pairs
-                + shape.lm_head_flops_per_sequence * work.prefill_sequences
-            )
+            shape.linear_flops_per_token * work.prefill_tokens
+            + shape.lm_head_flops_per_sequence * work.prefill_sequences
+        )
+        prefill_attention_flops = (
+            shape.attention_flops_per_pair * work.prefill_pairs
             - shape.window_attention_flops_per_pair
             * (work.prefill_pairs - work.window_prefill_pairs)
             + shape.context_flops_per_token * work.prefill_context
         )
         decode_flops = (
-            (shape.linear_flops_per_token + shape.lm_head_flops_per_sequence) * work.decodes
-            + shape.decode_attention_flops_per_pair * work.decode_pairs
-        ) - shape.window_attention_flops_per_pair * (work.decode_pairs - work.window_decode_pairs)
+            shape.linear_flops_per_token + shape.lm_head_flops_per_sequence
+        ) * work.decodes
+        decode_attention_flops = shape.decode_attention_flops_per_pair * work.decode_pairs - (
+            shape.window_attention_flops_per_pair * (work.decode_pairs - work.window_decode_pairs)
+        )
         if shape.mixed_weight_widths:
             params = (weight_bytes - expert_bytes) / shape.weight_bytes_per_param + (
                 expert_bytes / shape.expert_bytes_per_param
@@ -831,6 +872,8 @@ class PhysicsModel(StepTimeModel):
             single_process,
             stage.alltoall_s_per_token * tokens,
             stage.network_steps,
+            prefill_attention_flops / self.peak_flops_per_s,
+            decode_attention_flops / self.peak_flops_per_s,
         )
 
     def terms(self, batch: StepBatch) -> PhysicsTerms:
@@ -958,19 +1001,16 @@ class PhysicsModel(StepTimeModel):
         kv_bytes = shape.kv_bytes_per_token * (
             context_read + tokens
         ) - shape.window_kv_bytes_per_token * (context_read - 0.0)
-        prefill_flops = (
-            (
-                shape.linear_flops_per_token * 0
-                + shape.attention_flops_per_pair * 0
-                + shape.lm_head_flops_per_sequence * 0
-            )
+        prefill_flops = shape.linear_flops_per_token * 0 + shape.lm_head_flops_per_sequence * 0
+        prefill_attention_flops = (
+            shape.attention_flops_per_pair * 0
             - shape.window_attention_flops_per_pair * (0 - 0.0)
             + shape.context_flops_per_token * 0
         )
-        decode_flops = (
-            (shape.linear_flops_per_token + shape.lm_head_flops_per_sequence) * d
-            + shape.decode_attention_flops_per_pair * decode_pairs
-        ) - shape.window_attention_flops_per_pair * (decode_pairs - 0.0)
+        decode_flops = (shape.linear_flops_per_token + shape.lm_head_flops_per_sequence) * d
+        decode_attention_flops = shape.decode_attention_flops_per_pair * decode_pairs - (
+            shape.window_attention_flops_per_pair * (decode_pairs - 0.0)
+        )
         if shape.mixed_weight_widths:
             params = (weight_bytes - expert_bytes) / shape.weight_bytes_per_param + (
                 expert_bytes / shape.expert_bytes_per_param
@@ -984,11 +1024,17 @@ class PhysicsModel(StepTimeModel):
         decode_s = decode_flops / peak_flops
         row_s = row_flops / peak_flops
         kv_s = kv_bytes / peak_bytes
+        prefill_attention_s = prefill_attention_flops / peak_flops
+        decode_attention_s = decode_attention_flops / peak_flops
         # price_terms()
         gpu_s = max(
-            memory_s / c.bandwidth_efficiency + kv_s / c.kv_bandwidth_efficiency,
+            memory_s / c.bandwidth_efficiency,
             (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
             + decode_s / c.decode_compute_efficiency,
+        ) + max(
+            kv_s / c.kv_bandwidth_efficiency,
+            prefill_attention_s / c.prefill_compute_efficiency
+            + decode_attention_s / c.decode_compute_efficiency,
         )
         communication_s = (
             stage.collectives * c.allreduce_latency_us * 1e-6

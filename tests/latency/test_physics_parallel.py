@@ -93,12 +93,10 @@ def test_deepseek_v3_decode_step_terms_by_hand():
     assert terms.memory_s == pytest.approx((weights + 7168) / 4.8e12, rel=1e-12)
     assert terms.kv_memory_s == pytest.approx(70_272 * (999 + 1) / 4.8e12, rel=1e-12)
     shape = m.shape
-    flops = (
-        shape.linear_flops_per_token
-        + 2 * 129280 * 7168 / 8
-        + shape.decode_attention_flops_per_pair * (999 + 1)
-    )
+    flops = shape.linear_flops_per_token + 2 * 129280 * 7168 / 8
     assert terms.decode_compute_s == pytest.approx(flops / 1979e12, rel=1e-12)
+    attention_flops = shape.decode_attention_flops_per_pair * (999 + 1)
+    assert terms.decode_attention_s == pytest.approx(attention_flops / 1979e12, rel=1e-12)
     # Two all-reduces of 7,168 x 2 B per layer, ring over 8 GPUs on 450 GB/s NVLink.
     assert terms.allreduce_transfer_s == pytest.approx(122 * 14 / 8 * 14_336 / 450e9, rel=1e-12)
     assert terms.collectives == 122 * 14 and terms.network_steps == 0
@@ -152,7 +150,8 @@ def test_gpt_oss_sliding_layers_price_only_their_window():
         full - windowed
     )
     other = shape.linear_flops_per_token * 4096 + shape.lm_head_flops_per_sequence
-    assert terms.prefill_compute_s * m.peak_flops_per_s == pytest.approx(other + attention)
+    assert terms.prefill_compute_s * m.peak_flops_per_s == pytest.approx(other)
+    assert terms.prefill_attention_s * m.peak_flops_per_s == pytest.approx(attention)
     # Decoding at 10,000 tokens of context: the windowed layers read 128 cached tokens.
     kv = m.terms(StepBatch([], 1, 10_000)).kv_memory_s * m.peak_bytes_per_s
     per_layer = 2 * 8 * 64 * 2  # K and V, 8 KV heads, head_dim 64, BF16
@@ -246,7 +245,8 @@ def test_pipeline_step_by_hand():
         for stage in m.stages:
             t = m._terms(stage, work, 0, 0)  # noqa: SLF001 - the stage's own terms
             out.append(
-                max(t.memory_s + t.kv_memory_s, t.prefill_compute_s + t.decode_compute_s)
+                max(t.memory_s, t.prefill_compute_s + t.decode_compute_s)
+                + max(t.kv_memory_s, t.prefill_attention_s + t.decode_attention_s)
                 + t.allreduce_transfer_s
             )
         return out
