@@ -218,7 +218,8 @@ def load_defaults_file(path: str | Path) -> DefaultsFile:
 def bundled_defaults() -> DefaultsFile:
     """The defaults.yaml shipped in simulator/catalog/data, parsed once per process."""
     text = resources.files("simulator.catalog").joinpath("data/defaults.yaml").read_text()
-    # Our own file: libyaml's safe loader when present (8x faster; most of a run's start-up).
+    # Our own file: libyaml's safe loader when present (much faster than the pure-Python one,
+    # and this file was most of a run's start-up).
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return _parse(yaml.load(text, Loader=loader), "defaults.yaml")  # noqa: S506 - a safe loader
 

@@ -92,9 +92,9 @@ class StepLog:
         for name in self._stored:
             tail = getattr(self, f"tail_{name}")
             column = packed[name]
-            # struct converts half as many instructions a value as array.fromlist (which goes
-            # through the same format parsing as append) or NumPy; the native format of a
-            # typecode is the array's own item layout.
+            # struct converts a batch in one C call, cheaper per value than array.fromlist
+            # (which parses the format per item, as append does) or NumPy (benchmarks/
+            # instructions.py measures it); a typecode's native format is its item layout.
             try:
                 column.frombytes(struct.pack(f"{len(tail)}{column.typecode}", *tail))
             except struct.error:

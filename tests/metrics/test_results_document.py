@@ -1,11 +1,18 @@
-"""The results document says which engine policies produced the run, as it says which latency
-model did: the defaults when none is chosen, the chosen ones otherwise (scenario, Python or
-CLI flags all land in the scenario's `engine` section)."""
+"""The results document and the printed report say which engine policies produced the run, as
+they say which latency model did: the defaults when none is chosen, the chosen ones otherwise
+(scenario, Python or CLI flags all land in the scenario's `engine` section)."""
 
 from __future__ import annotations
 
+import json
+
 import simulator
-from simulator.metrics.views.text import ENGINE_POLICY_FIELDS, engine_policies
+from simulator.metrics.views.text import (
+    ENGINE_HEADER,
+    ENGINE_POLICY_FIELDS,
+    LATENCY_HEADER,
+    engine_policies,
+)
 
 SMALL = {"workload": {"num_requests": 20, "rate": 10}}
 
@@ -39,3 +46,11 @@ def test_a_run_that_does_not_say_names_nothing():
     assert engine_policies({"engine": {"batch_formation": "whole-prompt"}}) == {
         "batch_formation": "whole-prompt"
     }
+
+
+def test_the_report_prints_them_before_the_latency_model():
+    result = simulator.simulate(SMALL, engine__batch_formation="prefill-first")
+    text = result.report_text()
+    block = text[text.index(ENGINE_HEADER) + len(ENGINE_HEADER) : text.index(LATENCY_HEADER)]
+    assert json.loads(block) == result.results_document()["engine_policies"]
+    assert json.loads(block)["batch_formation"] == "prefill-first"

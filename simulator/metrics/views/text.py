@@ -20,6 +20,7 @@ CLIENT_HEADER = "=== Client ==="
 SLO_HEADER = "=== SLO Attainment ==="
 STEADY_HEADER = "=== Steady State ==="
 LATENCY_HEADER = "=== Latency Model ==="
+ENGINE_HEADER = "=== Engine Policies ==="
 FLEET_HEADER = "=== Fleet Metrics ==="
 MODEL_HEADER = "=== Per-Model Metrics ==="
 SPECULATIVE_HEADER = "=== Speculative Decoding ==="
@@ -69,6 +70,9 @@ def report_text(result: Any) -> str:
         "summarize"
     ):
         blocks.append(result.decisions.summary_text())
+    policies = engine_policies(result.scenario)
+    if policies:
+        blocks.append(f"{ENGINE_HEADER}\n{json.dumps(policies, indent=2)}")
     if result.latency_provenance:
         blocks.append(f"{LATENCY_HEADER}\n{json.dumps(result.latency_provenance, indent=2)}")
     return "\n".join(blocks)
