@@ -665,3 +665,13 @@ def test_cli_quiet_keeps_stderr_for_warnings_only(tmp_path: Path) -> None:
     assert "starting from" not in result.stderr and "round 0" not in result.stderr
     assert "wrote" not in result.stderr and out.exists()
     assert "coefficients:" in result.stdout
+
+
+def test_the_command_line_asks_for_the_library_default_rounds():
+    """`servesim calibrate` without --rounds runs as many rounds as `cal.fit` does by default
+    (the command line spells the number out so that --help does not import the fitter)."""
+    import typer.main
+
+    command = typer.main.get_command(app).commands["calibrate"]
+    rounds = next(p for p in command.params if p.name == "rounds")
+    assert rounds.default == cal.DEFAULT_ROUNDS

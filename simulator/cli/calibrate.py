@@ -230,8 +230,12 @@ def register(app: typer.Typer) -> None:
         ] = "start",
         rounds: Annotated[
             int,
-            typer.Option("--rounds", help="at most this many replay-and-fit rounds (default 3)"),
-        ] = 3,
+            typer.Option(
+                "--rounds",
+                help="at most this many replay-and-fit rounds (default 6; a round that "
+                "does not improve ends the fit)",
+            ),
+        ] = 6,
         fail_if_no_improvement: Annotated[
             bool,
             typer.Option(
