@@ -90,8 +90,12 @@ class PhysicsCoefficients:
     kv_bandwidth_efficiency: float = 0.80
     # Large BF16 GEMMs reach ~60-70% of the dense tensor-core peak on Hopper.
     prefill_compute_efficiency: float = 0.60
-    # Decode GEMMs have a handful of rows: tile quantisation wastes most of each MMA.
-    decode_compute_efficiency: float = 0.30
+    # The rows of a decode batch's GEMMs compute as efficiently as a prompt's: the waste of a
+    # few-row GEMM (a mostly empty 128-row tile) is `gemm_fixed_rows`, charged per GEMM, so a
+    # lower efficiency here would count it twice. Decode batches of moderate load are
+    # memory-bound whatever this is; large ones (vLLM 0.23 at ~250 sequences, the overloaded
+    # 0.15.1 runs at 128) are where it shows (docs/accuracy.md).
+    decode_compute_efficiency: float = 0.60
     # NCCL / custom all-reduce reaches ~70% of the per-direction link bandwidth.
     interconnect_efficiency: float = 0.70
     # Latency of one step of an all-reduce on NVLink (launch + synchronisation), µs. A ring

@@ -249,6 +249,24 @@ def test_the_shipped_vllm_0_23_fit_reproduces_the_saturated_step_structure() -> 
     assert one_us >= m.step_time_us(StepBatch([], 250, 250 * 1050)) + 0.9 * prompt_gemm_us
 
 
+def test_moderate_decode_batches_cannot_tell_the_decode_efficiency() -> None:
+    """Why its physical default could be revised (docs/latency-models.md): a decode-only step
+    of up to 64 sequences is memory-bound in its GEMMs for the 0.15.1 models at their TP,
+    so it costs the same at decode efficiency 0.3 and 0.6; at 256 sequences (the vLLM 0.23
+    saturated cells, an overloaded server) 70B's GEMMs become compute-bound at 0.3."""
+    low = replace(PhysicsCoefficients(), decode_compute_efficiency=0.3)
+    high = replace(PhysicsCoefficients(), decode_compute_efficiency=0.6)
+    for model, tp in ((LLAMA2_7B, 1), (LLAMA2_70B, 4), (MIXTRAL, 2)):
+        for batch in (1, 8, 32, 64):
+            step = StepBatch([], batch, batch * 1000)
+            assert PhysicsModel(model, H100, tp, low).step_time_us(step) == PhysicsModel(
+                model, H100, tp, high
+            ).step_time_us(step), (model.name, batch)
+    big = StepBatch([], 256, 256 * 1750)
+    slow = PhysicsModel(LLAMA2_70B, H100, 4, low).step_time_us(big)
+    assert slow > PhysicsModel(LLAMA2_70B, H100, 4, high).step_time_us(big)
+
+
 def test_kv_reads_stream_at_their_own_efficiency() -> None:
     """Halving the KV bandwidth efficiency adds exactly the KV time once more (memory-bound)."""
     m = PhysicsModel(LLAMA2_7B, H100, 1, BARE)
