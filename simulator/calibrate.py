@@ -819,6 +819,14 @@ class FitResult:
     def rounds_run(self) -> int:
         return max((r.round for r in self.history), default=0)
 
+    @property
+    def held_out_worse(self) -> bool:
+        """True when held-out runs score worse with `coefficients` than with the start: the
+        fit improved the runs it saw but does not carry to these."""
+        return bool(self.held_out) and score(self.held_out_scores) > score(
+            self.start_held_out_scores
+        )
+
     def document(self, **about: Any) -> dict[str, Any]:
         """The coefficients YAML (load with --latency-coeffs), with the fit's provenance."""
 
@@ -856,6 +864,7 @@ class FitResult:
             fit_section["held_out_score"] = {
                 "start": score(self.start_held_out_scores),
                 "fitted": score(self.held_out_scores),
+                "worse": self.held_out_worse,
             }
             fit_section["held_out_errors"] = errors(self.held_out_scores)
             fit_section["start_held_out_errors"] = errors(self.start_held_out_scores)

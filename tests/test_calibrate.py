@@ -502,7 +502,9 @@ def test_fit_holds_cells_out_and_scores_them(cells: Path) -> None:
     assert fit["vllm_version"] == "0.99.0"
     assert fit["start"]["source"] == "physical defaults"
     assert set(fit["held_out_errors"]) == {"rate-12"}
-    assert set(fit["held_out_score"]) == {"start", "fitted"}
+    assert set(fit["held_out_score"]) == {"start", "fitted", "worse"}
+    held = fit["held_out_score"]
+    assert held["worse"] is (held["fitted"] > held["start"])
     assert fit["round_scores"][0] == {
         "round": 0,
         "step": 0.0,
@@ -675,3 +677,37 @@ def test_the_command_line_asks_for_the_library_default_rounds():
     command = typer.main.get_command(app).commands["calibrate"]
     rounds = next(p for p in command.params if p.name == "rounds")
     assert rounds.default == cal.DEFAULT_ROUNDS
+
+
+def test_held_out_runs_that_get_worse_are_said_plainly() -> None:
+    """A fit that improves its own runs and worsens the held-out ones is not returned
+    silently: the result says so (`held_out_worse`, the file's `held_out_score.worse`) and the
+    command line prints one warning line (with --fail-if-no-improvement it exits 1)."""
+    from simulator.cli.calibrate import held_out_warning
+
+    def figures(predicted_ms: float) -> dict[str, dict[str, dict[str, float]]]:
+        measured = dict.fromkeys(cal.FIT_METRICS, 100.0)
+        return {"held": {"measured": measured, "predicted": dict.fromkeys(measured, predicted_ms)}}
+
+    def result(start_ms: float, fitted_ms: float) -> cal.FitResult:
+        return cal.FitResult(
+            coefficients=PhysicsCoefficients(),
+            cases=["fitted"],
+            rounds=1,
+            scores={},
+            held_out=["held"],
+            start_held_out_scores=figures(start_ms),
+            held_out_scores=figures(fitted_ms),
+        )
+
+    worse = result(start_ms=105.0, fitted_ms=130.0)
+    assert worse.held_out_worse
+    assert worse.document()["fit"]["held_out_score"]["worse"] is True
+    line = held_out_warning(worse)
+    assert line is not None and line.startswith("calibrate: warning: the held-out runs score")
+    assert "\n" not in line
+    better = result(start_ms=130.0, fitted_ms=105.0)
+    assert not better.held_out_worse and held_out_warning(better) is None
+    # Without held-out runs there is nothing to compare and nothing to say.
+    alone = replace(worse, held_out=[], held_out_scores={}, start_held_out_scores={})
+    assert not alone.held_out_worse and held_out_warning(alone) is None

@@ -12,8 +12,9 @@ import typer
 from ..errors import ConfigError, excerpt
 from .common import check_writable, guarded
 
-# Exit status when --fail-if-no-improvement is given and no round beat the start. Bad input
-# is 2, a broken invariant 3 (common): 1 is the conventional "ran, but the answer is no".
+# Exit status when --fail-if-no-improvement is given and no round beat the start (or the
+# held-out runs got worse). Bad input is 2, a broken invariant 3 (common): 1 is the
+# conventional "ran, but the answer is no".
 NO_IMPROVEMENT_EXIT_CODE = 1
 METRIC_LABELS = {
     "e2e_mean_ms": "E2E mean",
@@ -45,6 +46,21 @@ def format_round(r: Any) -> str:
 
 def _runs(n: int) -> str:
     return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def held_out_warning(result: Any) -> str | None:
+    """The line that says, when it is so, that the held-out runs score worse with the fitted
+    coefficients than with the start (a fit that does not carry beyond its runs)."""
+    if not result.held_out_worse:
+        return None
+    from ..calibrate import score
+
+    return (
+        "calibrate: warning: the held-out runs score worse with the result than with the "
+        f"start (score {score(result.start_held_out_scores):.4g} -> "
+        f"{score(result.held_out_scores):.4g}): the fit improved the runs it saw but does "
+        "not carry to these; the start may be the better choice"
+    )
 
 
 def format_summary(result: Any) -> str:
@@ -242,7 +258,8 @@ def register(app: typer.Typer) -> None:
                 "--fail-if-no-improvement",
                 metavar="",
                 help=f"exit with status {NO_IMPROVEMENT_EXIT_CODE} when no round improves on "
-                "the start (the start is still printed and written)",
+                "the start, or when held-out runs score worse with the result than with the "
+                "start (the result is still printed and written)",
             ),
         ] = False,
         output: Annotated[
@@ -376,6 +393,9 @@ def register(app: typer.Typer) -> None:
                     f"(score {result.start_score:.4g}); {what} them unchanged",
                     err=True,
                 )
+                unchanged.append(True)
+            elif rounds > 0 and (warning := held_out_warning(result)) is not None:
+                typer.echo(warning, err=True)
                 unchanged.append(True)
             if output is not None and not quiet:
                 typer.echo(f"wrote {output}", err=True)
