@@ -280,7 +280,7 @@ def register(app: typer.Typer) -> None:
         ] = 0.0,
     ) -> None:
         """Fit physics's coefficients, or compare a simulated trace (help: above)."""
-        unchanged: list[bool] = []
+        not_improved: list[bool] = []  # a fit that kept the start or worsened held-out runs
 
         def go() -> None:
             from .. import calibrate as cal
@@ -393,17 +393,17 @@ def register(app: typer.Typer) -> None:
                     f"(score {result.start_score:.4g}); {what} them unchanged",
                     err=True,
                 )
-                unchanged.append(True)
+                not_improved.append(True)
             elif rounds > 0 and (warning := held_out_warning(result)) is not None:
                 typer.echo(warning, err=True)
-                unchanged.append(True)
+                not_improved.append(True)
             if output is not None and not quiet:
                 typer.echo(f"wrote {output}", err=True)
             if len(cases) == 1 and cases[0].trace_header is not None:
                 _report_one(cases[0], result, rtt_ms, network_bandwidth_mbps)
 
         guarded(go)
-        if unchanged and fail_if_no_improvement:
+        if not_improved and fail_if_no_improvement:
             raise typer.Exit(NO_IMPROVEMENT_EXIT_CODE)
 
 

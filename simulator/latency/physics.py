@@ -557,6 +557,12 @@ def coefficients_from_mapping(data: Mapping[str, Any], where: str) -> PhysicsCoe
 
 def load_coefficients_file(path: str | Path) -> PhysicsCoefficients:
     """Read a file written by `servesim calibrate` (or by hand): `coefficients: {name: value}`."""
+    return read_coefficients_file(path)[0]
+
+
+def read_coefficients_file(path: str | Path) -> tuple[PhysicsCoefficients, str]:
+    """The file's coefficients and how a run names them: the file, with a warning when it was
+    fitted before the per-kernel-class roofline (an explicit `version` below the current)."""
     from simulator.input_files import read_yaml_mapping
 
     data = read_yaml_mapping(path, "latency coefficients file")
@@ -567,15 +573,8 @@ def load_coefficients_file(path: str | Path) -> PhysicsCoefficients:
         )
     if "coefficients" not in data:
         raise ConfigError(f"latency coefficients file {str(path)!r}: missing key 'coefficients'")
-    return coefficients_from_mapping(data["coefficients"], f"{str(path)!r} coefficients")
-
-
-def coefficients_file_note(path: str | Path) -> str:
-    """How a run names its coefficients file, with a warning for a file fitted before the
-    per-kernel-class roofline (an explicit `version` below the current one)."""
-    from simulator.input_files import read_yaml_mapping
-
-    version = read_yaml_mapping(path, "latency coefficients file").get("version")
+    coefficients = coefficients_from_mapping(data["coefficients"], f"{str(path)!r} coefficients")
+    version = data.get("version")
     note = f"file {str(path)!r}"
     is_count = isinstance(version, int) and not isinstance(version, bool)
     if is_count and version < COEFFICIENTS_FILE_VERSION:
@@ -583,7 +582,7 @@ def coefficients_file_note(path: str | Path) -> str:
             f"; written by an older calibrate (file version {version}) for the "
             "single-roofline step: refit with servesim calibrate"
         )
-    return note
+    return coefficients, note
 
 
 def coefficients_document(c: PhysicsCoefficients, **about: Any) -> dict[str, Any]:
@@ -757,14 +756,16 @@ class PhysicsModel(StepTimeModel):
                 "latency model 'physics' takes a coefficients file (latency.coeffs_file / "
                 "--latency-coeffs), not alpha/beta",
             )
-        coefficients = load_coefficients_file(coeffs_file) if coeffs_file is not None else None
+        coefficients, given_from = None, ""
+        if coeffs_file is not None:
+            coefficients, given_from = read_coefficients_file(coeffs_file)
         return cls(
             model,
             gpu,
             tp,
             coefficients,
             vllm_version=vllm_version,
-            given_from=coefficients_file_note(coeffs_file) if coeffs_file is not None else "",
+            given_from=given_from,
             parallelism=parallelism,
         )
 

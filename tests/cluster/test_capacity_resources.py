@@ -23,6 +23,7 @@ from simulator.cluster.infrastructure import Infrastructure
 from simulator.cluster.lifecycle import InstanceState, Node, NodeState, Timeline
 from simulator.cluster.pools import Pools
 from simulator.engine.events import Environment
+from tests.cluster.test_infrastructure import fleet_event
 
 LLAMA = "meta-llama/llama-3.1-8b-instruct"
 
@@ -124,6 +125,7 @@ def fleets(draw):
         "fail_node",
     ]
     events = []
+    instances = sum(d["num_instances"] for d in deployments)
     for at_s, action, k, policy in draw(
         st.lists(
             st.tuples(
@@ -135,18 +137,8 @@ def fleets(draw):
             max_size=6,
         )
     ):
-        e: dict = {"at_s": at_s, "action": action}
-        if action in ("drain_instance", "fail_instance"):
-            e["target"] = f"instance_{k % sum(d['num_instances'] for d in deployments)}"
-            e["drain_policy"] = policy
-        elif action == "add_node":
-            e["pool"] = "p"
-        elif action in ("drain_node", "fail_node"):
-            e["node"] = f"p-{k % 2}"
-            e["drain_policy"] = policy
-        else:
-            e["deployment"] = deployments[k % len(deployments)]["name"]
-        events.append(e)
+        deployment = deployments[k % len(deployments)]["name"]
+        events.append(fleet_event(at_s, action, k, policy, instances, deployment))
     scenario = {
         "model": LLAMA,
         "hardware": "H100",

@@ -524,6 +524,25 @@ events = st.lists(
 )
 
 
+def fleet_event(
+    at_s: int, action: str, k: int, policy: str, instances: int, deployment: str
+) -> dict:
+    """One drawn infrastructure event: `k` picks its target among `instances` instances or
+    two nodes of pool "p"; an added instance belongs to `deployment`."""
+    e: dict = {"at_s": at_s, "action": action}
+    if action in ("drain_instance", "fail_instance"):
+        e["target"] = f"instance_{k % instances}"
+        e["drain_policy"] = policy
+    elif action == "add_node":
+        e["pool"] = "p"
+    elif action in ("fail_node", "drain_node"):
+        e["node"] = f"p-{k % 2}"
+        e["drain_policy"] = policy
+    else:
+        e["deployment"] = deployment
+    return e
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     events=events,
@@ -533,20 +552,7 @@ events = st.lists(
     warm=st.integers(0, 3),
 )
 def test_random_fleet_changes_keep_every_law(events, retry, rate, loading_s, warm):
-    spec = []
-    for at_s, action, k, policy in events:
-        e = {"at_s": at_s, "action": action}
-        if action in ("drain_instance", "fail_instance"):
-            e["target"] = f"instance_{k % 3}"
-            e["drain_policy"] = policy
-        elif action == "add_node":
-            e["pool"] = "p"
-        elif action in ("fail_node", "drain_node"):
-            e["node"] = f"p-{k % 2}"
-            e["drain_policy"] = policy
-        else:
-            e["deployment"] = "d"
-        spec.append(e)
+    spec = [fleet_event(*event, instances=3, deployment="d") for event in events]
     result = run_checked(
         {
             "node_pools": [

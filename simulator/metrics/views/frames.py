@@ -104,14 +104,8 @@ REQUEST_COLUMNS = [
 ]
 
 
-TIMESTAMP_COLUMNS = [
-    "arrival_us",
-    "enqueue_us",
-    "first_schedule_us",
-    "schedule_us",
-    "first_token_us",
-    "completion_us",
-]
+# The request's timestamps: every column in µs.
+TIMESTAMP_COLUMNS = [c for c in REQUEST_COLUMNS if c.endswith("_us")]
 
 
 def steps_frame(instances: Sequence[InstanceRecord], instance_ids: list[str]) -> pd.DataFrame:
