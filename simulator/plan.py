@@ -44,10 +44,10 @@ SLO_METRICS: tuple[str, ...] = (
 def _default_prices() -> dict[str, float]:
     """The bundled price table (catalog/data/prices.yaml: indicative on-demand list prices of
     specialised GPU clouds, each GPU's sources and their dates in the file's comments)."""
-    import yaml
+    from .input_files import bundled_yaml
 
     text = resources.files("simulator.catalog").joinpath("data/prices.yaml").read_text()
-    table = yaml.safe_load(text)["usd_per_gpu_hour"]
+    table = bundled_yaml(text)["usd_per_gpu_hour"]
     return {str(gpu): float(price) for gpu, price in table.items()}
 
 

@@ -15,6 +15,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from simulator.cli import app
+from simulator.cli.commands import app_for
 
 runner = CliRunner()
 
@@ -67,6 +68,33 @@ def test_help_flags_work_everywhere(path, flag):
     assert res.exit_code == 0, res.output
     assert "Usage:" in res.stdout
     assert "-h" in res.stdout and "--help" in res.stdout
+
+
+@pytest.mark.parametrize("path", sorted(p for p in COMMANDS if p), ids=str)
+def test_the_app_narrowed_to_a_command_parses_it_as_the_whole_app_does(path):
+    """`main` runs `app_for(argv)`: only the command argv names, so that typer builds one
+    command's options instead of all of them. Its help (every option, default and text) is
+    the whole app's, byte for byte; anything else keeps the whole app."""
+    argv = [*path.split(), "--help"]
+    narrowed = app_for(argv)
+    assert narrowed is not app
+    assert len(narrowed.registered_commands) + len(narrowed.registered_groups) == 1
+    whole_help = runner.invoke(app, argv)
+    narrowed_help = runner.invoke(narrowed, argv)
+    assert narrowed_help.exit_code == whole_help.exit_code == 0
+    assert narrowed_help.stdout == whole_help.stdout
+    assert len(app.registered_commands) > 10  # the module's app is left whole
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["--version"], ["rn"], ["run-typo", "x"]])
+def test_the_whole_app_runs_when_no_single_command_is_named(argv):
+    assert app_for(argv) is app
+
+
+def test_a_misspelt_command_is_still_told_what_exists():
+    res = runner.invoke(app_for(["rn"]), ["rn"])
+    assert res.exit_code == 2
+    assert "No such command" in res.output
 
 
 def test_version_prints_the_package_version():

@@ -529,3 +529,16 @@ def test_load_result_of_damaged_files(tmp_path):
     (folder / "requests.parquet").write_bytes(b"PAR1 not really")
     message = refused(load_result, folder)
     assert "requests.parquet" in message
+
+
+def test_bundled_yaml_reads_every_shipped_file_as_the_pure_python_loader_does():
+    """Start-up reads the shipped YAML with libyaml's loader (`bundled_yaml`); the pure-Python
+    safe loader is the reference: every file under simulator/ must give the same document."""
+    from simulator.input_files import bundled_yaml
+
+    package = Path(__file__).resolve().parent.parent / "simulator"
+    files = sorted(package.rglob("*.yaml"))
+    assert len(files) >= 5  # defaults, gpus, model index, physics, parallel tables, prices
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert bundled_yaml(text) == yaml.safe_load(text), path

@@ -15,10 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from simulator.errors import invalid
-from simulator.input_files import read_yaml
+from simulator.input_files import bundled_yaml, read_yaml
 
 _TOP_KEYS = {
     "defaults",
@@ -218,10 +216,7 @@ def load_defaults_file(path: str | Path) -> DefaultsFile:
 def bundled_defaults() -> DefaultsFile:
     """The defaults.yaml shipped in simulator/catalog/data, parsed once per process."""
     text = resources.files("simulator.catalog").joinpath("data/defaults.yaml").read_text()
-    # Our own file: libyaml's safe loader when present (much faster than the pure-Python one,
-    # and this file was most of a run's start-up).
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return _parse(yaml.load(text, Loader=loader), "defaults.yaml")  # noqa: S506 - a safe loader
+    return _parse(bundled_yaml(text), "defaults.yaml")
 
 
 def _id_matches(query: str, entry_id: str) -> bool:

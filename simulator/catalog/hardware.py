@@ -11,11 +11,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from simulator.catalog.types import GPUSpec
 from simulator.errors import ConfigError, excerpt, invalid, unknown
-from simulator.input_files import check_path, load_json, load_yaml, read_text
+from simulator.input_files import bundled_yaml, check_path, load_json, load_yaml, read_text
 
 _HARDWARE_CONFIG_PATH = Path(__file__).parent / "data" / "hardware_config.json"
 _SERVESIM_GPUS_PATH = Path(__file__).parent / "data" / "gpus.yaml"
@@ -121,8 +119,8 @@ def _builtin() -> dict[str, GPUSpec]:
     for entry in table.values():
         entry.pop(_COMMENT_KEY, None)  # the shared source line below says it
     specs = _specs_from_table(table, _BLIS_SOURCE)
-    with _SERVESIM_GPUS_PATH.open(encoding="utf-8") as fh:
-        ours = _specs_from_table(yaml.safe_load(fh), "servesim data/gpus.yaml")
+    ours = bundled_yaml(_SERVESIM_GPUS_PATH.read_text(encoding="utf-8"))
+    ours = _specs_from_table(ours, "servesim data/gpus.yaml")
     return {**specs, **ours}
 
 

@@ -12,11 +12,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from simulator.catalog.types import ModelConfig
 from simulator.errors import ConfigError, excerpt, invalid, unknown
-from simulator.input_files import read_json
+from simulator.input_files import bundled_yaml, read_json
 
 _DATA_DIR = Path(__file__).parent / "data"
 _MODEL_CONFIGS_DIR = _DATA_DIR / "model_configs"
@@ -409,8 +407,7 @@ def validate_tp(model: ModelConfig, tp: int) -> None:
 @cache
 def _bundled_index() -> dict[str, str]:
     """folder -> case-correct HuggingFace id."""
-    with _MODEL_INDEX_PATH.open(encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
+    data = bundled_yaml(_MODEL_INDEX_PATH.read_text(encoding="utf-8"))
     return dict(data["models"])
 
 

@@ -61,9 +61,9 @@ def _run_app(stop: Stop) -> int:
 
         stdout = guard_stdout()
         try:
-            from .commands import app
+            from .commands import app_for
 
-            app()
+            app_for(sys.argv[1:])()
         except SystemExit as exc:
             status = _exit_status(exc.code)
         except ServesimError as exc:  # stdout failing outside a command (typer's --help)

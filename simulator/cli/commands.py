@@ -15,13 +15,16 @@ Layering: this module imports the command modules (to register them), `flags`, `
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.main import get_command_name
 
 from ..atomic_io import atomic_open, write_json_atomically, write_with
 from ..errors import ConfigError, ServesimError
@@ -724,3 +727,27 @@ def _register_extras() -> None:
 
 
 _register_extras()
+
+
+def app_for(argv: Sequence[str]) -> typer.Typer:
+    """The app that runs the command line `argv` (without the program name): when its first
+    word names a command (or a command group such as `convert`), a copy of `app` holding that
+    one alone; otherwise (`--help`, `--version`, a misspelt command, which must list or
+    suggest the others) `app` itself. typer builds the options of every command it holds
+    before parsing, from their signatures; one command instead of all of them is a visible
+    part of a run's start-up (docs/performance.md, "Start-up")."""
+    first = argv[0] if argv else ""
+    if not first or first.startswith("-"):
+        return app
+    commands = [
+        info
+        for info in app.registered_commands
+        if (info.name or get_command_name(info.callback.__name__)) == first
+    ]
+    groups = [info for info in app.registered_groups if info.name == first]
+    if len(commands) + len(groups) != 1:
+        return app
+    narrowed = copy.copy(app)  # the lists are replaced, never changed: `app` stays whole
+    narrowed.registered_commands = commands
+    narrowed.registered_groups = groups
+    return narrowed

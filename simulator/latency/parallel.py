@@ -139,9 +139,9 @@ def stage_layer_ranges(num_layers: int, pp: int) -> list[range]:
 
 @cache
 def _tables() -> dict[str, Any]:
-    import yaml
+    from simulator.input_files import bundled_yaml
 
-    return yaml.safe_load(_DATA.read_text())
+    return bundled_yaml(_DATA.read_text())
 
 
 def _lookup(table: str, gpu: GPUSpec) -> Any:

@@ -436,9 +436,9 @@ def causal_pairs(context_tokens: int, new_tokens: int) -> int:
 
 @cache
 def _hardware_table() -> dict[str, Any]:
-    import yaml
+    from simulator.input_files import bundled_yaml
 
-    return yaml.safe_load(_DATA.read_text())
+    return bundled_yaml(_DATA.read_text())
 
 
 def interconnect_gb_per_s(gpu: GPUSpec) -> float:
