@@ -148,6 +148,14 @@ def _chatbot_prefix(num_requests: int) -> dict:
     }
 
 
+def _default_model(num_requests: int) -> dict:
+    """Case (a) as a user runs it without choosing: servesim's default step-time model
+    (`physics`, the shipped H100 fit for the newest vLLM version) instead of BLIS's roofline."""
+    scenario = _standard(num_requests)
+    del scenario["latency"]
+    return scenario
+
+
 # name -> (description, scenario, default repeats)
 CASES: dict[str, tuple[str, dict, int]] = {
     "a": ("standard: 1 instance, Poisson 42 req/s, 512->128, 10k requests", _standard(10_000), 3),
@@ -165,6 +173,7 @@ CASES: dict[str, tuple[str, dict, int]] = {
         _weighted_cluster(64, 1_000_000, PREFIX_SCORERS),
         1,
     ),
+    "h": ("standard with the default latency model (physics)", _default_model(10_000), 3),
 }
 # Case (g)'s cost per request is judged against case (c)'s (issue 30: within 1.5x).
 COST_RELATIVE_TO = {"g": "c"}
