@@ -493,16 +493,18 @@ class Recording:
     end_us: np.ndarray
     busy: np.ndarray  # bool per step: something was scheduled (an empty step costs 1 µs)
     decode_tokens: np.ndarray  # per step: tokens it decoded (the gaps it made, for itl_p50)
-    # Per scored request: index of the step running when it reached the engine (-1 if none),
-    # the fraction of that step still to go, and the steps that ended its TTFT and E2E.
+    # Per scored request: index of the step running when it was queued (-1 if none), the
+    # fraction of that step still to go, and the steps that ended its TTFT and E2E.
     wait_step: np.ndarray
     wait_fraction: np.ndarray
     first_token_step: np.ndarray
     completion_step: np.ndarray
     completed: np.ndarray  # bool per scored request
     # Per scored request: the step in flight when it reached the engine (after the client
-    # path), whose duration its scheduling lag is; -1 if the instance was idle.
+    # path), whose rest it waited before the steps it missed (-1 if the instance was idle),
+    # and the fraction of that step still to go then.
     lag_step: np.ndarray
+    lag_fraction: np.ndarray
     predicted: dict[str, float]  # figures of this very replay
 
 
@@ -580,6 +582,9 @@ def record(case: Case, coefficients: PhysicsCoefficients) -> Recording:
         completion_step=np.searchsorted(end, completion, side="left"),
         completed=completed,
         lag_step=np.where(in_flight, lag_index, -1),
+        lag_fraction=np.where(
+            in_flight, np.clip((end[lag_index] - reached) / durations[lag_index], 0.0, 1.0), 0.0
+        ),
         predicted={},
     )
     done = completed
@@ -617,9 +622,13 @@ def reprice(rec: Recording, c: PhysicsCoefficients) -> dict[str, float]:
     waited = rec.wait_fraction[done] * step_s[rec.wait_step[done]]
     first = rec.wait_step[done] + 1
     lag = rec.lag_step[done]
-    queue_s = request_delay_s(c) + c.output_lag_steps * np.where(
-        lag >= 0, step_s[np.maximum(lag, 0)], 0.0
-    )
+    # A request that reached the engine mid-step waited for the rest of that step and for
+    # the planned steps it missed, up to the step it was queued in (which `waited` counts).
+    lagged = lag >= 0
+    safe_lag = np.maximum(lag, 0)
+    missed_s = np.where(lagged, elapsed[rec.wait_step[done]] - elapsed[safe_lag + 1], 0.0)
+    rest_s = np.where(lagged, rec.lag_fraction[done] * step_s[safe_lag], 0.0)
+    queue_s = request_delay_s(c) + rest_s + np.maximum(missed_s, 0.0)
     ttft_s = queue_s + waited + elapsed[rec.first_token_step[done] + 1] - elapsed[first]
     e2e_s = queue_s + waited + elapsed[rec.completion_step[done] + 1] - elapsed[first]
     figures = per_run_figures(ttft_s * 1e3, e2e_s * 1e3, rec.case.output_tokens[done])

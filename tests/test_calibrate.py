@@ -86,10 +86,14 @@ def test_reprice_tracks_a_coefficient_change(real_trace) -> None:
     delta_ms = cal.reprice(rec, slower)["e2e_mean_ms"] - rec.predicted["e2e_mean_ms"]
     done = rec.completed
     steps_per_request = rec.completion_step[done] - rec.wait_step[done] + rec.wait_fraction[done]
-    # ... plus once more per output-lag step: the step in flight when it reached the engine,
-    # for the requests that found one running.
-    lagged = (rec.lag_step[done] >= 0).mean()
-    expected_ms = 1.0 * (steps_per_request.mean() + TRUE.output_lag_steps * lagged)
+    # ... plus, for a request that reached the engine while a step ran, the rest of that step
+    # and the planned steps it missed before the one it was queued in.
+    lag = rec.lag_step[done]
+    lagged = lag >= 0
+    rest = np.where(lagged, rec.lag_fraction[done], 0.0)
+    missed = np.where(lagged, rec.wait_step[done] - lag - 1, 0)
+    assert (missed >= 0).all()
+    expected_ms = 1.0 * (steps_per_request + rest + missed).mean()
     assert delta_ms == pytest.approx(expected_ms, rel=1e-3)
 
 

@@ -77,6 +77,9 @@ class LockstepGroup:
         ranks = self.ranks
         empty_steps = 0
         while True:
+            for rank in ranks:
+                if rank.lagged and not rank.has_work:
+                    rank.release_lagged(all_of_them=True)
             if not any(rank.has_work for rank in ranks):
                 self._idle = PriorityEvent(env, self.priority)
                 yield self._idle
@@ -84,6 +87,10 @@ class LockstepGroup:
             now_us = env.now
             batches = [rank.plan_rank_step(now_us) for rank in ranks]
             if all(batch is None for batch in batches):
+                if any(rank.lagged for rank in ranks):  # no plan to miss: they join the next
+                    for rank in ranks:
+                        rank.release_lagged(all_of_them=True)
+                    continue
                 if any(rank.has_work for rank in ranks):
                     # Only CPU-tier reloads are pending: wait for one (it wakes its rank).
                     self._idle = PriorityEvent(env, self.priority)
@@ -108,6 +115,7 @@ class LockstepGroup:
             self.dummy_rank_steps += sum(batch is None for batch in batches)
             end_us = now_us + step_us
             for rank in ranks:
+                rank.release_lagged()
                 rank.step_in_flight(end_us, step_us)
             yield PriorityTimeout(env, step_us, self.priority)
             for rank, batch in zip(ranks, batches, strict=True):

@@ -65,11 +65,14 @@ class Instance:
         self._timeout_priority = TIMEOUT + offset
         self.inbox = simpy.Store(env)
         self.pending_enqueue: set[Request] = set()
-        # The step in flight (end and duration, µs) and the scheduling lag it causes a request
-        # that reaches the engine meanwhile (StepTimeModel.scheduling_lag_steps).
+        # The step in flight (end and duration, µs), and the scheduling lag: a request that
+        # reaches the engine while a step runs misses the next `scheduling_lag_steps` planned
+        # steps (StepTimeModel.scheduling_lag_steps); `_lagged` holds each such request with
+        # the number of plans it still has to miss.
         self._inflight_end_us = 0
         self._inflight_step_us = 0
-        self.scheduling_lag_steps = float(step_model.scheduling_lag_steps())
+        self.scheduling_lag_steps = step_model.scheduling_lag_steps()
+        self._lagged: list[list] = []
         self._decode_step_time = step_model.decode_step_time_us
         self._idle: simpy.Event | None = None
         self.host_link = None  # created on the first CPU-tier reload
@@ -136,23 +139,36 @@ class Instance:
         self._after_enqueue(req, outcome)
         return True
 
-    def scheduling_lag_us(self) -> int:
-        """The wait of a request reaching the engine now: lag steps x the step in flight (0
-        while the instance is idle: the request is scheduled at once)."""
-        if self._inflight_end_us <= self.env.now:
-            return 0
-        return round(self.scheduling_lag_steps * self._inflight_step_us)
-
     def _reach_engine(self, req: Request) -> None:
+        """The request reaches the engine (after the client path). With a step running, the
+        next one is already planned (vLLM V1's async scheduler plans step N+1 while step N
+        runs): the request waits for the plans it misses (`release_lagged`); with none
+        running, it joins the next plan."""
         if req not in self.pending_enqueue:
             return  # a drain or failure took it meanwhile
-        lag = self.scheduling_lag_us()
-        if lag > 0:
-            event_after(self.env, lag, self._arrival_priority).callbacks.append(
-                lambda _ev, r=req: self._enqueue_pending(r)
-            )
+        if self._inflight_end_us > self.env.now:
+            self._lagged.append([req, self.scheduling_lag_steps])
         else:
             self._enqueue_pending(req)
+
+    @property
+    def lagged(self) -> bool:
+        """Requests at the engine waiting for the plans they miss (`release_lagged`)."""
+        return bool(self._lagged)
+
+    def release_lagged(self, all_of_them: bool = False) -> None:
+        """At a step boundary, once the next step is planned: a lagged request has missed one
+        more plan, and joins the queue when it has missed all it must (so it is in the plan
+        after). `all_of_them` at a boundary with nothing planned (an idle engine): there is
+        no step to miss, so every lagged request joins the queue now."""
+        keep = []
+        for entry in self._lagged:
+            entry[1] -= 1
+            if entry[1] <= 0 or all_of_them:
+                self._enqueue_pending(entry[0])
+            else:
+                keep.append(entry)
+        self._lagged = keep
 
     def _enqueue_pending(self, req: Request) -> None:
         if req in self.pending_enqueue:  # else a drain or failure took it meanwhile
@@ -340,6 +356,8 @@ class Instance:
             if planned_us:
                 step_us = planned_us
             else:
+                if self._lagged and not engine.has_work:
+                    self.release_lagged(all_of_them=True)
                 if not engine.has_work:
                     if self.on_idle is not None:
                         self.on_idle(self)
@@ -365,6 +383,9 @@ class Instance:
                         else engine.plan_step(env.now)
                     )
                     if not self._runnable(batch, env.now):
+                        if self._lagged:  # nothing planned to miss: they join the next plan
+                            self.release_lagged(all_of_them=True)
+                            continue
                         if batch is not None:
                             # Nothing to compute until a prefix arrives from the CPU tier (or
                             # a request).
@@ -381,6 +402,8 @@ class Instance:
                     step_us = step_time(batch) + batch.extra_us
                     if self.warm_requests:
                         step_us += self._warm_up_extra_us(batch)
+            if self._lagged:
+                self.release_lagged()  # before coalescing: the queue is no longer empty
             end_us = env.now + step_us
             if self.coalesce_steps and not self.warm_requests:
                 end_us, step_us = finish_quiet_steps(self, end_us, step_us)

@@ -78,10 +78,10 @@ class StepTimeModel:
         return 0
 
     def scheduling_lag_steps(self) -> float:
-        """How many times the duration of the step in flight a request waits, once it reaches
-        the engine, before the scheduler can see it (vLLM V1's async scheduling plans step N+1
-        while step N runs, so a request arriving during step N misses N+1). 0 (BLIS's models):
-        a request joins the next step."""
+        """How many planned steps a request reaching the engine while a step runs misses (a
+        whole number): vLLM V1's async scheduling plans step N+1 while step N runs, so a
+        request arriving during step N misses N+1 and joins the plan made when N+1 ends. 0
+        (BLIS's models): a request joins the next step."""
         return 0.0
 
     def post_decode_overhead_us(self) -> int:

@@ -28,9 +28,10 @@ GEMM per touched expert, computes less efficiently than a dense one. Every term 
 terms do not depend on the coefficients, calibration records the terms of every step once and
 re-prices them for any coefficients without re-simulating (see simulator/calibrate.py).
 
-Once per request: `request_overhead_us` (HTTP, tokenisation) before it reaches the engine, then
-`output_lag_steps` × the duration of the step in flight (the instance charges it: vLLM V1's
-async scheduler has already planned the next step, so the request misses it).
+Once per request: `request_overhead_us` (HTTP, tokenisation) before it reaches the engine; then,
+if a step is running, the rest of it and the `output_lag_steps` steps already planned (the
+instance charges it: vLLM V1's async scheduler plans step N+1 while step N runs, so a request
+reaching the engine during N misses N+1).
 
 The shape follows the config's facts (docs/latency-models.md): its head_dim, MLA's latent
 cache and attention, dense layers and shared experts inside an MoE stack, windowed attention,
@@ -125,8 +126,9 @@ class PhysicsCoefficients:
     # Fixed cost of every GEMM in rows: half of Hopper's 128-row output tile.
     gemm_fixed_rows: float = 64.0
     # vLLM V1's async scheduling (the default since vllm#27614) plans step N+1 while step N runs,
-    # so a request reaching the engine during step N misses N+1: it waits this many times the
-    # duration of the step in flight (as loaded as it is), then for the next step boundary.
+    # so a request reaching the engine during step N misses N+1: it waits for the rest of N and
+    # all of N+1, and joins the plan made when N+1 ends. A whole number: the planned steps a
+    # request reaching the engine mid-step misses (0: it joins the next one).
     output_lag_steps: float = 1.0
     # Latency of one collective step that crosses the scale-out network (a ring step of a TP
     # all-reduce spanning nodes, an expert all-to-all or a pipeline hand-off between nodes), µs.
@@ -140,10 +142,21 @@ class PhysicsCoefficients:
             if f.name.endswith("efficiency"):
                 if not (is_finite_positive(value) and value <= 1.0):
                     raise invalid(f"{where}: {f.name}", value, "must be a number in (0, 1]")
-            elif f.name in ("gemm_fixed_rows", "output_lag_steps") and not (
-                is_finite_positive(value) or value == 0
-            ):
+            elif f.name == "gemm_fixed_rows" and not (is_finite_positive(value) or value == 0):
                 raise invalid(f"{where}: {f.name}", value, "must be a number >= 0")
+            elif f.name == "output_lag_steps" and not (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value >= 0
+                and value == int(value)
+            ):
+                raise invalid(
+                    f"{where}: {f.name}",
+                    value,
+                    "must be a whole number of steps >= 0 (the planned steps a request "
+                    "reaching the engine mid-step misses)",
+                )
             elif not (
                 isinstance(value, int | float)
                 and not isinstance(value, bool)
@@ -231,9 +244,9 @@ def price_terms(
 
 def request_delay_s(c: PhysicsCoefficients) -> float:
     """Once per request: the client path (HTTP, tokenisation), charged before the request
-    reaches the engine. The scheduling lag that follows (`output_lag_steps` x the step in
-    flight, `StepTimeModel.scheduling_lag_steps`) is charged by the instance, which knows the
-    step. Both delay TTFT and E2E alike, not ITL."""
+    reaches the engine. The scheduling lag that follows (the rest of the step in flight and the
+    `output_lag_steps` planned after it, `StepTimeModel.scheduling_lag_steps`) is charged by
+    the instance, which knows the steps. Both delay TTFT and E2E alike, not ITL."""
     return c.request_overhead_us * 1e-6
 
 

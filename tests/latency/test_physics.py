@@ -19,7 +19,7 @@ from simulator.catalog.hardware import get_gpu
 from simulator.catalog.models import load_model
 from simulator.errors import ConfigError
 from simulator.latency import build_step_time_model
-from simulator.latency.base import StepBatch
+from simulator.latency.base import StepBatch, StepTimeModel
 from simulator.latency.physics import (
     PhysicsCoefficients,
     PhysicsModel,
@@ -391,10 +391,9 @@ def test_a_request_arriving_mid_step_misses_the_step_already_scheduled(tmp_path:
     """vLLM V1's async scheduler plans step N+1 while step N runs. Constant 10 ms steps, lag 1,
     no client path. Request 0 arrives at 0 on an idle instance: no step in flight, so it runs
     in the step [0, 10) and its first token is at 10 ms. Request 1 arrives at 3 ms, during
-    that step: it waits for the step in flight (10 ms) and reaches the scheduler at 13 ms,
-    during the step [10, 20); it joins the step [20, 30): TTFT = 30 - 3 = 27 ms, i.e. the
-    7 ms left of step N, the whole step N+1 and its own step. Without the lag it would join
-    [10, 20): TTFT 17 ms."""
+    that step: at 10 ms the step [10, 20) is planned without it, then it is queued; it joins
+    the step [20, 30): TTFT = 30 - 3 = 27 ms, i.e. the 7 ms left of step N, the whole step
+    N+1 and its own step. Without the lag it would join [10, 20): TTFT 17 ms."""
     from simulator.api import replay
     from simulator.latency.base import StepTimeModel
 
@@ -428,6 +427,64 @@ def test_a_request_arriving_mid_step_misses_the_step_already_scheduled(tmp_path:
         ]
     assert ttft_ms[1.0] == [10.0, 27.0]
     assert ttft_ms[0.0] == [10.0, 17.0]
+
+
+class _PrefillSlow(StepTimeModel):
+    """40 ms for a step that computes a prompt chunk, 10 ms for a decode-only step."""
+
+    name = "prefill-slow-lag-test"
+
+    def __init__(self, lag: float) -> None:
+        self.lag = lag
+
+    def step_time_us(self, batch: StepBatch) -> int:
+        return 40_000 if batch.prefill_chunks else 10_000
+
+    def scheduling_lag_steps(self) -> float:
+        return self.lag
+
+
+def _ttft_ms(tmp_path: Path, rows: str, lag: float) -> list[float]:
+    from simulator.api import replay
+
+    data = tmp_path / f"r{lag}.csv"
+    data.write_text(
+        "index,arrival_time_us,input_tokens,output_tokens,prefix_group,has_error,ttft_s,e2e_s\n"
+        + rows
+    )
+
+    def swap(deployment):
+        deployment.step_model = _PrefillSlow(lag)
+
+    result = replay(None, data, on_deployment=swap, model="llama-2-7b-hf", hardware="H100")
+    return [(r.first_token_us - r.arrival_us) / 1000 for r in result.request_records]
+
+
+def test_the_lag_is_the_rest_of_the_step_and_the_planned_one_whatever_their_lengths(tmp_path):
+    """Request 0 arrives at 0 on an idle instance: its prefill step is [0, 40), then decode
+    steps of 10 ms. Request 1 arrives at 30 ms, during the prefill step: at 40 ms the decode
+    step [40, 50) is planned without it, then it is queued, and it joins the step planned at
+    50 ms, which computes its prompt: [50, 90). TTFT = 90 - 30 = 60 ms = the 10 ms left of
+    step N + the 10 ms of step N+1 + its own 40 ms step. (Charging the duration of the step
+    in flight instead, 40 ms, would reach the scheduler at 70 ms and join [70, 110): TTFT 80
+    ms, two decode steps too late.) Without a lag it joins the plan at 40 ms: [40, 80), 50 ms."""
+    rows = "0,0,16,20,,0,0.04,0.3\n1,30000,16,2,,0,0.06,0.1\n"
+    assert _ttft_ms(tmp_path, rows, 1.0) == [40.0, 60.0]
+    assert _ttft_ms(tmp_path, rows, 0.0) == [40.0, 50.0]
+
+
+def test_a_lagged_request_joins_at_once_when_nothing_is_planned(tmp_path):
+    """Request 0 has one output token: it finishes with its prefill step [0, 40) and nothing is
+    planned after it. Request 1, arriving at 30 ms, has no planned step to miss: it is queued
+    at 40 ms and computed in [40, 80): TTFT 50 ms, as without a lag."""
+    rows = "0,0,16,1,,0,0.04,0.04\n1,30000,16,2,,0,0.05,0.1\n"
+    assert _ttft_ms(tmp_path, rows, 1.0) == [40.0, 50.0]
+
+
+def test_the_lag_is_a_whole_number_of_steps() -> None:
+    with pytest.raises(ConfigError, match="output_lag_steps: invalid value 0.5; must be a whole"):
+        replace(BARE, output_lag_steps=0.5).check()
+    assert replace(BARE, output_lag_steps=2.0).check().output_lag_steps == 2.0
 
 
 def test_physical_defaults_reproduce_the_public_batch_one_anchor() -> None:
