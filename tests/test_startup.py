@@ -104,3 +104,25 @@ def test_the_command_line_process_starts_lean_and_leaves_its_objects_to_the_os()
     assert settings["gen0"] >= RUN_GEN0_THRESHOLD
     assert settings["frozen"] > 0
     assert _process_settings_after(["--help"], {"OPENBLAS_NUM_THREADS": "4"})["blas_threads"] == "4"
+
+
+def test_the_flag_templates_annotations_are_objects_not_strings():
+    """typer evaluates a string annotation with `eval` every time it builds a command; the
+    templates that declare `run`'s ~130 options keep theirs evaluated at import (their modules
+    do not use `from __future__ import annotations`)."""
+    import inspect
+
+    from simulator.cli import blis, flags
+
+    templates = [
+        flags.common_flags,
+        flags.workload_flags,
+        flags.trace_output_flag,
+        blis.closed_loop_flags,
+        blis.goodput_flags,
+    ]
+    for template in templates:
+        annotations = inspect.get_annotations(template)
+        assert annotations, template.__name__
+        strings = [name for name, value in annotations.items() if isinstance(value, str)]
+        assert strings == [], f"{template.__name__}: {strings[:5]}"
