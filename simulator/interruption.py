@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import types
 from collections.abc import Callable, Iterator
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -69,13 +70,21 @@ class Stop:
 _active: list[Stop] = []
 
 
-def _on_signal(signal_number: int, _frame: object) -> None:
+def _on_signal(signal_number: int, frame: types.FrameType | None) -> None:
+    # CPython runs a Python-level handler at the next bytecode boundary, and that can be inside
+    # the handler of a signal that came just before (a SIGTERM right after a SIGINT, on a busy
+    # machine): then `frame` is that handler's, and its signal is the first.
+    if frame is not None and frame.f_code is _ON_SIGNAL_CODE:
+        signal_number = frame.f_locals.get("signal_number", signal_number)
     stop = _active[-1] if _active else None
     if stop is not None:
         if stop.first is not None or stop.closed:
             return  # the first signal decided; this one must not disturb the clean-up
         stop.first = signal_number
     raise Interrupted(signal_number)
+
+
+_ON_SIGNAL_CODE = _on_signal.__code__
 
 
 def active_stop() -> Stop | None:

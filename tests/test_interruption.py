@@ -243,3 +243,37 @@ def test_first_signal_decides_in_process():
     assert caught.value.message() == "interrupted by SIGINT; lost: everything"
     assert stop.first == signal.SIGINT
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_a_signal_handled_inside_the_first_ones_handler_does_not_take_its_place():
+    """CPython runs a signal's Python-level handler at the next bytecode boundary, which can be
+    inside the handler of the signal just before it (a SIGTERM sent right after a SIGINT, on a
+    busy machine). A trace function plays that here: as SIGINT's handler starts, SIGTERM's
+    handler runs on its frame, before SIGINT's has recorded anything. SIGINT must still be the
+    first signal, and the one raised."""
+    import sys
+
+    from simulator import interruption
+
+    stop = interruption.Stop()
+    interruption._active.append(stop)
+
+    def tracer(frame, event, _arg):
+        is_sigint_handler = (
+            frame.f_code is interruption._ON_SIGNAL_CODE
+            and frame.f_locals.get("signal_number") == signal.SIGINT
+        )
+        if event == "call" and is_sigint_handler:
+            sys.settrace(None)
+            interruption._on_signal(signal.SIGTERM, frame)
+        return None
+
+    try:
+        sys.settrace(tracer)
+        with pytest.raises(interruption.Interrupted) as caught:
+            interruption._on_signal(signal.SIGINT, None)
+    finally:
+        sys.settrace(None)
+        interruption._active.remove(stop)
+    assert caught.value.signal_number == signal.SIGINT
+    assert stop.first == signal.SIGINT
