@@ -23,7 +23,7 @@ rows and the still-live parents in the order they were disaggregated.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..engine.request import Request, RequestState
 from ..metrics.request_table import ParentRecords, RequestTable
@@ -107,14 +107,15 @@ class Disaggregator:
     def route(
         self,
         req: Request,
-        snapshot: Callable[[int], InstanceSnapshot],
+        snapshots: Callable[[Sequence[int]], list[InstanceSnapshot]],
         now_us: int,
         dispatch: Callable[[Request, int], None],
         fallback: RoutingPolicy,
     ) -> None:
-        """Decide and dispatch `req`: `dispatch(request, instance_index)` sends a (sub-)request
-        to an instance's inbox and counts it in flight."""
-        decode_candidates = [snapshot(i) for i in self.pools.decode.members]
+        """Decide and dispatch `req`: `snapshots(indices)` reads those instances now (in one
+        call per pool), `dispatch(request, instance_index)` sends a (sub-)request to an
+        instance's inbox and counts it in flight."""
+        decode_candidates = snapshots(self.pools.decode.members)
         decode_choice = self.decode_routing.route(req, decode_candidates, now_us)
         ctx = DecisionContext(decode_choice.target, self.kv_probe, self.block_size)
         disaggregate, reason = self.decider.decide(req, ctx)
@@ -122,7 +123,7 @@ class Disaggregator:
             "disaggregation", req, now_us, disaggregate=disaggregate, reason=reason
         )
         if disaggregate:
-            prefill_candidates = [snapshot(i) for i in self.pools.prefill.members]
+            prefill_candidates = snapshots(self.pools.prefill.members)
             decision = self.prefill_routing.route(req, prefill_candidates, now_us)
             chosen = next(c for c in prefill_candidates if c.index == decision.target)
             self.prefill_routing.observe(req, chosen)
@@ -140,7 +141,7 @@ class Disaggregator:
             self._routed += 1
             dispatch(sub, decision.target)
         elif self.pools.unified:
-            candidates = [snapshot(i) for i in self.pools.unified.members]
+            candidates = snapshots(self.pools.unified.members)
             decision = fallback.route(req, candidates, now_us)
             fallback.observe(req, next(c for c in candidates if c.index == decision.target))
             self.trace.record_routing(req, now_us, decision, candidates)

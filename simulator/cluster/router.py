@@ -147,7 +147,11 @@ class Router:
         now = self.env.now
         if self.pd is not None:
             self.pd.route(
-                req, lambda i: self.snapshots.get(i, now), now, self.dispatch, self.routing
+                req,
+                lambda indices: self.snapshots.get_many(indices, now),
+                now,
+                self.dispatch,
+                self.routing,
             )
             return
         if not self.served.routable[key]:
