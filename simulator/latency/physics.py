@@ -137,6 +137,14 @@ class PhysicsCoefficients:
     network_latency_us: float = 10.0
 
     def check(self, where: str = "physics coefficients") -> PhysicsCoefficients:
+        def at_least_zero(value: object) -> bool:
+            return (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value >= 0
+            )
+
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.endswith("efficiency"):
@@ -145,11 +153,7 @@ class PhysicsCoefficients:
             elif f.name == "gemm_fixed_rows" and not (is_finite_positive(value) or value == 0):
                 raise invalid(f"{where}: {f.name}", value, "must be a number >= 0")
             elif f.name == "output_lag_steps" and not (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value >= 0
-                and value == int(value)
+                at_least_zero(value) and value == int(value)
             ):
                 raise invalid(
                     f"{where}: {f.name}",
@@ -157,12 +161,7 @@ class PhysicsCoefficients:
                     "must be a whole number of steps >= 0 (the planned steps a request "
                     "reaching the engine mid-step misses)",
                 )
-            elif not (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value >= 0
-            ):
+            elif not at_least_zero(value):
                 raise invalid(f"{where}: {f.name}", value, "must be a number >= 0 (µs)")
         return self
 
