@@ -275,6 +275,7 @@ BandwidthOrOff = number(
 )
 Seed = integer(0, MAX_SEED, "", _WHY["seed"])
 BytesPerToken = integer(1, MAX_BYTES_PER_TOKEN, "bytes", _WHY["bytes per token"])
+TransferSlots = integer(1, MAX_REQUESTS, "transfers", "a run has at most 10^8 requests")
 TokenBucketTokens = number(
     0,
     MAX_TOKEN_BUCKET_TOKENS,

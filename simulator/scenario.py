@@ -59,6 +59,7 @@ from .limits import (
     TokenBucketTokens,
     TokenRate,
     Tokens,
+    TransferSlots,
     number,
 )
 from .lora_setup import LoRASpec
@@ -331,6 +332,9 @@ class PDSpec(_Strict):
     transfer_base_latency_ms: Milliseconds = 0.05
     kv_bytes_per_token: BytesPerToken | None = Field(None, description="None = model geometry")
     transfer_contention: Flag = True
+    transfer_slots: TransferSlots | None = Field(
+        None, description="in flight at most; None = no limit"
+    )
     prefill: PoolSpec = Field(default_factory=PoolSpec)
     decode: PoolSpec = Field(default_factory=PoolSpec)
 

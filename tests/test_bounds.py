@@ -255,6 +255,7 @@ SCENARIO_INTS: list[IntField] = [
             ("pd.prefix_threshold", 0, MAX_TOKENS),
             ("pd.prompt_length_threshold", 0, MAX_TOKENS),
             ("pd.kv_bytes_per_token", 1, MAX_BYTES_PER_TOKEN),
+            ("pd.transfer_slots", 1, MAX_REQUESTS),
             ("pd.prefill.tp", 1, MAX_GPUS_PER_NODE),
             ("pd.decode.max_model_len", 0, MAX_TOKENS),
             ("pd.decode.total_kv_blocks", 1, MAX_KV_BLOCKS),

@@ -108,6 +108,7 @@ def clusters(draw, instances: int) -> dict[str, Any]:
             "decider": draw(st.sampled_from(sorted(PD_DECIDERS))),
             "transfer_contention": draw(st.booleans()),
             "transfer_bandwidth_gb_per_s": draw(st.sampled_from([0.01, 25.0, 400.0])),
+            "transfer_slots": draw(st.sampled_from([None, 1, 3])),
         }
         if cluster["pd"]["decider"] == "prefix-threshold":
             cluster["pd"]["prefix_threshold"] = draw(st.sampled_from([0, 16, 512]))

@@ -117,6 +117,7 @@ SCENARIO_FIELDS = {
     "pd_transfer_bandwidth": "cluster.pd.transfer_bandwidth_gb_per_s",
     "pd_transfer_base_latency": "cluster.pd.transfer_base_latency_ms",
     "pd_kv_bytes_per_token": "cluster.pd.kv_bytes_per_token",
+    "pd_transfer_slots": "cluster.pd.transfer_slots",
     "prefill_hardware": "cluster.pd.prefill.hardware",
     "decode_hardware": "cluster.pd.decode.hardware",
     "prefill_tp": "cluster.pd.prefill.tp",
@@ -655,6 +656,14 @@ def common_flags(
             _PD,
             "on | off (also true | false): concurrent transfers share the link's bandwidth "
             "(default on)",
+        ),
+    ] = None,
+    pd_transfer_slots: Annotated[
+        int | None,
+        _opt(
+            "--pd-transfer-slots",
+            _PD,
+            "KV transfers in flight at most; more wait their turn (default: no limit)",
         ),
     ] = None,
     prefill_hardware: Annotated[

@@ -569,6 +569,7 @@ def _build_pd(
             spec.transfer_base_latency_ms,
             contention=spec.transfer_contention,
             priority=ROUTER,
+            slots=spec.transfer_slots,
         ),
         spec.kv_bytes_per_token or kv_bytes_per_token,
         kv_probe,

@@ -8,6 +8,11 @@ setup; it does not use bandwidth), then its bytes join the link. Two bandwidth m
   equal transfers started together each take twice as long as one alone.
 * contention off (BLIS's model): every transfer drains at the full bandwidth, independently.
 
+Optionally the link has transfer slots (`cluster.pd.transfer_slots`, a `simpy.Resource`): at
+most that many transfers are in flight (base latency, bytes or completion due); one that
+finds them all taken waits, first come first served, and starts — base latency first — when a
+slot frees. Without it (the default, as BLIS) transfers never wait for one another to start.
+
 `SharedLink` is the plain-Python core, in exact (float) microseconds. `KVTransferLink` is the
 link's SimPy process on the integer µs clock: requesters put transfers into its `requests`
 Store; the process waits for the next of a new request and its own next wake-up (a join or a
@@ -37,6 +42,7 @@ from ..metrics.request_table import StringColumn
 
 BANDWIDTH_FIELD = "cluster.pd.transfer_bandwidth_gb_per_s"
 BASE_LATENCY_FIELD = "cluster.pd.transfer_base_latency_ms"
+SLOTS_FIELD = "cluster.pd.transfer_slots"
 
 TransferId = Hashable
 
@@ -285,6 +291,7 @@ class _Pending:
     on_done: Callable[[int], None]
     concurrency_at_start: int = 0
     shared: bool = False  # ever had company on the link (then BLIS's formula does not apply)
+    slot: simpy.Event | None = None  # its request for a transfer slot, once made
 
 
 class KVTransferLink:
@@ -295,6 +302,11 @@ class KVTransferLink:
     requester's continuation) at `end_us`. The process waits on `requests.get() | wake-up`,
     its wake-ups carry `priority`, and it resumes at `LINK_RESUME`, right after whichever woke
     it, so a completion is handled where a callback on the wake-up would have been.
+
+    `slots` (None: no limit) bounds the transfers in flight with a `simpy.Resource` the
+    process holds (`slot_pool`): a transfer takes a slot when the process takes its request,
+    or waits in the pool's queue and comes back through `requests` when a slot frees (its base
+    latency starts then), and gives it back when its completion is reported.
 
     `bandwidth_field` and `base_latency_field` name the settings in errors (the PD link's by
     default; an instance's host link passes the engine's). A transfer that would end beyond
@@ -309,9 +321,14 @@ class KVTransferLink:
         contention: bool = True,
         priority: int = 0,
         *,
+        slots: int | None = None,
         bandwidth_field: str = BANDWIDTH_FIELD,
         base_latency_field: str = BASE_LATENCY_FIELD,
     ) -> None:
+        if slots is not None and (
+            isinstance(slots, bool) or not isinstance(slots, int) or slots < 1
+        ):
+            raise invalid(SLOTS_FIELD, slots, "must be a whole number >= 1, or null for no limit")
         if not is_finite_positive(bandwidth_gb_per_s):
             raise invalid(bandwidth_field, bandwidth_gb_per_s, "must be a finite number > 0")
         if (
@@ -344,6 +361,10 @@ class KVTransferLink:
         self._due: list[tuple[int, int, _Pending]] = []
         self._seq = itertools.count()
         self.requests = simpy.Store(env)
+        self.transfer_slots = slots
+        self.slot_pool = simpy.Resource(env, capacity=slots) if slots is not None else None
+        # Waiting for a slot, in request order (the pool's queue holds their requests).
+        self._awaiting_slot: dict[TransferId, _Pending] = {}
         env.process(self._run())
 
     # ------------------------------------------------------------------ public
@@ -361,8 +382,10 @@ class KVTransferLink:
             and size_bytes >= 0
         ):
             raise ValueError(f"transfer size_bytes must be finite and >= 0, got {size_bytes!r}")
-        if transfer_id in self._on_link or any(
-            p.transfer_id == transfer_id for p in (*self._waiting, *self.requests.items)
+        if (
+            transfer_id in self._on_link
+            or transfer_id in self._awaiting_slot
+            or any(p.transfer_id == transfer_id for p in (*self._waiting, *self.requests.items))
         ):
             raise ValueError(f"transfer {transfer_id!r} is already in flight")
         now = int(self.env.now)
@@ -374,8 +397,19 @@ class KVTransferLink:
 
     @property
     def in_flight(self) -> int:
-        """Transfers started and not yet reported done."""
-        return len(self.requests.items) + len(self._waiting) + len(self._on_link) + len(self._due)
+        """Transfers started and not yet reported done (waiting for a slot included)."""
+        return (
+            len(self.requests.items)
+            + len(self._awaiting_slot)
+            + len(self._waiting)
+            + len(self._on_link)
+            + len(self._due)
+        )
+
+    @property
+    def awaiting_slot(self) -> int:
+        """Transfers requested that wait for a free slot."""
+        return len(self._awaiting_slot)
 
     @property
     def active_count(self) -> int:
@@ -458,11 +492,32 @@ class KVTransferLink:
                 either.tie_priority = LINK_RESUME
                 yield either
             if get.processed:
-                self._waiting.append(get.value)
+                self._take(get.value)
                 get = self.requests.get()
             if timer is not None and timer.processed and timer_us == int(env.now):
                 timer = None
                 self._wake()
+
+    def _take(self, pending: _Pending) -> None:
+        """A transfer request reaches the process: it goes into its base latency now, unless
+        every slot is taken (then it queues for one, `_granted`)."""
+        pool = self.slot_pool
+        if pool is None or pending.slot is not None:
+            self._waiting.append(pending)
+            return
+        pending.slot = pool.request()
+        if pending.slot.triggered:  # a slot was free
+            self._waiting.append(pending)
+        else:
+            self._awaiting_slot[pending.transfer_id] = pending
+            pending.slot.callbacks.append(lambda _ev, p=pending: self._granted(p))
+
+    def _granted(self, pending: _Pending) -> None:
+        """A slot freed for a queued transfer: its base latency starts now, and it comes back
+        to the process through `requests` (the process waits on that Store)."""
+        del self._awaiting_slot[pending.transfer_id]
+        pending.start_us = int(self.env.now) + self.base_latency_us
+        self.requests.put(pending)
 
     def _wake(self) -> None:
         now = int(self.env.now)
@@ -473,6 +528,8 @@ class KVTransferLink:
             done.append((end_us, pending))
         for end_us, pending in done:
             self._record(pending, end_us)
+            if pending.slot is not None:
+                self.slot_pool.release(pending.slot)
         # Continuations last: they may start new transfers (into `requests`).
         for end_us, pending in done:
             pending.on_done(end_us)

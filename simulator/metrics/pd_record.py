@@ -66,6 +66,7 @@ class LinkRecord:
     mean_concurrency_at_start: float
     bandwidth_bytes_per_us: float
     base_latency_us: float
+    transfer_slots: int | None  # transfers in flight at most (None: no limit)
     # Transfers not completed when the run ended, as (start_us, end_us): end_us None for one
     # still draining (it counts until the end of the run), the due time for one whose bytes
     # were done; in the order the link reports them.

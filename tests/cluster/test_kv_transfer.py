@@ -23,13 +23,16 @@ def run_transfers(
     bandwidth_gb_per_s: float = 1.0,
     base_latency_ms: float = 0.0,
     contention: bool = True,
+    slots: int | None = None,
 ) -> tuple[KVTransferLink, dict[int, int]]:
     """Start transfer i (size starts[i][1] bytes) at time starts[i][0]; return end time per i.
 
     Every on_done is checked to fire at exactly the end time it reports, once.
     """
     env = simpy.Environment()
-    link = KVTransferLink(env, bandwidth_gb_per_s, base_latency_ms, contention=contention)
+    link = KVTransferLink(
+        env, bandwidth_gb_per_s, base_latency_ms, contention=contention, slots=slots
+    )
     ends: dict[int, int] = {}
 
     def on_done(i: int, end_us: int) -> None:
@@ -335,3 +338,79 @@ def test_the_link_is_a_process_fed_through_a_store_and_resumes_where_its_wake_up
     env.run()
     assert order == ["link@1000", "other@1000"]
     assert link.in_flight == 0 and not link.requests.items
+
+
+# --------------------------------------------------------------------------- transfer slots
+
+
+@pytest.mark.parametrize("contention", [True, False])
+def test_one_slot_makes_simultaneous_transfers_queue(contention):
+    """Slots: 1. Three transfers of 1,000,000 B requested together at t = 0 on a 1 GB/s link
+    with 50 µs of base latency: each alone takes 50 + 1,000,000 / 1,000 = 1,050 µs, and each
+    starts (base latency first) when the one before is reported done: ends 1,050, 2,100 and
+    3,150 µs, bytes joining at 50, 1,100 and 2,150 µs; contention has nothing to share."""
+    link, ends = run_transfers(
+        [(0, 1_000_000)] * 3, base_latency_ms=0.05, contention=contention, slots=1
+    )
+    assert ends == {0: 1050, 1: 2100, 2: 3150}
+    assert [r.start_us for r in link.records] == [50.0, 1100.0, 2150.0]
+    assert [r.concurrency_at_start for r in link.records] == [1, 1, 1]
+    assert link.peak_concurrency == 1
+    assert link.in_flight == 0 and link.awaiting_slot == 0
+
+
+def test_two_slots_share_the_link_and_the_third_waits():
+    """Slots: 2, contention on, no base latency, 1 GB/s. Three 1,000,000 B transfers at t = 0:
+    the first two share the link (500 B/µs each) and both end at 2,000 µs; the third starts
+    then, alone, and ends at 3,000 µs."""
+    link, ends = run_transfers([(0, 1_000_000)] * 3, contention=True, slots=2)
+    assert ends == {0: 2000, 1: 2000, 2: 3000}
+    assert link.peak_concurrency == 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    transfers=st.lists(
+        st.tuples(st.integers(0, 3000), st.integers(0, 3_000_000)), min_size=1, max_size=12
+    ),
+    slots=st.integers(1, 4),
+    contention=st.booleans(),
+    base_latency_ms=st.sampled_from([0.0, 0.05, 0.3]),
+)
+def test_slot_laws(transfers, slots, contention, base_latency_ms):
+    """With k slots: every transfer is reported once; at no time are more than k transfers in
+    flight (from their slot's start, requested or freed, to their reported end); slots are
+    handed out first come first served; a transfer waits for a slot only while k others are in
+    flight; and with at least as many slots as transfers the link is the unlimited one."""
+    base_us = base_latency_ms * 1000
+    link, ends = run_transfers(
+        transfers, base_latency_ms=base_latency_ms, contention=contention, slots=slots
+    )
+    assert sorted(ends) == list(range(len(transfers)))
+    records = {r.transfer_id: r for r in link.records}
+    slot_start = {i: records[i].start_us - base_us for i in ends}  # when its slot was taken
+    for i, (requested, _size) in enumerate(transfers):
+        assert slot_start[i] >= requested - 1e-9
+        # Waiting only while every slot is held by a transfer that took its slot before.
+        if slot_start[i] > requested + 1e-9:
+            holders = [j for j in ends if slot_start[j] <= requested + 1e-9 < ends[j]]
+            assert len(holders) >= slots
+    moments = sorted({t for i in ends for t in (slot_start[i], ends[i])})
+    for t in moments:
+        in_flight = sum(1 for i in ends if slot_start[i] <= t < ends[i])
+        assert in_flight <= slots
+    # First come first served: requested earlier (or at once, started first) -> slot no later.
+    order = sorted(range(len(transfers)), key=lambda i: (transfers[i][0], i))
+    starts_in_order = [slot_start[i] for i in order]
+    assert starts_in_order == sorted(starts_in_order)
+    if slots >= len(transfers):
+        _, unlimited = run_transfers(
+            transfers, base_latency_ms=base_latency_ms, contention=contention
+        )
+        assert ends == unlimited
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_slots(bad):
+    with pytest.raises(ConfigError, match=r"cluster\.pd\.transfer_slots"):
+        KVTransferLink(simpy.Environment(), 25.0, 0.05, slots=bad)

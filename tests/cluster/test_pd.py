@@ -3,8 +3,11 @@ hand-checked timeline, and behaviour that shows why PD exists."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +58,7 @@ def pd_scenarios(draw):
                 "prompt_length_threshold": 100 if decider == "prompt-length" else None,
                 "transfer_bandwidth_gb_per_s": draw(st.sampled_from([1.0, 25.0])),
                 "transfer_contention": draw(st.booleans()),
+                "transfer_slots": draw(st.sampled_from([None, None, 1, 2])),
             },
         },
     }
@@ -87,6 +91,12 @@ def test_pd_invariants(scenario):
         assert p.transfer_start_us < 0 or p.transfer_start_us == pre.completion_us  # A4
     # INV-PD-3: every transfer that started completed (no horizon)
     assert result.pd.link.initiated == len(result.pd.link.records)
+    slots = scenario["cluster"]["pd"]["transfer_slots"]
+    if slots is not None:  # no more transfers on the link than it has slots
+        assert result.pd.link.peak_concurrency <= slots
+        assert (result.transfers.slot_wait_us >= 0).all()
+    else:
+        assert (result.transfers.slot_wait_us == 0).all()
     assert all(p.transfer_end_us >= 0 for p in parents if p.transfer_start_us >= 0)
     # INV-PD-5: pools are fixed: prefill first, then decode, then unified
     assert result.instance_roles[:4] == ["prefill", "prefill", "decode", "decode"]
@@ -239,11 +249,9 @@ def test_decode_cache_mode_keeps_cached_prompts_local():
     assert result.summary["completed_requests"] == 20
 
 
-@pytest.mark.parametrize("contention, factor", [(True, 2.0), (False, 1.0)])
-def test_simultaneous_transfers_share_the_link(contention, factor):
-    """Two equal prompts finish prefill together on two prefill instances: with contention
-    each transfer takes twice as long as alone; without it, as long as alone."""
-    workload = {
+def _two_simultaneous_prompts() -> dict:
+    """Two clients each sending one 1,000-token prompt at t = 0 (5 output tokens)."""
+    return {
         "version": "2",
         "aggregate_rate": 1,
         "num_requests": 2,
@@ -258,9 +266,15 @@ def test_simultaneous_transfers_share_the_link(contention, factor):
             for i in range(2)
         ],
     }
+
+
+@pytest.mark.parametrize("contention, factor", [(True, 2.0), (False, 1.0)])
+def test_simultaneous_transfers_share_the_link(contention, factor):
+    """Two equal prompts finish prefill together on two prefill instances: with contention
+    each transfer takes twice as long as alone; without it, as long as alone."""
     result = simulator.simulate(
         _pd_scenario(
-            workload,
+            _two_simultaneous_prompts(),
             decider="always",
             transfer_contention=contention,
             transfer_base_latency_ms=0,
@@ -274,10 +288,45 @@ def test_simultaneous_transfers_share_the_link(contention, factor):
     assert np.allclose(t.duration_us, factor * alone_us, atol=1)
 
 
+@pytest.mark.parametrize("contention", [True, False])
+def test_one_transfer_slot_makes_the_second_transfer_wait_its_turn(contention, tmp_path):
+    """The two transfers above with `transfer_slots: 1`: the first runs alone (131,072 µs),
+    the second waits exactly that long for the slot and then runs alone too, whatever the
+    contention model (nothing shares the link). The same from a scenario file."""
+    scenario = _pd_scenario(
+        _two_simultaneous_prompts(),
+        decider="always",
+        transfer_contention=contention,
+        transfer_base_latency_ms=0,
+        transfer_bandwidth_gb_per_s=1.0,
+        transfer_slots=1,
+    )
+    result = simulator.simulate(scenario)
+    t = result.transfers.sort_values("start_us")
+    alone_us = 131_072  # 1000 tokens × 131,072 B/token at 1 GB/s
+    assert t.requested_us.nunique() == 1
+    assert t.slot_wait_us.tolist() == [0, alone_us]
+    assert t.duration_us.tolist() == [alone_us, 2 * alone_us]
+    assert t.concurrency_at_start.tolist() == [1, 1]
+    metrics = result.pd_metrics
+    assert metrics["link_transfer_slots"] == 1 and metrics["link_peak_concurrency"] == 1
+    assert metrics["transfer_slot_wait_mean_us"] == alone_us / 2
+    path = tmp_path / "slots.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    assert simulator.simulate(path).transfers.equals(result.transfers)
+
+
 @pytest.mark.parametrize(
     "cluster, needle",
     [
         ({"pd": {"decider": "always"}}, "needs both pools"),
+        (
+            {
+                "num_instances": 2,
+                "pd": {"prefill_instances": 1, "decode_instances": 1, "transfer_slots": 0},
+            },
+            r"cluster\.pd\.transfer_slots",
+        ),  # fmt: skip
         ({"num_instances": 3, "pd": {"prefill_instances": 2, "decode_instances": 2}}, "exceeds"),
         ({"num_instances": 2, "pd": {"prefill_instances": 1}}, "must both be > 0"),
         (
@@ -316,6 +365,7 @@ def test_bad_pd_configuration_is_rejected(cluster, needle):
             "unknown PD decider 'sometimes'",
         ),  # fmt: skip
         (["--pd-transfer-contention", "maybe"], "--pd-transfer-contention"),
+        (["--pd-transfer-slots", "0"], "transfer_slots"),
         (
             [
                 "--num-instances",
@@ -357,6 +407,25 @@ def test_pd_flags_run_end_to_end(tmp_path):
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "=== PD Metrics ===" in res.stdout
+
+
+def test_transfer_slots_flag_runs_end_to_end(tmp_path):
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(
+        app,
+        ["run", "--num-requests", "200", "--rate", "20", "--num-instances", "4",
+         "--prefill-instances", "2", "--decode-instances", "2", "--pd-decider", "always",
+         "--prompt-tokens", "4000", "--pd-transfer-slots", "1", "--results-path", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(out.read_text())["pd"]
+    assert metrics["link_transfer_slots"] == 1
+    assert metrics["link_peak_concurrency"] == 1
+    assert metrics["transfer_slot_wait_mean_us"] > 0  # 21 ms transfers at 20 req/s do meet
 
 
 def test_sub_requests_inherit_the_private_mark_and_each_instance_sees_one_phase():

@@ -54,6 +54,7 @@ def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.Da
         "duration_us",
         "contention_delay_us",
         "concurrency_at_start",
+        "slot_wait_us",
     ]
     if pd_state is None:
         return pd.DataFrame(columns=columns)
@@ -86,6 +87,7 @@ def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.Da
                 duration,
                 duration - link.lone_duration_us(size),
                 concurrency,
+                start - requested - link.base_latency_us,
             )
         )
     return pd.DataFrame.from_records(rows, columns=columns)
@@ -108,6 +110,7 @@ def pd_metrics(
     )
     ttft = (first - arrival)[first >= 0].astype(np.int64)
     durations = transfers.duration_us.to_numpy(dtype=np.int64)
+    slot_waits = transfers.slot_wait_us.to_numpy(dtype=np.float64)
     completed_transfers = int(np.count_nonzero(transfer_end >= 0))
     end = max(summary["vllm_estimated_duration_s"] * 1e6, 1.0)
     return {
@@ -125,6 +128,9 @@ def pd_metrics(
         "transfer_duration_p50_us": pct(durations, 50),
         "transfer_duration_p95_us": pct(durations, 95),
         "transfer_duration_p99_us": pct(durations, 99),
+        "link_transfer_slots": d.link.transfer_slots,
+        "transfer_slot_wait_mean_us": mean(slot_waits),
+        "transfer_slot_wait_p99_us": pct(slot_waits, 99),
         "link_peak_concurrency": d.link.peak_concurrency,
         "link_mean_concurrency_at_start": d.link.mean_concurrency_at_start,
         "link_time_weighted_concurrency": d.link.time_weighted_mean_concurrency(int(end)),
