@@ -1,8 +1,9 @@
 """Every shipped scenario gives exactly the results it gave when its digest was recorded: a
 change to the engine, the latency models or the workload generator that moves any summary
 figure or any request's timing shows up here (issue 30: results byte-identical before and
-after a speed change). The law that makes such a golden meaningful — same inputs, same seed,
-byte-identical output, whatever the process's hash seed — is tests/test_determinism.py's.
+after a speed change), and the reference path must give the same digests (issue 29). The
+law that makes such a golden meaningful — same inputs, same seed, byte-identical output,
+whatever the process's hash seed — is tests/test_determinism.py's.
 
 After a deliberate change of results, regenerate with SERVESIM_REGEN_GOLDEN=1 and say in the
 commit which scenarios moved and why."""
@@ -31,12 +32,12 @@ OVERLOADED_ON_PURPOSE = {"preemption.yaml"}
 
 
 @functools.cache
-def _run(path: Path) -> simulator.Result:
-    return simulator.simulate(path, warn_unsteady=False)
+def _run(path: Path, reference: bool = False) -> simulator.Result:
+    return simulator.simulate(path, warn_unsteady=False, reference=reference)
 
 
-def _digest(path: Path) -> dict[str, str]:
-    result = _run(path)
+def _digest(path: Path, reference: bool = False) -> dict[str, str]:
+    result = _run(path, reference)
     summary = json.dumps(result.summary, sort_keys=True).encode()
     requests = json.dumps(result.blis_request_records(), sort_keys=True).encode()
     return {
@@ -60,6 +61,14 @@ def test_every_scenario_has_a_recorded_digest(golden):
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario_results_are_unchanged(path, golden):
     assert _digest(path) == golden[path.name]
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_the_reference_path_gives_every_scenario_the_same_results(path, golden):
+    """The accelerations (simulator/engine/options.py) change nothing on any shipped scenario:
+    with every one of them off (`reference=True`: each request handled one at a time, every
+    step its own event, finished requests kept as objects) the digest is the recorded one."""
+    assert _digest(path, reference=True) == golden[path.name]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
