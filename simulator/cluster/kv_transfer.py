@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from ..engine.events import LINK_RESUME, PriorityTimeout
+from ..engine.events import LINK_RESUME, PriorityEvent, PriorityTimeout
 from ..errors import invalid, is_finite_positive
 from ..limits import MAX_TIME_US, check_time_us, duration_us
 from ..metrics.pd_record import lone_transfer_us, time_weighted_concurrency
@@ -299,9 +299,12 @@ class KVTransferLink:
 
     `start(id, size_bytes, on_done)` puts a transfer request into the Store now; the link
     process takes it, adds its bytes after the base latency, and calls `on_done(end_us)` (the
-    requester's continuation) at `end_us`. The process waits on `requests.get() | wake-up`,
-    its wake-ups carry `priority`, and it resumes at `LINK_RESUME`, right after whichever woke
-    it, so a completion is handled where a callback on the wake-up would have been.
+    requester's continuation) at `end_us`. The process waits for whichever of
+    `requests.get()` and its wake-up fires first: both have a callback (`_rouse`) that succeeds
+    the event it waits on (`_alarm`, at `LINK_RESUME`), so it resumes right after whichever
+    woke it — what a `get | wake-up` condition would do, without building a condition per
+    wait — and a completion is handled where a callback on the wake-up would have been. Its
+    wake-ups carry `priority`.
 
     `slots` (None: no limit) bounds the transfers in flight with a `simpy.Resource` the
     process holds (`slot_pool`): a transfer takes a slot when the process takes its request,
@@ -365,6 +368,7 @@ class KVTransferLink:
         self.slot_pool = simpy.Resource(env, capacity=slots) if slots is not None else None
         # Waiting for a slot, in request order (the pool's queue holds their requests).
         self._awaiting_slot: dict[TransferId, _Pending] = {}
+        self._alarm: simpy.Event | None = None  # what the process waits on with a wake-up armed
         env.process(self._run())
 
     # ------------------------------------------------------------------ public
@@ -470,7 +474,9 @@ class KVTransferLink:
         finished ones. A wake-up whose time has not changed is kept (the same event), so
         simultaneous events keep the order they had when it was made."""
         env = self.env
+        rouse = self._rouse
         get = self.requests.get()
+        get.callbacks.append(rouse)
         timer: simpy.Event | None = None
         timer_us = -1
         while True:
@@ -487,16 +493,26 @@ class KVTransferLink:
                             f"{self._settings()}: {self.active_count} KV transfers sharing the "
                             "link end",
                         )
+                    if timer is not None and not timer.processed:
+                        timer.callbacks.remove(rouse)  # superseded: it must not wake the link
                     timer, timer_us = PriorityTimeout(env, wake_us - now, self.priority), wake_us
-                either = get | timer
-                either.tie_priority = LINK_RESUME
-                yield either
+                    timer.callbacks.append(rouse)
+                # Whichever of the two fires first succeeds this event, which resumes the
+                # process at LINK_RESUME: what `get | timer` does, without a condition's cost.
+                self._alarm = PriorityEvent(env, LINK_RESUME)
+                yield self._alarm
             if get.processed:
                 self._take(get.value)
                 get = self.requests.get()
+                get.callbacks.append(rouse)
             if timer is not None and timer.processed and timer_us == int(env.now):
                 timer = None
                 self._wake()
+
+    def _rouse(self, _event: simpy.Event) -> None:
+        alarm = self._alarm
+        if alarm is not None and not alarm.triggered:
+            alarm.succeed()
 
     def _take(self, pending: _Pending) -> None:
         """A transfer request reaches the process: it goes into its base latency now, unless
