@@ -59,6 +59,8 @@ def pd_scenarios(draw):
                 "transfer_bandwidth_gb_per_s": draw(st.sampled_from([1.0, 25.0])),
                 "transfer_contention": draw(st.booleans()),
                 "transfer_slots": draw(st.sampled_from([None, None, 1, 2])),
+                # 0.3 µs: requested + base is not a whole number, and no wait must read as 0.
+                "transfer_base_latency_ms": draw(st.sampled_from([0.05, 0.0003])),
             },
         },
     }

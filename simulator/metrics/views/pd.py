@@ -87,7 +87,7 @@ def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.Da
                 duration,
                 duration - link.lone_duration_us(size),
                 concurrency,
-                start - requested - link.base_latency_us,
+                start - (requested + link.base_latency_us),  # 0.0 exactly without a wait
             )
         )
     return pd.DataFrame.from_records(rows, columns=columns)
