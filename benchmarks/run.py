@@ -236,10 +236,10 @@ def compile_tree(tree: Path | None = None) -> None:
     lazily; from a fresh export or worktree, or with PYTHONDONTWRITEBYTECODE set (so nothing
     is ever written), Python would compile them from source inside it, every run, and a
     before tree without bytecode would look slower than it is (case (a) by about 8 %)."""
-    env = tree_env(tree)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    from whole_process import compile_package
+
     package = (tree if tree is not None else HERE.parent) / "simulator"
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True, env=env)
+    compile_package(sys.executable, package, tree_env(tree))
 
 
 def run_child(name: str, tree: Path | None = None) -> dict:

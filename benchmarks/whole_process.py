@@ -278,8 +278,16 @@ def compile_bytecode(program: Program) -> Path | None:
         cwd=program.cwd,
     )
     package = Path(where.stdout.strip().splitlines()[-1])
-    subprocess.run([python, "-m", "compileall", "-q", str(package)], check=True, env=env)
+    compile_package(python, package, env)
     return package
+
+
+def compile_package(python: str, package: Path, env: dict[str, str]) -> None:
+    """Compile the Python package in folder `package` to bytecode with `python`, as `pip
+    install` does, PYTHONDONTWRITEBYTECODE unset for that one process (run.py's in-process
+    cases use it too)."""
+    env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([python, "-m", "compileall", "-q", str(package)], check=True, env=env)
 
 
 def blis_program(name: str, binary: Path) -> Program:
