@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Iterable
 from os import PathLike, fspath
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -44,7 +44,10 @@ from .workload.generator import WorkloadStream
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
 from .workload.spec import format_spec_error, load_workload_spec
 from .workload.synthetic import V2_EQUIVALENTS, synthetic_to_spec
-from .workload.trace import ClientReplay, load_requests_file, recorded_client
+
+if TYPE_CHECKING:
+    # Traces are read only by the runs that replay one (start-up of the others).
+    from .workload.trace import ClientReplay
 
 __all__ = [
     # running (this module)
@@ -131,9 +134,9 @@ def build_traffic(scenario: Scenario) -> tuple[Iterable[Request], WorkloadStream
     if scenario.trace is not None:
         trace = scenario.trace
         at_schedule = trace.timing == "schedule"
-        if trace.session_mode == "closed-loop":
-            from .workload.trace import closed_loop_replay
+        from .workload.trace import closed_loop_replay, load_requests_file
 
+        if trace.session_mode == "closed-loop":
             return closed_loop_replay(trace, scenario.seed, scenario.horizon_us)
         return load_requests_file(trace.data, trace.header, at_schedule), None
     stream = WorkloadStream(
@@ -293,6 +296,8 @@ def replay(
 def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> ClientReplay:
     """The client of a replay from a `max_in_flight` choice: "auto" (what the recorded client
     did), "off" (the send times) or a positive number (the scheduled times, that cap)."""
+    from .workload.trace import ClientReplay, recorded_client
+
     if max_in_flight is None or max_in_flight == "off":
         return ClientReplay(False, None, "--max-in-flight off")
     if max_in_flight == "auto":

@@ -5,18 +5,21 @@ node that exists. Each deployment is resolved by `deployment.resolve_deployment`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.precision import describe_precision
 from .cluster.cluster import InstanceSetup
 from .cluster.infra_spec import DeploymentSpec, LifecycleSpec, NodePoolSpec
-from .cluster.infrastructure import FleetPlan, SlotPlan
 from .deployment import Deployment, instance_setups, resolve_deployment
 from .errors import ConfigError, invalid
 from .latency.kv_capacity import model_weight_bytes
 from .latency.parallel import Parallelism
 from .scenario import PDSpec, Scenario, apply_overrides
+
+if TYPE_CHECKING:
+    # Imported by the scenarios that have a fleet (start-up of the others).
+    from .cluster.infrastructure import FleetPlan
 
 
 def uses_fleet(scenario: Scenario) -> bool:
@@ -41,6 +44,8 @@ def plan_fleet(
     scenario too, with PD pool sizes filled in from the deployments' roles."""
     if not uses_fleet(scenario):
         return instance_setups(scenario, deployment), None, scenario
+    from .cluster.infrastructure import FleetPlan, SlotPlan
+
     specs = scenario.deployments or [
         DeploymentSpec(name="default", num_instances=scenario.cluster.num_instances)
     ]

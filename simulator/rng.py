@@ -14,3 +14,11 @@ import numpy as np
 def subsystem_rng(seed: int, name: str) -> np.random.Generator:
     key = zlib.crc32(name.encode("utf-8"))
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(key,))))
+
+
+def stream_seed(seed: int, *names: str) -> np.random.Generator:
+    """The random stream `names` of a run seeded `seed`: one seeding rule for every stream of
+    a client (its lengths and arrivals in the workload generator, its users' think times in
+    closed_loop.py), so adding a stream never shifts another's draws."""
+    key = tuple(zlib.crc32(n.encode("utf-8")) for n in names)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))

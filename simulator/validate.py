@@ -759,8 +759,8 @@ def shared_prefix_trace(
     `whole_prompt` shares the whole prompt instead: the load generator's profile.yaml shows
     it cycled through a few dozen fixed prompts (system prompt x user), so vLLM's prefix cache
     served almost all of every prompt after its first occurrence."""
-    from .engine.request import Request
-    from .workload.trace import prefix_key, write_trace
+    from .engine.request import Request, prefix_key
+    from .workload.trace import write_trace
 
     system = SYSTEM_PROMPT_TOKENS.get(run.workload, 0)
     requests = []

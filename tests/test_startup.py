@@ -63,6 +63,46 @@ def test_the_run_and_help_paths_import_nothing_heavy(argv):
     assert _top(_modules_after(argv)) == set()
 
 
+# The modules of features a run may not use: imported by the runs that use them, so a plain
+# run does not build their classes at start-up.
+FEATURE_MODULES = (
+    "simulator.engine.lora",
+    "simulator.engine.speculative",
+    "simulator.cluster.infrastructure",
+    "simulator.cluster.lifecycle",
+    "simulator.cluster.autoscaler",
+    "simulator.metrics.fleet_record",
+    "simulator.workload.closed_loop",
+    "simulator.workload.trace",
+)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--num-requests", "3", "--latency-model", "roofline"],
+        ["run", "scenarios/quickstart.yaml", "--num-requests", "3"],
+    ],
+)
+def test_a_plain_run_imports_no_feature_it_does_not_use(argv):
+    assert _modules_after(argv) & set(FEATURE_MODULES) == set()
+
+
+def test_a_run_with_the_features_imports_them():
+    # The other side of the laziness: the same modules do load when a run uses them (and the
+    # feature tests check that they work).
+    modules = _modules_after(
+        ["run", "--num-requests", "3", "--concurrency", "2", "--think-time-ms", "1",
+         "--lora", "a:8", "--speculative-method", "ngram", "--num-speculative-tokens", "2",
+         "--spec-acceptance-rate", "0.7"]
+    )  # fmt: skip
+    assert {
+        "simulator.engine.lora",
+        "simulator.engine.speculative",
+        "simulator.workload.closed_loop",
+    } <= modules
+
+
 def test_a_run_needs_no_package_outside_the_runtime_dependencies():
     """`click` is not a dependency (typer bundles its own copy); the dev environment has it
     through ray, so a stray `import click` passed every test while `make run` failed on a

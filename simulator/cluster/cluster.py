@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -23,7 +24,6 @@ from ..engine.request import Request, RequestState
 from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
-from ..metrics.fleet_record import capture_fleet
 from ..metrics.instance_record import InstanceRecord, capture_instance
 from ..metrics.pd_record import capture_pd
 from ..metrics.request_table import RequestRecords, RequestTable, request_stats, served_stats
@@ -37,13 +37,18 @@ from ..workload.generator import SessionManager
 from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
 from .disaggregation import PDDecider, make_decider
-from .infrastructure import FleetPlan, Infrastructure
 from .kv_transfer import KVTransferLink
 from .pd import Disaggregator, Pools
 from .prefix_index import CacheSignalView
 from .router import Router, ServedModels
 from .routing import RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
+
+if TYPE_CHECKING:
+    # Node lifecycles are imported by the runs that have a dynamic fleet (start-up of the
+    # others).
+    from ..metrics.fleet_record import FleetRecord
+    from .infrastructure import FleetPlan, Infrastructure
 
 
 class _Source:
@@ -433,6 +438,8 @@ def run_simulation(
             )  # fmt: skip
         )
     if fleet is not None and fleet.dynamic:
+        from .infrastructure import Infrastructure
+
         infra = Infrastructure(
             env,
             fleet,
@@ -514,7 +521,7 @@ def run_simulation(
         decisions=trace,
         pd=capture_pd(pd) if pd is not None else None,
         instance_roles=[s.role for s in setups],
-        infrastructure=capture_fleet(infra) if infra is not None else None,
+        infrastructure=_fleet_record(infra),
         instance_models=instance_models,
         parked_at_end=router.parked_now,
         fleet=fleet,
@@ -623,3 +630,13 @@ def _on_finished(
         source.retire(req)
 
     return on_finished
+
+
+def _fleet_record(infra: Infrastructure | None) -> FleetRecord | None:
+    """The run's nodes and instance lifecycles (`Result.infrastructure`), None without a
+    dynamic fleet."""
+    if infra is None:
+        return None
+    from ..metrics.fleet_record import capture_fleet
+
+    return capture_fleet(infra)

@@ -18,6 +18,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ..latency.base import StepBatch
 from ..limits import MAX_TIME_US, duration_us
@@ -26,12 +27,16 @@ from .accelerator import SteadyDecoders
 from .formation import make_batch_formation
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
-from .lora import LoRAConfig, LoRAState
 from .options import ACCELERATED, EngineOptions
 from .policies import make_priority_policy, make_scheduler
 from .preemption import make_preemption_policy
 from .request import Request, RequestState
-from .speculative import Speculation, SpeculativeConfig
+
+if TYPE_CHECKING:
+    # LoRA and speculative decoding are imported by the engines that use them: a run
+    # without them does not pay for their modules at start-up.
+    from .lora import LoRAConfig
+    from .speculative import SpeculativeConfig
 
 # The context limit of an engine without one (`max_model_len` 0): more tokens than any
 # request computes, so that the same comparisons hold with and without a limit.
@@ -160,10 +165,18 @@ class VLLMEngine:
         self._prev_step_end_us = -1
         # Speculative decoding: drafts per decoding request, their KV, acceptance draws.
         spec = config.speculative
-        self.speculation = Speculation(spec) if spec is not None else None
+        self.speculation = None
+        if spec is not None:
+            from .speculative import Speculation
+
+            self.speculation = Speculation(spec)
         self._planned_draft_us = 0
         # LoRA adapters: GPU slots, CPU cache, per-adapter statistics.
-        self.lora = LoRAState(config.lora) if config.lora is not None else None
+        self.lora = None
+        if config.lora is not None:
+            from .lora import LoRAState
+
+            self.lora = LoRAState(config.lora)
         # The computed-token count at which a request is length-capped (`context_room`).
         mml = config.max_model_len
         self.context_limit = mml - 1 if mml > 0 else NO_CONTEXT_LIMIT

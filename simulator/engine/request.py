@@ -388,3 +388,22 @@ _FINAL_STATES = frozenset(
         RequestState.FAILED,
     }
 )
+
+
+def prefix_key(group: str) -> tuple[str, str]:
+    """Segment key of a prefix group's shared tokens: the workload generator and trace
+    readers give a group's prefix this key, and `write_trace` recognises it."""
+    return ("prefix", group)
+
+
+def group_prefix_tokens(req: Request) -> int:
+    """Length of the request's shared group prefix, 0 if its segments do not start with it."""
+    stored = getattr(req, "group_prefix_tokens", None)  # a finished request's compact row
+    if stored is not None:
+        return stored
+    if not req.prefix_group or not req.segments:
+        return 0
+    key, length = req.segments[0]
+    if key != prefix_key(req.prefix_group) or length > req.input_tokens:
+        return 0
+    return length

@@ -23,8 +23,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from simulator.engine.request import Request, RequestState
-from simulator.workload.trace import group_prefix_tokens
+from simulator.engine.request import Request, RequestState, group_prefix_tokens
 
 # Field -> array typecode: "q" for integers (µs timestamps exceed 32 bits), "d" for floats, "b"
 # for flags. A value of another type (a timestamp made fractional by a blocking CPU-tier

@@ -28,14 +28,13 @@ from typing import Any
 import yaml
 
 from ..atomic_io import atomic_open
-from ..engine.request import Request, RequestState
+from ..engine.request import Request, RequestState, group_prefix_tokens
 from ..errors import ConfigError, invalid
 from ..workload.generator import SessionManager
 from ..workload.trace import (
     TRACE_V3_COLUMNS,
     TraceRow,
     format_float,
-    group_prefix_tokens,
     write_trace_files,
 )
 from .client import Clock, Measurement, OpenAIServer

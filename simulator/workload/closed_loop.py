@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,19 +33,12 @@ import numpy as np
 from ..engine.request import Request, RequestState
 from ..errors import ConfigError, excerpt
 from ..limits import MAX_TIME_US, check_time_us
+from ..rng import stream_seed
 from .spec import DEFAULT_SESSION_TIMEOUT_US
 
 if TYPE_CHECKING:
     from .generator import ClientPlan, SessionManager
     from .trace import TraceRow
-
-
-def stream_seed(seed: int, *names: str) -> np.random.Generator:
-    """The random stream `names` of a run seeded `seed`: one seeding rule for every stream of
-    a client (its lengths and arrivals in the generator, its users' think times here), so
-    adding a stream never shifts another's draws."""
-    key = tuple(zlib.crc32(n.encode("utf-8")) for n in names)
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
 # --- think times ------------------------------------------------------------------------------

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.request import Request, RequestState
+from ..engine.request import Request, RequestState, prefix_key
 from ..errors import ConfigError
 from ..limits import MAX_REQUESTS, MAX_TIME_US, check_time_us
+from ..rng import stream_seed
 from .arrivals import ArrivalProcess, make_arrivals
-from .closed_loop import stream_seed
 from .cohorts import expand_cohorts, expand_inference_perf
 from .lengths import LengthDistribution, from_dist_spec, ratio_from_dist_spec
 from .spec import DEFAULT_PREFIX_LENGTH, ActiveWindow, ArrivalSpec, ClientSpec, WorkloadSpec
@@ -242,7 +242,7 @@ class ClientPlan:
         if context is not None:
             segments.extend(context)
         elif c.prefix_group and self.prefix_length > 0:
-            segments.append((("prefix", c.prefix_group), self.prefix_length))
+            segments.append((prefix_key(c.prefix_group), self.prefix_length))
         segments.append((("in", self.key, seq), fresh))
         input_tokens = sum(n for _, n in segments)
         req = Request(

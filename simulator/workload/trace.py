@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from ..atomic_io import replacing
-from ..engine.request import Request, RequestState
+from ..engine.request import Request, RequestState, group_prefix_tokens, prefix_key
 from ..errors import ConfigError, excerpt
 from ..input_files import csv_header, csv_records, read_yaml_mapping
 from ..limits import MAX_REQUESTS, MAX_TIME_US, MAX_TOKENS
@@ -148,11 +148,6 @@ _GROUNDTRUTH_REQUIRED = ("index", "arrival_time_us", "input_tokens", "output_tok
 _MAX_INDEX = 2**63 - 1
 # vllm_priority is a Go int in BLIS: any int64.
 _MAX_PRIORITY = 2**63 - 1
-
-
-def prefix_key(group: str) -> tuple[str, str]:
-    """Segment key of a prefix group's shared tokens; `write_trace` recognises it."""
-    return ("prefix", group)
 
 
 @dataclass
@@ -885,19 +880,6 @@ def trace_status(req: Request) -> tuple[str, str, str]:
         return "error", state.value, ""
     # Still queued, running or in flight when the run stopped.
     return "incomplete", "", ""
-
-
-def group_prefix_tokens(req: Request) -> int:
-    """Length of the request's shared group prefix, 0 if its segments do not start with it."""
-    stored = getattr(req, "group_prefix_tokens", None)  # a finished request's compact row
-    if stored is not None:
-        return stored
-    if not req.prefix_group or not req.segments:
-        return 0
-    key, length = req.segments[0]
-    if key != prefix_key(req.prefix_group) or length > req.input_tokens:
-        return 0
-    return length
 
 
 def format_float(value: float) -> str:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import simulator
 from simulator.cluster import cluster as cluster_module
+from simulator.cluster import infrastructure as infrastructure_module
 from simulator.cluster.infrastructure import Infrastructure
 from simulator.cluster.lifecycle import InstanceState, Node, NodeState, Timeline
 from simulator.cluster.pools import Pools
@@ -66,7 +67,8 @@ def watched_runs(check):
 
     with (
         mock.patch.object(cluster_module, "Environment", Env),
-        mock.patch.object(cluster_module, "Infrastructure", Infra),
+        # The cluster imports Infrastructure when a run has a dynamic fleet: from its module.
+        mock.patch.object(infrastructure_module, "Infrastructure", Infra),
     ):
         yield made
     for env in built:

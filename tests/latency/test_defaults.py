@@ -28,6 +28,15 @@ def test_bundled_file_is_parsed_once() -> None:
     assert defaults.bundled_defaults().version == "0.0.1"
 
 
+def test_the_run_path_reads_the_same_model_table_as_the_whole_file() -> None:
+    # model_defaults() parses only the file's `defaults:` block (start-up); it must be the
+    # whole file's table, entry for entry, in file order.
+    block_only = defaults._bundled_model_defaults()
+    whole = defaults.bundled_defaults().model_defaults
+    assert list(block_only.items()) == list(whole.items())
+    assert len(block_only) == len(yaml.safe_load(BUNDLED.read_text())["defaults"]) > 20
+
+
 def test_model_defaults() -> None:
     spec = model_defaults("meta-llama/llama-3.1-8b-instruct")
     assert spec == {

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import simulator
 from simulator.engine.options import EngineOptions
-from simulator.engine.request import Request, RequestState
+from simulator.engine.request import Request, RequestState, group_prefix_tokens, prefix_key
 from simulator.metrics.request_table import (
     CODED_FIELDS,
     NUMERIC_FIELDS,
@@ -25,7 +25,6 @@ from simulator.metrics.request_table import (
     RequestRow,
     RequestTable,
 )
-from simulator.workload.trace import group_prefix_tokens, prefix_key
 from tests.engine.test_fast_paths import SAME_SETTINGS, cluster_scenarios
 
 FINAL = [
