@@ -233,7 +233,7 @@ class Result:
         """BLIS's `=== PD Metrics ===` (docs/behaviour.md §7.4) plus link concurrency."""
         if self.pd is None:
             return None
-        return pd_views.pd_metrics(self.pd, self.summary, self.transfers)
+        return pd_views.pd_metrics(self.pd, self.summary)
 
     @cached_property
     def adapter_metrics(self) -> dict[str, dict[str, Any]] | None:

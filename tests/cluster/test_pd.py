@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import simulator
 from simulator.engine.request import RequestState
+from simulator.metrics.views import pd as pd_views
 
 
 def _pd_scenario(workload: dict, n_prefill: int = 2, n_decode: int = 2, **pd):
@@ -99,6 +100,14 @@ def test_pd_invariants(scenario):
         assert (result.transfers.slot_wait_us >= 0).all()
     else:
         assert (result.transfers.slot_wait_us == 0).all()
+    # The PD metrics read durations and slot waits from the link's records, not the frame
+    # users read: the two must agree to the bit (and types), whatever the base latency.
+    durations, waits = pd_views._durations_and_slot_waits(result.pd)
+    frame = result.transfers
+    assert durations.dtype == np.int64 and waits.dtype == np.float64
+    assert np.array_equal(durations, frame.duration_us.to_numpy(dtype=np.int64))
+    assert np.array_equal(waits, frame.slot_wait_us.to_numpy(dtype=np.float64))
+    assert result.pd_metrics["transfers"] == len(frame)
     assert all(p.transfer_end_us >= 0 for p in parents if p.transfer_start_us >= 0)
     # INV-PD-5: pools are fixed: prefill first, then decode, then unified
     assert result.instance_roles[:4] == ["prefill", "prefill", "decode", "decode"]

@@ -93,9 +93,23 @@ def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.Da
     return pd.DataFrame.from_records(rows, columns=columns)
 
 
-def pd_metrics(
-    pd_state: PDRecord | None, summary: dict[str, Any], transfers: pd.DataFrame
-) -> dict[str, Any] | None:
+def _durations_and_slot_waits(pd_state: PDRecord) -> tuple[np.ndarray, np.ndarray]:
+    """`transfers_frame`'s duration_us (as int64) and slot_wait_us (as float64) columns, read
+    from the link's records without building the frame: a PD run's summary needs only these
+    two, and the frame of a million transfers is a million Python rows. The same values: a
+    timestamp below 2**53 µs converts to float64 exactly, so each subtraction is the one the
+    frame's row makes (a test compares them)."""
+    link = pd_state.link
+    records = link.records
+    durations = np.asarray(records.duration_us).astype(np.int64)
+    requested = np.asarray(records.requested_us, dtype=np.float64)
+    starts = requested + records.base_latency_us  # as `TransferRecords.start_us`
+    for i, start in records.other_starts.items():
+        starts[i] = start
+    return durations, starts - (requested + link.base_latency_us)
+
+
+def pd_metrics(pd_state: PDRecord | None, summary: dict[str, Any]) -> dict[str, Any] | None:
     """BLIS's `=== PD Metrics ===` (docs/behaviour.md §7.4) plus link concurrency."""
     if pd_state is None:
         return None
@@ -109,8 +123,7 @@ def pd_metrics(
         d.parents, ("first_token_us", "arrival_us", "transfer_end_us")
     )
     ttft = (first - arrival)[first >= 0].astype(np.int64)
-    durations = transfers.duration_us.to_numpy(dtype=np.int64)
-    slot_waits = transfers.slot_wait_us.to_numpy(dtype=np.float64)
+    durations, slot_waits = _durations_and_slot_waits(d)
     completed_transfers = int(np.count_nonzero(transfer_end >= 0))
     end = max(summary["vllm_estimated_duration_s"] * 1e6, 1.0)
     return {
