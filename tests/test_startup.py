@@ -88,6 +88,23 @@ def test_a_plain_run_imports_no_feature_it_does_not_use(argv):
     assert _modules_after(argv) & set(FEATURE_MODULES) == set()
 
 
+def test_a_run_parses_only_its_own_models_rows_of_the_shipped_defaults():
+    # The shipped BLIS defaults file is mostly blackbox coefficients of 31 models: a run with
+    # the default step-time model reads its model's defaults and rows (for the KV capacity
+    # BLIS measured), never the whole file.
+    probe = (
+        "import simulator\n"
+        "from simulator.catalog import defaults\n"
+        "result = simulator.simulate({'workload': {'num_requests': 3}})\n"
+        "assert result.summary['completed_requests'] == 3\n"
+        "print('WHOLE', defaults.bundled_defaults.cache_info().currsize)\n"
+        "print('ROWS', defaults._bundled_entries_of.cache_info().currsize)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "WHOLE 0" in done.stdout and "ROWS 1" in done.stdout, done.stdout
+
+
 def test_a_run_with_the_features_imports_them():
     # The other side of the laziness: the same modules do load when a run uses them (and the
     # feature tests check that they work).

@@ -156,43 +156,45 @@ def _model_defaults(top: dict, source: str) -> dict[str, dict[str, Any]]:
     return model_defaults
 
 
-def _parse(raw: object, source: str) -> DefaultsFile:
-    top = _check_keys(source, raw, _TOP_KEYS, {"models"})
-    model_defaults = _model_defaults(top, source)
+def _coefficient_entry(row: object, where: str) -> CoefficientEntry:
+    row = _check_keys(where, row, _MODEL_KEYS, _MODEL_REQUIRED)
+    kv_blocks = row.get("total_kv_blocks")
+    return CoefficientEntry(
+        model_id=str(row["id"]),
+        gpu=str(row["GPU"]),
+        tp=_whole_number(f"{where}.tensor_parallelism", row["tensor_parallelism"]),
+        vllm_version=str(row["vllm_version"]),
+        alpha=tuple(_coeff_list(f"{where}.alpha_coeffs", row["alpha_coeffs"], 3)),
+        beta=tuple(_coeff_list(f"{where}.beta_coeffs", row["beta_coeffs"], 3)),
+        total_kv_blocks=(
+            _whole_number(f"{where}.total_kv_blocks", kv_blocks) if kv_blocks is not None else None
+        ),
+        best_loss=(
+            _finite(f"{where}.best_loss", row["best_loss"])
+            if row.get("best_loss") is not None
+            else None
+        ),
+    )
 
+
+def _workloads(top: dict, source: str) -> dict[str, dict[str, Any]]:
     workloads: dict[str, dict[str, Any]] = {}
     for name, spec in _section(top, "workloads", source).items():
         where = f"{source}: workloads.{name}"
         workloads[str(name)] = dict(_check_keys(where, spec, _WORKLOAD_KEYS, set()))
+    return workloads
 
-    entries: list[CoefficientEntry] = []
+
+def _parse(raw: object, source: str) -> DefaultsFile:
+    top = _check_keys(source, raw, _TOP_KEYS, {"models"})
+    model_defaults = _model_defaults(top, source)
+
+    workloads = _workloads(top, source)
+
     models = top.get("models") or []
     if not isinstance(models, list):
         raise invalid(f"{source}: models", models, "must be a list")
-    for i, row in enumerate(models):
-        where = f"{source}: models[{i}]"
-        row = _check_keys(where, row, _MODEL_KEYS, _MODEL_REQUIRED)
-        kv_blocks = row.get("total_kv_blocks")
-        entries.append(
-            CoefficientEntry(
-                model_id=str(row["id"]),
-                gpu=str(row["GPU"]),
-                tp=_whole_number(f"{where}.tensor_parallelism", row["tensor_parallelism"]),
-                vllm_version=str(row["vllm_version"]),
-                alpha=tuple(_coeff_list(f"{where}.alpha_coeffs", row["alpha_coeffs"], 3)),
-                beta=tuple(_coeff_list(f"{where}.beta_coeffs", row["beta_coeffs"], 3)),
-                total_kv_blocks=(
-                    _whole_number(f"{where}.total_kv_blocks", kv_blocks)
-                    if kv_blocks is not None
-                    else None
-                ),
-                best_loss=(
-                    _finite(f"{where}.best_loss", row["best_loss"])
-                    if row.get("best_loss") is not None
-                    else None
-                ),
-            )
-        )
+    entries = [_coefficient_entry(row, f"{source}: models[{i}]") for i, row in enumerate(models)]
 
     def global_coeffs(key: str) -> dict[str, list[float]]:
         spec = top.get(key)
@@ -228,21 +230,31 @@ def bundled_defaults() -> DefaultsFile:
     return _parse(bundled_yaml(_bundled_text()), "defaults.yaml")
 
 
-# The shipped file's `defaults:` block: from its key at the start of a line to the next
-# top-level key.
-_DEFAULTS_BLOCK = re.compile(r"^defaults:\n(?:[ #].*\n|\n)*", re.MULTILINE)
+# Every run reads its model's defaults and the workload presets; the rest of the shipped file
+# (1,600 of its 1,760 lines are blackbox coefficients) is parsed only when a run needs it,
+# which keeps ~10 ms of YAML off every run's start-up. Each top-level section runs from its
+# key at the start of a line to the next top-level key.
+def _top_level_block(key: str) -> str | None:
+    found = re.search(rf"^{key}:\n(?:[- #].*\n|\n)*", _bundled_text(), re.MULTILINE)
+    return found.group() if found is not None else None
 
 
 @functools.cache
 def _bundled_model_defaults() -> dict[str, dict[str, Any]]:
-    """The shipped `defaults:` table alone. Every run asks for its model's defaults; the rest
-    of the file (1,600 of its 1,760 lines are blackbox coefficients) is parsed only when a
-    run needs it, which keeps ~10 ms of YAML off every run's start-up. The same table as
-    `bundled_defaults().model_defaults` (a test)."""
-    block = _DEFAULTS_BLOCK.search(_bundled_text())
+    """The shipped `defaults:` table, parsed alone (the whole file's table: a test)."""
+    block = _top_level_block("defaults")
     if block is None:
         return bundled_defaults().model_defaults
-    return _model_defaults(bundled_yaml(block.group()), "defaults.yaml")
+    return _model_defaults(bundled_yaml(block), "defaults.yaml")
+
+
+@functools.cache
+def _bundled_workloads() -> dict[str, dict[str, Any]]:
+    """The shipped `workloads:` presets, parsed alone (the whole file's: a test)."""
+    block = _top_level_block("workloads")
+    if block is None:
+        return bundled_defaults().workloads
+    return _workloads(bundled_yaml(block), "defaults.yaml")
 
 
 def _id_matches(query: str, entry_id: str) -> bool:
@@ -265,7 +277,7 @@ def model_defaults(model_id: str) -> dict[str, Any] | None:
 
 def workload_presets() -> dict[str, dict[str, Any]]:
     """Workload presets by name (chatbot, contentgen, summarization, multidoc)."""
-    return copy.deepcopy(bundled_defaults().workloads)
+    return copy.deepcopy(_bundled_workloads())
 
 
 def crossmodel_defaults() -> dict[str, list[float]]:
@@ -279,9 +291,46 @@ def trained_roofline_defaults() -> dict[str, list[float]]:
     return copy.deepcopy(bundled_defaults().trained_roofline)
 
 
+# The shipped `models:` list: each entry starts with "- " at the line's start and names its
+# model on one "  id: ..." line.
+_ENTRY_START = re.compile(r"^- ", re.MULTILINE)
+_ENTRY_ID = re.compile(r"^  id: (\S+)$", re.MULTILINE)
+
+
+@functools.cache
+def _bundled_entry_texts() -> tuple[tuple[str, str], ...] | None:
+    """The shipped `models:` entries as (id, YAML text), in file order, without parsing them:
+    a run asks for its own model's rows, and parsing all 111 (most of the file) took ~10 ms
+    of every run's start-up. None when the file is not laid out as above (then the whole file
+    is parsed); a test checks that every id reads the same rows either way."""
+    block = _top_level_block("models")
+    if block is None:
+        return None
+    body = block.removeprefix("models:\n")
+    starts = [m.start() for m in _ENTRY_START.finditer(body)]
+    ids = _ENTRY_ID.findall(body)
+    if not starts or len(ids) != len(starts) or body[: starts[0]].strip(" \n"):
+        return None
+    ends = [*starts[1:], len(body)]
+    return tuple(zip(ids, (body[a:b] for a, b in zip(starts, ends, strict=True)), strict=True))
+
+
+@functools.cache
+def _bundled_entries_of(model_id: str) -> tuple[CoefficientEntry, ...]:
+    texts = _bundled_entry_texts()
+    if texts is None:
+        every = bundled_defaults().coefficients
+        return tuple(e for e in every if _id_matches(model_id, e.model_id))
+    return tuple(
+        _coefficient_entry(bundled_yaml(text)[0], f"defaults.yaml: models[{i}]")
+        for i, (entry_id, text) in enumerate(texts)
+        if _id_matches(model_id, entry_id)
+    )
+
+
 def coefficient_entries(model_id: str) -> list[CoefficientEntry]:
     """Every fitted row for a model, in file order."""
-    return [e for e in bundled_defaults().coefficients if _id_matches(model_id, e.model_id)]
+    return list(_bundled_entries_of(model_id))
 
 
 def lookup_coefficients(

@@ -28,13 +28,30 @@ def test_bundled_file_is_parsed_once() -> None:
     assert defaults.bundled_defaults().version == "0.0.1"
 
 
-def test_the_run_path_reads_the_same_model_table_as_the_whole_file() -> None:
-    # model_defaults() parses only the file's `defaults:` block (start-up); it must be the
-    # whole file's table, entry for entry, in file order.
+def test_the_run_path_reads_the_same_tables_as_the_whole_file() -> None:
+    # model_defaults() and workload_presets() parse only their blocks of the file (start-up);
+    # each must be the whole file's table, entry for entry, in file order.
     block_only = defaults._bundled_model_defaults()
     whole = defaults.bundled_defaults().model_defaults
     assert list(block_only.items()) == list(whole.items())
     assert len(block_only) == len(yaml.safe_load(BUNDLED.read_text())["defaults"]) > 20
+    presets = defaults._bundled_workloads()
+    assert list(presets.items()) == list(defaults.bundled_defaults().workloads.items())
+    assert len(presets) == 4
+
+
+def test_a_models_rows_read_alone_are_the_whole_files_rows() -> None:
+    # coefficient_entries() parses only the asked model's entries of the `models:` list
+    # (start-up); for every id in the file, in every spelling a query may use, the rows must be
+    # the whole file's, in file order, with the same values and types.
+    every = defaults.bundled_defaults().coefficients
+    ids = sorted({e.model_id for e in every})
+    assert len(defaults._bundled_entry_texts()) == len(every) == 111
+    for model_id in ids:
+        for query in (model_id, model_id.upper(), model_id.rsplit("/", 1)[-1]):
+            whole = [e for e in every if defaults._id_matches(query, e.model_id)]
+            assert defaults.coefficient_entries(query) == whole, query
+    assert defaults.coefficient_entries("no/such-model") == []
 
 
 def test_model_defaults() -> None:
