@@ -100,9 +100,8 @@ def test_a_run_parses_only_its_own_models_rows_of_the_shipped_defaults():
         "print('WHOLE', defaults.bundled_defaults.cache_info().currsize)\n"
         "print('ROWS', defaults._bundled_entries_of.cache_info().currsize)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "WHOLE 0" in done.stdout and "ROWS 1" in done.stdout, done.stdout
+    out = _probe_output(probe)
+    assert "WHOLE 0" in out and "ROWS 1" in out, out
 
 
 def test_a_run_with_the_features_imports_them():
@@ -131,9 +130,14 @@ def test_a_run_needs_no_package_outside_the_runtime_dependencies():
         "sys.argv = ['servesim', 'run', '--num-requests', '3', '--latency-model', 'roofline']\n"
         "main()\n"
     )
+    assert "=== Simulation Metrics ===" in _probe_output(probe)
+
+
+def _probe_output(probe: str) -> str:
+    """What `probe` printed, run in a fresh Python that must exit cleanly."""
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "=== Simulation Metrics ===" in done.stdout
+    return done.stdout
 
 
 def _process_settings_after(argv: list[str], environment: dict[str, str]) -> dict:

@@ -11,6 +11,7 @@ import copy
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -239,22 +240,25 @@ def _top_level_block(key: str) -> str | None:
     return found.group() if found is not None else None
 
 
+def _parsed_block(key: str, parse: Callable[[dict, str], Any], field: str) -> Any:
+    """One top-level section of the shipped file, parsed and checked alone as `parse` does
+    in the whole file; the whole file's `field` when the section cannot be cut out."""
+    block = _top_level_block(key)
+    if block is None:
+        return getattr(bundled_defaults(), field)
+    return parse(bundled_yaml(block), "defaults.yaml")
+
+
 @functools.cache
 def _bundled_model_defaults() -> dict[str, dict[str, Any]]:
     """The shipped `defaults:` table, parsed alone (the whole file's table: a test)."""
-    block = _top_level_block("defaults")
-    if block is None:
-        return bundled_defaults().model_defaults
-    return _model_defaults(bundled_yaml(block), "defaults.yaml")
+    return _parsed_block("defaults", _model_defaults, "model_defaults")
 
 
 @functools.cache
 def _bundled_workloads() -> dict[str, dict[str, Any]]:
     """The shipped `workloads:` presets, parsed alone (the whole file's: a test)."""
-    block = _top_level_block("workloads")
-    if block is None:
-        return bundled_defaults().workloads
-    return _workloads(bundled_yaml(block), "defaults.yaml")
+    return _parsed_block("workloads", _workloads, "workloads")
 
 
 def _id_matches(query: str, entry_id: str) -> bool:
