@@ -33,6 +33,13 @@ NEVER_ON_THE_RUN_PATH = (
 )
 
 
+# A PD run: its report (the PD metrics) reads the link's records, not a DataFrame.
+PD_RUN = (
+    ["run", "--num-requests", "3", "--latency-model", "roofline", "--num-instances", "2",
+     "--prefill-instances", "1", "--decode-instances", "1", "--pd-decider", "always"]
+)  # fmt: skip
+
+
 def _modules_after(argv: list[str]) -> set[str]:
     probe = (
         "import sys\n"
@@ -57,6 +64,7 @@ def _top(modules: set[str]) -> set[str]:
         ["--help"],
         ["run", "--num-requests", "3", "--latency-model", "roofline"],
         ["run", "scenarios/quickstart.yaml", "--num-requests", "3"],
+        PD_RUN,
     ],
 )
 def test_the_run_and_help_paths_import_nothing_heavy(argv):

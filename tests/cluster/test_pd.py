@@ -108,6 +108,9 @@ def test_pd_invariants(scenario):
     assert np.array_equal(durations, frame.duration_us.to_numpy(dtype=np.int64))
     assert np.array_equal(waits, frame.slot_wait_us.to_numpy(dtype=np.float64))
     assert result.pd_metrics["transfers"] == len(frame)
+    # The frame is built column by column; the row-by-row reference gives the same frame.
+    reference = pd_views.transfer_rows_frame(result.pd, result.instance_ids)
+    assert frame.equals(reference) and list(frame.dtypes) == list(reference.dtypes)
     assert all(p.transfer_end_us >= 0 for p in parents if p.transfer_start_us >= 0)
     # INV-PD-5: pools are fixed: prefill first, then decode, then unified
     assert result.instance_roles[:4] == ["prefill", "prefill", "decode", "decode"]

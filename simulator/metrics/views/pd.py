@@ -4,6 +4,7 @@ objects, and its link's transfer records and statistics)."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from ..summary import mean, pct
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ...cluster.kv_transfer import TransferRecords
     from ..pd_record import PDRecord
 
 
@@ -39,29 +41,83 @@ def _transfer_ends(parents: Sequence) -> tuple[list, list, list]:
     )
 
 
+TRANSFER_COLUMNS = (
+    "request_id",
+    "prefill_instance",
+    "decode_instance",
+    "size_bytes",
+    "requested_us",
+    "start_us",
+    "end_us",
+    "duration_us",
+    "contention_delay_us",
+    "concurrency_at_start",
+    "slot_wait_us",
+)
+
+
 def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.DataFrame:
-    """One row per KV transfer (PD): request, instances, bytes and timing (µs)."""
+    """One row per KV transfer (PD): request, instances, bytes and timing (µs). Built column
+    by column from the link's typed records; a link whose records hold values of other types
+    (a fractional size, a start that is not a float) gets the row-by-row reference, whose
+    types pandas infers from the values (a test compares the two)."""
     import pandas as pd
 
-    columns = [
-        "request_id",
-        "prefill_instance",
-        "decode_instance",
-        "size_bytes",
-        "requested_us",
-        "start_us",
-        "end_us",
-        "duration_us",
-        "contention_delay_us",
-        "concurrency_at_start",
-        "slot_wait_us",
-    ]
     if pd_state is None:
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=list(TRANSFER_COLUMNS))
+    records = pd_state.link.records
+    typed = (
+        len(records) > 0
+        and all(
+            type(column) is array
+            for column in (
+                records.size_bytes,
+                records.requested_us,
+                records.duration_us,
+                records.concurrency_at_start,
+            )
+        )
+        and all(type(start) is float for start in records.other_starts.values())
+    )
+    if not typed:
+        return transfer_rows_frame(pd_state, instance_ids)
+    link = pd_state.link
     ids, prefill, decode = _transfer_ends(pd_state.parents)
-    parents = dict(
-        zip(ids, range(len(ids)), strict=True)
-    )  # by request id (the last if one repeats)
+    parents = dict(zip(ids, range(len(ids)), strict=True))  # the last if an id repeats
+    transfer_ids = list(records.transfer_id)
+    parent_of = [parents[tid] for tid in transfer_ids]
+    size = np.asarray(records.size_bytes).astype(np.int64)
+    requested = np.asarray(records.requested_us).astype(np.int64)
+    duration, slot_waits = _durations_and_slot_waits(pd_state)
+    # `lone_transfer_us` on every size: max(1, ceil(base + bytes / bandwidth)), the same
+    # float operations (sizes below 2**53 convert exactly).
+    lone = np.maximum(1, np.ceil(link.base_latency_us + size / link.bandwidth_bytes_per_us)).astype(
+        np.int64
+    )
+    columns = {
+        "request_id": transfer_ids,
+        "prefill_instance": [prefill[i] for i in parent_of],
+        "decode_instance": [instance_ids[decode[i]] for i in parent_of],
+        "size_bytes": size,
+        "requested_us": requested,
+        "start_us": _starts(records, requested),
+        "end_us": requested + duration,
+        "duration_us": duration,
+        "contention_delay_us": duration - lone,
+        "concurrency_at_start": np.asarray(records.concurrency_at_start).astype(np.int64),
+        "slot_wait_us": slot_waits,
+    }
+    return pd.DataFrame(columns, columns=list(TRANSFER_COLUMNS))
+
+
+def transfer_rows_frame(pd_state: PDRecord, instance_ids: list[str]) -> pd.DataFrame:
+    """`transfers_frame` row by row: each value as the records read it back, the frame's types
+    inferred from them. The reference for the columns above, and the frame of a link whose
+    records are not all typed."""
+    import pandas as pd
+
+    ids, prefill, decode = _transfer_ends(pd_state.parents)
+    parents = dict(zip(ids, range(len(ids)), strict=True))  # the last if an id repeats
     link = pd_state.link
     records = link.records
     rows = []
@@ -90,7 +146,7 @@ def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.Da
                 start - (requested + link.base_latency_us),  # 0.0 exactly without a wait
             )
         )
-    return pd.DataFrame.from_records(rows, columns=columns)
+    return pd.DataFrame.from_records(rows, columns=list(TRANSFER_COLUMNS))
 
 
 def _durations_and_slot_waits(pd_state: PDRecord) -> tuple[np.ndarray, np.ndarray]:
@@ -103,10 +159,15 @@ def _durations_and_slot_waits(pd_state: PDRecord) -> tuple[np.ndarray, np.ndarra
     records = link.records
     durations = np.asarray(records.duration_us).astype(np.int64)
     requested = np.asarray(records.requested_us, dtype=np.float64)
-    starts = requested + records.base_latency_us  # as `TransferRecords.start_us`
+    return durations, _starts(records, requested) - (requested + link.base_latency_us)
+
+
+def _starts(records: TransferRecords, requested: np.ndarray) -> np.ndarray:
+    """Every record's start_us as float64, as `TransferRecords.start_us` computes it."""
+    starts = requested.astype(np.float64) + records.base_latency_us
     for i, start in records.other_starts.items():
         starts[i] = start
-    return durations, starts - (requested + link.base_latency_us)
+    return starts
 
 
 def pd_metrics(pd_state: PDRecord | None, summary: dict[str, Any]) -> dict[str, Any] | None:
