@@ -48,10 +48,12 @@ def time_weighted_concurrency(
     if until_us <= 0:
         return 0.0
     area = 0.0
-    intervals = list(closed)
-    intervals += [(lo, until_us if hi is None else hi) for lo, hi in open_transfers]
-    for lo, hi in intervals:
+    # Streamed, never listed: a million transfers' (start, end) tuples were the largest
+    # allocation of a PD run's report (about 150 MiB, its peak).
+    for lo, hi in closed:
         area += max(0.0, min(hi, until_us) - lo)
+    for lo, hi in open_transfers:
+        area += max(0.0, min(until_us if hi is None else hi, until_us) - lo)
     return area / until_us
 
 
