@@ -4,10 +4,12 @@
     .venv/bin/python benchmarks/memory.py --cases f g             # 1,000,000 requests each
     .venv/bin/python benchmarks/memory.py --cases c --requests 1000000
     .venv/bin/python benchmarks/memory.py --cases f --requests 200000 --tracemalloc
+    .venv/bin/python benchmarks/memory.py --cases d --requests 1000000 --report
 
 Each case runs in a fresh process through `simulator.simulate`, as in run.py. A thread samples
 the process's resident set every 20 ms and notes the function the main thread was in at the
-largest sample (the phase of the peak: the run, the summary, the result's frames). With
+largest sample (the phase of the peak: the run, the summary, the result's frames; with
+--report also the report `servesim run` prints). With
 --tracemalloc, Python's allocations are traced (several times slower) and a snapshot is taken
 whenever the traced total has grown by 5 % over the last snapshot's; the largest is reported
 by source line. The peak resident set includes the imports (about 155 MiB: Python, NumPy,
@@ -101,7 +103,7 @@ class TracedPeak(threading.Thread):
         self.join()
 
 
-def run_case_here(name: str, requests: int | None, traced: bool) -> dict:
+def run_case_here(name: str, requests: int | None, traced: bool, report: bool = False) -> dict:
     import simulator
 
     scenario = copy.deepcopy(CASES[name][1])
@@ -120,6 +122,8 @@ def run_case_here(name: str, requests: int | None, traced: bool) -> dict:
     result = simulator.simulate(scenario)
     run_s = time.perf_counter() - start
     summary = result.summary
+    if report:
+        result.report_text()  # what `servesim run` prints: PD metrics, anomalies, per SLO, ...
     wall_s = time.perf_counter() - start
     sampler.stop()
     out = {
@@ -151,13 +155,19 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=["f"], choices=list(CASES))
     parser.add_argument("--requests", type=int, default=None, help="override the case's count")
     parser.add_argument("--tracemalloc", action="store_true", help="top allocation sites")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="also build the printed report, as `servesim run` does (default: stop after the "
+        "summary)",
+    )
     parser.add_argument("--before-tree", type=Path, default=None, help="also run this checkout")
-    parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        name, requests, traced = args.child
+        name, requests, traced, report = args.child
         count = None if requests == "-" else int(requests)
-        print(json.dumps(run_case_here(name, count, traced == "1")))
+        print(json.dumps(run_case_here(name, count, traced == "1", report == "1")))
         return
     trees = [("before", args.before_tree)] if args.before_tree else []
     trees.append(("this", None))
@@ -171,6 +181,7 @@ def main() -> None:
                     name,
                     "-" if args.requests is None else str(args.requests),
                     "1" if args.tracemalloc else "0",
+                    "1" if args.report else "0",
                 ],
                 capture_output=True,
                 text=True,
