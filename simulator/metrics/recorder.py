@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import operator
 import struct
 from array import array
 
@@ -70,6 +72,8 @@ class StepLog:
     __slots__ = (
         "_packed",
         "_stored",
+        "_start_base",
+        "_start_last",
         "otp_us",
         *(f"tail_{name}" for name in (*_WRITTEN, *_CPU_TIER)),
     )
@@ -77,6 +81,15 @@ class StepLog:
     def __init__(self, has_cpu_tier: bool = False, otp_us: int = 0) -> None:
         self._stored = {**_WRITTEN, **(_CPU_TIER if has_cpu_tier else {})}
         self._packed = {name: array(_NARROWEST[code]) for name, code in self._stored.items()}
+        # start_us is stored as the difference from the previous row's start while every start
+        # is a whole number (the clock's µs): a run's later steps start past 2**31 µs, which
+        # would take eight bytes a row, and consecutive starts are a step apart. `_start_base`
+        # is the first start and `_start_last` the last packed one; `_start_base` is None once a
+        # start that is not an int has made the column plain times (`_packed` then holds the
+        # starts themselves, as every other column holds its values).
+        self._packed["start_us"] = array("b")  # differences: most fit in two bytes
+        self._start_base: int | None = 0
+        self._start_last = 0
         self.otp_us = otp_us
         for name in (*_WRITTEN, *_CPU_TIER):
             setattr(self, f"tail_{name}", [])
@@ -89,6 +102,7 @@ class StepLog:
         if not self.tail_start_us:
             return
         packed = self._packed
+        self._start_tail_as_deltas()
         for name in self._stored:
             tail = getattr(self, f"tail_{name}")
             column = packed[name]
@@ -100,6 +114,32 @@ class StepLog:
             except struct.error:
                 self._widen_and_pack(name, tail)
             tail.clear()
+
+    def _start_tail_as_deltas(self) -> None:
+        """Replace the start tail's values by their differences from the previous start (the
+        first row's from itself), or leave the column plain for good when a start is not an
+        int (a fractional time: the differences of floats would not add back exactly)."""
+        if self._start_base is None:
+            return
+        tail = self.tail_start_us
+        if set(map(type, tail)) != {int}:
+            starts = self._starts_packed()
+            self._packed["start_us"] = array("d", starts.tolist())
+            self._start_base = None
+            return
+        if not self._packed["start_us"]:
+            self._start_base = self._start_last = tail[0]
+        previous = self._start_last
+        self._start_last = tail[-1]
+        deltas = list(map(operator.sub, tail, itertools.chain((previous,), tail)))
+        tail[:] = deltas
+
+    def _starts_packed(self) -> np.ndarray:
+        """The packed rows' starts, as int64 (delta storage) or as stored (plain)."""
+        column = self._packed["start_us"]
+        if self._start_base is None:
+            return np.array(column, dtype=np.float64)
+        return self._start_base + np.cumsum(np.array(column, dtype=np.int64))
 
     def _widen_and_pack(self, name: str, tail: list) -> None:
         """Pack `tail` into a wider array than the column's: the next type up that holds
@@ -130,6 +170,8 @@ class StepLog:
                 raise KeyError(f"no step column {name!r}; columns: {', '.join(STEP_COLUMNS)}")
             return np.zeros(len(self), dtype=np.intc)
         self.pack()
+        if name == "start_us":
+            return self._starts_packed().astype(np.float64)
         return np.array(self._packed[name], dtype=_NUMPY_TYPE[self._stored[name]])
 
     def itl_regular_counted(self, chunk_rows: int = 1 << 18) -> tuple[np.ndarray, np.ndarray]:
@@ -144,9 +186,16 @@ class StepLog:
         previous_end_us = -1.0
         start_col, step_col = self._packed["start_us"], self._packed["step_us"]
         count_col = self._packed["itl_regular_count"]
+        deltas = self._start_base is not None
+        start = self._start_base  # before the chunk's first row, in delta storage
         for lo in range(0, total, chunk_rows):
             hi = min(total, lo + chunk_rows)
-            ends_us = np.array(start_col[lo:hi], dtype=np.float64) + np.array(
+            if deltas:
+                starts_us = start + np.cumsum(np.array(start_col[lo:hi], dtype=np.int64))
+                start = int(starts_us[-1])
+            else:
+                starts_us = start_col[lo:hi]
+            ends_us = np.array(starts_us, dtype=np.float64) + np.array(
                 step_col[lo:hi], dtype=np.float64
             )
             previous_ends_us = np.concatenate(([previous_end_us], ends_us[:-1]))
@@ -166,6 +215,12 @@ class StepLog:
             return tail[len(tail) - count :]
         packed = self._packed[name]
         head = packed[max(0, len(packed) - (count - len(tail))) :]
+        if name == "start_us" and self._start_base is not None and head:
+            # Differences: walk back from the last packed start.
+            starts = [self._start_last]
+            for delta in reversed(head[1:]):
+                starts.append(starts[-1] - delta)
+            head = starts[::-1]
         if self._stored[name] == "d" and packed.typecode != "d":
             head = map(float, head)  # as a "d" array would have given them
         return [*head, *tail]

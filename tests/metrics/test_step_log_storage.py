@@ -88,6 +88,61 @@ def test_last_values_of_a_time_column_are_floats_once_packed():
     assert [type(v) for v in log.last_values("start_us", 3)] == [float, float, int]
 
 
+def test_starts_past_two_to_the_31_microseconds_keep_four_bytes_a_row():
+    # Starts are stored as differences from the previous start while they are whole numbers:
+    # 36 minutes into a run a start needs eight bytes, the step between two starts four.
+    log = StepLog()
+    starts = [2**31 + 10_000 * i for i in range(5_000)]
+    for start in starts:
+        _append(log, _row(start, 10_000, 1))
+    log.pack()
+    assert log._packed["start_us"].typecode == "h"  # 10,000 µs apart: two bytes each
+    assert log.column("start_us").tolist() == [float(v) for v in starts]
+    assert log.column("start_us").dtype == np.float64
+    # A fractional start (a blocking CPU-tier reload) makes the column plain times for good.
+    _append(log, _row(starts[-1] + 10_000.5, 3, 1))
+    _append(log, _row(starts[-1] + 20_000, 3, 1))
+    log.pack()
+    assert log._packed["start_us"].typecode == "d"
+    assert log.column("start_us").tolist() == [
+        *map(float, starts),
+        starts[-1] + 10_000.5,
+        starts[-1] + 20_000.0,
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    starts=st.lists(
+        st.one_of(
+            st.integers(-(2**40), 2**52),
+            st.integers(0, 1_000),
+            st.sampled_from([0.5, 2.0**31 + 0.25, 7.0]),
+        ),
+        max_size=60,
+    ),
+    pack_every=st.integers(1, 25),
+)
+def test_starts_read_back_as_written_whatever_the_storage(starts, pack_every):
+    # Any whole numbers (any order, any size below 2**53) and fractional times, packed at any
+    # points: every reader sees the starts that were appended, as a "d" array would hold them.
+    log = StepLog()
+    for i, start in enumerate(starts):
+        _append(log, _row(start, 1, 1))
+        if i % pack_every == 0:
+            log.pack()
+        for count in (1, 2, 3):
+            expected = starts[max(0, i + 1 - count) : i + 1]
+            got = log.last_values("start_us", count)
+            assert got == expected  # values (a packed start may read back as a float)
+            packed_rows = len(log) - len(log.tail_start_us)
+            for k, value in enumerate(got):
+                if i + 1 - len(got) + k < packed_rows:
+                    assert type(value) is float
+    assert log.column("start_us").tolist() == [float(v) for v in starts]
+    assert log.column("start_us").dtype == np.float64
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     rows=st.lists(
@@ -101,12 +156,13 @@ def test_last_values_of_a_time_column_are_floats_once_packed():
     chunk_rows=st.integers(1, 64),
     otp_us=st.sampled_from([0, 7]),
     pack_every=st.integers(1, 400),
+    first_start_us=st.sampled_from([0, 2**31 + 5, 2**45]),
 )
 def test_regular_gaps_counted_in_chunks_equal_the_expanded_columns(
-    rows, chunk_rows, otp_us, pack_every
+    rows, chunk_rows, otp_us, pack_every, first_start_us
 ):
     log = StepLog(otp_us=otp_us)
-    start_us = 0
+    start_us = first_start_us
     for i, (idle_us, step_us, count) in enumerate(rows):
         start_us += idle_us
         _append(log, _row(start_us, step_us, count))
