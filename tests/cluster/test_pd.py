@@ -102,7 +102,7 @@ def test_pd_invariants(scenario):
         assert (result.transfers.slot_wait_us == 0).all()
     # The PD metrics read durations and slot waits from the link's records, not the frame
     # users read: the two must agree to the bit (and types), whatever the base latency.
-    durations, waits = pd_views._durations_and_slot_waits(result.pd)
+    durations, _starts, waits = pd_views._link_columns(result.pd)
     frame = result.transfers
     assert durations.dtype == np.int64 and waits.dtype == np.float64
     assert np.array_equal(durations, frame.duration_us.to_numpy(dtype=np.int64))

@@ -16,7 +16,6 @@ from ..summary import mean, pct
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ...cluster.kv_transfer import TransferRecords
     from ..pd_record import PDRecord
 
 
@@ -30,15 +29,16 @@ def _parent_columns(parents: Sequence, names: Sequence[str]) -> list[np.ndarray]
     ]
 
 
-def _transfer_ends(parents: Sequence) -> tuple[list, list, list]:
-    """Per PD parent in order: id, prefill instance and decode instance index."""
+def _transfer_ends(parents: Sequence) -> tuple[dict, list, list]:
+    """Per PD parent in order: its position by request id (the last if an id repeats), its
+    prefill instance and its decode instance index."""
     if isinstance(parents, ParentRecords):
-        return parents.transfer_ends()
-    return (
-        [p.request_id for p in parents],
-        [p.prefill_sub.instance_id for p in parents],
-        [p.decode_instance_index for p in parents],
-    )
+        ids, prefill, decode = parents.transfer_ends()
+    else:
+        ids = [p.request_id for p in parents]
+        prefill = [p.prefill_sub.instance_id for p in parents]
+        decode = [p.decode_instance_index for p in parents]
+    return dict(zip(ids, range(len(ids)), strict=True)), prefill, decode
 
 
 TRANSFER_COLUMNS = (
@@ -82,13 +82,12 @@ def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.Da
     if not typed:
         return transfer_rows_frame(pd_state, instance_ids)
     link = pd_state.link
-    ids, prefill, decode = _transfer_ends(pd_state.parents)
-    parents = dict(zip(ids, range(len(ids)), strict=True))  # the last if an id repeats
+    parents, prefill, decode = _transfer_ends(pd_state.parents)
     transfer_ids = list(records.transfer_id)
     parent_of = [parents[tid] for tid in transfer_ids]
     size = np.asarray(records.size_bytes).astype(np.int64)
     requested = np.asarray(records.requested_us).astype(np.int64)
-    duration, slot_waits = _durations_and_slot_waits(pd_state)
+    duration, starts, slot_waits = _link_columns(pd_state)
     # `lone_transfer_us` on every size: max(1, ceil(base + bytes / bandwidth)), the same
     # float operations (sizes below 2**53 convert exactly).
     lone = np.maximum(1, np.ceil(link.base_latency_us + size / link.bandwidth_bytes_per_us)).astype(
@@ -100,7 +99,7 @@ def transfers_frame(pd_state: PDRecord | None, instance_ids: list[str]) -> pd.Da
         "decode_instance": [instance_ids[decode[i]] for i in parent_of],
         "size_bytes": size,
         "requested_us": requested,
-        "start_us": _starts(records, requested),
+        "start_us": starts,
         "end_us": requested + duration,
         "duration_us": duration,
         "contention_delay_us": duration - lone,
@@ -116,8 +115,7 @@ def transfer_rows_frame(pd_state: PDRecord, instance_ids: list[str]) -> pd.DataF
     records are not all typed."""
     import pandas as pd
 
-    ids, prefill, decode = _transfer_ends(pd_state.parents)
-    parents = dict(zip(ids, range(len(ids)), strict=True))  # the last if an id repeats
+    parents, prefill, decode = _transfer_ends(pd_state.parents)
     link = pd_state.link
     records = link.records
     rows = []
@@ -149,25 +147,22 @@ def transfer_rows_frame(pd_state: PDRecord, instance_ids: list[str]) -> pd.DataF
     return pd.DataFrame.from_records(rows, columns=list(TRANSFER_COLUMNS))
 
 
-def _durations_and_slot_waits(pd_state: PDRecord) -> tuple[np.ndarray, np.ndarray]:
-    """`transfers_frame`'s duration_us (as int64) and slot_wait_us (as float64) columns, read
-    from the link's records without building the frame: a PD run's summary needs only these
-    two, and the frame of a million transfers is a million Python rows. The same values: a
-    timestamp below 2**53 µs converts to float64 exactly, so each subtraction is the one the
-    frame's row makes (a test compares them)."""
+def _link_columns(pd_state: PDRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`transfers_frame`'s duration_us (int64), start_us and slot_wait_us (float64) columns,
+    read from the link's records without building the frame: a PD run's summary needs only
+    the durations and waits, and the frame of a million transfers is a million Python rows.
+    The same values: a timestamp below 2**53 µs converts to float64 exactly, so each
+    operation is the one the frame's row makes (a test compares them). A start is the
+    request time plus the base latency unless recorded otherwise, as
+    `TransferRecords.start_us` computes it."""
     link = pd_state.link
     records = link.records
     durations = np.asarray(records.duration_us).astype(np.int64)
     requested = np.asarray(records.requested_us, dtype=np.float64)
-    return durations, _starts(records, requested) - (requested + link.base_latency_us)
-
-
-def _starts(records: TransferRecords, requested: np.ndarray) -> np.ndarray:
-    """Every record's start_us as float64, as `TransferRecords.start_us` computes it."""
-    starts = requested.astype(np.float64) + records.base_latency_us
+    starts = requested + records.base_latency_us
     for i, start in records.other_starts.items():
         starts[i] = start
-    return starts
+    return durations, starts, starts - (requested + link.base_latency_us)
 
 
 def pd_metrics(pd_state: PDRecord | None, summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -184,7 +179,7 @@ def pd_metrics(pd_state: PDRecord | None, summary: dict[str, Any]) -> dict[str, 
         d.parents, ("first_token_us", "arrival_us", "transfer_end_us")
     )
     ttft = (first - arrival)[first >= 0].astype(np.int64)
-    durations, slot_waits = _durations_and_slot_waits(d)
+    durations, _starts, slot_waits = _link_columns(d)
     completed_transfers = int(np.count_nonzero(transfer_end >= 0))
     end = max(summary["vllm_estimated_duration_s"] * 1e6, 1.0)
     return {
