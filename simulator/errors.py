@@ -59,6 +59,16 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     return shorten(one_line(text), limit)
 
 
+def key_text(key: object) -> str:
+    """A user's mapping key as one step of a field path in a message: as written when it is a
+    plain name, quoted (`repr`) when it is empty or holds a line break, a control character, a
+    space or a path separator (`.`, `[`, `]`) that would make the path misread."""
+    name = str(key)
+    if not name or not name.isprintable() or any(c in name for c in " .[]"):
+        return excerpt(name)
+    return name
+
+
 def invalid(field: str, value: object, allowed: str) -> ConfigError:
     """Build the standard message: `<field>: invalid value <value>; <allowed>`."""
     return ConfigError(f"{field}: invalid value {excerpt(value)}; {allowed}")

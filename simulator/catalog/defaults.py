@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import invalid
+from simulator.errors import invalid, key_text
 from simulator.input_files import bundled_yaml, read_yaml
 
 _TOP_KEYS = {
@@ -151,7 +151,7 @@ def _finite(where: str, value: object) -> float:
 def _model_defaults(top: dict, source: str) -> dict[str, dict[str, Any]]:
     model_defaults: dict[str, dict[str, Any]] = {}
     for model_id, spec in _section(top, "defaults", source).items():
-        where = f"{source}: defaults.{model_id}"
+        where = f"{source}: defaults.{key_text(model_id)}"
         spec = _check_keys(where, spec, _DEFAULT_KEYS, {"GPU", "tensor_parallelism"})
         model_defaults[str(model_id).lower()] = dict(spec)
     return model_defaults
@@ -181,7 +181,7 @@ def _coefficient_entry(row: object, where: str) -> CoefficientEntry:
 def _workloads(top: dict, source: str) -> dict[str, dict[str, Any]]:
     workloads: dict[str, dict[str, Any]] = {}
     for name, spec in _section(top, "workloads", source).items():
-        where = f"{source}: workloads.{name}"
+        where = f"{source}: workloads.{key_text(name)}"
         workloads[str(name)] = dict(_check_keys(where, spec, _WORKLOAD_KEYS, set()))
     return workloads
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import ConfigError
+from ..errors import ConfigError, key_text
 from ..limits import (
     CV,
     MAX_BANDWIDTH_GB_PER_S,
@@ -578,10 +578,7 @@ def _location(loc: tuple) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
             continue
-        # A user's key may hold anything, line breaks included: quote any odd one.
-        name = str(part)
-        if not name or not name.isprintable() or any(c in name for c in " .[]"):
-            name = repr(name)
+        name = key_text(part)  # a user's key may hold anything, line breaks included
         out += f".{name}" if out else name
     return out
 

@@ -196,3 +196,30 @@ def test_strict_parsing_rejects_unknown_keys(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="cannot read"):
         load_defaults_file(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("key", ["\r", "a\nb", "", "x.y", "tab\there"])
+def test_a_section_key_that_would_break_the_message_is_quoted(tmp_path: Path, key: str) -> None:
+    """A model or preset name is a step of the field path the error names: written as is when
+    it is a plain name, quoted when a line break, a control character or a separator in it
+    would split the one-line message or misread as a path (found by `make fuzz`: a "\\r" key
+    gave a two-line error)."""
+    raw = yaml.safe_load(BUNDLED.read_text())
+    raw["defaults"][key] = None
+    raw["workloads"][key] = 5
+    bad = tmp_path / "defaults.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as caught:
+        load_defaults_file(bad)
+    message = str(caught.value)
+    assert message.splitlines() == [message]
+    assert f"defaults.{key!r}: invalid value None; must be a mapping" in message
+
+
+def test_a_plain_section_key_is_written_as_is(tmp_path: Path) -> None:
+    raw = yaml.safe_load(BUNDLED.read_text())
+    raw["workloads"]["my-preset_2"] = 5
+    bad = tmp_path / "defaults.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"workloads\.my-preset_2: invalid value 5; must be"):
+        load_defaults_file(bad)
