@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 from .cluster.cluster import run_simulation
 from .deployment import (
-    ANALYTICAL_BACKENDS,
     DP_NEEDS_RANK_PRICING,
     FALLBACK_KV_BLOCKS,
     Deployment,
@@ -62,7 +61,6 @@ __all__ = [
     "with_overrides",
     "workload_spec_of",
     # resolving a deployment (deployment.py)
-    "ANALYTICAL_BACKENDS",
     "DP_NEEDS_RANK_PRICING",
     "FALLBACK_KV_BLOCKS",
     "Deployment",

@@ -36,8 +36,6 @@ DP_NEEDS_RANK_PRICING = (
     "latency model 'trained-physics' prices one scheduler standing for all dp ranks (BLIS's "
     "approximation); servesim runs a scheduler per rank, which latency model physics prices"
 )
-# Backends whose step time comes from the model's shape; they get an auto-derived context limit.
-ANALYTICAL_BACKENDS = frozenset({"roofline", "physics"})
 
 
 @dataclass
@@ -146,7 +144,7 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
     if max_model_len is None:
         max_model_len = (
             derive_max_model_len(model, total_blocks, eng.block_size_tokens)
-            if lat.model in ANALYTICAL_BACKENDS
+            if step_model.derives_context_limit
             else 0
         )
     engine = EngineConfig(

@@ -45,17 +45,23 @@ MIXTRAL_8X7B = ModelConfig(  # MoE: 8 experts, 2 per token
 # tokens needs 4 steps (the prefill step emits the first token, then 3 decode steps), 40 ms;
 # with max_num_running_reqs = 1 an instance serves one request at a time, so its capacity is
 # exactly 1 / 40 ms = 25 req/s.
+def evenly_spaced(rate: float, num_requests: int, prompt: int, output: int) -> dict:
+    """A scenario's workload: `num_requests` arrivals at constant spacing (1 / `rate` s), every
+    one with `prompt` prompt tokens and `output` output tokens."""
+    return {
+        "arrival": "constant",
+        "rate": rate,
+        "num_requests": num_requests,
+        "prompt_tokens": {"distribution": "constant", "value": prompt},
+        "output_tokens": {"distribution": "constant", "value": output},
+    }
+
+
 CAPACITY_25_RPS = {
     "model": "meta-llama/llama-3.1-8b-instruct",
     "hardware": "H100",
     "tp": 1,
     "latency": {"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [10_000, 0, 0]},
     "engine": {"max_num_running_reqs": 1, "total_kv_blocks": 10_000},
-    "workload": {
-        "arrival": "constant",
-        "rate": 5,
-        "num_requests": 300,
-        "prompt_tokens": {"distribution": "constant", "value": 16},
-        "output_tokens": {"distribution": "constant", "value": 4},
-    },
+    "workload": evenly_spaced(rate=5, num_requests=300, prompt=16, output=4),
 }

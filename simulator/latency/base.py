@@ -56,6 +56,11 @@ class StepTimeModel:
     parallelism_dimensions: frozenset[str] = frozenset()
     # Where the coefficients come from, as results report it (set by each backend).
     coefficients_source: str = "analytical: no fitted coefficients"
+    # An unset `engine.max_model_len` comes from the model's config (docs/behaviour.md §2.5,
+    # "Context limit"): BLIS derives it for every backend that reads the config (roofline,
+    # crossmodel, trained-roofline, trained-physics) and not for blackbox, which prices from
+    # fitted coefficients alone.
+    derives_context_limit: bool = True
 
     def provenance(self) -> dict:
         """Which model produced a result, and from which coefficients (every summary says)."""

@@ -46,6 +46,7 @@ class BlackboxModel(StepTimeModel):
     """Linear regression over the step's prefill tokens and decode count."""
 
     name = "blackbox"
+    derives_context_limit = False  # no context limit unless the scenario sets one (as BLIS)
 
     def __init__(
         self,

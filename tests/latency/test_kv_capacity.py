@@ -18,6 +18,7 @@ from simulator.latency.kv_capacity import (
     model_param_count,
     model_weight_bytes,
 )
+from tests.specs import evenly_spaced
 
 GIB = 1 << 30
 
@@ -198,3 +199,55 @@ def test_max_model_len_rope_rules(llama8b, scaling, model_type, expected):
 
 def test_max_model_len_zero_without_position_embeddings(llama8b):
     assert derive_max_model_len(replace(llama8b, max_position_embeddings=0), 1000, 16) == 0
+
+
+# The context limit a run gets when the scenario leaves engine.max_model_len unset. Llama-2-7B's
+# config says max_position_embeddings 4096 with no rope scaling, and 100,000 blocks of 16 tokens
+# (1,600,000 tokens) do not cap it, so every backend that reads the config derives 4096; blackbox
+# prices from fitted coefficients alone and, as in BLIS, sets no limit (0).
+CONTEXT_LIMIT_RUN = {
+    "model": "meta-llama/llama-2-7b-hf",
+    "hardware": "H100",
+    "tp": 1,
+    "engine": {"total_kv_blocks": 100_000},
+}
+
+
+@pytest.mark.parametrize(
+    ("backend", "limit"),
+    [
+        ("roofline", 4096),
+        ("physics", 4096),
+        ("crossmodel", 4096),
+        ("trained-roofline", 4096),
+        ("trained-physics", 4096),
+        ("blackbox", 0),
+    ],
+)
+def test_every_backend_but_blackbox_derives_the_context_limit(backend, limit):
+    from simulator.api import as_scenario, resolve_deployment
+
+    latency = {"model": backend}
+    if backend == "blackbox":
+        latency |= {"alpha_coeffs": [1000, 1, 1], "beta_coeffs": [1000, 1, 1]}
+    scenario = as_scenario({**CONTEXT_LIMIT_RUN, "latency": latency})
+    assert resolve_deployment(scenario).engine.max_model_len == limit
+
+
+@pytest.mark.parametrize("backend", ["crossmodel", "trained-roofline", "trained-physics"])
+def test_a_prompt_past_the_derived_limit_is_unservable(backend):
+    """BLIS-Mar (crossmodel, trained-roofline) and the current BLIS (trained-physics), run on
+    this workload, drop all four requests: "input length 5000 >= MaxModelLen 4096". servesim
+    did not derive the limit for these backends before 2026-12-06 and served them; found by
+    replaying BLIS-Mar's own traces of random workloads."""
+    from simulator import simulate
+
+    result = simulate(
+        {
+            **CONTEXT_LIMIT_RUN,
+            "latency": {"model": backend},
+            "workload": evenly_spaced(rate=10, num_requests=4, prompt=5000, output=10),
+        }
+    )
+    assert result.summary["dropped_unservable"] == 4
+    assert result.summary["completed_requests"] == 0

@@ -13,7 +13,7 @@ import simulator
 from simulator.engine.request import RequestState
 from simulator.metrics.slo import SloPolicy, SloTargets, slo_report
 from simulator.metrics.steady import judge
-from tests.specs import CAPACITY_25_RPS
+from tests.specs import CAPACITY_25_RPS, evenly_spaced
 
 # tests/specs.py: a GPU-independent server of exactly 25 req/s.
 CAPACITY_RPS = 25.0
@@ -86,14 +86,8 @@ def test_a_run_cut_by_the_horizon_is_not_steady():
         {
             **BASE,
             "horizon_us": 9_900_000,
-            "workload": {
-                "arrival": "constant",
-                "rate": 4,
-                "num_requests": 60,
-                "prompt_tokens": {"distribution": "constant", "value": 16},
-                "output_tokens": {"distribution": "constant", "value": 20},
-            },
-        }  # fmt: skip
+            "workload": evenly_spaced(rate=4, num_requests=60, prompt=16, output=20),
+        }
     )
     assert result.summary["still_queued"] + result.summary["still_running"] > 0
     assert result.steady_state.verdict == "not steady"
