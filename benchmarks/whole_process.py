@@ -566,8 +566,13 @@ def parity_case(num_requests: int = PARITY_REQUESTS) -> Case:
 
 
 def _per_request(records: list[dict]) -> dict[str, tuple[int, int]]:
+    """TTFT and E2E (µs) by request id, of the requests that were served: BLIS deletes a
+    request it drops as unservable from its records, servesim keeps it with its state (the
+    counts are compared instead)."""
     return {
-        r["requestID"]: (round(r["ttft_ms"] * 1000), round(r["e2e_ms"] * 1000)) for r in records
+        r["requestID"]: (round(r["ttft_ms"] * 1000), round(r["e2e_ms"] * 1000))
+        for r in records
+        if r.get("state") != "dropped_unservable"
     }
 
 
@@ -590,11 +595,9 @@ def compare_requests(blis: dict, ours: dict, tolerance_us: int = 1) -> str:
                 f"MISMATCH at {request_id}: TTFT {st} µs (servesim) vs {bt} µs (BLIS-Mar), "
                 f"E2E {se} µs vs {be} µs"
             )
-    if blis.get("completed_requests") != ours.get("completed_requests"):
-        return (
-            f"MISMATCH: completed {ours.get('completed_requests')} (servesim) vs "
-            f"{blis.get('completed_requests')} (BLIS-Mar)"
-        )
+    for count in ("completed_requests", "dropped_unservable"):
+        if blis.get(count) != ours.get(count):
+            return f"MISMATCH: {count} {ours.get(count)} (servesim) vs {blis.get(count)} (BLIS-Mar)"
     return (
         f"outputs agree: {len(theirs):,} requests, TTFT and E2E within {tolerance_us} µs "
         f"of BLIS-Mar's each"
@@ -606,25 +609,34 @@ def replay_parity(servesim: Program, mar: Program, folder: Path, log=print) -> s
     servesim replays that trace with the same deployment flags; every request is compared."""
     case = parity_case()
     spec = write_spec(case, folder)
-    prefix = folder / "parity-trace"
-    blis_out, ours_out = folder / "parity-blis-mar.json", folder / "parity-servesim.json"
-    blis_args = [
-        *program_args(case, mar, spec),
-        "--trace-output",
-        str(prefix),
-        "--results-path",
-        str(blis_out),
-    ]
-    timing = time_process(mar, blis_args, rss=False)
+    verdict = trace_and_replay(
+        servesim, mar, program_args(case, mar, spec), case.flags, folder / "parity"
+    )
+    log(f"  replay parity: {verdict}")
+    return verdict
+
+
+def trace_and_replay(
+    servesim: Program, mar: Program, blis_args: Sequence[str], flags: Sequence[str], stem: Path
+) -> str:
+    """BLIS-Mar runs `blis_args` (a `run` command) and writes its trace and per-request
+    results next to `stem`; servesim replays the trace with the deployment `flags`; the
+    verdict of `compare_requests` (or 'not checked: …' when a program failed)."""
+    trace = stem.with_name(stem.name + "-trace")
+    blis_out = stem.with_name(stem.name + "-blis-mar.json")
+    ours_out = stem.with_name(stem.name + "-servesim.json")
+    timing = time_process(
+        mar, [*blis_args, "--trace-output", str(trace), "--results-path", str(blis_out)], rss=False
+    )
     if timing.returncode != 0:
         return f"not checked: BLIS-Mar exited {timing.returncode}: {_tail(timing.stderr, 2)}"
     replay_args = [
         "replay",
         "--trace-header",
-        f"{prefix}.yaml",
+        f"{trace}.yaml",
         "--trace-data",
-        f"{prefix}.csv",
-        *case.flags,
+        f"{trace}.csv",
+        *flags,
         "--results-path",
         str(ours_out),
         "--quiet",
@@ -632,9 +644,7 @@ def replay_parity(servesim: Program, mar: Program, folder: Path, log=print) -> s
     timing = time_process(servesim, replay_args, rss=False)
     if timing.returncode != 0:
         return f"not checked: servesim replay exited {timing.returncode}: {_tail(timing.stderr, 2)}"
-    verdict = compare_requests(json.loads(blis_out.read_text()), json.loads(ours_out.read_text()))
-    log(f"  replay parity: {verdict}")
-    return verdict
+    return compare_requests(json.loads(blis_out.read_text()), json.loads(ours_out.read_text()))
 
 
 # --- reporting ------------------------------------------------------------------------------

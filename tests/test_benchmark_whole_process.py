@@ -230,6 +230,20 @@ def test_request_by_request_comparison():
     assert wp.compare_requests(blis, fewer).startswith("MISMATCH: request sets differ")
 
 
+def test_a_request_dropped_as_unservable_is_compared_by_count():
+    """BLIS deletes a request it drops from its records; servesim keeps it with its state."""
+    blis = {**_records(("request_0", 11.884, 655.015)), "dropped_unservable": 1}
+    ours = {**_records(("request_0", 11.884, 655.015)), "dropped_unservable": 1}
+    ours["requests"].append(
+        {"requestID": "request_1", "ttft_ms": 0, "e2e_ms": 0, "state": "dropped_unservable"}
+    )
+    assert wp.compare_requests(blis, ours).startswith("outputs agree: 1 requests")
+    served = {**ours, "dropped_unservable": 0}
+    assert wp.compare_requests(blis, served) == (
+        "MISMATCH: dropped_unservable 0 (servesim) vs 1 (BLIS-Mar)"
+    )
+
+
 # --- end to end with fake programs ---------------------------------------------------------------
 
 

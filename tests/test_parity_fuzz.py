@@ -1,0 +1,77 @@
+"""benchmarks/parity_fuzz.py: random parity cases against BLIS-Mar's binary. The binary is not
+needed here: these tests check that the cases stay inside the region where servesim and BLIS
+mean the same thing (the tool's docstring lists it), and that servesim runs each case."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator import simulate
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+_spec = importlib.util.spec_from_file_location("parity_fuzz", BENCH / "parity_fuzz.py")
+pf = importlib.util.module_from_spec(_spec)
+sys.modules["parity_fuzz"] = pf  # its dataclass looks its module up by name
+_spec.loader.exec_module(pf)
+
+SEEDS = range(1, 201)
+
+
+def _flag(case, name: str) -> str | None:
+    return case.flags[case.flags.index(name) + 1] if name in case.flags else None
+
+
+def test_a_seed_always_gives_the_same_case():
+    assert pf.make_case(7) == pf.make_case(7)
+    assert len({pf.make_case(s).flags for s in SEEDS}) > 150  # and seeds vary the case
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_case_stays_where_the_two_simulators_agree(seed):
+    case = pf.make_case(seed)
+    dense = {m: d for m, _tps, d in pf.MODELS}[case.model]
+    # Roofline prices MoE expert weights in servesim only (behaviour §A5).
+    assert dense or _flag(case, "--latency-model") != "roofline"
+    # Load-aware routing breaks ties with each program's own random generator.
+    assert _flag(case, "--routing-policy") in (None, "round-robin")
+    assert int(_flag(case, "--total-kv-blocks")) == pf.KV_BLOCKS
+    (client,) = case.spec["clients"]
+    # A burst with at least two output tokens each: no arrival meets a step that finishes
+    # every running request (BLIS would overlap a second step there).
+    assert case.spec["aggregate_rate"] == pf.BURST_RATE
+    assert client["arrival"] == {"process": "constant"}
+    assert client["output_distribution"]["params"]["min"] >= 2
+    assert _flag(case, "--hardware") in pf.GPUS
+    (model_tps,) = [tps for model, tps, _dense in pf.MODELS if model == case.model]
+    assert int(_flag(case, "--tp")) in model_tps
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_servesim_runs_a_case(tmp_path, seed):
+    """The case's workload spec and flags are a valid servesim run (as a scenario)."""
+    import yaml
+
+    case = pf.make_case(seed)
+    spec = tmp_path / "spec.yaml"
+    case.spec["num_requests"] = 10
+    spec.write_text(yaml.safe_dump(case.spec))
+    result = simulate(
+        {
+            "model": case.model,
+            "hardware": _flag(case, "--hardware"),
+            "tp": int(_flag(case, "--tp")),
+            "latency": {"model": _flag(case, "--latency-model")},
+            "engine": {"total_kv_blocks": pf.KV_BLOCKS},
+            "workload_spec": str(spec),
+        }
+    )
+    assert result.summary["completed_requests"] + result.summary["dropped_unservable"] == 10
+
+
+def test_the_tool_names_no_path_to_a_blis_binary():
+    text = (BENCH / "parity_fuzz.py").read_text()
+    assert "/work/" not in text and "../shared" not in text and "peers" not in text
