@@ -576,31 +576,32 @@ def _per_request(records: list[dict]) -> dict[str, tuple[int, int]]:
     }
 
 
-def compare_requests(blis: dict, ours: dict, tolerance_us: int = 1) -> str:
+def compare_requests(blis: dict, ours: dict, tolerance_us: int = 1, name: str = MAR) -> str:
     """'outputs agree ...' or the first mismatch, comparing per-request TTFT and E2E (µs)
-    of two results files (BLIS-Mar's --results-path, servesim's --results-path)."""
+    of two results files (BLIS-Mar's --results-path or BLIS-current's --metrics-path,
+    servesim's --results-path); `name` is the BLIS build the messages name."""
     theirs = _per_request(blis.get("requests", []))
     mine = _per_request(ours.get("requests", []))
     if set(theirs) != set(mine):
         only_blis = sorted(set(theirs) - set(mine))[:3]
         only_ours = sorted(set(mine) - set(theirs))[:3]
         return (
-            f"MISMATCH: request sets differ ({len(theirs)} vs {len(mine)}; only in BLIS-Mar "
+            f"MISMATCH: request sets differ ({len(theirs)} vs {len(mine)}; only in {name} "
             f"{only_blis}, only in servesim {only_ours})"
         )
     for request_id in sorted(theirs, key=lambda r: (len(r), r)):
         (bt, be), (st, se) = theirs[request_id], mine[request_id]
         if abs(bt - st) > tolerance_us or abs(be - se) > tolerance_us:
             return (
-                f"MISMATCH at {request_id}: TTFT {st} µs (servesim) vs {bt} µs (BLIS-Mar), "
+                f"MISMATCH at {request_id}: TTFT {st} µs (servesim) vs {bt} µs ({name}), "
                 f"E2E {se} µs vs {be} µs"
             )
     for count in ("completed_requests", "dropped_unservable"):
         if blis.get(count) != ours.get(count):
-            return f"MISMATCH: {count} {ours.get(count)} (servesim) vs {blis.get(count)} (BLIS-Mar)"
+            return f"MISMATCH: {count} {ours.get(count)} (servesim) vs {blis.get(count)} ({name})"
     return (
         f"outputs agree: {len(theirs):,} requests, TTFT and E2E within {tolerance_us} µs "
-        f"of BLIS-Mar's each"
+        f"of {name}'s each"
     )
 
 
@@ -616,20 +617,24 @@ def replay_parity(servesim: Program, mar: Program, folder: Path, log=print) -> s
     return verdict
 
 
+# The flag with which each BLIS build writes one record per request.
+PER_REQUEST_FLAG = {MAR: "--results-path", CURRENT: "--metrics-path"}
+
+
 def trace_and_replay(
-    servesim: Program, mar: Program, blis_args: Sequence[str], flags: Sequence[str], stem: Path
+    servesim: Program, blis: Program, blis_args: Sequence[str], flags: Sequence[str], stem: Path
 ) -> str:
-    """BLIS-Mar runs `blis_args` (a `run` command) and writes its trace and per-request
-    results next to `stem`; servesim replays the trace with the deployment `flags`; the
-    verdict of `compare_requests` (or 'not checked: …' when a program failed)."""
+    """BLIS (`blis.name`: BLIS-Mar or BLIS-current) runs `blis_args` (a `run` command) and
+    writes its trace and per-request results next to `stem`; servesim replays the trace with
+    the deployment `flags`; the verdict of `compare_requests` (or 'not checked: …' when a
+    program failed)."""
     trace = stem.with_name(stem.name + "-trace")
-    blis_out = stem.with_name(stem.name + "-blis-mar.json")
+    blis_out = stem.with_name(stem.name + "-blis.json")
     ours_out = stem.with_name(stem.name + "-servesim.json")
-    timing = time_process(
-        mar, [*blis_args, "--trace-output", str(trace), "--results-path", str(blis_out)], rss=False
-    )
+    output = [PER_REQUEST_FLAG[blis.name], str(blis_out)]
+    timing = time_process(blis, [*blis_args, "--trace-output", str(trace), *output], rss=False)
     if timing.returncode != 0:
-        return f"not checked: BLIS-Mar exited {timing.returncode}: {_tail(timing.stderr, 2)}"
+        return f"not checked: {blis.name} exited {timing.returncode}: {_tail(timing.stderr, 2)}"
     replay_args = [
         "replay",
         "--trace-header",
@@ -644,7 +649,9 @@ def trace_and_replay(
     timing = time_process(servesim, replay_args, rss=False)
     if timing.returncode != 0:
         return f"not checked: servesim replay exited {timing.returncode}: {_tail(timing.stderr, 2)}"
-    return compare_requests(json.loads(blis_out.read_text()), json.loads(ours_out.read_text()))
+    return compare_requests(
+        json.loads(blis_out.read_text()), json.loads(ours_out.read_text()), name=blis.name
+    )
 
 
 # --- reporting ------------------------------------------------------------------------------

@@ -30,41 +30,59 @@ def test_a_seed_always_gives_the_same_case():
     assert len({pf.make_case(s).flags for s in SEEDS}) > 150  # and seeds vary the case
 
 
+@pytest.mark.parametrize("build", [pf.MAR, pf.CURRENT])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_every_case_stays_where_the_two_simulators_agree(seed):
-    case = pf.make_case(seed)
+def test_every_case_stays_where_the_two_simulators_agree(seed, build):
+    case = pf.make_case(seed, build)
+    assert case.build == build
+    backend = _flag(case, "--latency-model")
+    assert backend in pf.BACKENDS[build]
     dense = {m: d for m, _tps, d in pf.MODELS}[case.model]
-    # Roofline prices MoE expert weights in servesim only (behaviour §A5).
-    assert dense or _flag(case, "--latency-model") != "roofline"
+    # BLIS-Mar's roofline leaves MoE expert weights unpriced (behaviour §A5).
+    assert dense or build != pf.MAR or backend != "roofline"
+    # Every flag is one the build has.
+    assert build == pf.MAR or "--priority-policy" not in case.flags
     # Load-aware routing breaks ties with each program's own random generator.
     assert _flag(case, "--routing-policy") in (None, "round-robin")
     assert int(_flag(case, "--total-kv-blocks")) == pf.KV_BLOCKS
-    (client,) = case.spec["clients"]
     # A burst with at least two output tokens each: no arrival meets a step that finishes
     # every running request (BLIS would overlap a second step there).
     assert case.spec["aggregate_rate"] == pf.BURST_RATE
-    assert client["arrival"] == {"process": "constant"}
-    assert client["output_distribution"]["params"]["min"] >= 2
+    assert 1 <= len(case.spec["clients"]) <= 3
+    for client in case.spec["clients"]:
+        assert client["arrival"] == {"process": "constant"}
+        assert client["output_distribution"]["params"]["min"] >= 2
+        assert client["slo_class"] in pf.SLO_CLASSES
+    blackbox = backend == "blackbox"
+    assert ("--alpha-coeffs" in case.flags) == blackbox == ("--beta-coeffs" in case.flags)
     assert _flag(case, "--hardware") in pf.GPUS
     (model_tps,) = [tps for model, tps, _dense in pf.MODELS if model == case.model]
     assert int(_flag(case, "--tp")) in model_tps
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_servesim_runs_a_case(tmp_path, seed):
+@pytest.mark.parametrize(
+    ("seed", "build"),
+    # roofline, crossmodel, trained-roofline and blackbox for BLIS-Mar, trained-physics
+    [(1, pf.MAR), (3, pf.MAR), (4, pf.MAR), (11, pf.MAR), (4, pf.CURRENT)],
+)
+def test_servesim_runs_a_case(tmp_path, seed, build):
     """The case's workload spec and flags are a valid servesim run (as a scenario)."""
     import yaml
 
-    case = pf.make_case(seed)
+    case = pf.make_case(seed, build)
     spec = tmp_path / "spec.yaml"
     case.spec["num_requests"] = 10
     spec.write_text(yaml.safe_dump(case.spec))
+    latency = {"model": _flag(case, "--latency-model")}
+    for flag, key in (("--alpha-coeffs", "alpha_coeffs"), ("--beta-coeffs", "beta_coeffs")):
+        if flag in case.flags:
+            latency[key] = [float(v) for v in _flag(case, flag).split(",")]
     result = simulate(
         {
             "model": case.model,
             "hardware": _flag(case, "--hardware"),
             "tp": int(_flag(case, "--tp")),
-            "latency": {"model": _flag(case, "--latency-model")},
+            "latency": latency,
             "engine": {"total_kv_blocks": pf.KV_BLOCKS},
             "workload_spec": str(spec),
         }

@@ -61,7 +61,9 @@ def make_priority_policy(name: str) -> PriorityPolicy:
 
 
 class Scheduler:
-    """Orders the wait queue before each step. Sorts are stable; ties by arrival then ID."""
+    """Orders the wait queue before each step. Sorts are stable; ties by arrival, then by
+    request ID compared as text, as BLIS compares its IDs (`request_10` before `request_9`;
+    requests of several clients arrive in the same microsecond)."""
 
     name = ""
     keeps_order = False
@@ -85,7 +87,7 @@ class PriorityFCFSScheduler(Scheduler):
 
     @staticmethod
     def sort_key(r: Request) -> tuple:
-        return (-r.priority, r.arrival_us, r.index)
+        return (-r.priority, r.arrival_us, r.request_id)
 
 
 class SJFScheduler(Scheduler):
@@ -95,7 +97,7 @@ class SJFScheduler(Scheduler):
 
     @staticmethod
     def sort_key(r: Request) -> tuple:
-        return (r.input_tokens, r.arrival_us, r.index)
+        return (r.input_tokens, r.arrival_us, r.request_id)
 
 
 class ReversePriorityScheduler(Scheduler):
@@ -105,7 +107,7 @@ class ReversePriorityScheduler(Scheduler):
 
     @staticmethod
     def sort_key(r: Request) -> tuple:
-        return (r.priority, r.arrival_us, r.index)
+        return (r.priority, r.arrival_us, r.request_id)
 
 
 SCHEDULERS: dict[str, type[Scheduler]] = {

@@ -449,6 +449,17 @@ def test_priority_fcfs_with_inverted_slo_admits_shortest_waiting_first():
     assert admission_order(eng) == ["late", "middle", "early"]
 
 
+@pytest.mark.parametrize("scheduler", ["priority-fcfs", "sjf", "reverse-priority"])
+def test_ties_on_arrival_go_by_request_id_as_text(scheduler):
+    """Same arrival, same prompt, same priority: the IDs decide, compared as text as BLIS
+    compares them, so request_10 comes before request_9 (found by benchmarks/parity_fuzz.py:
+    with several clients arriving in the same microsecond, ordering them by index made the
+    queue order, and every later step, differ from BLIS-Mar's)."""
+    reqs = [new_req(f"request_{i}", 50, 2, arrival=100) for i in (9, 10, 1, 2)]
+    eng = _queue_one_at_a_time(scheduler, "slo-based", reqs)
+    assert admission_order(eng) == ["request_1", "request_10", "request_2", "request_9"]
+
+
 def test_slo_based_priority_is_one_per_second_waited():
     eng = make_engine(scheduler="priority-fcfs", priority_policy="slo-based")
     r = new_req("a", 10, 2, arrival=0)
