@@ -89,6 +89,15 @@ class ParityCase:
     def model(self) -> str:
         return self.flags[self.flags.index("--model") + 1]
 
+    @property
+    def servesim_flags(self) -> tuple[str, ...]:
+        """The flags servesim's replay gets: the case's, and for the current BLIS the priority
+        its schedulers always use (it has no `--priority-policy`; servesim's default is
+        BLIS-Mar's `constant`)."""
+        if self.build == CURRENT:
+            return (*self.flags, "--priority-policy", "slo-class")
+        return self.flags
+
 
 def _lengths(rng: random.Random, mean: int, low: int) -> dict:
     return {
@@ -180,7 +189,7 @@ def run_case(case: ParityCase, blis: Program, folder: Path) -> str:
     ]
     if case.build == CURRENT:
         blis_args += ["--timeout", "-1"]  # its default gives every request a 300 s deadline
-    return trace_and_replay(servesim_program(), blis, blis_args, case.flags, stem)
+    return trace_and_replay(servesim_program(), blis, blis_args, case.servesim_flags, stem)
 
 
 def main(argv: list[str] | None = None) -> int:

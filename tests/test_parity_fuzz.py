@@ -40,8 +40,11 @@ def test_every_case_stays_where_the_two_simulators_agree(seed, build):
     dense = {m: d for m, _tps, d in pf.MODELS}[case.model]
     # BLIS-Mar's roofline leaves MoE expert weights unpriced (behaviour §A5).
     assert dense or build != pf.MAR or backend != "roofline"
-    # Every flag is one the build has.
+    # Every flag is one the build has; servesim gets the current BLIS's priority explicitly.
     assert build == pf.MAR or "--priority-policy" not in case.flags
+    extra = case.servesim_flags[len(case.flags) :]
+    assert case.servesim_flags[: len(case.flags)] == case.flags
+    assert extra == (() if build == pf.MAR else ("--priority-policy", "slo-class"))
     # Load-aware routing breaks ties with each program's own random generator.
     assert _flag(case, "--routing-policy") in (None, "round-robin")
     assert int(_flag(case, "--total-kv-blocks")) == pf.KV_BLOCKS

@@ -359,7 +359,9 @@ def common_flags(
     ] = None,
     priority_policy: Annotated[
         str | None,
-        _opt("--priority-policy", _SIM, "constant (default) | slo-based | inverted-slo"),
+        _opt(
+            "--priority-policy", _SIM, "constant (default) | slo-based | inverted-slo | slo-class"
+        ),
     ] = None,
     preemption_policy: Annotated[
         str | None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import unknown
+from .preemption import vllm_priority
 from .request import Request
 
 # ---------------------------------------------------------------- priority policies
@@ -46,8 +47,21 @@ class InvertedSLOPriority(PriorityPolicy):
         return -1e-6 * (now_us - req.arrival_us)
 
 
+class SLOClassPriority(PriorityPolicy):
+    """The current BLIS's priority: static, from the SLO class (critical first, then standard
+    or none, batch, sheddable, background), the negated vLLM priority so that `priority-fcfs`
+    (highest first) serves the most urgent class first, as that release's `priority-fcfs`
+    (lowest vLLM priority first) does."""
+
+    name = "slo-class"
+
+    def priority(self, req: Request, now_us: int) -> float:
+        return -float(vllm_priority(req.slo_class))
+
+
 PRIORITY_POLICIES: dict[str, type[PriorityPolicy]] = {
-    cls.name: cls for cls in (ConstantPriority, SLOBasedPriority, InvertedSLOPriority)
+    cls.name: cls
+    for cls in (ConstantPriority, SLOBasedPriority, InvertedSLOPriority, SLOClassPriority)
 }
 
 

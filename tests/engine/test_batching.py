@@ -460,6 +460,24 @@ def test_ties_on_arrival_go_by_request_id_as_text(scheduler):
     assert admission_order(eng) == ["request_1", "request_10", "request_2", "request_9"]
 
 
+def _requests_of_classes() -> list[Request]:
+    classes = ["background", "", "critical", "batch", "standard", "sheddable"]
+    return [
+        new_req(f"request_{i}", 50, 2, arrival=100 + i, slo_class=c) for i, c in enumerate(classes)
+    ]
+
+
+def test_slo_class_priority_serves_the_most_urgent_class_first():
+    """The current BLIS's static priority: vLLM priority critical 0, standard (or no class) 1,
+    batch 5, sheddable 6, background 7; priority-fcfs serves the lowest first, reverse-priority
+    the highest, ties by arrival then ID."""
+    eng = _queue_one_at_a_time("priority-fcfs", "slo-class", _requests_of_classes())
+    assert admission_order(eng) == [f"request_{i}" for i in (2, 1, 4, 3, 5, 0)]
+    # Most urgent last; the unclassed and standard requests tie and go by arrival.
+    eng = _queue_one_at_a_time("reverse-priority", "slo-class", _requests_of_classes())
+    assert admission_order(eng) == [f"request_{i}" for i in (0, 5, 3, 1, 4, 2)]
+
+
 def test_slo_based_priority_is_one_per_second_waited():
     eng = make_engine(scheduler="priority-fcfs", priority_policy="slo-based")
     r = new_req("a", 10, 2, arrival=0)
