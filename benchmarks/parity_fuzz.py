@@ -19,7 +19,11 @@ BLIS"), so a difference is a bug on one side, not a documented departure:
   has at least 2 output tokens, so no arrival meets a step that finishes every running request
   (BLIS counts the instance idle from that step's start and overlaps a second step;
   docs/latency-models.md, "Where servesim differs from BLIS-current");
-* KV capacity that never runs short (no preemption) and no shared prefixes;
+* KV capacity that never runs short (no preemption);
+* shared prompt prefixes only for the current BLIS with trained-physics: BLIS-Mar's trace
+  leaves its prefix_group column empty, so a replay cannot share what the run shared, and
+  BLIS-Mar's roofline prices a cached prefix as no context (behaviour §3; the current
+  build's roofline differed too when tried);
 * BLIS-Mar's roofline only for dense models (servesim prices MoE expert weights, behaviour
   §A5, as the current BLIS does);
 * several instances only with round-robin routing (load-aware policies break ties with Go's
@@ -74,6 +78,7 @@ BETAS = ((1000, 5000), (0, 1.5, 20), (0, 0.2, 8))
 SCHEDULERS = ("fcfs", "priority-fcfs", "sjf", "reverse-priority")
 PRIORITY_POLICIES = ("constant", "slo-based", "inverted-slo")
 SLO_CLASSES = ("critical", "standard", "sheddable", "batch", "background")
+PREFIX_LENGTHS = (16, 100, 512, 1000)  # tokens of a shared prompt prefix
 KV_BLOCKS = 2_000_000  # never short: no preemption
 BURST_RATE = 1_000_000  # requests per second: 1 µs apart
 
@@ -117,6 +122,21 @@ def _client(rng: random.Random, index: int) -> dict:
     }
 
 
+def _share_prefixes(rng: random.Random, clients: list[dict]) -> None:
+    """Give some clients a shared prompt prefix: a group of their own, or one group `g` that
+    several share (at one length: a trace records each row's length, and a group is replayed
+    at its first)."""
+    shared_length = rng.choice(PREFIX_LENGTHS)
+    for i, client in enumerate(clients):
+        choice = rng.choice(("none", "own", "shared"))
+        if choice == "own":
+            client["prefix_group"] = f"g{i}"
+            client["prefix_length"] = rng.choice(PREFIX_LENGTHS)
+        elif choice == "shared":
+            client["prefix_group"] = "g"
+            client["prefix_length"] = shared_length
+
+
 def _coefficients(rng: random.Random, choices: tuple[tuple[float, ...], ...]) -> str:
     return ",".join(str(rng.choice(values)) for values in choices)
 
@@ -130,13 +150,16 @@ def make_case(seed: int, build: str = MAR) -> ParityCase:
     if build == MAR and not dense:
         backends = tuple(b for b in backends if b != "roofline")
     backend = rng.choice(backends)
+    clients = [_client(rng, i) for i in range(rng.choice((1, 2, 3)))]
+    if build == CURRENT and backend == "trained-physics":
+        _share_prefixes(rng, clients)
     spec = {
         "version": "2",
         "seed": seed,
         "category": "language",
         "aggregate_rate": BURST_RATE,
         "num_requests": rng.choice((20, 50, 100, 200)),
-        "clients": [_client(rng, i) for i in range(rng.choice((1, 2, 3)))],
+        "clients": clients,
     }
     flags = [
         "--model",

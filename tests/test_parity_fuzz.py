@@ -30,6 +30,11 @@ def test_a_seed_always_gives_the_same_case():
     assert len({pf.make_case(s).flags for s in SEEDS}) > 150  # and seeds vary the case
 
 
+def test_the_current_build_gets_shared_prefixes():
+    shared = [s for s in SEEDS if "prefix_group" in str(pf.make_case(s, pf.CURRENT).spec)]
+    assert len(shared) > 30
+
+
 @pytest.mark.parametrize("build", [pf.MAR, pf.CURRENT])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_every_case_stays_where_the_two_simulators_agree(seed, build):
@@ -56,6 +61,13 @@ def test_every_case_stays_where_the_two_simulators_agree(seed, build):
         assert client["arrival"] == {"process": "constant"}
         assert client["output_distribution"]["params"]["min"] >= 2
         assert client["slo_class"] in pf.SLO_CLASSES
+    # Shared prefixes only where the replay can share them and both price them alike.
+    grouped = [c for c in case.spec["clients"] if "prefix_group" in c]
+    assert not grouped or (build, backend) == (pf.CURRENT, "trained-physics")
+    lengths = {c["prefix_group"]: set() for c in grouped}
+    for c in grouped:
+        lengths[c["prefix_group"]].add(c["prefix_length"])
+    assert all(len(each) == 1 for each in lengths.values())  # one length per group
     blackbox = backend == "blackbox"
     assert ("--alpha-coeffs" in case.flags) == blackbox == ("--beta-coeffs" in case.flags)
     assert _flag(case, "--hardware") in pf.GPUS
@@ -65,8 +77,9 @@ def test_every_case_stays_where_the_two_simulators_agree(seed, build):
 
 @pytest.mark.parametrize(
     ("seed", "build"),
-    # roofline, crossmodel, trained-roofline and blackbox for BLIS-Mar, trained-physics
-    [(1, pf.MAR), (3, pf.MAR), (4, pf.MAR), (11, pf.MAR), (4, pf.CURRENT)],
+    # roofline, crossmodel, trained-roofline and blackbox for BLIS-Mar, trained-physics with
+    # shared prefixes for the current BLIS
+    [(1, pf.MAR), (3, pf.MAR), (4, pf.MAR), (11, pf.MAR), (5, pf.CURRENT)],
 )
 def test_servesim_runs_a_case(tmp_path, seed, build):
     """The case's workload spec and flags are a valid servesim run (as a scenario)."""
