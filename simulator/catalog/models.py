@@ -421,6 +421,24 @@ def _lookup_table() -> dict[str, str]:
     return table
 
 
+def _unknown_model(spec: str) -> ConfigError:
+    """The error for a model servesim ships no config.json for. BLIS's defaults.yaml fits
+    blackbox coefficients for about twenty such models (BLIS runs them from the coefficients
+    alone); servesim needs the architecture for every deployment, so the message says where
+    the fit is and how to give the config."""
+    from simulator.catalog.defaults import coefficient_entries  # only on this error path
+
+    fits = sorted({f"{e.gpu} TP {e.tp}" for e in coefficient_entries(spec)})
+    if not fits:
+        return unknown("model", spec, list_models())
+    return ConfigError(
+        f"model: no bundled config.json for {excerpt(spec)}, which has BLIS blackbox "
+        f"coefficients ({', '.join(fits)}); give its HuggingFace config.json with "
+        "--model-config-folder FOLDER (scenario: model_config_folder) and --latency-model "
+        "blackbox, or choose a bundled model (servesim models)"
+    )
+
+
 def list_models() -> list[str]:
     """Lower-case HuggingFace ids of the bundled models, sorted."""
     return sorted(hf_id.lower() for hf_id in _bundled_index().values())
@@ -491,7 +509,7 @@ def load_model(spec: str, name: str | None = None) -> ModelConfig:
         if folder is None:
             if _looks_like_path(spec):
                 raise ConfigError(f"model: path {excerpt(spec)} does not exist")
-            raise unknown("model", spec, list_models())
+            raise _unknown_model(spec)
         raw = _read_json(_MODEL_CONFIGS_DIR / folder / "config.json")
         model = parse_hf_config(raw, name or _bundled_index()[folder].lower())
     validate_model(model)

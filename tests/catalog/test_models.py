@@ -303,6 +303,39 @@ def test_unknown_model_lists_bundled_ids():
     assert "meta-llama/llama-3.1-8b-instruct" in msg and "qwen/qwen3-14b" in msg
 
 
+def test_a_model_blis_fits_but_servesim_has_no_config_for_says_how_to_run_it(tmp_path):
+    """BLIS-Mar runs blackbox for Granite 3.1 8B from defaults.yaml's coefficients alone;
+    servesim needs the architecture, so the error names the fits and the way in: the model's
+    own config.json (here Llama-3.1-8B's stands in for it), with which the run uses BLIS's fit."""
+    with pytest.raises(ConfigError) as exc:
+        load_model("ibm-granite/granite-3.1-8b-instruct")
+    msg = str(exc.value)
+    assert msg.splitlines() == [msg]
+    assert "no bundled config.json for 'ibm-granite/granite-3.1-8b-instruct'" in msg
+    assert "(A100-80 TP 1, A100-80 TP 2, H100 TP 1, H100 TP 2, H100 TP 4)" in msg
+    assert "--model-config-folder" in msg
+    folder = tmp_path / "granite"
+    folder.mkdir()
+    import simulator.catalog.models as catalog
+
+    bundled = Path(catalog.__file__).parent / "data" / "model_configs" / "llama-3.1-8b-instruct"
+    (folder / "config.json").write_text((bundled / "config.json").read_text())
+    from simulator import simulate
+
+    result = simulate(
+        {
+            "model": "ibm-granite/granite-3.1-8b-instruct",
+            "model_config_folder": str(folder),
+            "hardware": "H100",
+            "tp": 1,
+            "latency": {"model": "blackbox"},
+            "workload": {"rate": 5, "num_requests": 5},
+        }
+    )
+    assert result.summary["completed_requests"] == 5
+    assert "H100 TP1, vLLM v0.8.4" in result.latency_provenance["coefficients"]
+
+
 def test_missing_path_and_folder_without_config(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_model("./no/such/config.json")
