@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from simulator.catalog.defaults import coefficient_entries, lookup_coefficients
+from simulator.catalog.defaults import coefficient_entries, lookup_coefficients, model_defaults
 from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import ConfigError, excerpt, invalid, one_line, shorten
 from simulator.latency.base import StepBatch, StepTimeModel
@@ -80,8 +80,10 @@ class BlackboxModel(StepTimeModel):
         beta: Sequence[float] | None = None,
         vllm_version: str | None = None,
     ) -> BlackboxModel:
-        """Explicit coefficients win; otherwise the first defaults.yaml row for
-        (model, GPU, TP[, vLLM version])."""
+        """Explicit coefficients win; otherwise the first defaults.yaml row for (model, GPU,
+        TP, vLLM version), the version being the model's default one (defaults.yaml
+        `defaults:`) when none is given, as in BLIS: a row fitted on another vLLM version is
+        not used unless that version is asked for."""
         if (alpha is None) != (beta is None):
             missing = "beta_coeffs" if beta is None else "alpha_coeffs"
             raise invalid(missing, None, "alpha_coeffs and beta_coeffs must be given together")
@@ -89,6 +91,8 @@ class BlackboxModel(StepTimeModel):
             model_ = cls(alpha, beta)
             model_.coefficients_source = "given alpha/beta coefficients"
             return model_
+        if vllm_version is None:
+            vllm_version = (model_defaults(model.name) or {}).get("vllm_version")
         entry = lookup_coefficients(model.name, gpu.name, tp, vllm_version)
         if entry is None:
             raise ConfigError(_no_coefficients_message(model.name, gpu.name, tp, vllm_version))
@@ -134,6 +138,7 @@ def _no_coefficients_message(model_id: str, gpu: str, tp: int, vllm_version: str
         if combo not in combos:
             combos.append(combo)
     return (
-        f"{head}; available for this model: {', '.join(combos)}. Give alpha_coeffs and "
-        "beta_coeffs, or use latency model 'roofline'"
+        f"{head}; available for this model: {', '.join(combos)}. Name one of those vLLM "
+        "versions (latency.vllm_version, --vllm-version), give alpha_coeffs and beta_coeffs, "
+        "or use latency model 'roofline'"
     )

@@ -128,8 +128,8 @@ def test_registry_lists_builtin_backends() -> None:
     assert LATENCY_MODELS["blackbox"] is BlackboxModel
 
 
-@pytest.mark.parametrize("version", [None, "v0.8.4", "vllm/vllm-openai:v0.8.4"])
-def test_blackbox_coefficients_from_defaults(version: str | None) -> None:
+@pytest.mark.parametrize("version", ["v0.8.4", "0.8.4", "vllm/vllm-openai:v0.8.4"])
+def test_blackbox_coefficients_from_defaults(version: str) -> None:
     model = build_step_time_model("blackbox", LLAMA31_8B, H100, 2, vllm_version=version)
     assert isinstance(model, BlackboxModel)
     assert model.alpha == ALPHA
@@ -142,14 +142,28 @@ def test_blackbox_lookup_by_bundled_folder_name_and_case() -> None:
     from dataclasses import replace
 
     for name in ("llama-3.1-8b-instruct", "Meta-Llama/Llama-3.1-8B-Instruct"):
-        model = build_step_time_model("blackbox", replace(LLAMA31_8B, name=name), H100, 2)
+        named = replace(LLAMA31_8B, name=name)
+        model = build_step_time_model("blackbox", named, H100, 2, vllm_version="v0.8.4")
         assert model.alpha == ALPHA  # type: ignore[attr-defined]
 
 
 def test_blackbox_a100_sxm_finds_a100_80_rows() -> None:
-    model = build_step_time_model("blackbox", LLAMA31_8B, A100_SXM, 1)
+    model = build_step_time_model("blackbox", LLAMA31_8B, A100_SXM, 1, vllm_version="v0.8.4")
     assert isinstance(model, BlackboxModel)
     assert model.total_kv_blocks is not None
+
+
+def test_without_a_version_the_models_default_vllm_version_is_looked_up() -> None:
+    """As BLIS-Mar does (checked on its binary): Llama-3.1-8B's default vLLM version is
+    v0.11.0 (defaults.yaml `defaults:`), fitted on H100 TP 1 only. Its v0.8.4 rows (H100 TP 2,
+    A100 TP 1, ...) are used when v0.8.4 is asked for, never in its place."""
+    on_default = build_step_time_model("blackbox", LLAMA31_8B, H100, 1)
+    assert "vLLM v0.11.0" in on_default.coefficients_source
+    with pytest.raises(ConfigError) as exc:
+        build_step_time_model("blackbox", LLAMA31_8B, H100, 2)
+    message = str(exc.value)
+    assert "(vLLM version vllm/vllm-openai:v0.11.0)" in message
+    assert "H100 TP2 (v0.8.4)" in message and "--vllm-version" in message
 
 
 def test_explicit_coefficients_override_defaults() -> None:
