@@ -337,6 +337,17 @@ def coefficient_entries(model_id: str) -> list[CoefficientEntry]:
     return list(_bundled_entries_of(model_id))
 
 
+def fitted_deployments(model_id: str) -> list[str]:
+    """Each distinct (GPU, TP, vLLM version) the model has coefficients for, as error
+    messages list them (`H100 TP2 (v0.8.4)`), in file order."""
+    labels: list[str] = []
+    for e in coefficient_entries(model_id):
+        label = f"{e.gpu} TP{e.tp} ({e.vllm_version.rsplit(':', 1)[-1]})"
+        if label not in labels:
+            labels.append(label)
+    return labels
+
+
 def lookup_coefficients(
     model_id: str, gpu: str, tp: int, vllm_version: str | None = None
 ) -> CoefficientEntry | None:

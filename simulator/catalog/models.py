@@ -426,9 +426,9 @@ def _unknown_model(spec: str) -> ConfigError:
     blackbox coefficients for about twenty such models (BLIS runs them from the coefficients
     alone); servesim needs the architecture for every deployment, so the message says where
     the fit is and how to give the config."""
-    from simulator.catalog.defaults import coefficient_entries  # only on this error path
+    from simulator.catalog.defaults import fitted_deployments  # only on this error path
 
-    fits = sorted({f"{e.gpu} TP {e.tp}" for e in coefficient_entries(spec)})
+    fits = fitted_deployments(spec)
     if not fits:
         return unknown("model", spec, list_models())
     return ConfigError(

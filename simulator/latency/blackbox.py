@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from simulator.catalog.defaults import coefficient_entries, lookup_coefficients, model_defaults
+from simulator.catalog.defaults import fitted_deployments, lookup_coefficients, model_defaults
 from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import ConfigError, excerpt, invalid, one_line, shorten
 from simulator.latency.base import StepBatch, StepTimeModel
@@ -126,17 +126,12 @@ def _no_coefficients_message(model_id: str, gpu: str, tp: int, vllm_version: str
         f"blackbox: no fitted coefficients for model {excerpt(model_id)} on GPU {excerpt(gpu)} "
         f"with TP {tp} (vLLM version {version})"
     )
-    entries = coefficient_entries(model_id)
-    if not entries:
+    combos = fitted_deployments(model_id)
+    if not combos:
         return (
             f"{head}; defaults.yaml has no coefficients for this model at all. Give "
             "alpha_coeffs and beta_coeffs, or use latency model 'roofline'"
         )
-    combos: list[str] = []
-    for e in entries:
-        combo = f"{e.gpu} TP{e.tp} ({e.vllm_version.rsplit(':', 1)[-1]})"
-        if combo not in combos:
-            combos.append(combo)
     return (
         f"{head}; available for this model: {', '.join(combos)}. Name one of those vLLM "
         "versions (latency.vllm_version, --vllm-version), give alpha_coeffs and beta_coeffs, "

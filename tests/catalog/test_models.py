@@ -312,7 +312,8 @@ def test_a_model_blis_fits_but_servesim_has_no_config_for_says_how_to_run_it(tmp
     msg = str(exc.value)
     assert msg.splitlines() == [msg]
     assert "no bundled config.json for 'ibm-granite/granite-3.1-8b-instruct'" in msg
-    assert "(A100-80 TP 1, A100-80 TP 2, H100 TP 1, H100 TP 2, H100 TP 4)" in msg
+    fits = "A100-80 TP1 (v0.8.4), H100 TP1 (v0.8.4), A100-80 TP2 (v0.8.4), H100 TP2 (v0.8.4)"
+    assert f"({fits}, H100 TP4 (v0.8.4))" in msg
     assert "--model-config-folder" in msg
     folder = tmp_path / "granite"
     folder.mkdir()
