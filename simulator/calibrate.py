@@ -277,8 +277,16 @@ def trace_case(
     `recorded` (the server settings recorded next to the trace, `read_server_config`), then
     `scenario`'s own fields. The case is named `case_name`, else after the data file (after
     its folder when the file is just `trace.csv`)."""
+    from .api import as_scenario
+    from .workload.server_settings import vllm_batch_overrides
     from .workload.trace import client_of, read_header, read_rows, trace_spans
 
+    sc = as_scenario(scenario) if scenario is not None else None
+    if recorded:
+        # A recorded vLLM server that does not record its batch limits ran with vLLM's own
+        # defaults for its GPU (1,024 sequences on an H100), not with BLIS's.
+        hardware = overrides.get("hardware") or (sc.hardware if sc is not None else None)
+        recorded = vllm_batch_overrides(hardware or "H100") | dict(recorded)
     header = read_header(trace_header)
     server = header.get("server") or {}
     from_header = {
@@ -305,9 +313,6 @@ def trace_case(
     def sent_us(r: Any) -> int:
         return r.send_time_us or r.arrival_time_us
 
-    from .api import as_scenario
-
-    sc = as_scenario(scenario) if scenario is not None else None
     model = overrides.get("model") or (sc.model if sc is not None else "")
     ttft_ms = np.asarray([(rows[i].first_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok])
     e2e_ms = np.asarray([(rows[i].last_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok])

@@ -33,7 +33,11 @@ from .engine.request import RequestState
 from .errors import ConfigError, excerpt
 from .input_files import read_json, read_yaml
 from .scenario import DEFAULT_LATENCY_MODEL
-from .workload.server_settings import SERVER_CONFIG, recorded_prefix_caching
+from .workload.server_settings import (
+    SERVER_CONFIG,
+    recorded_prefix_caching,
+    vllm_batch_defaults_for,
+)
 
 REQUESTS_SUFFIX = ".requests.csv"
 META_SUFFIX = ".meta.json"
@@ -48,9 +52,6 @@ WORKLOADS = ("general", "codegen", "roleplay", "reasoning")
 # requests than they were scheduled over fell behind the server: the offered load was not
 # delivered, so the cell measures the server's capacity, not latency at that load
 # (vllm-0.23.0 agg18/24/30: +5 %, +38 %, +71 %; every other cell within 0.01 %).
-# vllm-0.23.0's README: max_num_seqs was not recorded; the saturated cells hold about 255
-# requests in flight, consistent with 256.
-DEFAULT_MAX_NUM_SEQS = 256
 METRICS = (
     "ttft_mean_ms",
     "ttft_p90_ms",
@@ -112,6 +113,9 @@ class RunSpec:
     # A BLIS observe cell: its trace header (requests_csv is then its trace.csv and
     # meta_json the dataset's server_config.json). None for a ground-truth request CSV.
     trace_header: Path | None = None
+    # Batch limits the server's configuration does not record, as (setting, value) pairs: the
+    # values vLLM takes on the GPU when not given (server_settings.vllm_batch_defaults).
+    vllm_default_settings: tuple[tuple[str, int], ...] = ()
     # What the server did (see simulator.workload.server_settings) and where that was read.
     prefix_caching: bool = True
     prefix_caching_source: str = ""
@@ -362,14 +366,23 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
 
     config_path = dataset / SERVER_CONFIG
 
+    unrecorded: dict[str, int] = {}
+
     def cfg(*keys: str, default: int | None = None) -> int:
         for key in keys:
             if server.get(key) is not None:
                 return _positive_int(server[key], key, config_path)
         if default is not None:
+            unrecorded[keys[0]] = default
             return default
         raise ConfigError(f"ground truth: {str(config_path)!r}: missing key {keys[0]!r}")
 
+    # What the server took for a batch limit the configuration does not record: vLLM's own
+    # default on the GPU (server_settings.vllm_batch_defaults), not BLIS's.
+    default_tokens, default_seqs = vllm_batch_defaults_for(HARDWARE)
+
+    max_num_seqs = cfg("max_num_seqs", default=default_seqs)
+    max_num_batched_tokens = cfg("max_num_batched_tokens", default=default_tokens)
     header_path = cell / TRACE_HEADER
     read_header(header_path)
     spans = trace_spans(cell / TRACE_DATA)
@@ -380,8 +393,9 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
         meta_json=config_path,
         model=bundled_model(_require(server, "model", config_path), config_path),
         tp=cfg("tensor_parallel_size", "tensor_parallelism"),
-        max_num_seqs=cfg("max_num_seqs", default=DEFAULT_MAX_NUM_SEQS),
-        max_num_batched_tokens=cfg("max_num_batched_tokens"),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        vllm_default_settings=tuple(unrecorded.items()),
         max_model_len=cfg("max_model_len", "max_seq_len"),
         block_size_tokens=cfg("block_size"),
         gpu_kv_blocks=cfg("num_gpu_blocks", "kv_blocks_total_gpu"),
@@ -657,8 +671,9 @@ def validate_run(
         header, data = trace if trace is not None else baseline_trace(run, Path(tmp))
         # The run's own trace: its client decided from the spans read when it was found.
         client = {}
-        if trace is None and run.spans is not None:
-            client = {"max_in_flight": client_of(run.spans).replay_choice}
+        recorded_client = client_of(run.spans) if run.spans is not None else None
+        if trace is None and recorded_client is not None:
+            client = {"max_in_flight": recorded_client.replay_choice}
         result = replay(header, data, **client, **overrides)
         load = None
         if run.kind == "trace":
@@ -666,7 +681,9 @@ def validate_run(
                 offered_load = run.client_fell_behind
             at_schedule = None
             if offered_load:
-                at_schedule = replay(*scheduled_trace(run, Path(tmp)), **overrides)
+                at_schedule = offered_load_replay(
+                    run, Path(tmp), overrides, result if client.get("max_in_flight") else None
+                )
             load = load_row(run, measured, result.request_records, at_schedule)
     # With a forced length (or an observe cell's exact count), the simulated client counts
     # what the real one reported.
@@ -721,6 +738,29 @@ def load_row(
         "predicted_at": "schedule" if at_schedule is not None else "sends",
         "overloaded": run.overloaded,
     }
+
+
+def offered_load_replay(
+    run: RunSpec, workdir: Path, overrides: dict[str, Any], capped_result: Any = None
+) -> Any:
+    """The replay of an observe cell's requests at their scheduled times, through its
+    recorded client's limit on outstanding requests when that client fell behind (256 in the
+    saturated 0.23 cells): the load the real server was offered. Without the limit the
+    simulated server would face a queue the real one never saw (with vLLM's 1,024 sequences
+    on an H100 it then admits past its KV capacity and preempts). `capped_result`, the cell's
+    replay when it was already made that way (`--max-in-flight auto` on a late client), is
+    returned as it is."""
+    from .api import replay
+    from .workload.trace import client_of
+
+    recorded = client_of(run.spans) if run.spans is not None else None
+    if recorded is not None and recorded.at_schedule:
+        if capped_result is not None:
+            return capped_result
+        return replay(
+            *scheduled_trace(run, workdir), max_in_flight=recorded.max_in_flight, **overrides
+        )
+    return replay(*scheduled_trace(run, workdir), **overrides)
 
 
 def scheduled_trace(run: RunSpec, workdir: Path) -> tuple[Path, Path]:

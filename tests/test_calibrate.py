@@ -9,6 +9,7 @@ the true coefficients against it must be perfect.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -490,6 +491,23 @@ def test_trace_cells_are_named_after_their_folders(cells: Path) -> None:
     # A flag wins over the recorded setting.
     flagged = cal.trace_cases(cells, engine__total_kv_blocks=6000)
     assert all(c.overrides["engine__total_kv_blocks"] == 6000 for c in flagged)
+    # server_config.json records no token budget: the server took vLLM's default for the GPU
+    # (8,192 on an H100, 2,048 on an L40S), not BLIS's. Its sequence limit is the header's
+    # (these traces were written by servesim, whose header records max_num_seqs 256); with
+    # neither, vLLM's default (1,024 on an H100, 256 on an L40S).
+    bare = cells.parent / f"{cells.name}-bare"
+    shutil.copytree(cells, bare)
+    for header in bare.glob("*/trace.yaml"):
+        doc = yaml.safe_load(header.read_text())
+        del doc["server"]["max_num_seqs"]
+        header.write_text(yaml.safe_dump(doc))
+    for hardware, tokens, seqs in ((None, 8192, 1024), ("L40S", 2048, 256)):
+        for folder, expected_seqs in ((cells, 256), (bare, seqs)):
+            for case in cal.trace_cases(folder, hardware=hardware):
+                assert case.overrides["engine__max_num_scheduled_tokens"] == tokens
+                assert case.overrides["engine__max_num_running_reqs"] == expected_seqs
+    flagged = cal.trace_cases(bare, engine__max_num_running_reqs=64)[0]
+    assert flagged.overrides["engine__max_num_running_reqs"] == 64
     assert cal.version_in_name("vllm-0.15.1-h100") == "0.15.1"
     assert cal.version_in_name("runs") is None
 

@@ -27,6 +27,7 @@ from simulator.validate import (
     summarize,
     validate_folder,
 )
+from simulator.workload.server_settings import vllm_batch_defaults, vllm_batch_defaults_for
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 REAL_GROUNDTRUTH = REPOSITORY / "groundtruth"  # shipped with the repository
@@ -539,7 +540,10 @@ def test_discovery_of_observe_cells(both_layouts: Path) -> None:
     calm, late = runs[2:]
     assert (calm.name, late.name) == ("sweep-agg2", "sweep-agg20")  # by load, not by text
     assert calm.model == "qwen/qwen3-14b"
-    assert (calm.tp, calm.max_num_seqs, calm.max_num_batched_tokens) == (1, 256, 8192)
+    # server_config.json does not record max_num_seqs: the server (started without flags on an
+    # H100) took vLLM's default, 1,024; the recorded 8,192 tokens is that branch's default too.
+    assert (calm.tp, calm.max_num_seqs, calm.max_num_batched_tokens) == (1, 1024, 8192)
+    assert calm.vllm_default_settings == (("max_num_seqs", 1024),)
     assert (calm.max_model_len, calm.block_size_tokens, calm.gpu_kv_blocks) == (40960, 16, 18038)
     assert (calm.prefix_caching, calm.prefix_caching_source) == (True, "server_config.json")
     assert calm.trace_header == both_layouts / V23 / "sweep-agg2" / "trace.yaml"
@@ -552,6 +556,34 @@ def test_discovery_of_observe_cells(both_layouts: Path) -> None:
     assert runs[0].prefix_caching and "exp-config.yaml records no setting" in (
         runs[0].prefix_caching_source
     )
+
+
+def test_vllm_batch_defaults_by_gpu() -> None:
+    # vLLM's OpenAI server without --max-num-batched-tokens/--max-num-seqs: (8192, 1024) on a
+    # device with at least 70 GiB that is not an A100, else (2048, 256).
+    assert vllm_batch_defaults_for("H100") == (8192, 1024)  # 80 GiB
+    assert vllm_batch_defaults_for("H200") == (8192, 1024)
+    assert vllm_batch_defaults_for("A100-80") == (2048, 256)  # 80 GiB, but an A100
+    assert vllm_batch_defaults_for("A100-SXM") == (2048, 256)
+    assert vllm_batch_defaults_for("L40S") == (2048, 256)  # 48 GiB
+    assert vllm_batch_defaults("some-gpu", 69.9) == (2048, 256)
+    assert vllm_batch_defaults("some-gpu", 70.0) == (8192, 1024)
+
+
+def test_observe_cell_without_batch_limits_takes_vllms(both_layouts: Path) -> None:
+    config_path = both_layouts / V23 / "server_config.json"
+    config = json.loads(config_path.read_text())
+    del config["max_num_batched_tokens"]
+    config_path.write_text(json.dumps(config))
+    calm = discover_runs(both_layouts / V23, traces=True)[0]
+    assert (calm.max_num_seqs, calm.max_num_batched_tokens) == (1024, 8192)
+    assert calm.vllm_default_settings == (("max_num_seqs", 1024), ("max_num_batched_tokens", 8192))
+    # A recorded value wins.
+    config["max_num_seqs"] = 128
+    config_path.write_text(json.dumps(config))
+    calm = discover_runs(both_layouts / V23, traces=True)[0]
+    assert calm.max_num_seqs == 128
+    assert calm.vllm_default_settings == (("max_num_batched_tokens", 8192),)
 
 
 def test_observe_cell_needs_its_server_config(both_layouts: Path) -> None:
@@ -625,6 +657,7 @@ def test_cli_validate_on_the_parent_of_both_datasets(both_layouts: Path, tmp_pat
     assert "saturation throughput vllm-0.23.0: measured" in stdout
     assert "accuracy    all" in stdout
     assert "vllm-0.23.0: prefix caching: on (server_config.json)" in stderr
+    assert "vllm-0.23.0: max_num_seqs 1,024 (not recorded: vLLM's default" in stderr
     assert "vllm-0.15.1: prefix caching: on (vLLM's default" in stderr
     assert "wall time" in stderr
     written = pd.read_csv(out)

@@ -637,6 +637,16 @@ def _echo_prefix_caching(runs: list, flag: bool | None, prompt_reuse: bool) -> N
         seen.setdefault(run.dataset, choice)
     for dataset, choice in seen.items():
         typer.echo(f"{dataset}: {choice.line()}", err=True)
+    # Batch limits the dataset's server configuration does not record (vLLM's own defaults).
+    defaulted: dict[str, tuple[tuple[str, int], ...]] = {}
+    for run in runs:
+        if getattr(run, "vllm_default_settings", ()):
+            defaulted.setdefault(run.dataset, run.vllm_default_settings)
+    for dataset, settings in defaulted.items():
+        values = ", ".join(f"{name} {value:,}" for name, value in settings)
+        typer.echo(
+            f"{dataset}: {values} (not recorded: vLLM's default on the replayed GPU)", err=True
+        )
 
 
 def _echo_validation(done: Any, model: str) -> None:

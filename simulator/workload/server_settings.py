@@ -1,4 +1,5 @@
-"""What the recorded server did, for the replay of a recorded run: prefix caching on or off.
+"""What the recorded server did, for the replay of a recorded run: prefix caching on or off,
+and the batch limits a server started without them took.
 
 A replay that shares prefixes the real server recomputed, or recomputes what it served from its
 prefix cache, prices different work; on a saturated vLLM cell that alone moves TTFT by a
@@ -38,6 +39,17 @@ REQUESTS_SUFFIX = ".requests.csv"
 VLLM_DEFAULT = True
 _ON_KEYS = ("enable_prefix_caching", "enable-prefix-caching")
 _OFF_KEYS = ("no_enable_prefix_caching", "no-enable-prefix-caching")
+
+# vLLM's OpenAI-compatible server, started without --max-num-batched-tokens or --max-num-seqs,
+# takes them from the GPU (vllm/engine/arg_utils.py, the batch defaults by usage context): a
+# device with at least 70 GiB that is not an A100 (H100, H200, B200, MI300X) gets 8,192 tokens
+# and 1,024 sequences; any other GPU 2,048 and 256. The vllm-0.23.0 dataset's server ran with
+# no flags and recorded max_num_batched_tokens 8192, which only the first branch gives, so its
+# unrecorded max_num_seqs was 1,024 (its saturated cells hold 256 requests because the load
+# generator allowed 256 outstanding, not because the server did).
+LARGE_GPU_MEMORY_GIB = 70.0
+LARGE_GPU_BATCH = (8192, 1024)
+OTHER_GPU_BATCH = (2048, 256)
 
 
 @dataclass(frozen=True)
@@ -120,3 +132,24 @@ def _existing(places: Iterable[str | os.PathLike[str] | None]) -> list[Path]:
             # A path the OS cannot take is the reader's to report, not this lookup's.
             continue
     return found
+
+
+def vllm_batch_defaults(gpu_name: str, memory_gib: float) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of a vLLM OpenAI server started without them on
+    this GPU (see LARGE_GPU_BATCH)."""
+    if memory_gib >= LARGE_GPU_MEMORY_GIB and "a100" not in gpu_name.lower():
+        return LARGE_GPU_BATCH
+    return OTHER_GPU_BATCH
+
+
+def vllm_batch_defaults_for(hardware: str) -> tuple[int, int]:
+    """`vllm_batch_defaults` of a GPU in servesim's hardware table (by its name there)."""
+    from ..catalog.hardware import get_gpu
+
+    return vllm_batch_defaults(hardware, get_gpu(hardware).memory_gib)
+
+
+def vllm_batch_overrides(hardware: str) -> dict[str, int]:
+    """`vllm_batch_defaults_for(hardware)` as replay overrides (dotted with `__`)."""
+    tokens, seqs = vllm_batch_defaults_for(hardware)
+    return {"engine__max_num_scheduled_tokens": tokens, "engine__max_num_running_reqs": seqs}
