@@ -89,10 +89,12 @@ FITTED = (
     "request_overhead_us",
 )
 FITTED = tuple(name for name in FITTED if name in COEFFICIENT_NAMES)
-# Not fitted: `single_process_overhead_us` stays at 0 (see PhysicsCoefficients), and
+# Not fitted: `single_process_overhead_us` stays at 0 (see PhysicsCoefficients),
 # `output_lag_steps` stays at 1, the one step vLLM V1's async scheduler runs
 # ahead (see PhysicsCoefficients); fitting it as well left the folds disagreeing on how TTFT
-# splits between it and `request_overhead_us`.
+# splits between it and `request_overhead_us`. `gemm_ridge_exponent` keeps its start (3: the
+# form of the GEMM's roofline, a judgment, docs/latency-models.md) and `network_latency_us`
+# too (no measured run crossed nodes).
 FIT_METRICS = ("e2e_mean_ms", "itl_ms", "ttft_mean_ms", "ttft_p99_ms")
 # Fitted only where it was measured: the median gap between streamed tokens (a BLIS observe
 # cell's summary.json records it). The mean ITL mixes decode-only steps with steps that carry

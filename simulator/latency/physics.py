@@ -70,8 +70,11 @@ ALLREDUCES_PER_LAYER = 2
 
 # Version 2: the step is priced as a roofline per kernel class (GEMMs, attention). A version-1
 # file was fitted under one roofline over the whole step; it still loads, and the run's
-# provenance says to refit it.
-COEFFICIENTS_FILE_VERSION = 2
+# provenance says to refit it. Version 3: a GEMM's stream and arithmetic meet in a p-norm
+# (`gemm_ridge_exponent`); a file of an older version without that key was fitted with the
+# plain maximum, so it reads as exponent 0 and keeps meaning what it meant.
+COEFFICIENTS_FILE_VERSION = 3
+SHARP_RIDGE_BEFORE_VERSION = 3
 _DATA = Path(__file__).resolve().parent.parent / "catalog" / "data" / "physics.yaml"
 
 
@@ -135,6 +138,13 @@ class PhysicsCoefficients:
     # An assumption, not a fit: an InfiniBand/RoCE send costs a few µs on the wire and NCCL's
     # network protocol several more; NVLink steps cost allreduce_latency_us.
     network_latency_us: float = 10.0
+    # How sharply a GEMM turns from streaming its weights to computing: its time is the p-norm
+    # of the two, (stream^p + arithmetic^p)^(1/p), not their maximum. A GEMM near the ridge
+    # (a decode batch of a few hundred rows on an H100) cannot keep HBM and the tensor cores
+    # both busy: with p = 3 it reaches 79 % of the roofline where the two times are equal,
+    # 97 % where one is twice the other. 0 = the plain maximum (the sharp roofline); a whole
+    # number >= 1, not fitted (docs/latency-models.md).
+    gemm_ridge_exponent: float = 3.0
 
     def check(self, where: str = "physics coefficients") -> PhysicsCoefficients:
         def at_least_zero(value: object) -> bool:
@@ -152,6 +162,14 @@ class PhysicsCoefficients:
                     raise invalid(f"{where}: {f.name}", value, "must be a number in (0, 1]")
             elif f.name == "gemm_fixed_rows" and not (is_finite_positive(value) or value == 0):
                 raise invalid(f"{where}: {f.name}", value, "must be a number >= 0")
+            elif f.name == "gemm_ridge_exponent" and not (
+                at_least_zero(value) and (value == 0 or value >= 1)
+            ):
+                raise invalid(
+                    f"{where}: {f.name}",
+                    value,
+                    "must be 0 (the plain maximum) or a number >= 1 (the p-norm's exponent)",
+                )
             elif f.name == "output_lag_steps" and not (
                 at_least_zero(value) and value == int(value)
             ):
@@ -204,16 +222,29 @@ def _communication_s(terms: Sequence[Any], c: PhysicsCoefficients) -> Any:
     ) + (alltoall_s / c.interconnect_efficiency + network_steps * c.network_latency_us * 1e-6)
 
 
+def ridge(
+    stream_s: Any, arithmetic_s: Any, exponent: float, maximum: Callable[[Any, Any], Any] = max
+) -> Any:
+    """A kernel's time from its memory stream's and its arithmetic's: their p-norm
+    (`PhysicsCoefficients.gemm_ridge_exponent`), or their maximum when `exponent` is 0.
+    Element-wise on arrays with `maximum` = numpy.maximum."""
+    if exponent == 0:
+        return maximum(stream_s, arithmetic_s)
+    return (stream_s**exponent + arithmetic_s**exponent) ** (1.0 / exponent)
+
+
 def _gpu_s(terms: Sequence[Any], c: PhysicsCoefficients, maximum: Callable[[Any, Any], Any]) -> Any:
     """A roofline per kernel class, not per step: the GEMMs stream the weights while they
     compute, the attention kernels stream the KV cache while they compute, and the two run one
     after the other, so neither stream hides under the other's arithmetic."""
     memory_s, prefill_s, decode_s, row_s, kv_s = terms[0], terms[1], terms[2], terms[7], terms[8]
     prefill_attention_s, decode_attention_s = terms[12], terms[13]
-    gemm_s = maximum(
+    gemm_s = ridge(
         memory_s / c.bandwidth_efficiency,
         (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
         + decode_s / c.decode_compute_efficiency,
+        c.gemm_ridge_exponent,
+        maximum,
     )
     attention_s = maximum(
         kv_s / c.kv_bandwidth_efficiency,
@@ -585,14 +616,28 @@ def read_coefficients_file(path: str | Path) -> tuple[PhysicsCoefficients, str]:
         )
     if "coefficients" not in data:
         raise ConfigError(f"latency coefficients file {str(path)!r}: missing key 'coefficients'")
-    coefficients = coefficients_from_mapping(data["coefficients"], f"{str(path)!r} coefficients")
+    mapping = data["coefficients"]
     version = data.get("version")
-    note = f"file {str(path)!r}"
     is_count = isinstance(version, int) and not isinstance(version, bool)
-    if is_count and version < COEFFICIENTS_FILE_VERSION:
+    old_ridge = (
+        is_count
+        and version < SHARP_RIDGE_BEFORE_VERSION
+        and isinstance(mapping, dict)
+        and "gemm_ridge_exponent" not in mapping
+    )
+    if old_ridge:
+        mapping = {**mapping, "gemm_ridge_exponent": 0.0}
+    coefficients = coefficients_from_mapping(mapping, f"{str(path)!r} coefficients")
+    note = f"file {str(path)!r}"
+    if is_count and version < 2:
         note += (
             f"; written by an older calibrate (file version {version}) for the "
             "single-roofline step: refit with servesim calibrate"
+        )
+    elif old_ridge:
+        note += (
+            f"; written by an older calibrate (file version {version}) for the sharp GEMM "
+            "roofline, read with gemm_ridge_exponent 0"
         )
     return coefficients, note
 
@@ -1044,10 +1089,13 @@ class PhysicsModel(StepTimeModel):
         prefill_attention_s = prefill_attention_flops / peak_flops
         decode_attention_s = decode_attention_flops / peak_flops
         # price_terms()
-        gpu_s = max(
-            memory_s / c.bandwidth_efficiency,
-            (prefill_s + c.gemm_fixed_rows * row_s) / c.prefill_compute_efficiency
-            + decode_s / c.decode_compute_efficiency,
+        stream_s = memory_s / c.bandwidth_efficiency
+        arithmetic_s = (
+            prefill_s + c.gemm_fixed_rows * row_s
+        ) / c.prefill_compute_efficiency + decode_s / c.decode_compute_efficiency
+        p = c.gemm_ridge_exponent  # ridge(), written out
+        gpu_s = (
+            max(stream_s, arithmetic_s) if p == 0 else (stream_s**p + arithmetic_s**p) ** (1.0 / p)
         ) + max(
             kv_s / c.kv_bandwidth_efficiency,
             prefill_attention_s / c.prefill_compute_efficiency

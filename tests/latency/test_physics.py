@@ -49,6 +49,7 @@ BARE = PhysicsCoefficients(
     single_process_overhead_us=0.0,
     request_overhead_us=0.0,
     gemm_fixed_rows=0.0,
+    gemm_ridge_exponent=0.0,  # the sharp roofline; test_a_gemm_near_its_ridge_* prices p
     output_lag_steps=0.0,
 )
 
@@ -224,6 +225,40 @@ def test_decode_kv_reads_do_not_hide_under_a_prefill_chunk() -> None:
     assert price_terms(t, BARE) > one_roofline_s
 
 
+def test_a_gemm_near_its_ridge_is_the_p_norm_of_its_stream_and_its_arithmetic() -> None:
+    """Llama-2-7B TP1 decoding 295 sequences: its GEMMs stream 13.5 GB of weights (4.0 ms at
+    3.35 TB/s) and compute 295 x 13.5 GFLOP (4.0 ms at 989.5 TFLOP/s): the ridge, where the
+    sharp roofline says 4.0 ms and a real GEMM keeps neither unit fully busy. With
+    gemm_ridge_exponent p the GEMMs take (stream^p + arithmetic^p)^(1/p): at the ridge
+    2^(1/3) = 1.26 x the maximum for p = 3 (79 % of the roofline), the sum for p = 1, the
+    maximum for p = 0. A batch of one, 295x below the ridge, is the stream to 1e-7."""
+    m = PhysicsModel(LLAMA2_7B, H100, 1, BARE)
+    t = m.terms(StepBatch([], 295, 295 * 100))
+    stream, arithmetic = t.memory_s, t.decode_compute_s
+    assert arithmetic / stream == pytest.approx(1.0, abs=0.02)
+    attention = max(t.kv_memory_s, t.decode_attention_s)
+    for p, gemm in (
+        (0, max(stream, arithmetic)),
+        (1, stream + arithmetic),
+        (3, (stream**3 + arithmetic**3) ** (1 / 3)),
+    ):
+        priced = price_terms(t, replace(BARE, gemm_ridge_exponent=p))
+        assert priced == pytest.approx(gemm + attention)
+    sharp = price_terms(t, BARE)
+    assert price_terms(t, replace(BARE, gemm_ridge_exponent=3)) - attention == pytest.approx(
+        2 ** (1 / 3) * (sharp - attention), rel=0.01
+    )
+    one = m.terms(StepBatch([], 1, 100))
+    assert price_terms(one, replace(BARE, gemm_ridge_exponent=3)) == pytest.approx(
+        price_terms(one, BARE), rel=1e-7
+    )
+    # The law: never faster than the sharp roofline, and slower the blunter the ridge.
+    times = [price_terms(t, replace(BARE, gemm_ridge_exponent=p)) for p in (0, 8, 4, 3, 2, 1)]
+    assert times == sorted(times)
+    with pytest.raises(ConfigError, match="gemm_ridge_exponent: invalid value 0.5"):
+        replace(BARE, gemm_ridge_exponent=0.5).check()
+
+
 def test_the_shipped_vllm_0_23_fit_reproduces_the_saturated_step_structure() -> None:
     """What the saturated 24 req/s cell of the vLLM 0.23 measurements (Qwen3-14B, one H100)
     shows step by step, read from its trace.csv (first-chunk times of the requests admitted
@@ -250,18 +285,33 @@ def test_the_shipped_vllm_0_23_fit_reproduces_the_saturated_step_structure() -> 
 
 
 def test_moderate_decode_batches_cannot_tell_the_decode_efficiency() -> None:
-    """Why its physical default could be revised (docs/latency-models.md): a decode-only step
-    of up to 64 sequences is memory-bound in its GEMMs for the 0.15.1 models at their TP,
-    so it costs the same at decode efficiency 0.3 and 0.6; at 256 sequences (the vLLM 0.23
+    """Why its physical default could be revised (docs/latency-models.md): under the sharp
+    roofline a decode-only step of up to 64 sequences is memory-bound in its GEMMs for the
+    0.15.1 models at their TP, so it costs the same at decode efficiency 0.3 and 0.6. With the
+    GEMM ridge's p-norm (p = 3) batches of one and eight still cannot tell (within 0.5 %: the
+    arithmetic is far below the stream), but 32-64 rows at efficiency 0.3 approach the ridge
+    and cost more (70B TP4 at 64 sequences 7 % more). At 256 sequences (the vLLM 0.23
     saturated cells, an overloaded server) 70B's GEMMs become compute-bound at 0.3."""
     low = replace(PhysicsCoefficients(), decode_compute_efficiency=0.3)
     high = replace(PhysicsCoefficients(), decode_compute_efficiency=0.6)
     for model, tp in ((LLAMA2_7B, 1), (LLAMA2_70B, 4), (MIXTRAL, 2)):
         for batch in (1, 8, 32, 64):
             step = StepBatch([], batch, batch * 1000)
-            assert PhysicsModel(model, H100, tp, low).step_time_us(step) == PhysicsModel(
-                model, H100, tp, high
-            ).step_time_us(step), (model.name, batch)
+            sharp_low, sharp_high = (
+                PhysicsModel(model, H100, tp, replace(c, gemm_ridge_exponent=0)).step_time_us(step)
+                for c in (low, high)
+            )
+            assert sharp_low == sharp_high, (model.name, batch)
+            blunt_low, blunt_high = (
+                PhysicsModel(model, H100, tp, c).step_time_us(step) for c in (low, high)
+            )
+            assert blunt_low >= blunt_high
+            if batch <= 8:
+                assert blunt_low == pytest.approx(blunt_high, rel=0.005), (model.name, batch)
+    seventy = StepBatch([], 64, 64 * 1000)
+    assert PhysicsModel(LLAMA2_70B, H100, 4, low).step_time_us(seventy) > 1.05 * (
+        PhysicsModel(LLAMA2_70B, H100, 4, high).step_time_us(seventy)
+    )
     big = StepBatch([], 256, 256 * 1750)
     slow = PhysicsModel(LLAMA2_70B, H100, 4, low).step_time_us(big)
     assert slow > PhysicsModel(LLAMA2_70B, H100, 4, high).step_time_us(big)
@@ -363,8 +413,17 @@ def test_coeffs_file_only_for_physics(tmp_path: Path) -> None:
     m = build_step_time_model("physics", LLAMA2_7B, H100, 1, coeffs_file=old)
     assert "file version 1" in m.coefficients_source
     assert "refit with servesim calibrate" in m.coefficients_source
+    # A version-2 file was fitted with the sharp GEMM roofline: without the key it reads as
+    # exponent 0, and says so; a version-3 file (or one with no version) takes the default.
+    sharp = tmp_path / "sharp.yaml"
+    sharp.write_text("version: 2\nlatency_model: physics\ncoefficients: {}\n")
+    assert load_coefficients_file(sharp).gemm_ridge_exponent == 0
+    m = build_step_time_model("physics", LLAMA2_7B, H100, 1, coeffs_file=sharp)
+    assert "read with gemm_ridge_exponent 0" in m.coefficients_source
+    assert load_coefficients_file(path).gemm_ridge_exponent == 3
     current = tmp_path / "current.yaml"
     current.write_text(yaml.safe_dump(coefficients_document(PhysicsCoefficients())))
+    assert yaml.safe_load(current.read_text())["version"] == 3
     m = build_step_time_model("physics", LLAMA2_7B, H100, 1, coeffs_file=current)
     assert m.coefficients_source == f"given (file {str(current)!r})"
     with pytest.raises(ConfigError, match="latency.coeffs_file: .* only latency model physics"):
@@ -499,6 +558,10 @@ def test_physical_defaults_reproduce_the_public_batch_one_anchor() -> None:
       + one embedding row 4096 x 2 B                        -> 15.01 GB / 3.35 TB/s = 4.480 ms
       KV = 2 x 32 x 8 x 128 x 2 B = 128 KiB per token x 301 -> 39.5 MB / 3.35 TB/s = 0.0118 ms
       step = 4.480 / 0.8 + 0.0118 / 0.8 + 500 µs + 32 x 10 µs + 1 x 5 µs = 6.440 ms
+    under the sharp roofline. With the GEMM ridge (p = 3) the GEMMs' arithmetic, one row plus
+    gemm_fixed_rows 64 at 2 x 7.504e9 FLOP each, 65 x 15.01 GFLOP / (989.5 TFLOP/s x 0.6) =
+    1.643 ms against the stream's 5.600 ms, adds 5.600 x ((1 + (1.643 / 5.600)^3)^(1/3) - 1)
+    = 0.047 ms: 6.487 ms (6.486 with the exact terms), against 6.48 measured.
     """
     c = PhysicsCoefficients()
     assert (c.bandwidth_efficiency, c.kv_bandwidth_efficiency) == (0.80, 0.80)
@@ -512,7 +575,11 @@ def test_physical_defaults_reproduce_the_public_batch_one_anchor() -> None:
     assert terms.memory_s == pytest.approx(15.01e9 / 3.35e12, rel=1e-3)
     assert terms.kv_memory_s == pytest.approx(131072 * 301 / 3.35e12, rel=1e-9)
     step_ms = m.step_time_us(StepBatch([], 1, 300)) / 1000
-    assert step_ms == pytest.approx(6.440, abs=0.002)
+    assert step_ms == pytest.approx(6.486, abs=0.002)
+    sharp = PhysicsModel(
+        load_model("llama-3.1-8b-instruct"), H100, 1, replace(c, gemm_ridge_exponent=0)
+    )
+    assert sharp.step_time_us(StepBatch([], 1, 300)) / 1000 == pytest.approx(6.440, abs=0.002)
     assert step_ms == pytest.approx(6.48, rel=0.02)  # the public measurement
 
 
