@@ -655,10 +655,11 @@ def validate_run(
     `trace` (header, data) replays those requests instead of the run's own, in the same order
     (e.g. `shared_prefix_trace`).
 
-    `offered_load` (default: for a cell whose client fell behind) also replays the cell's
-    requests at their *scheduled* times, the load that was offered, for the predicted
-    achieved throughput: replayed at their send times, an overloaded cell would offer the
-    simulated server only what the real one let the client send."""
+    `offered_load` (default: for a cell whose client fell behind) uses the cell's requests at
+    their *scheduled* times, through the recorded client's limit on outstanding requests (the
+    load that was offered; `offered_load_replay`), for the predicted achieved throughput:
+    replayed at their send times, an overloaded cell would offer the simulated server only
+    what the real one let the client send."""
     import tempfile
 
     from .api import replay
