@@ -1022,6 +1022,8 @@ class PhysicsModel(StepTimeModel):
             "gpu_covered_by_fit": self.source.covers_gpu,
             "model_covered_by_fit": self.model.name.lower() in self.source.fit_models,
             "efficiencies": self.efficiencies(),
+            # The step's form: 0 = each GEMM the slower of its stream and its arithmetic.
+            "gemm_ridge_exponent": self.coefficients.gemm_ridge_exponent,
             "gpu_figures": self.gpu.source,
             "layout": self.layout.describe(),
             "precision": describe_precision(self.model, self.gpu),

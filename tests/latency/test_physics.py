@@ -420,6 +420,7 @@ def test_coeffs_file_only_for_physics(tmp_path: Path) -> None:
     assert load_coefficients_file(sharp).gemm_ridge_exponent == 0
     m = build_step_time_model("physics", LLAMA2_7B, H100, 1, coeffs_file=sharp)
     assert "read with gemm_ridge_exponent 0" in m.coefficients_source
+    assert m.provenance()["gemm_ridge_exponent"] == 0
     assert load_coefficients_file(path).gemm_ridge_exponent == 3
     current = tmp_path / "current.yaml"
     current.write_text(yaml.safe_dump(coefficients_document(PhysicsCoefficients())))
