@@ -142,8 +142,8 @@ class PhysicsCoefficients:
     # of the two, (stream^p + arithmetic^p)^(1/p), not their maximum. A GEMM near the ridge
     # (a decode batch of a few hundred rows on an H100) cannot keep HBM and the tensor cores
     # both busy: with p = 3 it reaches 79 % of the roofline where the two times are equal,
-    # 97 % where one is twice the other. 0 = the plain maximum (the sharp roofline); a whole
-    # number >= 1, not fitted (docs/latency-models.md).
+    # 96 % where one is twice the other. 0 = the plain maximum (the sharp roofline); any
+    # number >= 1 else, not fitted (docs/latency-models.md).
     gemm_ridge_exponent: float = 3.0
 
     def check(self, where: str = "physics coefficients") -> PhysicsCoefficients:
