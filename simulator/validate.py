@@ -682,8 +682,15 @@ def validate_run(
                 offered_load = run.client_fell_behind
             at_schedule = None
             if offered_load:
-                at_schedule = offered_load_replay(
-                    run, Path(tmp), overrides, result if client.get("max_in_flight") else None
+                # A late client's own replay (`--max-in-flight auto`) already is the offered
+                # load through its limit; otherwise replay the schedule.
+                replayed_at_schedule = (
+                    trace is None and recorded_client is not None and recorded_client.at_schedule
+                )
+                at_schedule = (
+                    result
+                    if replayed_at_schedule
+                    else offered_load_replay(run, Path(tmp), overrides, recorded_client)
                 )
             load = load_row(run, measured, result.request_records, at_schedule)
     # With a forced length (or an observe cell's exact count), the simulated client counts
@@ -742,26 +749,20 @@ def load_row(
 
 
 def offered_load_replay(
-    run: RunSpec, workdir: Path, overrides: dict[str, Any], capped_result: Any = None
+    run: RunSpec, workdir: Path, overrides: dict[str, Any], recorded_client: Any = None
 ) -> Any:
     """The replay of an observe cell's requests at their scheduled times, through its
     recorded client's limit on outstanding requests when that client fell behind (256 in the
-    saturated 0.23 cells): the load the real server was offered. Without the limit the
-    simulated server would face a queue the real one never saw (with vLLM's 1,024 sequences
-    on an H100 it then admits past its KV capacity and preempts). `capped_result`, the cell's
-    replay when it was already made that way (`--max-in-flight auto` on a late client), is
-    returned as it is."""
+    saturated 0.23 cells; `recorded_client` is `trace.client_of` of the cell's spans): the
+    load the real server was offered. Without the limit the simulated server would face a
+    queue the real one never saw (with vLLM's 1,024 sequences on an H100 it then admits past
+    its KV capacity and preempts)."""
     from .api import replay
-    from .workload.trace import client_of
 
-    recorded = client_of(run.spans) if run.spans is not None else None
-    if recorded is not None and recorded.at_schedule:
-        if capped_result is not None:
-            return capped_result
-        return replay(
-            *scheduled_trace(run, workdir), max_in_flight=recorded.max_in_flight, **overrides
-        )
-    return replay(*scheduled_trace(run, workdir), **overrides)
+    client = {}
+    if recorded_client is not None and recorded_client.at_schedule:
+        client = {"max_in_flight": recorded_client.max_in_flight}
+    return replay(*scheduled_trace(run, workdir), **client, **overrides)
 
 
 def scheduled_trace(run: RunSpec, workdir: Path) -> tuple[Path, Path]:

@@ -594,7 +594,7 @@ def validate_cmd(
                 prefix_caching=prefix_caching,
             )
             if model == models[0]:
-                _echo_prefix_caching(done.runs, prefix_caching, prompt_reuse)
+                _echo_server_settings(done.runs, prefix_caching, prompt_reuse)
             _echo_validation(done, model)
             summary = summarize(done.frame)
             accuracy = summary[summary["group"] == "accuracy"]
@@ -622,8 +622,9 @@ def validate_cmd(
     guarded(go)
 
 
-def _echo_prefix_caching(runs: list, flag: bool | None, prompt_reuse: bool) -> None:
-    """One stderr line per dataset: the prefix-caching choice and where it came from."""
+def _echo_server_settings(runs: list, flag: bool | None, prompt_reuse: bool) -> None:
+    """Stderr lines per dataset: the prefix-caching choice and where it came from, and the
+    batch limits taken from vLLM's defaults because the server's configuration omits them."""
     from ..workload.server_settings import PrefixCaching
 
     seen: dict[str, PrefixCaching] = {}
@@ -640,7 +641,7 @@ def _echo_prefix_caching(runs: list, flag: bool | None, prompt_reuse: bool) -> N
     # Batch limits the dataset's server configuration does not record (vLLM's own defaults).
     defaulted: dict[str, tuple[tuple[str, int], ...]] = {}
     for run in runs:
-        if getattr(run, "vllm_default_settings", ()):
+        if run.vllm_default_settings:
             defaulted.setdefault(run.dataset, run.vllm_default_settings)
     for dataset, settings in defaulted.items():
         values = ", ".join(f"{name} {value:,}" for name, value in settings)

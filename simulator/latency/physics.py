@@ -74,6 +74,7 @@ ALLREDUCES_PER_LAYER = 2
 # (`gemm_ridge_exponent`); a file of an older version without that key was fitted with the
 # plain maximum, so it reads as exponent 0 and keeps meaning what it meant.
 COEFFICIENTS_FILE_VERSION = 3
+SINGLE_ROOFLINE_BEFORE_VERSION = 2
 SHARP_RIDGE_BEFORE_VERSION = 3
 _DATA = Path(__file__).resolve().parent.parent / "catalog" / "data" / "physics.yaml"
 
@@ -629,7 +630,7 @@ def read_coefficients_file(path: str | Path) -> tuple[PhysicsCoefficients, str]:
         mapping = {**mapping, "gemm_ridge_exponent": 0.0}
     coefficients = coefficients_from_mapping(mapping, f"{str(path)!r} coefficients")
     note = f"file {str(path)!r}"
-    if is_count and version < 2:
+    if is_count and version < SINGLE_ROOFLINE_BEFORE_VERSION:
         note += (
             f"; written by an older calibrate (file version {version}) for the "
             "single-roofline step: refit with servesim calibrate"
