@@ -614,6 +614,34 @@ def test_observe_cell_measured_side_counts_from_the_send(both_layouts: Path) -> 
     assert m.window_s == pytest.approx((max(ends) - min(sends)) / 1e6)
 
 
+def test_the_offered_load_replay_keeps_the_recorded_clients_limit(
+    both_layouts: Path, tmp_path: Path
+) -> None:
+    """The saturation figure's replay offers the schedule through the recorded client's limit
+    on outstanding requests, as the real server was offered it: never more than that many
+    requests between arrival and completion; without the limit the same schedule holds more."""
+    from simulator.validate import offered_load_replay, replay_overrides
+    from simulator.workload.trace import ClientReplay
+
+    late = discover_runs(both_layouts / V23 / "sweep-agg20", traces=True)[0]
+    overrides = replay_overrides(late, "physics")
+
+    def most_in_flight(client: ClientReplay | None) -> int:
+        requests = offered_load_replay(late, tmp_path, overrides, client).requests
+        events = sorted(
+            [(int(t), 1) for t in requests["arrival_us"]]
+            + [(int(t), -1) for t in requests["completion_us"]]
+        )
+        level = peak = 0
+        for _, step in events:  # a completion at t frees its slot before an arrival at t
+            level += step
+            peak = max(peak, level)
+        return peak
+
+    assert most_in_flight(ClientReplay(True, 1, "test")) == 1
+    assert most_in_flight(None) > 1
+
+
 def test_validate_scores_both_datasets_and_the_load_sweep(both_layouts: Path) -> None:
     from simulator.validate import LOAD_COLUMNS, saturation, validate_datasets
 
