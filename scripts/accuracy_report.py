@@ -38,7 +38,11 @@ sys.path.insert(0, str(ROOT))
 
 from simulator import calibrate as cal  # noqa: E402
 from simulator.catalog.defaults import lookup_coefficients  # noqa: E402
-from simulator.latency.physics import PhysicsCoefficients, coefficients_document  # noqa: E402
+from simulator.latency.physics import (  # noqa: E402
+    COEFFICIENT_NAMES,
+    PhysicsCoefficients,
+    coefficients_document,
+)
 from simulator.validate import (  # noqa: E402
     HARDWARE,
     default_groundtruth,
@@ -64,6 +68,10 @@ TARGETS = {"e2e_mean_ms": 0.05, "itl_ms": 0.05, "ttft_mean_ms": 0.15, "ttft_p99_
 UNCALIBRATED_TARGETS = {"e2e_mean_ms": 0.20, "itl_ms": 0.20}
 # Replays of a fit round run in this many processes.
 WORKERS = 2
+# The steady-state figures leave out the requests of each run's first 30 s: every 0.15.1 run
+# started a fresh vLLM server, whose first 10-15 s ran slow (docs/accuracy.md, "The servers'
+# warm-up"); 30 s is twice the longest transient seen, chosen from the time series.
+WARM_UP_S = 30.0
 
 
 def _signed(outcome: dict[str, Any]) -> dict[str, float]:
@@ -82,14 +90,19 @@ REUSE: dict[str, tuple[Path, Path]] = {}
 
 
 def _score_with(runs: list, coeffs: Path | None, latency_model: str = "physics", **extra: Any):
-    """Signed errors per run; by default on the prompt-reuse replay (prefix caching on)."""
+    """Signed errors per run; by default on the prompt-reuse replay (prefix caching on);
+    `warm_up_s` scores only the requests after it (validate_run)."""
     overrides = {"latency__coeffs_file": coeffs} if coeffs is not None else {}
     out = {}
     for run in runs:
         trace = extra.get("trace", REUSE.get(run.name))
         caching = {"engine__enable_prefix_caching": trace is not None}
         outcome = validate_run(
-            run, latency_model, overrides | caching | extra.get("overrides", {}), trace
+            run,
+            latency_model,
+            overrides | caching | extra.get("overrides", {}),
+            trace,
+            warm_up_s=extra.get("warm_up_s", 0.0),
         )
         out[run.name] = _signed(outcome)
         print(f"  {run.name}: {outcome['wall_s']:.1f} s", file=sys.stderr, flush=True)
@@ -139,6 +152,7 @@ def evaluate(
         shipped = _write_yaml(ship, full.document(groundtruth="groundtruth"))
         data["shipped_coefficients"] = cal.coefficients_dict(full.coefficients)
         data["shipped"] = _score_with(runs, shipped)
+        data |= steady_state(runs, data, tmp_dir)
         print("physics, physical defaults", file=sys.stderr, flush=True)
         defaults = _write_yaml(
             tmp_dir / "defaults.yaml", coefficients_document(PhysicsCoefficients())
@@ -161,6 +175,33 @@ def evaluate(
         data["step_composition"] = step_composition(groundtruth, runs, shipped)
     data["wall_s"] = time.perf_counter() - started
     return data
+
+
+def steady_state(runs: list, data: dict[str, Any], tmp_dir: Path) -> dict[str, Any]:
+    """The leave-one-model-out and shipped figures again, from the coefficients in `data`,
+    over the requests that arrived WARM_UP_S or more after each run's first."""
+    print(f"steady state (the first {WARM_UP_S:g} s left out)", file=sys.stderr, flush=True)
+    for run in runs:
+        if run.name not in REUSE:
+            REUSE[run.name] = reuse_trace(run, tmp_dir)
+
+    def coefficients_file(name: str, values: dict[str, float]) -> Path:
+        # Files saved before the ridge's exponent was recorded were fitted with its default.
+        known = {k: v for k, v in values.items() if k in COEFFICIENT_NAMES}
+        document = coefficients_document(PhysicsCoefficients(**known))
+        return _write_yaml(tmp_dir / f"steady-{name}.yaml", document)
+
+    lomo = {}
+    for number, (model, values) in enumerate(data["lomo_coefficients"].items()):
+        path = coefficients_file(f"fold-{number}", values)
+        held = [r for r in runs if r.model == model]
+        lomo |= _score_with(held, path, warm_up_s=WARM_UP_S)
+    shipped = coefficients_file("shipped", data["shipped_coefficients"])
+    return {
+        "warm_up_s": WARM_UP_S,
+        "lomo_steady": lomo,
+        "shipped_steady": _score_with(runs, shipped, warm_up_s=WARM_UP_S),
+    }
 
 
 def step_composition(groundtruth: Path, runs: list, coeffs: Path) -> dict[str, Any]:
@@ -230,6 +271,52 @@ def _summary(per_run: dict[str, dict[str, float]], metric: str) -> tuple[float, 
     return statistics.median(errors), statistics.fmean(errors)
 
 
+def _per_run_table(per_run: dict[str, dict[str, float]], names: list[str], short: dict) -> list:
+    """A table of signed errors: one row per run, one column per SHOWN metric."""
+    lines = [
+        "| run | " + " | ".join(LABELS[m] for m in SHOWN) + " |",
+        "|---|" + "---|" * len(SHOWN),
+    ]
+    for n in names:
+        lines.append(f"| {short[n]} | " + " | ".join(_pct(per_run[n][m]) for m in SHOWN) + " |")
+    return lines
+
+
+def _steady_lines(data: dict[str, Any], names: list[str], short: dict[str, str]) -> list[str]:
+    """The summary and per-run table over the requests after each server's warm-up."""
+    warm_up = data.get("warm_up_s", WARM_UP_S)
+    lines = [
+        "",
+        f"### Steady state: the first {warm_up:g} s of each run left out",
+        "",
+        "The same replays and coefficients, scored over the requests that arrived "
+        f"{warm_up:g} s or more after the run's first, on both sides (`servesim validate "
+        f"--warm-up-s {warm_up:g}`): the freshly started servers' first seconds are left out "
+        '(see "The servers\' warm-up" above). Median |error| (mean in brackets), whole run → '
+        "steady state:",
+        "",
+        "| metric | physics, leave-one-model-out | physics, shipped H100 fit (in-sample) |",
+        "|---|---|---|",
+    ]
+    for metric in SHOWN:
+        cells = []
+        for key in ("lomo", "shipped"):
+            whole, whole_mean = _summary(data[key], metric)
+            steady, steady_mean = _summary(data[f"{key}_steady"], metric)
+            cells.append(
+                f"{100 * whole:.1f}% ({100 * whole_mean:.1f}%) → "
+                f"{100 * steady:.1f}% ({100 * steady_mean:.1f}%)"
+            )
+        lines.append(f"| {LABELS[metric]} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Leave-one-model-out per run, steady state (signed error):",
+        "",
+        *_per_run_table(data["lomo_steady"], names, short),
+    ]
+    return lines
+
+
 def render(data: dict[str, Any]) -> str:
     names = list(data["runs"])
     short = {
@@ -263,6 +350,8 @@ def render(data: dict[str, Any]) -> str:
                 f"- {label} {LABELS[metric]}: {100 * median:.1f}% "
                 f"(target ≤ {100 * target:.0f}%) — {verdict}"
             )
+    if "lomo_steady" in data:
+        lines += _steady_lines(data, names, short)
     lines += [
         "",
         "### Leave-one-model-out, per run (signed error: + = servesim predicts more)",
@@ -271,13 +360,8 @@ def render(data: dict[str, Any]) -> str:
         "(`servesim calibrate`, the same objective as the shipped fit). These are the honest, "
         "out-of-sample figures.",
         "",
-        "| run | " + " | ".join(LABELS[m] for m in SHOWN) + " |",
-        "|---|" + "---|" * len(SHOWN),
+        *_per_run_table(data["lomo"], names, short),
     ]
-    for n in names:
-        lines.append(
-            f"| {short[n]} | " + " | ".join(_pct(data["lomo"][n][m]) for m in SHOWN) + " |"
-        )
     lines += ["", "Coefficients of each fold (fitted without the named model):", ""]
     coeff_names = list(next(iter(data["lomo_coefficients"].values())))
     lines.append("| left out | " + " | ".join(f"`{c}`" for c in coeff_names) + " |")
@@ -305,14 +389,7 @@ def render(data: dict[str, Any]) -> str:
         lines += ["", f"### {title}", ""]
         if note:
             lines += [note, ""]
-        lines += [
-            "| run | " + " | ".join(LABELS[m] for m in SHOWN) + " |",
-            "|---|" + "---|" * len(SHOWN),
-        ]
-        for n in names:
-            lines.append(
-                f"| {short[n]} | " + " | ".join(_pct(data[key][n][m]) for m in SHOWN) + " |"
-            )
+        lines += _per_run_table(data[key], names, short)
     missing = data.get("blackbox", {})
     lines += [
         "",
@@ -379,6 +456,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT / "docs" / "accuracy-data.json")
     parser.add_argument("--from-data", action="store_true", help="render the saved figures only")
     parser.add_argument(
+        "--steady-from-data",
+        action="store_true",
+        help="re-score only the steady-state figures from the saved coefficients (no fit), "
+        "save them and render",
+    )
+    parser.add_argument(
         "--ship",
         type=Path,
         default=ROOT / "docs" / "physics-h100-fit.yaml",
@@ -400,6 +483,17 @@ def main() -> None:
     WORKERS = args.workers
     if args.from_data:
         data = json.loads(args.data.read_text())
+    elif args.steady_from_data:
+        data = json.loads(args.data.read_text())
+        groundtruth = args.groundtruth or default_groundtruth("accuracy_report")
+        runs = [
+            r
+            for r in discover_runs(groundtruth, not args.reported_output_length)
+            if not r.overloaded
+        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            data |= steady_state(runs, data, Path(tmp))
+        args.data.write_text(json.dumps(data, indent=1))
     else:
         groundtruth = args.groundtruth or default_groundtruth("accuracy_report")
         data = evaluate(groundtruth, args.rounds, args.ship, not args.reported_output_length)

@@ -22,7 +22,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from .engine.request import RequestState
-from .errors import ConfigError, excerpt
+from .errors import ConfigError, excerpt, invalid
 from .input_files import read_json, read_yaml
 from .scenario import DEFAULT_LATENCY_MODEL
 from .workload.server_settings import (
@@ -443,6 +443,14 @@ def forced_output_tokens(profile: Path) -> int | None:
     return value
 
 
+def check_warm_up_s(value: Any, field_name: str = "warm_up_s") -> float:
+    """A warm-up to leave out of the scores: a finite number of seconds >= 0."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value >= 0):
+        raise invalid(field_name, value, "must be a number of seconds >= 0")
+    return float(value)
+
+
 def select_runs(runs: list[RunSpec], names: Sequence[str] | None) -> list[RunSpec]:
     """Runs whose name equals or contains one of `names`; a name matching none is an error."""
     if not names:
@@ -522,6 +530,36 @@ class MeasuredRun:
     reported: list[int]
     window_s: float
     requests: int
+    # Seconds from the run's first arrival (send) to each scored request's, following
+    # `positions`; the throughput window starts at `window_start_s` on that clock.
+    arrival_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    window_start_s: float = 0.0
+
+    def after_warm_up(self, warm_up_s: float, run: str = "") -> MeasuredRun:
+        """The requests that arrived `warm_up_s` or more after the run's first: a freshly
+        started vLLM server runs its first seconds slow (docs/accuracy.md, "The servers'
+        warm-up"), which no step-time model prices. The throughput window starts there too."""
+        if warm_up_s <= 0:
+            return self
+        keep = self.arrival_s >= warm_up_s
+        if not keep.any():
+            last = float(self.arrival_s.max()) if self.arrival_s.size else 0.0
+            raise invalid(
+                "warm_up_s",
+                warm_up_s,
+                f"run {run!r} has no successful request that arrived that late: must be below "
+                f"its last one's {last:.1f} s",
+            )
+        return replace(
+            self,
+            positions=[p for p, k in zip(self.positions, keep, strict=True) if k],
+            ttft_ms=self.ttft_ms[keep],
+            e2e_ms=self.e2e_ms[keep],
+            output_tokens=self.output_tokens[keep],
+            arrival_s=self.arrival_s[keep],
+            window_s=self.window_s - warm_up_s,
+            window_start_s=warm_up_s,
+        )
 
 
 def measured_requests(run: RunSpec) -> MeasuredRun:
@@ -552,6 +590,7 @@ def measured_requests(run: RunSpec) -> MeasuredRun:
         reported=[r.output_tokens for r in rows],
         window_s=end_s - start_us / 1e6,
         requests=len(rows),
+        arrival_s=np.asarray([(rows[i].arrival_time_us - start_us) / 1e6 for i in ok]),
     )
 
 
@@ -576,6 +615,7 @@ def _measured_trace(path: Path) -> MeasuredRun:
         reported=[r.output_tokens for r in rows],
         window_s=(max(ends) - min(sent)) / 1e6,
         requests=len(rows),
+        arrival_s=np.asarray([(sent[i] - min(sent)) / 1e6 for i in ok]),
     )
 
 
@@ -584,13 +624,17 @@ def _figures(m: MeasuredRun) -> dict[str, float]:
 
 
 def _predicted(
-    records: list, positions: list[int], reported: Sequence[int] | None = None
+    records: list,
+    positions: list[int],
+    reported: Sequence[int] | None = None,
+    window_start_s: float = 0.0,
 ) -> tuple[dict[str, float], int]:
     """Predicted figures of the same requests (by row position), over those the run finished.
 
     ITL and throughput count each request's output as `reported[position]` when given (the
     client's count, as the measured figures do: the simulated client would have counted the
-    same text), else as the tokens the replay generated."""
+    same text), else as the tokens the replay generated. The throughput window starts
+    `window_start_s` after the first arrival (the measured side's warm-up, if any)."""
     by_index = {r.index: r for r in records}
     done = [
         (i, by_index[i])
@@ -598,7 +642,7 @@ def _predicted(
         if i in by_index and by_index[i].state is RequestState.COMPLETED
     ]
     finished = [r for r in records if r.state is RequestState.COMPLETED]
-    start_us = min((r.arrival_us for r in records), default=0)
+    start_us = min((r.arrival_us for r in records), default=0) + round(window_start_s * 1e6)
     end_us = max((r.completion_us for r in finished), default=start_us)
     metrics = run_metrics(
         ((r.first_token_us - r.arrival_us) / 1e3 for _, r in done),
@@ -649,11 +693,14 @@ def validate_run(
     extra_overrides: dict[str, Any] | None = None,
     trace: tuple[Path, Path] | None = None,
     offered_load: bool | None = None,
+    warm_up_s: float = 0.0,
 ) -> dict[str, Any]:
     """Replay one run and score it. Returns the run's identity, counts, wall time, `scores`
     (one dict per metric, see `score`) and, for an observe cell, `load` (see `load_row`).
     `trace` (header, data) replays those requests instead of the run's own, in the same order
-    (e.g. `shared_prefix_trace`).
+    (e.g. `shared_prefix_trace`). `warm_up_s` > 0 scores only the requests that arrived that
+    long after the run's first, on both sides (`MeasuredRun.after_warm_up`); the whole run is
+    still replayed, and the load row still counts every request.
 
     `offered_load` (default: for a cell whose client fell behind) uses the cell's requests at
     their *scheduled* times, through the recorded client's limit on outstanding requests (the
@@ -666,7 +713,8 @@ def validate_run(
     from .workload.trace import client_of
 
     started_s = time.perf_counter()
-    measured = measured_requests(run)
+    whole_run = measured_requests(run)
+    measured = whole_run.after_warm_up(warm_up_s, run.name)
     overrides = replay_overrides(run, latency_model) | (extra_overrides or {})
     with tempfile.TemporaryDirectory(prefix="servesim-") as tmp:
         header, data = trace if trace is not None else baseline_trace(run, Path(tmp))
@@ -692,12 +740,15 @@ def validate_run(
                     if replayed_at_schedule
                     else offered_load_replay(run, Path(tmp), overrides, recorded_client)
                 )
-            load = load_row(run, measured, result.request_records, at_schedule)
+            load = load_row(run, whole_run, result.request_records, at_schedule)
     # With a forced length (or an observe cell's exact count), the simulated client counts
     # what the real one reported.
     counted = run.forced_output_tokens is not None or run.kind == "trace"
     predicted, n_predicted = _predicted(
-        result.request_records, measured.positions, measured.reported if counted else None
+        result.request_records,
+        measured.positions,
+        measured.reported if counted else None,
+        measured.window_start_s,
     )
     outcome = {
         "run": run.name,
@@ -710,6 +761,7 @@ def validate_run(
         "n_requests": measured.requests,
         "n_success": len(measured.positions),
         "n_predicted": n_predicted,
+        "warm_up_s": warm_up_s,
         "wall_s": time.perf_counter() - started_s,
         "scores": score(_figures(measured), predicted),
     }
@@ -912,14 +964,19 @@ def validate_datasets(
     forced_output: bool = True,
     traces: bool = True,
     prefix_caching: bool | None = None,
+    warm_up_s: float = 0.0,
 ) -> Validation:
     """Replay and score every run under `folder` (both layouts; `traces=False` only the
     request CSVs). `on_run` sees each run's result as it ends. `extra_overrides` (dotted with
     `__`) apply to every replay, e.g. latency__coeffs_file; `prefix_caching` overrides what
     each server did; `prompt_reuse` replays the load generator's repeated prompts with prefix
     caching on (request-CSV runs only: an observe cell replays its own prompts);
-    `forced_output` replays forced output lengths (see `discover_runs`)."""
+    `forced_output` replays forced output lengths (see `discover_runs`); `warm_up_s` > 0
+    scores only the requests that arrived that long after each run's first (see
+    `validate_run`)."""
     import tempfile
+
+    warm_up_s = check_warm_up_s(warm_up_s)
 
     specs = select_runs(discover_runs(Path(folder), forced_output, traces=traces), runs)
     rows, load, outcomes = [], [], []
@@ -930,9 +987,10 @@ def validate_datasets(
         if prompt_reuse and spec.kind == "requests":
             overrides.setdefault("engine__enable_prefix_caching", True)
             with tempfile.TemporaryDirectory() as tmp:
-                outcome = validate_run(spec, latency_model, overrides, reuse_trace(spec, Path(tmp)))
+                trace = reuse_trace(spec, Path(tmp))
+                outcome = validate_run(spec, latency_model, overrides, trace, warm_up_s=warm_up_s)
         else:
-            outcome = validate_run(spec, latency_model, overrides)
+            outcome = validate_run(spec, latency_model, overrides, warm_up_s=warm_up_s)
         if on_run is not None:
             on_run(outcome)
         outcomes.append(outcome)
@@ -967,6 +1025,7 @@ def validate_folder(
     forced_output: bool = True,
     traces: bool = True,
     prefix_caching: bool | None = None,
+    warm_up_s: float = 0.0,
 ) -> pd.DataFrame:
     """One row per run × metric (FRAME_COLUMNS) of `validate_datasets`."""
     return validate_datasets(
@@ -979,6 +1038,7 @@ def validate_folder(
         forced_output,
         traces,
         prefix_caching,
+        warm_up_s,
     ).frame
 
 

@@ -247,6 +247,78 @@ def test_cli_validate_bad_folder_is_one_error_line(tmp_path: Path) -> None:
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
 
 
+@pytest.fixture
+def cold_start_run(tmp_path: Path) -> Path:
+    """Eight requests 0.5 s apart; the first two met a server still warming up (TTFT 0.9 s),
+    the other six the steady 30 ms; every E2E is TTFT + 200 ms."""
+    rows = [
+        (i * 500_000, 500, 20, 0, ttft, ttft + 0.2)
+        for i, ttft in enumerate([0.9, 0.9, 0.03, 0.03, 0.03, 0.03, 0.03, 0.03])
+    ]
+    _write_run(tmp_path / DATASET, "20260101-000000-llama-2-7b-tp1-general", "general", rows)
+    return tmp_path
+
+
+def test_warm_up_leaves_out_the_early_requests_on_both_sides(cold_start_run: Path) -> None:
+    from simulator.validate import measured_requests, validate_run
+
+    (run,) = discover_runs(cold_start_run)
+    whole = measured_requests(run)
+    assert whole.after_warm_up(0.0) is whole  # no warm-up: the same requests
+    # Arrivals at 0, 0.5, ... 3.5 s: a 1-s warm-up keeps those at 1.0 s and later (six).
+    steady = whole.after_warm_up(1.0, run.name)
+    assert steady.positions == [2, 3, 4, 5, 6, 7]
+    assert (steady.arrival_s >= 1.0).all() and np.allclose(steady.ttft_ms, 30.0)
+    # The window ran from the first arrival (0 s) to the last response (3.5 + 0.23 s); it now
+    # starts at 1 s.
+    assert whole.window_s == pytest.approx(3.73)
+    assert steady.window_s == pytest.approx(2.73) and steady.window_start_s == 1.0
+    plain = {s["metric"]: s for s in validate_run(run, "physics")["scores"]}
+    after = validate_run(run, "physics", warm_up_s=1.0)
+    scores = {s["metric"]: s for s in after["scores"]}
+    assert (after["n_success"], after["warm_up_s"]) == (6, 1.0)
+    assert after["n_predicted"] == 6  # the same six requests on the simulated side
+    assert plain["ttft_mean_ms"]["measured"] == pytest.approx((2 * 900 + 6 * 30) / 8)
+    assert scores["ttft_mean_ms"]["measured"] == pytest.approx(30.0)
+    # Every request's simulated TTFT is the same whatever its turn here (one at a time, well
+    # apart), so leaving the first two out changes only the measured side's mean.
+    assert scores["ttft_mean_ms"]["predicted"] == pytest.approx(
+        plain["ttft_mean_ms"]["predicted"], rel=0.05
+    )
+    assert scores["ttft_mean_ms"]["error"] < plain["ttft_mean_ms"]["error"]
+    # Output tokens per second: six requests' 20 tokens over the window after the warm-up.
+    assert scores["output_tokens_per_s"]["measured"] == pytest.approx(6 * 20 / 2.73)
+
+
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf, True, "30"])
+def test_warm_up_must_be_seconds_at_least_zero(value: object) -> None:
+    from simulator.validate import check_warm_up_s
+
+    with pytest.raises(ConfigError, match=r"^warm_up_s: invalid value .*seconds >= 0"):
+        check_warm_up_s(value)
+    assert check_warm_up_s(0) == 0.0 and check_warm_up_s(2.5) == 2.5
+
+
+def test_warm_up_past_the_last_request_is_an_error(cold_start_run: Path) -> None:
+    from simulator.validate import measured_requests
+
+    (run,) = discover_runs(cold_start_run)
+    with pytest.raises(ConfigError, match=r"warm_up_s: invalid value 4.*last one's 3\.5 s"):
+        measured_requests(run).after_warm_up(4.0, run.name)
+
+
+def test_cli_validate_warm_up(cold_start_run: Path) -> None:
+    result = CliRunner().invoke(app, ["validate", str(cold_start_run), "--warm-up-s", "1"])
+    assert result.exit_code == 0, result.output
+    assert "requests after the first 1 s" in result.stdout
+    assert "--warm-up-s" in result.stderr
+    bad = CliRunner().invoke(app, ["validate", str(cold_start_run), "--warm-up-s", "-2"])
+    assert bad.exit_code == 2
+    assert bad.stderr == (
+        "error: --warm-up-s: invalid value -2.0; must be a number of seconds >= 0\n"
+    )
+
+
 def test_default_groundtruth_is_the_repository_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

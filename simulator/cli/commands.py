@@ -551,6 +551,15 @@ def validate_cmd(
             show_default=False,
         ),
     ] = None,
+    warm_up_s: Annotated[
+        float,
+        typer.Option(
+            "--warm-up-s",
+            help="score only the requests that arrived this many seconds or more after each "
+            "run's first (the freshly started server's warm-up left out, on both sides; "
+            "docs/accuracy.md); 0 scores every request",
+        ),
+    ] = 0.0,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", metavar="", help="no per-run progress lines on stderr")
     ] = False,
@@ -559,9 +568,16 @@ def validate_cmd(
     import time
 
     def go() -> None:
-        from ..validate import ALL_DATASETS, default_groundtruth, summarize, validate_datasets
+        from ..validate import (
+            ALL_DATASETS,
+            check_warm_up_s,
+            default_groundtruth,
+            summarize,
+            validate_datasets,
+        )
 
         started_s = time.perf_counter()
+        check_warm_up_s(warm_up_s, "--warm-up-s")
         where = folder if folder is not None else default_groundtruth("validate")
         check_writable("--output", output)
 
@@ -592,9 +608,16 @@ def validate_cmd(
                 prompt_reuse=prompt_reuse,
                 forced_output=forced_output_length,
                 prefix_caching=prefix_caching,
+                warm_up_s=warm_up_s,
             )
             if model == models[0]:
                 _echo_server_settings(done.runs, prefix_caching, prompt_reuse)
+                if warm_up_s > 0:
+                    typer.echo(
+                        f"scored: the requests that arrived {warm_up_s:g} s or more after each "
+                        "run's first (--warm-up-s); throughput from then on",
+                        err=True,
+                    )
             _echo_validation(done, model)
             summary = summarize(done.frame)
             accuracy = summary[summary["group"] == "accuracy"]
@@ -683,7 +706,9 @@ def _echo_validation(done: Any, model: str) -> None:
         typer.echo(format_load(cells))
         typer.echo(format_saturation(saturation(cells)))
         typer.echo("")
-    typer.echo(f"summary ({model}; error = |predicted - measured| / measured)")
+    warm_up = {o.get("warm_up_s", 0.0) for o in done.outcomes} - {0.0}
+    after = f"; requests after the first {max(warm_up):g} s" if warm_up else ""
+    typer.echo(f"summary ({model}; error = |predicted - measured| / measured{after})")
     typer.echo(format_summary(summarize(frame)))
     typer.echo("")
 
