@@ -209,17 +209,30 @@ def per_run_figures(ttft_ms: np.ndarray, e2e_ms: np.ndarray, output_tokens: np.n
 # ------------------------------------------------------------------------------ building cases
 
 
-def groundtruth_case(run: Any, prompt_reuse: bool = False, workdir: Path | None = None) -> Case:
+def groundtruth_case(
+    run: Any, prompt_reuse: bool = False, workdir: Path | None = None, warm_up_s: float = 0.0
+) -> Case:
     """A case from a ground-truth run (simulator.validate.RunSpec), replayed as validate does;
     with `prompt_reuse`, as `validate --prompt-reuse` does (the load generator's few distinct
-    prompts shared, prefix caching on; the replay trace is written under `workdir`)."""
+    prompts shared, prefix caching on; the replay trace is written under `workdir`).
+    `warm_up_s` > 0 fits and scores only the requests that arrived that long after the run's
+    first (`validate --warm-up-s`); the whole run is still replayed."""
     from .validate import baseline_trace, replay_overrides, reuse_trace
     from .workload.trace import read_groundtruth_rows, recorded_client
 
     rows = read_groundtruth_rows(run.requests_csv)
-    ok = [i for i, r in enumerate(rows) if not r.has_error and r.ttft_s is not None and r.e2e_s]
+    first_us = min((r.arrival_time_us for r in rows), default=0)
+    ok = [
+        i
+        for i, r in enumerate(rows)
+        if not r.has_error
+        and r.ttft_s is not None
+        and r.e2e_s
+        and r.arrival_time_us - first_us >= warm_up_s * 1e6
+    ]
     if not ok:
-        raise ConfigError(f"calibrate: {str(run.requests_csv)!r} has no successful request")
+        after = f" {warm_up_s:g} s or more after its first" if warm_up_s > 0 else ""
+        raise ConfigError(f"calibrate: {str(run.requests_csv)!r} has no successful request{after}")
     overrides = replay_overrides(run, PhysicsModel.name)
     if prompt_reuse:
         header, data = reuse_trace(run, workdir)
@@ -271,10 +284,12 @@ def trace_case(
     case_name: str | None = None,
     vllm_version: str | None = None,
     recorded: Mapping[str, Any] | None = None,
+    warm_up_s: float = 0.0,
     **overrides: Any,
 ) -> Case:
     """A case from a real TraceV2 pair (as `servesim observe` records): TTFT = first chunk −
-    send, E2E = last chunk − send over the `ok` rows after the header's warm-up requests.
+    send, E2E = last chunk − send over the `ok` rows after the header's warm-up requests and,
+    with `warm_up_s` > 0, sent that long after the first request.
     Deployment: `overrides` (dotted with `__`) win, then the header's `server` section, then
     `recorded` (the server settings recorded next to the trace, `read_server_config`), then
     `scenario`'s own fields. The case is named `case_name`, else after the data file (after
@@ -301,19 +316,26 @@ def trace_case(
     )
     rows = read_rows(trace_data)
     warm_up = int(header.get("warm_up_requests") or 0)
-    ok = [
-        i
-        for i, r in enumerate(rows)
-        if i >= warm_up and r.status == "ok" and r.first_chunk_time_us > 0 and r.last_chunk_time_us
-    ]
-    if not ok:
-        raise ConfigError(
-            f"calibrate: {str(trace_data)!r} has no successful request after the "
-            f"{warm_up} warm-up requests"
-        )
 
     def sent_us(r: Any) -> int:
         return r.send_time_us or r.arrival_time_us
+
+    first_us = min((sent_us(r) for r in rows), default=0)
+    ok = [
+        i
+        for i, r in enumerate(rows)
+        if i >= warm_up
+        and r.status == "ok"
+        and r.first_chunk_time_us > 0
+        and r.last_chunk_time_us
+        and sent_us(r) - first_us >= warm_up_s * 1e6
+    ]
+    if not ok:
+        after = f" and {warm_up_s:g} s" if warm_up_s > 0 else ""
+        raise ConfigError(
+            f"calibrate: {str(trace_data)!r} has no successful request after the "
+            f"{warm_up} warm-up requests{after}"
+        )
 
     model = overrides.get("model") or (sc.model if sc is not None else "")
     ttft_ms = np.asarray([(rows[i].first_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok])

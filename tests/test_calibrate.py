@@ -24,6 +24,7 @@ from simulator.calibration_report import calibration_report, metric_report, qual
 from simulator.cli import app
 from simulator.errors import ConfigError
 from simulator.latency.physics import PhysicsCoefficients, coefficients_document
+from simulator.workload.trace import read_rows
 
 TRUE = replace(
     PhysicsCoefficients(),
@@ -108,6 +109,17 @@ def test_fit_reproduces_the_recorded_figures(real_trace) -> None:
     doc = result.document()
     assert doc["latency_model"] == "physics"
     assert set(doc["coefficients"]) == set(cal.coefficients_dict(TRUE))
+
+
+def test_trace_case_after_a_warm_up_keeps_the_later_sends(real_trace) -> None:
+    whole = cal.trace_case(*real_trace)
+    steady = cal.trace_case(*real_trace, warm_up_s=10.0)
+    rows = read_rows(real_trace[1])
+    sent = [r.send_time_us or r.arrival_time_us for r in rows]
+    later = [i for i in whole.positions if sent[i] - min(sent) >= 10_000_000]
+    assert list(steady.positions) == later and 0 < len(later) < len(whole.positions)
+    with pytest.raises(ConfigError, match=r"after the 0 warm-up requests and 1e\+06 s"):
+        cal.trace_case(*real_trace, warm_up_s=1e6)
 
 
 def test_report_of_the_true_replay_is_perfect(real_trace) -> None:

@@ -319,6 +319,32 @@ def test_cli_validate_warm_up(cold_start_run: Path) -> None:
     )
 
 
+def test_calibrate_fits_after_the_warm_up_too(cold_start_run: Path, tmp_path: Path) -> None:
+    import simulator.calibrate as cal
+
+    (run,) = discover_runs(cold_start_run)
+    whole = cal.groundtruth_case(run, False, tmp_path / "whole")
+    steady = cal.groundtruth_case(run, False, tmp_path / "steady", warm_up_s=1.0)
+    assert list(whole.positions) == list(range(8))
+    assert list(steady.positions) == [2, 3, 4, 5, 6, 7]  # arrivals at 1.0 s and later
+    assert whole.measured["ttft_mean_ms"] == pytest.approx((2 * 900 + 6 * 30) / 8)
+    assert steady.measured["ttft_mean_ms"] == pytest.approx(30.0)
+    with pytest.raises(ConfigError, match=r"no successful request 10 s or more after its first"):
+        cal.groundtruth_case(run, False, tmp_path / "late", warm_up_s=10.0)
+
+
+def test_cli_calibrate_warm_up(cold_start_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fit.yaml"
+    args = ["calibrate", str(cold_start_run), "--rounds", "0", "--no-prompt-reuse", "-q"]
+    result = CliRunner().invoke(app, [*args, "--warm-up-s", "1", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    import yaml
+
+    assert yaml.safe_load(out.read_text())["warm_up_s"] == 1.0  # said in the provenance
+    bad = CliRunner().invoke(app, [*args, "--warm-up-s", "nan"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --warm-up-s: invalid value")
+
+
 def test_default_groundtruth_is_the_repository_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -178,6 +178,15 @@ def register(app: typer.Typer) -> None:
                 "NAME.yaml + NAME.csv pairs (repeatable)",
             ),
         ] = None,
+        warm_up_s: Annotated[
+            float,
+            typer.Option(
+                "--warm-up-s",
+                help="fit and score only the requests that arrived this many seconds or more "
+                "after each run's or trace's first (a freshly started server's warm-up left "
+                "out, as validate --warm-up-s); 0 uses every request",
+            ),
+        ] = 0.0,
         quiet: Annotated[
             bool,
             typer.Option(
@@ -303,6 +312,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(format_report(report))
                 return
             check_writable("--output", output)
+            from ..validate import check_warm_up_s
+
+            check_warm_up_s(warm_up_s, "--warm-up-s")
             if rounds < 0:
                 raise ConfigError(f"--rounds: invalid value {rounds}; must be an integer >= 0")
             if prior not in cal.PRIOR_CENTRES:
@@ -328,18 +340,22 @@ def register(app: typer.Typer) -> None:
 
                 groundtruth = default_groundtruth("calibrate")
             cases = [
-                cal.trace_case(h, d, scenario, vllm_version=vllm_version, **flags)
+                cal.trace_case(
+                    h, d, scenario, vllm_version=vllm_version, warm_up_s=warm_up_s, **flags
+                )
                 for h, d in zip(headers, datas, strict=True)
             ]
             _name_apart(cases)
             for where in trace_folders:
-                cases.extend(cal.trace_cases(where, scenario, **flags))
+                cases.extend(cal.trace_cases(where, scenario, warm_up_s=warm_up_s, **flags))
             cases = _select(cases, runs, groundtruth is not None)
             about: dict[str, Any] = {}
             if headers:
                 about["trace"] = [str(d) for d in datas] if len(datas) > 1 else str(datas[0])
             if trace_folders:
                 about["traces"] = [str(f) for f in trace_folders]
+            if warm_up_s > 0:
+                about["warm_up_s"] = warm_up_s
             import tempfile
 
             with tempfile.TemporaryDirectory() as tmp:
@@ -349,7 +365,9 @@ def register(app: typer.Typer) -> None:
                     specs = discover_runs(groundtruth, forced_output_length)
                     specs = [s for s in specs if include_overloaded or not s.overloaded]
                     specs = [s for s in specs if not runs or any(w in s.name for w in runs)]
-                    gt_cases = [cal.groundtruth_case(s, prompt_reuse, Path(tmp)) for s in specs]
+                    gt_cases = [
+                        cal.groundtruth_case(s, prompt_reuse, Path(tmp), warm_up_s) for s in specs
+                    ]
                     cases = _select([*cases, *gt_cases], runs, False)
                     about["groundtruth"] = str(groundtruth)
                 if not cases:
