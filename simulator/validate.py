@@ -831,11 +831,44 @@ SYSTEM_PROMPT_TOKENS = {"general": 100, "codegen": 100, "roleplay": 150, "reason
 PREFIX_GROUPS = 10
 
 
+# A prompt cycle is read off the request file when at least this share of the requests one
+# cycle apart have the same prompt length...
+PROMPT_CYCLE_AGREEMENT = 0.95
+# ...and the lengths vary enough to say anything (equal lengths fit every cycle).
+PROMPT_CYCLE_MIN_LENGTHS = 3
+
+
+def prompt_cycle(lengths: Sequence[int]) -> int | None:
+    """The period of a sequence of prompt lengths in request order: the smallest P such that
+    requests P apart have the same length (PROMPT_CYCLE_AGREEMENT of the pairs whose lengths
+    were recorded, > 0), over at least two whole cycles; None when there is none or the
+    lengths vary too little to tell (fewer than PROMPT_CYCLE_MIN_LENGTHS distinct)."""
+    tokens = np.asarray(lengths, dtype=np.int64)
+    if len(set(tokens[tokens > 0].tolist())) < PROMPT_CYCLE_MIN_LENGTHS:
+        return None
+    for period in range(1, tokens.size // 2 + 1):
+        before, after = tokens[:-period], tokens[period:]
+        recorded = (before > 0) & (after > 0)
+        pairs = int(recorded.sum())
+        if pairs >= period and (before[recorded] == after[recorded]).mean() >= (
+            PROMPT_CYCLE_AGREEMENT
+        ):
+            return period
+    return None
+
+
 def distinct_prompts(run: RunSpec) -> int | None:
-    """System prompts x users per system prompt from the run's load-generator profile (None
-    for an observe cell, which has no such profile)."""
+    """The number of distinct prompts the load generator cycled through, in order: the period
+    of the request file's prompt lengths (`prompt_cycle`; every vLLM 0.15.1 run cycles
+    through 100), else system prompts x users per system prompt from its profile. None for an
+    observe cell, which records its own prompts."""
     if run.kind == "trace":
         return None
+    from .workload.trace import read_groundtruth_rows
+
+    cycle = prompt_cycle([r.input_tokens for r in read_groundtruth_rows(run.requests_csv)])
+    if cycle is not None:
+        return cycle
     profile = run.requests_csv.parent.parent / "runs" / run.name / "profile.yaml"
     document = _optional_yaml(profile)
     try:
@@ -850,9 +883,9 @@ def shared_prefix_trace(
 ) -> tuple[Path, Path]:
     """The run's requests as a TraceV3 whose system prompt is shared by `groups` groups,
     assigned round-robin (README step 2's sensitivity check: membership was not recorded).
-    `whole_prompt` shares the whole prompt instead: the load generator's profile.yaml shows
-    it cycled through a few dozen fixed prompts (system prompt x user), so vLLM's prefix cache
-    served almost all of every prompt after its first occurrence."""
+    `whole_prompt` shares the whole prompt instead, `groups` being the run's distinct prompts
+    (`distinct_prompts`): the load generator cycled through them in a fixed order, so vLLM's
+    prefix cache served almost all of every prompt after its first occurrence."""
     from .engine.request import Request, prefix_key
     from .workload.trace import write_trace
 
@@ -923,8 +956,9 @@ def baseline_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path | No
 
 
 def reuse_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path, Path]:
-    """The `--prompt-reuse` replay of a run: its profile's distinct prompts shared whole,
-    assigned round-robin (written under `workdir`, a new temporary folder if None)."""
+    """The `--prompt-reuse` replay of a run: its distinct prompts (`distinct_prompts`) shared
+    whole, request i reusing prompt i mod their number (written under `workdir`, a new
+    temporary folder if None)."""
     import tempfile
 
     if run.kind == "trace":
@@ -935,8 +969,9 @@ def reuse_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path, Path]:
     prompts = distinct_prompts(run)
     if prompts is None:
         raise ConfigError(
-            f"--prompt-reuse: {run.name}: no runs/{run.name}/profile.yaml with "
-            "data.shared_prefix.num_unique_system_prompts and num_users_per_system_prompt"
+            f"--prompt-reuse: {run.name}: its prompt lengths repeat in no cycle, and there is "
+            f"no runs/{run.name}/profile.yaml with data.shared_prefix.num_unique_system_prompts "
+            "and num_users_per_system_prompt"
         )
     folder = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="servesim-"))
     return shared_prefix_trace(run, folder / f"{run.name}-reuse", prompts, whole_prompt=True)

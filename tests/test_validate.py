@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import simulator.validate as validate_module
@@ -473,6 +475,64 @@ def test_prompt_reuse_shares_each_distinct_prompt_whole(
         app, ["validate", str(fake_groundtruth), "--runs", "general", "--prompt-reuse"]
     )
     assert reused.exit_code == 0, reused.output
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    period=st.integers(min_value=3, max_value=40),
+    cycles=st.integers(min_value=4, max_value=6),
+    extra=st.integers(min_value=0, max_value=39),
+    failed=st.sets(st.integers(min_value=0, max_value=239), max_size=2),
+)
+def test_prompt_cycle_is_the_period_of_the_lengths(period, cycles, extra, failed) -> None:
+    """A load generator cycling through `period` prompts of distinct lengths, a request or two
+    failed with no length recorded (0): the cycle is `period`, whatever the failures."""
+    from simulator.validate import prompt_cycle
+
+    one_cycle = [500 + 7 * i for i in range(period)]
+    lengths = (one_cycle * (cycles + 1))[: period * cycles + min(extra, period - 1)]
+    lengths = [0 if i in failed else n for i, n in enumerate(lengths)]
+    assert prompt_cycle(lengths) == period
+
+
+def test_prompt_cycle_needs_lengths_that_say_something() -> None:
+    from simulator.validate import prompt_cycle
+
+    assert prompt_cycle([500] * 40) is None  # one length fits every cycle
+    assert prompt_cycle([500, 510] * 20) is None  # two lengths: too few to tell
+    assert prompt_cycle([500, 510, 520, 530]) is None  # not two whole cycles of anything
+    assert prompt_cycle([500, 510, 520] * 2) == 3
+    # A rare repeat is not a cycle: here no lag repeats 95 % of the pairs.
+    assert prompt_cycle(list(range(400, 440)) + list(range(600, 640))) is None
+
+
+def test_prompt_reuse_follows_the_cycle_in_the_request_file(tmp_path: Path) -> None:
+    """The 0.15.1 runs cycle through 100 prompts whatever their profile says; a run's own cycle
+    decides the reuse replay's groups."""
+    from simulator.validate import distinct_prompts, reuse_trace
+    from simulator.workload.trace import load_trace
+
+    rows = [(i * 100_000, 500 + 10 * (i % 3), 20, 0, 0.03, 0.25) for i in range(9)]
+    _write_run(tmp_path / DATASET, "20260101-000000-llama-2-7b-tp1-general", "general", rows)
+    (run,) = discover_runs(tmp_path)
+    profile = tmp_path / DATASET / "runs" / run.name / "profile.yaml"
+    profile.write_text(
+        '{"data": {"shared_prefix": {"num_unique_system_prompts": 2,'
+        ' "num_users_per_system_prompt": 2}}}'
+    )
+    assert distinct_prompts(run) == 3  # the lengths' cycle, not the profile's 2 x 2
+    _, requests = load_trace(*reuse_trace(run, tmp_path / "work"))
+    assert [r.prefix_group for r in requests] == [f"system-{i % 3}" for i in range(9)]
+    # Requests one cycle apart share their whole prompt, of one length.
+    assert [r.segments for r in requests[:3]] == [r.segments for r in requests[3:6]]
+    assert [r.input_tokens for r in requests[:3]] == [500, 510, 520]
+
+
+def test_every_shipped_run_cycles_through_100_prompts() -> None:
+    from simulator.validate import distinct_prompts
+
+    runs = discover_runs(REAL_GROUNDTRUTH / "vllm-0.15.1-h100")
+    assert len(runs) == 12 and {distinct_prompts(r) for r in runs} == {100}
 
 
 def _force_output(fake_groundtruth: Path, run_name: str, text: str) -> None:
