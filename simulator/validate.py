@@ -18,6 +18,7 @@ so every figure is out-of-sample for the analytical backends.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import time
@@ -857,6 +858,20 @@ def prompt_cycle(lengths: Sequence[int]) -> int | None:
     return None
 
 
+def _prompt_cycle_of(requests_csv: Path) -> int | None:
+    """`prompt_cycle` of a request file, read once per version of the file (validate replays
+    it, then prints it)."""
+    stat = requests_csv.stat()
+    return _prompt_cycle_cached(requests_csv.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _prompt_cycle_cached(requests_csv: Path, _mtime_ns: int, _size: int) -> int | None:
+    from .workload.trace import read_groundtruth_rows
+
+    return prompt_cycle([r.input_tokens for r in read_groundtruth_rows(requests_csv)])
+
+
 def distinct_prompts(run: RunSpec) -> int | None:
     """The number of distinct prompts the load generator cycled through, in order: the period
     of the request file's prompt lengths (`prompt_cycle`; every vLLM 0.15.1 run cycles
@@ -864,9 +879,7 @@ def distinct_prompts(run: RunSpec) -> int | None:
     observe cell, which records its own prompts."""
     if run.kind == "trace":
         return None
-    from .workload.trace import read_groundtruth_rows
-
-    cycle = prompt_cycle([r.input_tokens for r in read_groundtruth_rows(run.requests_csv)])
+    cycle = _prompt_cycle_of(Path(run.requests_csv))
     if cycle is not None:
         return cycle
     profile = run.requests_csv.parent.parent / "runs" / run.name / "profile.yaml"

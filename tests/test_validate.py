@@ -521,6 +521,9 @@ def test_prompt_reuse_follows_the_cycle_in_the_request_file(tmp_path: Path) -> N
         ' "num_users_per_system_prompt": 2}}}'
     )
     assert distinct_prompts(run) == 3  # the lengths' cycle, not the profile's 2 x 2
+    cli = CliRunner().invoke(app, ["validate", str(tmp_path), "--prompt-reuse", "-q"])
+    assert cli.exit_code == 0, cli.output
+    assert "prompt reuse: 3 distinct prompts per run" in cli.stderr
     _, requests = load_trace(*reuse_trace(run, tmp_path / "work"))
     assert [r.prefix_group for r in requests] == [f"system-{i % 3}" for i in range(9)]
     # Requests one cycle apart share their whole prompt, of one length.

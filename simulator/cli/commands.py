@@ -661,6 +661,20 @@ def _echo_server_settings(runs: list, flag: bool | None, prompt_reuse: bool) -> 
         seen.setdefault(run.dataset, choice)
     for dataset, choice in seen.items():
         typer.echo(f"{dataset}: {choice.line()}", err=True)
+    if prompt_reuse:
+        from ..validate import distinct_prompts
+
+        counts: dict[str, set[int | None]] = {}
+        for run in runs:
+            if run.kind == "requests":
+                counts.setdefault(run.dataset, set()).add(distinct_prompts(run))
+        for dataset, found in counts.items():
+            listed = ", ".join(str(n) for n in sorted(n for n in found if n is not None))
+            typer.echo(
+                f"{dataset}: prompt reuse: {listed} distinct prompts per run, request i "
+                "reusing prompt i mod that (--prompt-reuse)",
+                err=True,
+            )
     # Batch limits the dataset's server configuration does not record (vLLM's own defaults).
     defaulted: dict[str, tuple[tuple[str, int], ...]] = {}
     for run in runs:
