@@ -217,22 +217,11 @@ def groundtruth_case(
     prompts shared, prefix caching on; the replay trace is written under `workdir`).
     `warm_up_s` > 0 fits and scores only the requests that arrived that long after the run's
     first (`validate --warm-up-s`); the whole run is still replayed."""
-    from .validate import baseline_trace, replay_overrides, reuse_trace
-    from .workload.trace import read_groundtruth_rows, recorded_client
+    from .validate import baseline_trace, measured_requests, replay_overrides, reuse_trace
+    from .workload.trace import recorded_client
 
-    rows = read_groundtruth_rows(run.requests_csv)
-    first_us = min((r.arrival_time_us for r in rows), default=0)
-    ok = [
-        i
-        for i, r in enumerate(rows)
-        if not r.has_error
-        and r.ttft_s is not None
-        and r.e2e_s
-        and r.arrival_time_us - first_us >= warm_up_s * 1e6
-    ]
-    if not ok:
-        after = f" {warm_up_s:g} s or more after its first" if warm_up_s > 0 else ""
-        raise ConfigError(f"calibrate: {str(run.requests_csv)!r} has no successful request{after}")
+    # The requests validate scores, after the same warm-up.
+    measured = measured_requests(run).after_warm_up(warm_up_s, run.name)
     overrides = replay_overrides(run, PhysicsModel.name)
     if prompt_reuse:
         header, data = reuse_trace(run, workdir)
@@ -246,10 +235,10 @@ def groundtruth_case(
         model=run.model,
         scenario=None,
         overrides=overrides,
-        positions=np.asarray(ok),
-        measured_ttft_ms=np.asarray([rows[i].ttft_s * 1e3 for i in ok]),
-        measured_e2e_ms=np.asarray([rows[i].e2e_s * 1e3 for i in ok]),
-        output_tokens=np.asarray([max(1, rows[i].output_tokens) for i in ok], dtype=float),
+        positions=np.asarray(measured.positions),
+        measured_ttft_ms=measured.ttft_ms,
+        measured_e2e_ms=measured.e2e_ms,
+        output_tokens=np.maximum(measured.output_tokens, 1.0),
         vllm_version=version_in_name(Path(run.requests_csv).parent.parent.name),
         max_in_flight=recorded_client(data).replay_choice,
     )

@@ -331,7 +331,11 @@ def test_calibrate_fits_after_the_warm_up_too(cold_start_run: Path, tmp_path: Pa
     assert list(steady.positions) == [2, 3, 4, 5, 6, 7]  # arrivals at 1.0 s and later
     assert whole.measured["ttft_mean_ms"] == pytest.approx((2 * 900 + 6 * 30) / 8)
     assert steady.measured["ttft_mean_ms"] == pytest.approx(30.0)
-    with pytest.raises(ConfigError, match=r"no successful request 10 s or more after its first"):
+    with pytest.raises(
+        ConfigError,
+        match=r"warm_up_s: invalid value 10\.0; run '.*' has no successful request that arrived "
+        r"that late: must be below its last one's 3\.5 s",
+    ):
         cal.groundtruth_case(run, False, tmp_path / "late", warm_up_s=10.0)
 
 
