@@ -210,22 +210,31 @@ def per_run_figures(ttft_ms: np.ndarray, e2e_ms: np.ndarray, output_tokens: np.n
 
 
 def groundtruth_case(
-    run: Any, prompt_reuse: bool = False, workdir: Path | None = None, warm_up_s: float = 0.0
+    run: Any,
+    prompt_reuse: bool | None = None,
+    workdir: Path | None = None,
+    warm_up_s: float = 0.0,
 ) -> Case:
-    """A case from a ground-truth run (simulator.validate.RunSpec), replayed as validate does;
-    with `prompt_reuse`, as `validate --prompt-reuse` does (the load generator's few distinct
-    prompts shared, prefix caching on; the replay trace is written under `workdir`).
+    """A case from a ground-truth run (simulator.validate.RunSpec), replayed as validate does
+    (the replay trace is written under `workdir`): with the load generator's repeated prompts
+    shared whole when `prompt_reuse` says so (`validate.reused_prompts`: by default whenever
+    the run shows them), every prompt new otherwise; prefix caching as the server had it.
     `warm_up_s` > 0 fits and scores only the requests that arrived that long after the run's
     first (`validate --warm-up-s`); the whole run is still replayed."""
-    from .validate import baseline_trace, measured_requests, replay_overrides, reuse_trace
+    from .validate import (
+        baseline_trace,
+        measured_requests,
+        replay_overrides,
+        reuse_trace,
+        reused_prompts,
+    )
     from .workload.trace import recorded_client
 
     # The requests validate scores, after the same warm-up.
     measured = measured_requests(run).after_warm_up(warm_up_s, run.name)
     overrides = replay_overrides(run, PhysicsModel.name)
-    if prompt_reuse:
+    if reused_prompts(run, prompt_reuse) is not None:
         header, data = reuse_trace(run, workdir)
-        overrides["engine__enable_prefix_caching"] = True
     else:
         header, data = baseline_trace(run, workdir)
     return Case(

@@ -968,8 +968,27 @@ def baseline_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path | No
     return write_trace(folder / f"{run.name}-baseline", replay_requests(run))
 
 
+def reused_prompts(run: RunSpec, prompt_reuse: bool | None = None) -> int | None:
+    """How many distinct prompts `run`'s replay cycles through, or None when it replays every
+    prompt as new. The choice `validate` and `calibrate` share: `prompt_reuse=None` (their
+    default) reuses prompts whenever the run shows the load generator's cycle
+    (`distinct_prompts`), which is what the server was sent; False never; True requires the
+    cycle (a ConfigError naming the run when there is none). An observe cell records its own
+    prompts and is replayed as recorded either way."""
+    if run.kind == "trace" or prompt_reuse is False:
+        return None
+    prompts = distinct_prompts(run)
+    if prompts is None and prompt_reuse:
+        raise ConfigError(
+            f"--prompt-reuse: {run.name}: its prompt lengths repeat in no cycle, and there is "
+            f"no runs/{run.name}/profile.yaml with data.shared_prefix.num_unique_system_prompts "
+            "and num_users_per_system_prompt"
+        )
+    return prompts
+
+
 def reuse_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path, Path]:
-    """The `--prompt-reuse` replay of a run: its distinct prompts (`distinct_prompts`) shared
+    """The prompt-reuse replay of a run: its distinct prompts (`distinct_prompts`) shared
     whole, request i reusing prompt i mod their number (written under `workdir`, a new
     temporary folder if None)."""
     import tempfile
@@ -979,13 +998,7 @@ def reuse_trace(run: RunSpec, workdir: Path | None = None) -> tuple[Path, Path]:
             f"--prompt-reuse: {run.name}: an observe cell records its own prompts; "
             "it has no load-generator profile to reuse"
         )
-    prompts = distinct_prompts(run)
-    if prompts is None:
-        raise ConfigError(
-            f"--prompt-reuse: {run.name}: its prompt lengths repeat in no cycle, and there is "
-            f"no runs/{run.name}/profile.yaml with data.shared_prefix.num_unique_system_prompts "
-            "and num_users_per_system_prompt"
-        )
+    prompts = reused_prompts(run, True)
     folder = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="servesim-"))
     return shared_prefix_trace(run, folder / f"{run.name}-reuse", prompts, whole_prompt=True)
 
@@ -1008,7 +1021,7 @@ def validate_datasets(
     runs: Sequence[str] | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
     extra_overrides: dict[str, Any] | None = None,
-    prompt_reuse: bool = False,
+    prompt_reuse: bool | None = None,
     forced_output: bool = True,
     traces: bool = True,
     prefix_caching: bool | None = None,
@@ -1017,11 +1030,11 @@ def validate_datasets(
     """Replay and score every run under `folder` (both layouts; `traces=False` only the
     request CSVs). `on_run` sees each run's result as it ends. `extra_overrides` (dotted with
     `__`) apply to every replay, e.g. latency__coeffs_file; `prefix_caching` overrides what
-    each server did; `prompt_reuse` replays the load generator's repeated prompts with prefix
-    caching on (request-CSV runs only: an observe cell replays its own prompts);
-    `forced_output` replays forced output lengths (see `discover_runs`); `warm_up_s` > 0
-    scores only the requests that arrived that long after each run's first (see
-    `validate_run`)."""
+    each server did; `prompt_reuse` decides whether a request-CSV run's replay reuses the load
+    generator's repeated prompts (`reused_prompts`: by default whenever the run shows them;
+    an observe cell replays its own prompts); `forced_output` replays forced output lengths
+    (see `discover_runs`); `warm_up_s` > 0 scores only the requests that arrived that long
+    after each run's first (see `validate_run`). Each outcome records `reused_prompts`."""
     import tempfile
 
     warm_up_s = check_warm_up_s(warm_up_s)
@@ -1032,13 +1045,14 @@ def validate_datasets(
         overrides = dict(extra_overrides or {})
         if prefix_caching is not None:
             overrides.setdefault("engine__enable_prefix_caching", prefix_caching)
-        if prompt_reuse and spec.kind == "requests":
-            overrides.setdefault("engine__enable_prefix_caching", True)
+        prompts = reused_prompts(spec, prompt_reuse)
+        if prompts is not None:
             with tempfile.TemporaryDirectory() as tmp:
                 trace = reuse_trace(spec, Path(tmp))
                 outcome = validate_run(spec, latency_model, overrides, trace, warm_up_s=warm_up_s)
         else:
             outcome = validate_run(spec, latency_model, overrides, warm_up_s=warm_up_s)
+        outcome["reused_prompts"] = prompts
         if on_run is not None:
             on_run(outcome)
         outcomes.append(outcome)
@@ -1069,7 +1083,7 @@ def validate_folder(
     runs: Sequence[str] | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
     extra_overrides: dict[str, Any] | None = None,
-    prompt_reuse: bool = False,
+    prompt_reuse: bool | None = None,
     forced_output: bool = True,
     traces: bool = True,
     prefix_caching: bool | None = None,

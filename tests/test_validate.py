@@ -535,6 +535,87 @@ def test_prompt_reuse_follows_the_cycle_in_the_request_file(tmp_path: Path) -> N
     assert [r.input_tokens for r in requests[:3]] == [500, 510, 520]
 
 
+def test_validate_and_calibrate_reuse_a_shown_prompt_cycle_by_default(tmp_path: Path) -> None:
+    """One default for both commands, chosen from what the load generator sent: a run whose
+    request file shows a prompt cycle is replayed with its prompts reused unless told not to,
+    and the default says so on stderr."""
+    import simulator.calibrate as cal
+    from simulator.validate import reused_prompts, validate_datasets
+
+    rows = [(i * 100_000, 500 + 10 * (i % 3), 20, 0, 0.03, 0.25) for i in range(9)]
+    _write_run(tmp_path / DATASET, "20260101-000000-llama-2-7b-tp1-general", "general", rows)
+    (run,) = discover_runs(tmp_path)
+    assert reused_prompts(run) == reused_prompts(run, True) == 3
+    assert reused_prompts(run, False) is None
+
+    default = validate_datasets(tmp_path)
+    assert [o["reused_prompts"] for o in default.outcomes] == [3]
+    reused = validate_datasets(tmp_path, prompt_reuse=True)
+    fresh = validate_datasets(tmp_path, prompt_reuse=False)
+    assert [o["reused_prompts"] for o in fresh.outcomes] == [None]
+    pd.testing.assert_frame_equal(default.frame, reused.frame)
+    # Shared prompts are cached after their first occurrence: the first requests of each
+    # prompt are computed cold, later ones find it cached, so TTFT can only fall.
+    ttft = {
+        f: d.frame.set_index("metric").loc["ttft_mean_ms", "predicted"]
+        for f, d in (("reused", reused), ("fresh", fresh))
+    }
+    assert ttft["reused"] < ttft["fresh"]
+
+    cli = CliRunner().invoke(app, ["validate", str(tmp_path), "-q"])
+    assert cli.exit_code == 0, cli.output
+    assert (
+        "prompt reuse: 3 distinct prompts per run, request i reusing prompt i mod that "
+        "(the request files' prompt cycle; --no-prompt-reuse replays every prompt as new)"
+    ) in cli.stderr
+    off = CliRunner().invoke(app, ["validate", str(tmp_path), "-q", "--no-prompt-reuse"])
+    assert off.exit_code == 0, off.output
+    assert "prompt reuse: off, every prompt replayed as new (--no-prompt-reuse)" in off.stderr
+
+    # calibrate builds the same replay trace by default as with --prompt-reuse.
+    by_default = cal.groundtruth_case(run, workdir=tmp_path / "default")
+    explicit = cal.groundtruth_case(run, True, tmp_path / "explicit")
+    new = cal.groundtruth_case(run, False, tmp_path / "new")
+    assert Path(by_default.trace_data).read_text() == Path(explicit.trace_data).read_text()
+    assert Path(by_default.trace_data).read_text() != Path(new.trace_data).read_text()
+    assert by_default.overrides == explicit.overrides == new.overrides  # caching as recorded
+    # One run, fitted from its reuse replay: the command ends cleanly (it used to try BLIS's
+    # trace report on the replay trace after its folder was gone) and records the replay.
+    out = tmp_path / "fit.yaml"
+    fitted = CliRunner().invoke(
+        app, ["calibrate", str(tmp_path), "--rounds", "0", "-q", "--output", str(out)]
+    )
+    assert fitted.exit_code == 0, fitted.output
+    assert "prompt reuse: 3 distinct prompts per run" in fitted.stderr
+    import yaml
+
+    assert yaml.safe_load(out.read_text())["prompt_reuse"].startswith("3 distinct prompts")
+
+
+def test_a_run_without_a_prompt_cycle_replays_every_prompt_new_unless_reuse_is_demanded(
+    fake_groundtruth: Path,
+) -> None:
+    """No cycle in the request file and no profile: the default replays every prompt as new
+    and says why; `--prompt-reuse` demands a cycle, so it is an error naming the run."""
+    from simulator.validate import reused_prompts
+
+    run = select_runs(discover_runs(fake_groundtruth), ["general"])[0]
+    assert reused_prompts(run) is None
+    with pytest.raises(ConfigError, match="--prompt-reuse: .*general: its prompt lengths"):
+        reused_prompts(run, True)
+    default = validate_folder(fake_groundtruth, runs=["general"])
+    fresh = validate_folder(fake_groundtruth, runs=["general"], prompt_reuse=False)
+    pd.testing.assert_frame_equal(default, fresh)
+    cli = CliRunner().invoke(app, ["validate", str(fake_groundtruth), "--runs", "general"])
+    assert cli.exit_code == 0, cli.output
+    assert "prompt reuse: no prompt cycle found, every prompt replayed as new" in cli.stderr
+    demanded = CliRunner().invoke(
+        app, ["validate", str(fake_groundtruth), "--runs", "general", "--prompt-reuse"]
+    )
+    assert demanded.exit_code == 2
+    assert "--prompt-reuse" in demanded.stderr and "Traceback" not in demanded.output
+
+
 def test_every_shipped_run_cycles_through_100_prompts() -> None:
     from simulator.validate import distinct_prompts
 

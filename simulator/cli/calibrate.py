@@ -143,14 +143,17 @@ def register(app: typer.Typer) -> None:
             typer.Option("--include-overloaded", metavar="", help="also fit on overloaded runs"),
         ] = False,
         prompt_reuse: Annotated[
-            bool,
+            bool | None,
             typer.Option(
                 "--prompt-reuse/--no-prompt-reuse",
                 metavar="",
-                help="replay the load generator's repeated prompts with prefix caching "
-                "(default on: that is how the runs were measured)",
+                help="replay the load generator's repeated prompts, as validate does: default "
+                "whenever the request file shows its prompt cycle (that is how the runs were "
+                "measured); --prompt-reuse requires one, --no-prompt-reuse replays every "
+                "prompt as new",
+                show_default=False,
             ),
-        ] = True,
+        ] = None,
         forced_output_length: Annotated[
             bool,
             typer.Option(
@@ -370,6 +373,7 @@ def register(app: typer.Typer) -> None:
                     ]
                     cases = _select([*cases, *gt_cases], runs, False)
                     about["groundtruth"] = str(groundtruth)
+                    about["prompt_reuse"] = _echo_prompt_reuse(specs, prompt_reuse)
                 if not cases:
                     raise ConfigError("calibrate: nothing to fit on (no runs selected)")
                 _, held = cal.split_holdout(cases, holdout)  # bad names fail before a replay
@@ -417,7 +421,9 @@ def register(app: typer.Typer) -> None:
                 not_improved.append(True)
             if output is not None and not quiet:
                 typer.echo(f"wrote {output}", err=True)
-            if len(cases) == 1 and cases[0].trace_header is not None:
+            # A recorded trace pair gets BLIS's report; a ground-truth run's replay trace was
+            # made here (and is gone with its folder), so it has none.
+            if len(cases) == 1 and cases[0].trace_header is not None and groundtruth is None:
                 _report_one(cases[0], result, rtt_ms, network_bandwidth_mbps)
 
         guarded(go)
@@ -479,3 +485,23 @@ def _report_one(case: Any, result: Any, rtt_ms: float | None, bandwidth: float) 
     replayed = cal.replay_case(case, result.coefficients)
     report = calibration_report(case.trace_header, case.trace_data, replayed, rtt_ms, bandwidth)
     typer.echo(format_report(report))
+
+
+def _echo_prompt_reuse(specs: list, prompt_reuse: bool | None) -> str:
+    """Say on stderr how the ground-truth runs' prompts were replayed (the file records the
+    same words)."""
+    from ..validate import reused_prompts
+
+    reused = [reused_prompts(spec, prompt_reuse) for spec in specs]
+    counts = sorted({n for n in reused if n is not None})
+    if counts:
+        fresh = reused.count(None)
+        rest = f"; {fresh} runs with no cycle replay every prompt as new" if fresh else ""
+        line = (
+            f"{', '.join(map(str, counts))} distinct prompts per run, request i reusing "
+            f"prompt i mod that{rest}"
+        )
+    else:
+        line = "none, every prompt replayed as new"
+    typer.echo(f"prompt reuse: {line}", err=True)
+    return line

@@ -524,14 +524,16 @@ def validate_cmd(
         typer.Option("--latency-coeffs", help="coefficients YAML for physics (from calibrate)"),
     ] = None,
     prompt_reuse: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--prompt-reuse/--no-prompt-reuse",
             metavar="",
-            help="share the load generator's few distinct prompts whole, prefix caching on "
-            "(request-CSV runs)",
+            help="replay the load generator's repeated prompts (request-CSV runs): default "
+            "whenever the request file shows its prompt cycle; --prompt-reuse requires one, "
+            "--no-prompt-reuse replays every prompt as new",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     forced_output_length: Annotated[
         bool,
         typer.Option(
@@ -611,7 +613,7 @@ def validate_cmd(
                 warm_up_s=warm_up_s,
             )
             if model == models[0]:
-                _echo_server_settings(done.runs, prefix_caching, prompt_reuse)
+                _echo_server_settings(done, prefix_caching, prompt_reuse)
                 if warm_up_s > 0:
                     typer.echo(
                         f"scored: the requests that arrived {warm_up_s:g} s or more after each "
@@ -645,36 +647,47 @@ def validate_cmd(
     guarded(go)
 
 
-def _echo_server_settings(runs: list, flag: bool | None, prompt_reuse: bool) -> None:
-    """Stderr lines per dataset: the prefix-caching choice and where it came from, and the
-    batch limits taken from vLLM's defaults because the server's configuration omits them."""
+def _echo_server_settings(done: Any, flag: bool | None, prompt_reuse: bool | None) -> None:
+    """Stderr lines per dataset: the prefix-caching choice and where it came from, the
+    prompts the replay reused (and why), and the batch limits taken from vLLM's defaults
+    because the server's configuration omits them."""
     from ..workload.server_settings import PrefixCaching
 
+    runs = done.runs
     seen: dict[str, PrefixCaching] = {}
     for run in runs:
         if flag is not None:
             choice = PrefixCaching(flag, "--prefix-caching" if flag else "--no-prefix-caching")
-        elif prompt_reuse and run.kind == "requests":
-            choice = PrefixCaching(True, "--prompt-reuse")
         else:
             choice = PrefixCaching(run.prefix_caching, run.prefix_caching_source)
         seen.setdefault(run.dataset, choice)
     for dataset, choice in seen.items():
         typer.echo(f"{dataset}: {choice.line()}", err=True)
-    if prompt_reuse:
-        from ..validate import distinct_prompts
-
-        counts: dict[str, set[int | None]] = {}
-        for run in runs:
-            if run.kind == "requests":
-                counts.setdefault(run.dataset, set()).add(distinct_prompts(run))
-        for dataset, found in counts.items():
-            listed = ", ".join(str(n) for n in sorted(n for n in found if n is not None))
-            typer.echo(
-                f"{dataset}: prompt reuse: {listed} distinct prompts per run, request i "
-                "reusing prompt i mod that (--prompt-reuse)",
-                err=True,
+    # Per dataset of request-CSV runs: the prompt counts its replays cycled through (None:
+    # every prompt replayed as new).
+    reused: dict[str, set[int | None]] = {}
+    for run, outcome in zip(runs, done.outcomes, strict=True):
+        if run.kind == "requests":
+            reused.setdefault(run.dataset, set()).add(outcome.get("reused_prompts"))
+    why = {
+        True: "--prompt-reuse",
+        False: "--no-prompt-reuse",
+        None: "the request files' prompt cycle; --no-prompt-reuse replays every prompt as new",
+    }[prompt_reuse]
+    for dataset, found in reused.items():
+        counts = sorted(n for n in found if n is not None)
+        if counts:
+            listed = ", ".join(str(n) for n in counts)
+            fresh = " (some runs: none found, every prompt new)" if None in found else ""
+            line = (
+                f"prompt reuse: {listed} distinct prompts per run, request i reusing prompt "
+                f"i mod that{fresh} ({why})"
             )
+        elif prompt_reuse is False:
+            line = "prompt reuse: off, every prompt replayed as new (--no-prompt-reuse)"
+        else:
+            line = "prompt reuse: no prompt cycle found, every prompt replayed as new"
+        typer.echo(f"{dataset}: {line}", err=True)
     # Batch limits the dataset's server configuration does not record (vLLM's own defaults).
     defaulted: dict[str, tuple[tuple[str, int], ...]] = {}
     for run in runs:
