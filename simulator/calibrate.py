@@ -293,8 +293,9 @@ def trace_case(
     `scenario`'s own fields. The case is named `case_name`, else after the data file (after
     its folder when the file is just `trace.csv`)."""
     from .api import as_scenario
+    from .validate import measured_trace
     from .workload.server_settings import vllm_batch_overrides
-    from .workload.trace import client_of, read_header, read_rows, trace_spans
+    from .workload.trace import client_of, read_header, trace_spans
 
     sc = as_scenario(scenario) if scenario is not None else None
     if recorded:
@@ -312,33 +313,20 @@ def trace_case(
     overrides = (
         dict(recorded or {}) | from_header | {k: v for k, v in overrides.items() if v is not None}
     )
-    rows = read_rows(trace_data)
+    # The requests validate scores: after the header's warm-up requests and `warm_up_s`.
     warm_up = int(header.get("warm_up_requests") or 0)
-
-    def sent_us(r: Any) -> int:
-        return r.send_time_us or r.arrival_time_us
-
-    first_us = min((sent_us(r) for r in rows), default=0)
-    ok = [
-        i
-        for i, r in enumerate(rows)
-        if i >= warm_up
-        and r.status == "ok"
-        and r.first_chunk_time_us > 0
-        and r.last_chunk_time_us
-        and sent_us(r) - first_us >= warm_up_s * 1e6
-    ]
-    if not ok:
+    try:
+        chosen = measured_trace(Path(trace_data), warm_up).after_warm_up(warm_up_s, "")
+    except ConfigError:
         after = f" and {warm_up_s:g} s" if warm_up_s > 0 else ""
         raise ConfigError(
             f"calibrate: {str(trace_data)!r} has no successful request after the "
             f"{warm_up} warm-up requests{after}"
-        )
+        ) from None
 
     model = overrides.get("model") or (sc.model if sc is not None else "")
-    ttft_ms = np.asarray([(rows[i].first_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok])
-    e2e_ms = np.asarray([(rows[i].last_chunk_time_us - sent_us(rows[i])) / 1e3 for i in ok])
-    output_tokens = np.asarray([max(1, rows[i].output_tokens) for i in ok], dtype=float)
+    ttft_ms, e2e_ms = chosen.ttft_ms, chosen.e2e_ms
+    output_tokens = np.maximum(chosen.output_tokens, 1.0)
     measured = per_run_figures(ttft_ms, e2e_ms, output_tokens)
     itl_p50 = recorded_itl_p50_ms(Path(trace_data).parent / OBSERVE_SUMMARY_FILE)
     if itl_p50 is not None:
@@ -351,7 +339,7 @@ def trace_case(
         trace_data=Path(trace_data),
         scenario=sc,
         overrides={"latency__model": PhysicsModel.name, **overrides},
-        positions=np.asarray(ok),
+        positions=np.asarray(chosen.positions),
         measured_ttft_ms=ttft_ms,
         measured_e2e_ms=e2e_ms,
         output_tokens=output_tokens,

@@ -569,11 +569,13 @@ def measured_requests(run: RunSpec) -> MeasuredRun:
     Request CSV (vllm-0.15.1): `has_error == 0` rows, TTFT and E2E as the client measured
     them; the window runs from the first arrival to the last response of any request (failed
     ones included), the way targets_summary.csv computes it.
-    Observe trace (vllm-0.23.0): `status == ok` rows with both chunk times, TTFT = first chunk
-    − send and E2E = last chunk − send (send_time_us; arrival_time_us when it is 0); the
-    window runs from the first send to the last chunk of any request."""
+    Observe trace (vllm-0.23.0): see `measured_trace`, after the header's
+    `warm_up_requests`."""
     if run.kind == "trace":
-        return _measured_trace(run.requests_csv)
+        from .workload.trace import read_header
+
+        warm_up = int(read_header(run.trace_header).get("warm_up_requests") or 0)
+        return measured_trace(run.requests_csv, warm_up)
     from .workload.trace import read_groundtruth_rows
 
     path = run.requests_csv
@@ -595,17 +597,28 @@ def measured_requests(run: RunSpec) -> MeasuredRun:
     )
 
 
-def _measured_trace(path: Path) -> MeasuredRun:
+def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
+    """The measured side of a recorded trace (observe's data file): the `status == ok` rows
+    with both chunk times, after the first `warm_up_requests` rows (the load generator's
+    warm-up, which the header counts), TTFT = first chunk − send and E2E = last chunk − send
+    (send_time_us; arrival_time_us when it is 0); the window runs from the first send to the
+    last chunk of any request. `validate` scores and `calibrate` fits these requests."""
     from .workload.trace import read_rows
 
     rows = read_rows(path)
     ok = [
         i
         for i, r in enumerate(rows)
-        if r.status == "ok" and r.first_chunk_time_us > 0 and r.last_chunk_time_us > 0
+        if i >= warm_up_requests
+        and r.status == "ok"
+        and r.first_chunk_time_us > 0
+        and r.last_chunk_time_us > 0
     ]
     if not ok:
-        raise ConfigError(f"ground truth: {str(path)!r} has no successful (ok) request to score")
+        after = f" after its {warm_up_requests} warm-up requests" if warm_up_requests else ""
+        raise ConfigError(
+            f"ground truth: {str(path)!r} has no successful (ok) request{after} to score"
+        )
     sent = [r.injection_basis_us for r in rows]
     ends = [r.last_chunk_time_us for r in rows if r.last_chunk_time_us > 0]
     return MeasuredRun(

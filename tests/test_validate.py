@@ -950,6 +950,26 @@ def test_cli_validate_on_the_parent_of_both_datasets(both_layouts: Path, tmp_pat
     assert "vllm-0.23.0: prefix caching: off (--no-prefix-caching)" in off.stderr
 
 
+def test_validate_and_calibrate_leave_out_a_traces_warm_up_requests_alike(
+    both_layouts: Path,
+) -> None:
+    """The observe header counts the load generator's warm-up requests: neither command
+    scores or fits them, and both take the same requests."""
+    import simulator.calibrate as cal
+    from simulator.validate import measured_requests
+
+    cell = select_runs(discover_runs(both_layouts / V23, traces=True), ["sweep-agg2"])[0]
+    everything = measured_requests(cell)
+    header = Path(cell.trace_header)
+    header.write_text(header.read_text().replace("warm_up_requests: 0", "warm_up_requests: 5"))
+    later = measured_requests(cell)
+    assert later.positions == [p for p in everything.positions if p >= 5]
+    assert list(later.ttft_ms) == list(everything.ttft_ms[-len(later.positions) :])
+    case = cal.trace_case(cell.trace_header, cell.requests_csv)
+    assert list(case.positions) == later.positions
+    assert list(case.measured_e2e_ms) == list(later.e2e_ms)
+
+
 def test_prompt_reuse_leaves_observe_cells_as_recorded(both_layouts: Path) -> None:
     from simulator.validate import reuse_trace
 
