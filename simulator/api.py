@@ -46,6 +46,7 @@ from .workload.synthetic import V2_EQUIVALENTS, synthetic_to_spec
 
 if TYPE_CHECKING:
     # Traces are read only by the runs that replay one (start-up of the others).
+    from .workload.server_settings import RecordedServer
     from .workload.trace import ClientReplay
 
 __all__ = [
@@ -197,8 +198,12 @@ def simulate(
     (KV-block conservation) included, which needs the live engines that the result does not
     keep, without the per-step checks of `check_invariants` (docs/python.md)."""
     sc = as_scenario(scenario)
-    if overrides:
-        sc = apply_overrides(sc, {k.replace("__", "."): v for k, v in overrides.items()})
+    given = {k.replace("__", "."): v for k, v in overrides.items()}
+    if sc.trace is not None:
+        recorded, _ = recorded_settings(sc, given, sc.trace.header, sc.trace.data)
+        given = recorded | given
+    if given:
+        sc = apply_overrides(sc, given)
     deployment = resolve_deployment(sc)
     if on_deployment is not None:
         on_deployment(deployment)
@@ -271,7 +276,9 @@ def replay(
     scheduled times with at most that many requests outstanding. `session_mode`
     "closed-loop" sends each session's later rounds when the earlier finished, after
     `think_time` (BLIS syntax, e.g. "constant:value=500ms"; None = the trace's own);
-    docs/workloads.md, "Closed-loop load"."""
+    docs/workloads.md, "Closed-loop load". Fields that neither `scenario` sets nor
+    `overrides` give follow the server that recorded the trace (`recorded_settings`, applied
+    by `simulate`)."""
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = sc.model_copy(update={"workload": None, "workload_spec": None})
     header = Path(trace_header) if trace_header is not None else None
@@ -289,6 +296,55 @@ def replay(
     except ValidationError as exc:
         raise ConfigError(format_spec_error(exc, "replay")) from None
     return simulate(sc, **overrides)
+
+
+def recorded_settings(
+    scenario: Scenario,
+    given: dict[str, Any],
+    trace_header: str | PathLike[str] | None,
+    trace_data: str | PathLike[str],
+) -> tuple[dict[str, Any], RecordedServer]:
+    """The settings (dotted paths) a replay of the trace takes from the server that recorded
+    it (`server_settings.recorded_server`): each one neither `given` (overrides: flags, a
+    policy bundle, keyword arguments) nor set explicitly in `scenario` chooses. A generated
+    trace records no server; only its prefix-caching default (vLLM's, on) applies then."""
+    from .catalog.hardware import get_gpu, load_gpu_file
+    from .scenario import explicitly_set
+    from .workload.server_settings import recorded_server
+
+    hardware = given.get("hardware") or scenario.hardware or "H100"
+    hardware_file = given.get("hardware_file") or scenario.hardware_file
+    gpu = get_gpu(hardware, load_gpu_file(hardware_file) if hardware_file else None)
+    recorded = recorded_server(trace_header, trace_data, gpu.name, gpu.memory_gib)
+
+    def chosen(path: str) -> bool:
+        return path in given or explicitly_set(scenario, path)
+
+    # The recorded KV cache belongs to the recorded model, TP and GPU: a deployment the user
+    # chose gets its cache sized from its own memory, as any run does (or --total-kv-blocks).
+    deployment_chosen = any(chosen(path) for path in ("model", "tp", "hardware"))
+    if not chosen("model") and not _known_model(recorded.settings.get("model")):
+        deployment_chosen = True  # not one servesim can simulate: the scenario's stays
+    settings = {
+        path: value
+        for path, value in recorded.settings.items()
+        if not chosen(path)
+        and not (deployment_chosen and path in ("model", "engine.total_kv_blocks"))
+    }
+    return settings, recorded
+
+
+def _known_model(name: str | None) -> bool:
+    """Whether servesim's catalog has the model a recording names (None: none named)."""
+    from .catalog.models import load_model
+
+    if name is None:
+        return True
+    try:
+        load_model(name)
+    except ConfigError:
+        return False
+    return True
 
 
 def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> ClientReplay:

@@ -71,6 +71,7 @@ from .latency.physics import (
     price_terms,
     request_delay_s,
 )
+from .workload import server_settings
 
 # Coefficients the fit moves (all of PhysicsCoefficients but the two below). A name the
 # physics model no longer has is dropped, and a coefficient it gains is not fitted until it is
@@ -264,13 +265,10 @@ def version_in_name(name: str) -> str | None:
     return found.group(1) if found else None
 
 
-# TraceV2 header `server` key -> replay override, so a recorded trace carries its deployment.
+# TraceV2 header `server` key -> replay override, so a recorded trace carries its deployment
+# (the same fields `replay` follows, `server_settings.recorded_server`).
 HEADER_SERVER_FIELDS = {
-    "model": "model",
-    "tensor_parallel": "tp",
-    "max_num_seqs": "engine__max_num_running_reqs",
-    "block_size": "engine__block_size_tokens",
-    "max_model_len": "engine__max_model_len",
+    name: path.replace(".", "__") for name, path in server_settings.HEADER_SERVER_FIELDS.items()
 }
 
 
@@ -374,19 +372,7 @@ def recorded_itl_p50_ms(path: Path) -> float | None:
 
 # The data file of a trace pair, by the file name BLIS `observe` writes in a cell's folder.
 TRACE_CELL_FILES = ("trace.yaml", "trace.csv")
-# server_config.json (as the residency-vllm load generator records it) -> replay override.
-SERVER_CONFIG_FILE = "server_config.json"
-SERVER_CONFIG_FIELDS = {
-    "model": "model",
-    "tensor_parallel_size": "tp",
-    "max_num_seqs": "engine__max_num_running_reqs",
-    "max_num_batched_tokens": "engine__max_num_scheduled_tokens",
-    "block_size": "engine__block_size_tokens",
-    "num_gpu_blocks": "engine__total_kv_blocks",
-    "max_seq_len": "engine__max_model_len",
-    "max_model_len": "engine__max_model_len",
-    "enable_prefix_caching": "engine__enable_prefix_caching",
-}
+SERVER_CONFIG_FILE = server_settings.SERVER_CONFIG
 
 
 def trace_name(data: Path) -> str:
@@ -397,31 +383,9 @@ def trace_name(data: Path) -> str:
 
 
 def read_server_config(path: Path) -> tuple[dict[str, Any], str | None]:
-    """Replay overrides and the vLLM version from a `server_config.json`; keys it does not
-    map (e.g. `kv_cache_tokens`, which `num_gpu_blocks` already says) are ignored."""
-    from .input_files import read_json
-
-    data = read_json(path, "server config")
-    if not isinstance(data, dict):
-        raise ConfigError(f"server config {str(path)!r}: must be a JSON object")
-    overrides: dict[str, Any] = {}
-    for name, key in SERVER_CONFIG_FIELDS.items():
-        value = data.get(name)
-        if value is None:
-            continue
-        if name == "model":
-            ok = isinstance(value, str) and value.strip() != ""
-        elif name == "enable_prefix_caching":
-            ok = isinstance(value, bool)
-        else:
-            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        if not ok:
-            raise invalid(f"server config {str(path)!r}: {name}", value, "wrong type or range")
-        overrides[key] = value
-    version = data.get("vllm_version")
-    if version is not None and not (isinstance(version, str) and 0 < len(version) <= 64):
-        raise invalid(f"server config {str(path)!r}: vllm_version", version, "must be a string")
-    return overrides, version
+    """`server_settings.read_server_config` as replay overrides (dotted with `__`)."""
+    settings, version = server_settings.read_server_config(path)
+    return {key.replace(".", "__"): value for key, value in settings.items()}, version
 
 
 def trace_pairs(folder: Path) -> list[tuple[str, Path, Path]]:

@@ -587,6 +587,18 @@ def _resolve(base: Path, p: Path) -> Path:
     return p if p.is_absolute() else base / p
 
 
+def explicitly_set(scenario: Scenario, dotted: str) -> bool:
+    """Whether the scenario's author set the field at `dotted` (e.g. "engine.total_kv_blocks")
+    rather than leaving it to its default. A scenario that went through `apply_overrides` has
+    every field set."""
+    node: Any = scenario
+    for key in dotted.split("."):
+        if not isinstance(node, BaseModel) or key not in node.model_fields_set:
+            return False
+        node = getattr(node, key)
+    return True
+
+
 def apply_overrides(
     scenario: Scenario, overrides: dict[str, Any], source: str = "overrides"
 ) -> Scenario:

@@ -96,7 +96,7 @@ def _execute(
     timeline_path: Path | None = None,
     report_path: Path | None = None,
 ) -> None:
-    from ..api import as_scenario, simulate, with_overrides
+    from ..api import as_scenario, recorded_settings, simulate, with_overrides
     from ..scenario import Scenario
 
     check_writable("--results-path", results_path)
@@ -107,6 +107,10 @@ def _execute(
         check_writable("--trace-output", f"{trace_output}.yaml")
         check_writable("--trace-output", f"{trace_output}.csv")
     sc = as_scenario(scenario) if scenario is not None else Scenario()
+    trace = overrides.get("trace") or (sc.trace.model_dump() if sc.trace is not None else None)
+    if trace is not None:  # a replay simulates the recorded server where the user chose nothing
+        recorded, _ = recorded_settings(sc, overrides, trace["header"], trace["data"])
+        overrides = recorded | overrides
     sc = with_overrides(sc, overrides, workload_overrides)
     if "cluster.trace.path" not in overrides:
         check_writable("cluster.trace.path", sc.cluster.trace.path)  # from the scenario file
@@ -338,7 +342,8 @@ def replay(
     """Simulate exactly the requests of a BLIS TraceV2 file (send/arrival times, token counts)."""
 
     def go() -> None:
-        from ..api import client_replay
+        from ..api import as_scenario, client_replay, recorded_settings
+        from ..scenario import Scenario, explicitly_set
         from ..workload.trace import trace_notes
         from .blis import (
             defaults_file_overrides,
@@ -373,7 +378,21 @@ def replay(
         )
         if apply:
             overrides["engine.enable_prefix_caching"] = choice.enabled
-        notes = trace_notes(trace_header, trace_data, closed_loop=bool(sessions))
+        base = as_scenario(scenario) if scenario is not None else Scenario()
+        followed, server = recorded_settings(base, overrides, trace_header, trace_data)
+        recorded_model = server.settings.get("model")
+        notes_first = []
+        # The recording names a model servesim lacks, and nobody chose another.
+        if (
+            recorded_model
+            and "model" not in followed | overrides.keys()
+            and not explicitly_set(base, "model")
+        ):
+            notes_first.append(
+                f"model: the recording's {recorded_model!r} is not in servesim's catalog "
+                f"(servesim models); simulating {base.model} (--model chooses)"
+            )
+        notes = notes_first + trace_notes(trace_header, trace_data, closed_loop=bool(sessions))
         if client.at_schedule:  # the send times are not used
             notes = [n for n in notes if not n.startswith("send_time_us:")]
         _execute(
@@ -387,6 +406,8 @@ def replay(
         )
         # After the run: a refused input must leave its error as the only line on stderr.
         typer.echo(choice.line(), err=True)
+        if server.line(followed):
+            typer.echo(server.line(followed), err=True)
         typer.echo(client.line(), err=True)
         for note in notes:
             typer.echo(f"note: {note}", err=True)

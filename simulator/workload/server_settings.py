@@ -18,6 +18,15 @@ the folder above, so a cell of a sweep finds the sweep's configuration):
 The keys read are vLLM's argument names: `enable_prefix_caching` (also spelled with dashes) and
 `no_enable_prefix_caching`. BLIS's trace header has no such key (its `server` section records
 type, model, TP, max_num_seqs, block size, memory utilisation and context length only).
+
+The rest of the recorded deployment (`recorded_server`): a replay of a recorded trace simulates
+the server that recorded it, field by field, unless the user chose the field (a flag, a policy
+bundle, a defaults file, or a scenario field set explicitly). Read, highest first: the trace
+header's `server` section (model, TP, max_num_seqs, block size, context length), then a
+`server_config.json` next to the data file or in the folder above (model, TP, the batch
+limits, block size, GPU KV blocks, context length, the vLLM version), then, for a vLLM server
+whose batch limits neither records, vLLM's defaults on the replayed GPU (above). A trace that
+BLIS generated records none of it and is replayed exactly as before.
 """
 
 from __future__ import annotations
@@ -153,3 +162,138 @@ def vllm_batch_overrides(hardware: str) -> dict[str, int]:
     """`vllm_batch_defaults_for(hardware)` as replay overrides (dotted with `__`)."""
     tokens, seqs = vllm_batch_defaults_for(hardware)
     return {"engine__max_num_scheduled_tokens": tokens, "engine__max_num_running_reqs": seqs}
+
+
+# server_config.json key -> scenario path (prefix caching is read by `recorded_prefix_caching`).
+SERVER_CONFIG_FIELDS = {
+    "model": "model",
+    "tensor_parallel_size": "tp",
+    "max_num_seqs": "engine.max_num_running_reqs",
+    "max_num_batched_tokens": "engine.max_num_scheduled_tokens",
+    "block_size": "engine.block_size_tokens",
+    "num_gpu_blocks": "engine.total_kv_blocks",
+    "max_seq_len": "engine.max_model_len",
+    "max_model_len": "engine.max_model_len",
+    "enable_prefix_caching": "engine.enable_prefix_caching",
+}
+# A TraceV2 header's `server` key -> scenario path.
+HEADER_SERVER_FIELDS = {
+    "model": "model",
+    "tensor_parallel": "tp",
+    "max_num_seqs": "engine.max_num_running_reqs",
+    "block_size": "engine.block_size_tokens",
+    "max_model_len": "engine.max_model_len",
+}
+BATCH_LIMITS = ("engine.max_num_scheduled_tokens", "engine.max_num_running_reqs")
+
+
+def read_server_config(path: Path) -> tuple[dict[str, Any], str | None]:
+    """Scenario settings (dotted paths) and the vLLM version from a `server_config.json`; keys
+    it does not map (e.g. `kv_cache_tokens`, which `num_gpu_blocks` already says) are
+    ignored. A value of the wrong type is a ConfigError naming the file and the key."""
+    data = read_json(path, "server config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"server config {str(path)!r}: must be a JSON object")
+    settings: dict[str, Any] = {}
+    for name, key in SERVER_CONFIG_FIELDS.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        if name == "model":
+            ok = isinstance(value, str) and value.strip() != ""
+        elif name == "enable_prefix_caching":
+            ok = isinstance(value, bool)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        if not ok:
+            raise ConfigError(
+                f"server config {str(path)!r}: {name}: invalid value {excerpt(value)}; wrong "
+                "type or range"
+            )
+        settings[key] = value
+    version = data.get("vllm_version")
+    if version is not None and not (isinstance(version, str) and 0 < len(version) <= 64):
+        raise ConfigError(
+            f"server config {str(path)!r}: vllm_version: invalid value {excerpt(version)}; "
+            "must be a string"
+        )
+    return settings, version
+
+
+def server_config_near(trace_data: str | os.PathLike[str]) -> Path | None:
+    """The `server_config.json` of a recorded trace: next to its data file (a sweep's cell),
+    else in the folder above (the sweep's own)."""
+    folder = Path(trace_data).parent
+    for where in (folder, folder.parent):
+        if (where / SERVER_CONFIG).is_file():
+            return where / SERVER_CONFIG
+    return None
+
+
+@dataclass(frozen=True)
+class RecordedServer:
+    """The deployment a recorded trace says its server had: scenario settings (dotted paths)
+    and, for each, where it was read."""
+
+    settings: dict[str, Any]
+    sources: dict[str, str]
+    prefix_caching: PrefixCaching
+
+    def line(self, followed: Iterable[str]) -> str:
+        """`recorded server: model Qwen/Qwen3-14B (trace header), … ` for the settings a replay
+        `followed` (prefix caching has its own line, `PrefixCaching.line`); empty when it
+        followed none (a generated trace records no server)."""
+        shown = [
+            f"{path.rsplit('.', 1)[-1]} {_shown(self.settings[path])} ({self.sources[path]})"
+            for path in self.settings
+            if path in set(followed) and path != "engine.enable_prefix_caching"
+        ]
+        return f"recorded server: {', '.join(shown)}" if shown else ""
+
+
+def _shown(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def recorded_server(
+    trace_header: str | os.PathLike[str] | None,
+    trace_data: str | os.PathLike[str],
+    hardware: str = "H100",
+    memory_gib: float | None = None,
+) -> RecordedServer:
+    """What the server that recorded a trace ran with (see the module docstring); the batch
+    limits it took by default are vLLM's on `hardware` (a GPU of servesim's table, or one
+    of `memory_gib` GiB)."""
+    from .trace import read_header
+
+    settings: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    config = server_config_near(trace_data)
+    if config is not None:
+        recorded, version = read_server_config(config)
+        recorded.pop("engine.enable_prefix_caching", None)  # recorded_prefix_caching's
+        if version is not None:
+            recorded["latency.vllm_version"] = version
+        settings.update(recorded)
+        sources.update(dict.fromkeys(recorded, config.name))
+    server = read_header(trace_header).get("server") if trace_header is not None else None
+    server = server if isinstance(server, dict) else {}
+    for name, path in HEADER_SERVER_FIELDS.items():
+        if server.get(name) not in (None, "", 0):
+            settings[path] = server[name]
+            sources[path] = "trace header"
+    if config is not None or server.get("type") == "vllm":
+        batch = (
+            vllm_batch_defaults(hardware, memory_gib)
+            if memory_gib is not None
+            else vllm_batch_defaults_for(hardware)
+        )
+        defaults = dict(zip(BATCH_LIMITS, batch, strict=True))
+        for path, value in defaults.items():
+            if path not in settings:
+                settings[path] = value
+                sources[path] = f"vLLM's default on {hardware}"
+    caching = recorded_prefix_caching(trace_header, trace_data)
+    settings["engine.enable_prefix_caching"] = caching.enabled
+    sources["engine.enable_prefix_caching"] = caching.source
+    return RecordedServer(settings, sources, caching)
