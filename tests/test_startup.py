@@ -155,9 +155,11 @@ def _process_settings_after(argv: list[str], environment: dict[str, str]) -> dic
         f"sys.argv = ['servesim', *{argv!r}]\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('SETTINGS', json.dumps({'blas_threads': os.environ.get('OPENBLAS_NUM_THREADS'),"
+        " 'pydantic_plugins': os.environ.get('PYDANTIC_DISABLE_PLUGINS'),"
         " 'gen0': gc.get_threshold()[0], 'frozen': gc.get_freeze_count()}), file=sys.stderr)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | environment
+    chosen = ("OPENBLAS_NUM_THREADS", "PYDANTIC_DISABLE_PLUGINS")
+    env = {k: v for k, v in os.environ.items() if k not in chosen} | environment
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     line = next(x for x in done.stderr.splitlines() if x.startswith("SETTINGS "))
     return json.loads(line.split(" ", 1)[1])
@@ -165,14 +167,18 @@ def _process_settings_after(argv: list[str], environment: dict[str, str]) -> dic
 
 def test_the_command_line_process_starts_lean_and_leaves_its_objects_to_the_os():
     """What start-up costs are avoided (docs/performance.md, "What makes it fast"): numpy's
-    BLAS starts one thread (unless the user chose), the young-generation threshold is the
+    BLAS starts one thread and pydantic scans no entry points for plugins (unless the user
+    chose), the young-generation threshold is the
     run's from the first line, and every object is frozen before exit so the interpreter's
     last collection walks none of them."""
     settings = _process_settings_after(["--help"], {})
     assert settings["blas_threads"] == "1"
+    assert settings["pydantic_plugins"] == "__all__"  # no entry-point scan on first validation
     assert settings["gen0"] >= RUN_GEN0_THRESHOLD
     assert settings["frozen"] > 0
     assert _process_settings_after(["--help"], {"OPENBLAS_NUM_THREADS": "4"})["blas_threads"] == "4"
+    mine = _process_settings_after(["--help"], {"PYDANTIC_DISABLE_PLUGINS": "logfire"})
+    assert mine["pydantic_plugins"] == "logfire"
 
 
 def test_the_flag_templates_annotations_are_objects_not_strings():
