@@ -378,7 +378,15 @@ def with_overrides(
     `workload_overrides` are synthetic-workload fields (`workload.rate`, ...). On a v2 workload
     (inline or `workload_spec` file) only rate and num_requests apply (as aggregate_rate and
     num_requests); the others are an error. An explicit seed also replaces a v2 spec's own seed.
+    A trace replay's fields that neither the scenario nor `overrides` set follow the recorded
+    server (`recorded_settings`).
     """
+    trace = overrides.get("trace", scenario.trace)
+    if trace is not None:  # a replay simulates the recorded server where nobody chose
+        if not isinstance(trace, dict):
+            trace = trace.model_dump()
+        recorded, _ = recorded_settings(scenario, overrides, trace.get("header"), trace["data"])
+        overrides = recorded | overrides
     sc = apply_overrides(scenario, overrides, source=source) if overrides else scenario
     workload_overrides = workload_overrides or {}
     v2 = sc.workload_spec is not None or isinstance(sc.workload, V2WorkloadSpec)

@@ -96,7 +96,7 @@ def _execute(
     timeline_path: Path | None = None,
     report_path: Path | None = None,
 ) -> None:
-    from ..api import as_scenario, recorded_settings, simulate, with_overrides
+    from ..api import as_scenario, simulate, with_overrides
     from ..scenario import Scenario
 
     check_writable("--results-path", results_path)
@@ -107,10 +107,6 @@ def _execute(
         check_writable("--trace-output", f"{trace_output}.yaml")
         check_writable("--trace-output", f"{trace_output}.csv")
     sc = as_scenario(scenario) if scenario is not None else Scenario()
-    trace = overrides.get("trace") or (sc.trace.model_dump() if sc.trace is not None else None)
-    if trace is not None:  # a replay simulates the recorded server where the user chose nothing
-        recorded, _ = recorded_settings(sc, overrides, trace["header"], trace["data"])
-        overrides = recorded | overrides
     sc = with_overrides(sc, overrides, workload_overrides)
     if "cluster.trace.path" not in overrides:
         check_writable("cluster.trace.path", sc.cluster.trace.path)  # from the scenario file

@@ -128,3 +128,19 @@ def test_a_recorded_model_servesim_lacks_is_said_not_followed(tmp_path: Path) ->
         "(servesim models); simulating meta-llama/llama-3.1-8b-instruct (--model chooses)"
     ) in out.stderr
     assert "model acme/unknown-7b" not in out.stderr
+
+
+def test_a_sweep_point_over_a_trace_scenario_follows_the_recorded_server_too(
+    tmp_path: Path,
+) -> None:
+    """Every path that turns a scenario and overrides into a run (`with_overrides`: the CLI,
+    sweeps, plans) fills what nobody chose from the recording; what a point sets wins."""
+    from simulator.api import as_scenario, with_overrides
+
+    scenario = tmp_path / "replay.yaml"
+    scenario.write_text(yaml.safe_dump({"trace": {"header": str(HEADER), "data": str(DATA)}}))
+    point = with_overrides(as_scenario(scenario), {"engine.max_num_running_reqs": 32, "seed": 7})
+    assert point.model == "Qwen/Qwen3-14B"
+    assert (point.engine.total_kv_blocks, point.engine.max_num_running_reqs) == (18038, 32)
+    # Applying overrides again finds every field set: nothing changes (idempotent).
+    assert with_overrides(point, {"seed": 7}) == point
