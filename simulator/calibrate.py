@@ -287,15 +287,20 @@ def trace_case(
     send, E2E = last chunk − send over the `ok` rows after the header's warm-up requests and,
     with `warm_up_s` > 0, sent that long after the first request.
     Deployment: `overrides` (dotted with `__`) win, then the header's `server` section, then
-    `recorded` (the server settings recorded next to the trace, `read_server_config`), then
-    `scenario`'s own fields. The case is named `case_name`, else after the data file (after
-    its folder when the file is just `trace.csv`)."""
+    `recorded` (the server settings recorded next to the trace, `read_server_config`; when
+    None, the `server_config.json` beside the data file or in the folder above, as `replay`
+    finds it, which also gives the vLLM version), then `scenario`'s own fields. The case is
+    named `case_name`, else after the data file (after its folder when the file is just
+    `trace.csv`)."""
     from .api import as_scenario
     from .validate import measured_trace
-    from .workload.server_settings import vllm_batch_overrides
+    from .workload.server_settings import server_config_near, vllm_batch_overrides
     from .workload.trace import client_of, read_header, trace_spans
 
     sc = as_scenario(scenario) if scenario is not None else None
+    if recorded is None and (config := server_config_near(trace_data)) is not None:
+        recorded, found_version = read_server_config(config)
+        vllm_version = vllm_version or found_version
     if recorded:
         # A recorded vLLM server that does not record its batch limits ran with vLLM's own
         # defaults for its GPU (1,024 sequences on an H100), not with BLIS's.

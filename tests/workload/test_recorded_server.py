@@ -144,3 +144,20 @@ def test_a_sweep_point_over_a_trace_scenario_follows_the_recorded_server_too(
     assert (point.engine.total_kv_blocks, point.engine.max_num_running_reqs) == (18038, 32)
     # Applying overrides again finds every field set: nothing changes (idempotent).
     assert with_overrides(point, {"seed": 7}) == point
+
+
+def test_calibrate_takes_the_same_recorded_server_for_a_pair_as_for_its_folder() -> None:
+    """`calibrate --trace-header/--trace-data` on a cell and `calibrate --traces` on its sweep
+    replay the same deployment, the one `replay` follows."""
+    import simulator.calibrate as cal
+
+    (in_folder,) = cal.trace_cases(OBSERVE)
+    pair = cal.trace_case(HEADER, DATA)
+    assert pair.overrides == in_folder.overrides
+    assert pair.vllm_version == in_folder.vllm_version == "0.23.0"
+    followed = {
+        path.replace(".", "__"): value
+        for path, value in recorded_server(HEADER, DATA).settings.items()
+        if path != "latency.vllm_version"
+    }
+    assert {k: v for k, v in pair.overrides.items() if k != "latency__model"} == followed
