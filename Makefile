@@ -22,12 +22,12 @@ run: $(VENV)/.installed
 	$(BIN)/servesim run $(SCENARIO)
 
 # The suite runs on every core (pytest-xdist; at most 4 workers, whose memory the machine must
-# hold): 10 minutes on one core of the 2-core machine it is developed on, 6 on both.
-# `python -m pytest` alone still runs it in one process.
+# hold; work stealing, as a few tests take 10-30 s): 10 minutes on one core of the 2-core
+# machine it is developed on, under 6 on both. `python -m pytest` alone runs it in one process.
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check simulator tests benchmarks
 	$(BIN)/ruff format --check simulator tests benchmarks
-	$(BIN)/python -m pytest -n auto --maxprocesses 4
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist worksteal
 
 # The long fuzz budget (the suite runs the same tests with a small one): FUZZ_EXAMPLES per
 # test (whole-simulation tests take at most 1,000), in a process capped at FUZZ_MEMORY_MB.
