@@ -568,9 +568,11 @@ def test_validate_and_calibrate_reuse_a_shown_prompt_cycle_by_default(tmp_path: 
         "prompt reuse: 3 distinct prompts per run, request i reusing prompt i mod that "
         "(the request files' prompt cycle; --no-prompt-reuse replays every prompt as new)"
     ) in cli.stderr
+    assert "vllm-0.15.1: 1 runs (physics; prompts reused: 3 per run)" in cli.stdout
     off = CliRunner().invoke(app, ["validate", str(tmp_path), "-q", "--no-prompt-reuse"])
     assert off.exit_code == 0, off.output
     assert "prompt reuse: off, every prompt replayed as new (--no-prompt-reuse)" in off.stderr
+    assert "vllm-0.15.1: 1 runs (physics)" in off.stdout
 
     # calibrate builds the same replay trace by default as with --prompt-reuse.
     by_default = cal.groundtruth_case(run, workdir=tmp_path / "default")

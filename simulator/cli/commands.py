@@ -729,11 +729,18 @@ def _echo_validation(done: Any, model: str) -> None:
     )
 
     frame = done.frame
+    # What each dataset's replay reused, so that saved output says how it was made.
+    reused: dict[str, set[int]] = {}
+    for run, outcome in zip(done.runs, done.outcomes, strict=True):
+        if outcome.get("reused_prompts") is not None:
+            reused.setdefault(run.dataset, set()).add(outcome["reused_prompts"])
     for dataset in dict.fromkeys(frame["dataset"]):
         part = frame[(frame["dataset"] == dataset) & ~frame["overloaded"]]
         if part.empty:
             continue
-        typer.echo(f"{dataset}: {part['run'].nunique()} runs ({model})")
+        counts = ", ".join(str(n) for n in sorted(reused.get(dataset, ())))
+        replay = f"; prompts reused: {counts} per run" if counts else ""
+        typer.echo(f"{dataset}: {part['run'].nunique()} runs ({model}{replay})")
         typer.echo(format_table(part))
         typer.echo("")
     overloaded = frame[frame["overloaded"]]
