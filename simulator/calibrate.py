@@ -71,7 +71,6 @@ from .latency.physics import (
     price_terms,
     request_delay_s,
 )
-from .workload import server_settings
 
 # Coefficients the fit moves (all of PhysicsCoefficients but the two below). A name the
 # physics model no longer has is dropped, and a coefficient it gains is not fitted until it is
@@ -265,13 +264,6 @@ def version_in_name(name: str) -> str | None:
     return found.group(1) if found else None
 
 
-# TraceV2 header `server` key -> replay override, so a recorded trace carries its deployment
-# (the same fields `replay` follows, `server_settings.recorded_server`).
-HEADER_SERVER_FIELDS = {
-    name: path.replace(".", "__") for name, path in server_settings.HEADER_SERVER_FIELDS.items()
-}
-
-
 def trace_case(
     trace_header: Path,
     trace_data: Path,
@@ -279,43 +271,36 @@ def trace_case(
     *,
     case_name: str | None = None,
     vllm_version: str | None = None,
-    recorded: Mapping[str, Any] | None = None,
     warm_up_s: float = 0.0,
     **overrides: Any,
 ) -> Case:
     """A case from a real TraceV2 pair (as `servesim observe` records): TTFT = first chunk −
     send, E2E = last chunk − send over the `ok` rows after the header's warm-up requests and,
     with `warm_up_s` > 0, sent that long after the first request.
-    Deployment: `overrides` (dotted with `__`) win, then the header's `server` section, then
-    `recorded` (the server settings recorded next to the trace, `read_server_config`; when
-    None, the `server_config.json` beside the data file or in the folder above, as `replay`
-    finds it, which also gives the vLLM version), then `scenario`'s own fields. The case is
-    named `case_name`, else after the data file (after its folder when the file is just
-    `trace.csv`)."""
+    Deployment: `overrides` (dotted with `__`) win, then what the recording says of its
+    server, as `replay` reads it (`server_settings.recorded_server`: the header's `server`
+    section, a `server_config.json` beside the data file or in the folder above, which also
+    gives the vLLM version, vLLM's batch defaults on the GPU for a vLLM server that records
+    no limits; prefix caching only when a file records it), then `scenario`'s own fields.
+    The case is named `case_name`, else after the data file (after its folder when the file
+    is just `trace.csv`)."""
     from .api import as_scenario
     from .validate import measured_trace
-    from .workload.server_settings import server_config_near, vllm_batch_overrides
+    from .workload.server_settings import recorded_server
     from .workload.trace import client_of, read_header, trace_spans
 
     sc = as_scenario(scenario) if scenario is not None else None
-    if recorded is None and (config := server_config_near(trace_data)) is not None:
-        recorded, found_version = read_server_config(config)
-        vllm_version = vllm_version or found_version
-    if recorded:
-        # A recorded vLLM server that does not record its batch limits ran with vLLM's own
-        # defaults for its GPU (1,024 sequences on an H100), not with BLIS's.
-        hardware = overrides.get("hardware") or (sc.hardware if sc is not None else None)
-        recorded = vllm_batch_overrides(hardware or "H100") | dict(recorded)
-    header = read_header(trace_header)
-    server = header.get("server") or {}
-    from_header = {
-        key: server[name]
-        for name, key in HEADER_SERVER_FIELDS.items()
-        if server.get(name) not in (None, "", 0)
+    hardware = overrides.get("hardware") or (sc.hardware if sc is not None else None) or "H100"
+    server = recorded_server(trace_header, trace_data, hardware)
+    recorded = dict(server.settings)
+    found_version = recorded.pop("latency.vllm_version", None)
+    vllm_version = vllm_version or found_version
+    if not server.prefix_caching.recorded:
+        del recorded["engine.enable_prefix_caching"]
+    overrides = {key.replace(".", "__"): value for key, value in recorded.items()} | {
+        k: v for k, v in overrides.items() if v is not None
     }
-    overrides = (
-        dict(recorded or {}) | from_header | {k: v for k, v in overrides.items() if v is not None}
-    )
+    header = read_header(trace_header)
     # The requests validate scores: after the header's warm-up requests and `warm_up_s`.
     warm_up = int(header.get("warm_up_requests") or 0)
     try:
@@ -377,7 +362,6 @@ def recorded_itl_p50_ms(path: Path) -> float | None:
 
 # The data file of a trace pair, by the file name BLIS `observe` writes in a cell's folder.
 TRACE_CELL_FILES = ("trace.yaml", "trace.csv")
-SERVER_CONFIG_FILE = server_settings.SERVER_CONFIG
 
 
 def trace_name(data: Path) -> str:
@@ -385,12 +369,6 @@ def trace_name(data: Path) -> str:
     the file is a cell's generic `trace.csv`."""
     stem = data.name.removesuffix(".csv").removesuffix(".trace")
     return data.resolve().parent.name if stem == "trace" else stem
-
-
-def read_server_config(path: Path) -> tuple[dict[str, Any], str | None]:
-    """`server_settings.read_server_config` as replay overrides (dotted with `__`)."""
-    settings, version = server_settings.read_server_config(path)
-    return {key.replace(".", "__"): value for key, value in settings.items()}, version
 
 
 def trace_pairs(folder: Path) -> list[tuple[str, Path, Path]]:
@@ -419,34 +397,18 @@ def trace_pairs(folder: Path) -> list[tuple[str, Path, Path]]:
 
 
 def trace_cases(folder: Path, scenario: Any = None, **overrides: Any) -> list[Case]:
-    """`trace_case` for every pair of `trace_pairs(folder)`. A `server_config.json` in a cell's
-    folder, else in `folder`, supplies the deployment below the header (`trace_case`) and
-    the vLLM version; the folder names are the next source of the version."""
+    """`trace_case` for every pair of `trace_pairs(folder)`: each finds its recorded server
+    (a `server_config.json` in the cell's folder, else in `folder`, gives the vLLM version);
+    the folder names are the next source of the version."""
     folder = Path(folder)
     cases = []
     for name, header, data in trace_pairs(folder):
-        recorded: dict[str, Any] = {}
-        version = None
-        for where in (header.parent, folder):
-            if (where / SERVER_CONFIG_FILE).is_file():
-                recorded, version = read_server_config(where / SERVER_CONFIG_FILE)
-                break
-        version = (
-            version
-            or version_in_name(header.resolve().parent.name)
-            or version_in_name(folder.resolve().name)
+        version = version_in_name(header.resolve().parent.name) or version_in_name(
+            folder.resolve().name
         )
-        cases.append(
-            trace_case(
-                header,
-                data,
-                scenario,
-                case_name=name,
-                vllm_version=version,
-                recorded=recorded,
-                **overrides,
-            )
-        )
+        case = trace_case(header, data, scenario, case_name=name, **overrides)
+        case.vllm_version = case.vllm_version or version
+        cases.append(case)
     return cases
 
 

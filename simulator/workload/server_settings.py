@@ -46,6 +46,7 @@ CONFIG_NAMES = (SERVER_CONFIG, EXP_CONFIG)
 REQUESTS_SUFFIX = ".requests.csv"
 # vLLM V1 (0.8 onwards, the default engine of both datasets) caches prefixes unless told not to.
 VLLM_DEFAULT = True
+DEFAULT_SOURCE = "vLLM's default"
 _ON_KEYS = ("enable_prefix_caching", "enable-prefix-caching")
 _OFF_KEYS = ("no_enable_prefix_caching", "no-enable-prefix-caching")
 
@@ -67,6 +68,11 @@ class PrefixCaching:
 
     enabled: bool
     source: str
+
+    @property
+    def recorded(self) -> bool:
+        """Whether a configuration file said it (else it is vLLM's default)."""
+        return not self.source.startswith(DEFAULT_SOURCE)
 
     def line(self) -> str:
         """`prefix caching: on (server_config.json)`, as the commands print it."""
@@ -125,8 +131,8 @@ def recorded_prefix_caching(*places: str | os.PathLike[str] | None) -> PrefixCac
             looked.append(path.name)
     if looked:
         unique = ", ".join(dict.fromkeys(looked))
-        return PrefixCaching(VLLM_DEFAULT, f"vLLM's default; {unique} records no setting")
-    return PrefixCaching(VLLM_DEFAULT, "vLLM's default; no server configuration found")
+        return PrefixCaching(VLLM_DEFAULT, f"{DEFAULT_SOURCE}; {unique} records no setting")
+    return PrefixCaching(VLLM_DEFAULT, f"{DEFAULT_SOURCE}; no server configuration found")
 
 
 def _existing(places: Iterable[str | os.PathLike[str] | None]) -> list[Path]:
@@ -156,12 +162,6 @@ def vllm_batch_defaults_for(hardware: str) -> tuple[int, int]:
     from ..catalog.hardware import get_gpu
 
     return vllm_batch_defaults(hardware, get_gpu(hardware).memory_gib)
-
-
-def vllm_batch_overrides(hardware: str) -> dict[str, int]:
-    """`vllm_batch_defaults_for(hardware)` as replay overrides (dotted with `__`)."""
-    tokens, seqs = vllm_batch_defaults_for(hardware)
-    return {"engine__max_num_scheduled_tokens": tokens, "engine__max_num_running_reqs": seqs}
 
 
 # server_config.json key -> scenario path (prefix caching is read by `recorded_prefix_caching`).

@@ -161,3 +161,29 @@ def test_calibrate_takes_the_same_recorded_server_for_a_pair_as_for_its_folder()
         if path != "latency.vllm_version"
     }
     assert {k: v for k, v in pair.overrides.items() if k != "latency__model"} == followed
+
+
+def test_an_observed_vllm_server_without_its_configuration_took_vllms_batch_defaults(
+    tmp_path: Path,
+) -> None:
+    """`servesim observe` records the server's type and model only. A vLLM server started
+    without batch limits ran with vLLM's defaults for its GPU; `replay` and `calibrate` both
+    simulate those (they disagreed before: calibrate took BLIS's 256 / 2,048)."""
+    import simulator.calibrate as cal
+
+    header, data = tmp_path / "t.yaml", tmp_path / "t.csv"
+    shutil.copy(HEADER, header)
+    shutil.copy(DATA, data)  # no server_config.json beside it or above
+    server = recorded_server(header, data)
+    assert {k: server.sources[k] for k in server.settings} == {
+        "model": "trace header",
+        "engine.max_num_scheduled_tokens": "vLLM's default on H100",
+        "engine.max_num_running_reqs": "vLLM's default on H100",
+        "engine.enable_prefix_caching": "vLLM's default; no server configuration found",
+    }
+    case = cal.trace_case(header, data)
+    assert case.overrides["engine__max_num_scheduled_tokens"] == 8192
+    assert case.overrides["engine__max_num_running_reqs"] == 1024
+    assert "engine__enable_prefix_caching" not in case.overrides  # not recorded: the scenario's
+    replayed = replay(header, data).scenario["engine"]
+    assert (replayed["max_num_scheduled_tokens"], replayed["max_num_running_reqs"]) == (8192, 1024)
