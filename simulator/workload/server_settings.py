@@ -165,12 +165,15 @@ def vllm_batch_defaults_for(hardware: str) -> tuple[int, int]:
 
 
 # server_config.json key -> scenario path (prefix caching is read by `recorded_prefix_caching`).
+# Of two names of one setting the later wins (validate's dataset reader prefers the same ones).
 SERVER_CONFIG_FIELDS = {
     "model": "model",
+    "tensor_parallelism": "tp",
     "tensor_parallel_size": "tp",
     "max_num_seqs": "engine.max_num_running_reqs",
     "max_num_batched_tokens": "engine.max_num_scheduled_tokens",
     "block_size": "engine.block_size_tokens",
+    "kv_blocks_total_gpu": "engine.total_kv_blocks",
     "num_gpu_blocks": "engine.total_kv_blocks",
     "max_seq_len": "engine.max_model_len",
     "max_model_len": "engine.max_model_len",
