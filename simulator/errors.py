@@ -45,18 +45,23 @@ def one_line(text: str) -> str:
     return " ".join(part.strip() for part in parts if part.strip())
 
 
-def shorten(text: str, limit: int = EXCERPT_CHARS) -> str:
-    """`text` cut to `limit` characters, with "…" when something was cut."""
-    return text if len(text) <= limit else text[:limit] + "…"
+def shorten(text: str, limit: int = EXCERPT_CHARS, keep_end: bool = False) -> str:
+    """`text` cut to `limit` characters, with "…" where something was cut: its end, or, with
+    `keep_end` (a file path, whose name is at the end), its middle."""
+    if len(text) <= limit:
+        return text
+    if keep_end:
+        return text[: limit // 2] + "…" + text[len(text) - limit // 2 :]
+    return text[:limit] + "…"
 
 
-def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
-    """`repr(value)` for a message: one line, at most `limit` characters (then "…")."""
+def excerpt(value: object, limit: int = EXCERPT_CHARS, keep_end: bool = False) -> str:
+    """`repr(value)` for a message: one line, at most `limit` characters (see `shorten`)."""
     try:
         text = repr(value)
     except ValueError:  # an int too long for Python to print (over 4,300 digits)
         return f"<{type(value).__name__} too large to show>"
-    return shorten(one_line(text), limit)
+    return shorten(one_line(text), limit, keep_end)
 
 
 def key_text(key: object) -> str:

@@ -77,7 +77,8 @@ def check_path(path: str | os.PathLike[str], what: str) -> Path:
         text = os.fsdecode(text)
     if "\x00" in text:
         raise ConfigError(
-            f"{what}: invalid path {excerpt(text)}; a file path must not contain a NUL byte"
+            f"{what}: invalid path {excerpt(text, keep_end=True)}; a file path must not "
+            "contain a NUL byte"
         )
     if not text:
         raise ConfigError(f"{what}: invalid path ''; give a file path")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel, field_validator
 
 from simulator.api import as_scenario, build_traffic, instance_setups, resolve_deployment
@@ -261,8 +263,8 @@ def test_a_nul_byte_in_a_path_field_of_a_scenario_is_refused(tmp_path, field):
 def test_cli_refuses_a_nul_byte_in_a_path_field_of_a_scenario(tmp_path):
     path = write(tmp_path, "s.yaml", f'model: {MODEL}\nworkload_spec: "w\\0.yaml"\n'.encode())
     proc = cli("run", path, "--quiet")
-    # The path (under tmp_path, of any length) is shown shortened; its NUL shows escaped.
-    assert_cli_refuses(proc, "workload spec: invalid path", "\\x00", "NUL byte")
+    # However long tmp_path is, the shortened path keeps its file name, the NUL escaped.
+    assert_cli_refuses(proc, "workload spec: invalid path", "w\\x00.yaml'", "NUL byte")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
@@ -543,3 +545,18 @@ def test_bundled_yaml_reads_every_shipped_file_as_the_pure_python_loader_does():
     for path in files:
         text = path.read_text(encoding="utf-8")
         assert bundled_yaml(text) == yaml.safe_load(text), path
+
+
+@given(text=st.text(min_size=0, max_size=300), limit=st.integers(min_value=2, max_value=120))
+def test_a_shortened_path_keeps_its_start_and_its_file_name(text, limit):
+    """`shorten(..., keep_end=True)` cuts the middle: the text when it fits; else no longer
+    than the limit and the "…", starting as the text starts and ending as it ends."""
+    from simulator.errors import shorten
+
+    short = shorten(text, limit, keep_end=True)
+    if len(text) <= limit:
+        assert short == text
+    else:
+        half = limit // 2
+        assert len(short) <= limit + 1 and "…" in short
+        assert short.startswith(text[:half]) and short.endswith(text[len(text) - half :])
