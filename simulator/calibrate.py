@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -71,6 +70,7 @@ from .latency.physics import (
     price_terms,
     request_delay_s,
 )
+from .workload.server_settings import version_in_name
 
 # Coefficients the fit moves (all of PhysicsCoefficients but the two below). A name the
 # physics model no longer has is dropped, and a coefficient it gains is not fitted until it is
@@ -251,17 +251,6 @@ def groundtruth_case(
         vllm_version=version_in_name(Path(run.requests_csv).parent.parent.name),
         max_in_flight=recorded_client(data).replay_choice,
     )
-
-
-# Dataset folders are named after the server they measured (vllm-0.15.1-h100): nothing else
-# in the ground truth's 0.15.1 files records the version.
-_VERSION_IN_NAME = re.compile(r"vllm[-_]v?(\d+(?:\.\d+)+)", re.IGNORECASE)
-
-
-def version_in_name(name: str) -> str | None:
-    """The vLLM version a folder name carries (`vllm-0.15.1-h100` -> "0.15.1"), or None."""
-    found = _VERSION_IN_NAME.search(name)
-    return found.group(1) if found else None
 
 
 def trace_case(

@@ -86,6 +86,31 @@ def fake_groundtruth(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def test_replaying_a_request_file_simulates_its_runs_server(fake_groundtruth: Path) -> None:
+    """`servesim replay --trace-data <run>.requests.csv` follows what the run recorded of its
+    server, as validate's replay does: meta.json's model, TP, batch limits, block size and
+    KV blocks, exp-config.yaml's context limit, the dataset folder's vLLM version."""
+    from simulator import replay
+    from simulator.workload.server_settings import recorded_server
+
+    general = discover_runs(fake_groundtruth)[0]
+    server = recorded_server(None, general.requests_csv)
+    assert server.settings["model"] == "meta-llama/Llama-2-7b-hf"
+    assert server.settings["latency.vllm_version"] == "0.15.1"
+    assert server.sources["engine.max_model_len"] == "exp-config.yaml"
+    result = replay(None, general.requests_csv)
+    engine = result.scenario["engine"]
+    assert result.scenario["resolved"]["model"] == general.model
+    assert (result.scenario["tp"], engine["max_num_running_reqs"]) == (general.tp, 128)
+    assert (engine["max_num_scheduled_tokens"], engine["max_model_len"]) == (2048, 4096)
+    assert engine["total_kv_blocks"] == general.gpu_kv_blocks
+    assert result.scenario["latency"]["vllm_version"] == "0.15.1"
+    # A plain CSV elsewhere records no server.
+    plain = fake_groundtruth / "plain.csv"
+    plain.write_text(general.requests_csv.read_text())
+    assert recorded_server(None, plain).settings == {"engine.enable_prefix_caching": True}
+
+
 def test_discovery_from_parent_and_dataset_folder(fake_groundtruth: Path) -> None:
     from_parent = discover_runs(fake_groundtruth)
     from_dataset = discover_runs(fake_groundtruth / DATASET)

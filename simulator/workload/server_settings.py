@@ -32,6 +32,7 @@ BLIS generated records none of it and is replayed exactly as before.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,17 @@ _OFF_KEYS = ("no_enable_prefix_caching", "no-enable-prefix-caching")
 LARGE_GPU_MEMORY_GIB = 70.0
 LARGE_GPU_BATCH = (8192, 1024)
 OTHER_GPU_BATCH = (2048, 256)
+
+
+# Dataset folders are named after the server they measured (vllm-0.15.1-h100): nothing else
+# in the ground truth's 0.15.1 files records the version.
+_VERSION_IN_NAME = re.compile(r"vllm[-_]v?(\d+(?:\.\d+)+)", re.IGNORECASE)
+
+
+def version_in_name(name: str) -> str | None:
+    """The vLLM version a folder name carries (`vllm-0.15.1-h100` -> "0.15.1"), or None."""
+    found = _VERSION_IN_NAME.search(name)
+    return found.group(1) if found else None
 
 
 @dataclass(frozen=True)
@@ -246,12 +258,15 @@ class RecordedServer:
         """`recorded server: model Qwen/Qwen3-14B (trace header), … ` for the settings a replay
         `followed` (prefix caching has its own line, `PrefixCaching.line`); empty when it
         followed none (a generated trace records no server)."""
-        shown = [
-            f"{path.rsplit('.', 1)[-1]} {_shown(self.settings[path])} ({self.sources[path]})"
-            for path in self.settings
-            if path in set(followed) and path != "engine.enable_prefix_caching"
-        ]
-        return f"recorded server: {', '.join(shown)}" if shown else ""
+        chosen = set(followed) - {"engine.enable_prefix_caching"}
+        by_source: dict[str, list[str]] = {}
+        for path in self.settings:
+            if path in chosen:
+                by_source.setdefault(self.sources[path], []).append(
+                    f"{path.rsplit('.', 1)[-1]} {_shown(self.settings[path])}"
+                )
+        shown = [f"{', '.join(items)} ({source})" for source, items in by_source.items()]
+        return f"recorded server: {'; '.join(shown)}" if shown else ""
 
 
 def _shown(value: Any) -> str:
@@ -271,6 +286,8 @@ def recorded_server(
 
     settings: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    if trace_header is None:  # a ground-truth request CSV: its run's meta.json, if any
+        settings, sources = _request_run_settings(Path(trace_data))
     config = server_config_near(trace_data)
     if config is not None:
         recorded, version = read_server_config(config)
@@ -285,7 +302,7 @@ def recorded_server(
         if server.get(name) not in (None, "", 0):
             settings[path] = server[name]
             sources[path] = "trace header"
-    if config is not None or server.get("type") == "vllm":
+    if config is not None or server.get("type") == "vllm" or settings:
         batch = (
             vllm_batch_defaults(hardware, memory_gib)
             if memory_gib is not None
@@ -300,3 +317,53 @@ def recorded_server(
     settings["engine.enable_prefix_caching"] = caching.enabled
     sources["engine.enable_prefix_caching"] = caching.source
     return RecordedServer(settings, sources, caching)
+
+
+# A ground-truth run's <run>.meta.json `config` key -> scenario path.
+META_CONFIG_FIELDS = {
+    "tensor_parallelism": "tp",
+    "max_num_seqs": "engine.max_num_running_reqs",
+    "max_num_batched_tokens": "engine.max_num_scheduled_tokens",
+    "block_size": "engine.block_size_tokens",
+    "kv_blocks_total_gpu": "engine.total_kv_blocks",
+    "max_model_len": "engine.max_model_len",
+}
+META_SUFFIX = ".meta.json"
+
+
+def _request_run_settings(csv_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """What a ground-truth run (`requests/<run>.requests.csv`) records of its server: its
+    `<run>.meta.json` (model_id and config: TP, batch limits, block size, GPU KV blocks), the
+    context limit from `runs/<run>/exp-config.yaml` when meta.json lacks it, and the vLLM
+    version its dataset folder is named after. Nothing for any other CSV; an entry of the
+    wrong type is left to the scenario's own validation, which names it."""
+    if not csv_path.name.endswith(REQUESTS_SUFFIX):
+        return {}, {}
+    run = csv_path.name.removesuffix(REQUESTS_SUFFIX)
+    meta_path = csv_path.with_name(run + META_SUFFIX)
+    if not meta_path.is_file():
+        return {}, {}
+    meta = read_json(meta_path, "ground truth")
+    settings: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if not isinstance(meta, dict):
+        return settings, sources
+    if isinstance(meta.get("model_id"), str) and meta["model_id"].strip():
+        settings["model"], sources["model"] = meta["model_id"], meta_path.name
+    config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    for key, path in META_CONFIG_FIELDS.items():
+        if config.get(key) is not None:
+            settings[path], sources[path] = config[key], meta_path.name
+    exp = csv_path.parent.parent / "runs" / run / EXP_CONFIG
+    if "engine.max_model_len" not in settings and exp.is_file():
+        args = read_yaml(exp, "ground truth")
+        if isinstance(args, dict) and args.get("max_model_len") is not None:
+            settings["engine.max_model_len"], sources["engine.max_model_len"] = (
+                args["max_model_len"],
+                EXP_CONFIG,
+            )
+    version = version_in_name(csv_path.resolve().parent.parent.name)
+    if version is not None:
+        settings["latency.vllm_version"] = version
+        sources["latency.vllm_version"] = "the dataset folder's name"
+    return settings, sources

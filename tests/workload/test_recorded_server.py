@@ -109,8 +109,11 @@ def test_cli_replay_says_what_it_followed(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, [*args, "--max-num-seqs", "256", "--results-path", str(results)])
     assert out.exit_code == 0, out.output
     line = next(x for x in out.stderr.splitlines() if x.startswith("recorded server: "))
-    assert "model Qwen/Qwen3-14B (trace header)" in line
-    assert "total_kv_blocks 18,038 (server_config.json)" in line
+    assert "model Qwen/Qwen3-14B (trace header); tp 1," in line
+    assert (
+        "total_kv_blocks 18,038, max_model_len 40,960, vllm_version 0.23.0 (server_config.json)"
+        in line
+    )
     assert "max_num_running_reqs" not in line  # the flag chose it
     assert json.loads(results.read_text())["completed_requests"] == 200
 
