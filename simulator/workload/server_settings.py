@@ -24,9 +24,10 @@ the server that recorded it, field by field, unless the user chose the field (a 
 bundle, a defaults file, or a scenario field set explicitly). Read, highest first: the trace
 header's `server` section (model, TP, max_num_seqs, block size, context length), then a
 `server_config.json` next to the data file or in the folder above (model, TP, the batch
-limits, block size, GPU KV blocks, context length, the vLLM version), then, for a vLLM server
-whose batch limits neither records, vLLM's defaults on the replayed GPU (above). A trace that
-BLIS generated records none of it and is replayed exactly as before.
+limits, block size, GPU KV blocks, context length, the vLLM version), then, for a ground-truth
+request CSV, its run's `meta.json` and `exp-config.yaml` and its dataset folder's name, then,
+for a vLLM server whose batch limits none records, vLLM's defaults on the replayed GPU
+(above). A trace that BLIS generated records none of it and is replayed exactly as before.
 """
 
 from __future__ import annotations
