@@ -289,6 +289,7 @@ def recorded_server(
     sources: dict[str, str] = {}
     if trace_header is None:  # a ground-truth request CSV: its run's meta.json, if any
         settings, sources = _request_run_settings(Path(trace_data))
+    ground_truth_run = bool(settings)
     config = server_config_near(trace_data)
     if config is not None:
         recorded, version = read_server_config(config)
@@ -303,7 +304,8 @@ def recorded_server(
         if server.get(name) not in (None, "", 0):
             settings[path] = server[name]
             sources[path] = "trace header"
-    if config is not None or server.get("type") == "vllm" or settings:
+    # Only a vLLM server took vLLM's defaults (a trace servesim exported records its own).
+    if config is not None or server.get("type") == "vllm" or ground_truth_run:
         batch = (
             vllm_batch_defaults(hardware, memory_gib)
             if memory_gib is not None

@@ -190,3 +190,19 @@ def test_an_observed_vllm_server_without_its_configuration_took_vllms_batch_defa
     assert "engine__enable_prefix_caching" not in case.overrides  # not recorded: the scenario's
     replayed = replay(header, data).scenario["engine"]
     assert (replayed["max_num_scheduled_tokens"], replayed["max_num_running_reqs"]) == (8192, 1024)
+
+
+def test_a_trace_servesim_exported_keeps_its_own_settings(tmp_path: Path) -> None:
+    """servesim's own export names its server `servesim`: what its header records is followed,
+    and no vLLM default is added for what it does not (the replay must reproduce the run,
+    tests/workload/test_roundtrip.py)."""
+    header = tmp_path / "t.yaml"
+    header.write_text(
+        "trace_version: 3\ntime_unit: microseconds\nmode: generated\nserver:\n"
+        "  type: servesim\n  model: meta-llama/llama-3.1-8b-instruct\n  max_num_seqs: 256\n"
+    )
+    data = tmp_path / "t.csv"
+    shutil.copy(BLIS / "r1_fixed512.trace.csv", data)
+    settings = recorded_server(header, data).settings
+    assert settings["engine.max_num_running_reqs"] == 256
+    assert "engine.max_num_scheduled_tokens" not in settings
