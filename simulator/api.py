@@ -198,10 +198,7 @@ def simulate(
     (KV-block conservation) included, which needs the live engines that the result does not
     keep, without the per-step checks of `check_invariants` (docs/python.md)."""
     sc = as_scenario(scenario)
-    given = {k.replace("__", "."): v for k, v in overrides.items()}
-    if sc.trace is not None:
-        recorded, _ = recorded_settings(sc, given, sc.trace.header, sc.trace.data)
-        given = recorded | given
+    given = _over_the_recording(sc, {k.replace("__", "."): v for k, v in overrides.items()})
     if given:
         sc = apply_overrides(sc, given)
     deployment = resolve_deployment(sc)
@@ -334,6 +331,19 @@ def recorded_settings(
     return settings, recorded
 
 
+def _over_the_recording(scenario: Scenario, given: dict[str, Any]) -> dict[str, Any]:
+    """`given` (dotted overrides) over what the recording says of its server, when the run
+    replays a trace (the one `given` sets, else the scenario's): a replay simulates the
+    recorded server where nobody chose (`recorded_settings`)."""
+    trace = given.get("trace", scenario.trace)
+    if trace is not None and not isinstance(trace, dict):
+        trace = trace.model_dump()
+    if not trace or trace.get("data") is None:  # none, or one the schema will refuse
+        return given
+    recorded, _ = recorded_settings(scenario, given, trace.get("header"), trace["data"])
+    return recorded | given
+
+
 def _known_model(name: str | None) -> bool:
     """Whether servesim's catalog has the model a recording names (None: none named)."""
     from .catalog.models import load_model
@@ -381,12 +391,7 @@ def with_overrides(
     A trace replay's fields that neither the scenario nor `overrides` set follow the recorded
     server (`recorded_settings`).
     """
-    trace = overrides.get("trace", scenario.trace)
-    if trace is not None:  # a replay simulates the recorded server where nobody chose
-        if not isinstance(trace, dict):
-            trace = trace.model_dump()
-        recorded, _ = recorded_settings(scenario, overrides, trace.get("header"), trace["data"])
-        overrides = recorded | overrides
+    overrides = _over_the_recording(scenario, overrides)
     sc = apply_overrides(scenario, overrides, source=source) if overrides else scenario
     workload_overrides = workload_overrides or {}
     v2 = sc.workload_spec is not None or isinstance(sc.workload, V2WorkloadSpec)
