@@ -1027,6 +1027,21 @@ class Validation:
     runs: list[RunSpec]
     outcomes: list[dict[str, Any]]
 
+    def reused_prompts(self) -> dict[str, set[int | None]]:
+        """Per dataset of request-CSV runs, the prompt counts its replays cycled through
+        (None: a run replayed with every prompt new)."""
+        found: dict[str, set[int | None]] = {}
+        for run, outcome in zip(self.runs, self.outcomes, strict=True):
+            if run.kind == "requests":
+                found.setdefault(run.dataset, set()).add(outcome.get("reused_prompts"))
+        return found
+
+
+def prompt_reuse_text(counts: Iterable[int]) -> str:
+    """How a prompt-reuse replay shares prompts, as the commands say it."""
+    listed = ", ".join(str(n) for n in sorted(counts))
+    return f"{listed} distinct prompts per run, request i reusing prompt i mod that"
+
 
 def validate_datasets(
     folder: Path,

@@ -490,17 +490,14 @@ def _report_one(case: Any, result: Any, rtt_ms: float | None, bandwidth: float) 
 def _echo_prompt_reuse(specs: list, prompt_reuse: bool | None) -> str:
     """Say on stderr how the ground-truth runs' prompts were replayed (the file records the
     same words)."""
-    from ..validate import reused_prompts
+    from ..validate import prompt_reuse_text, reused_prompts
 
     reused = [reused_prompts(spec, prompt_reuse) for spec in specs]
-    counts = sorted({n for n in reused if n is not None})
+    counts = {n for n in reused if n is not None}
     if counts:
         fresh = reused.count(None)
         rest = f"; {fresh} runs with no cycle replay every prompt as new" if fresh else ""
-        line = (
-            f"{', '.join(map(str, counts))} distinct prompts per run, request i reusing "
-            f"prompt i mod that{rest}"
-        )
+        line = prompt_reuse_text(counts) + rest
     else:
         line = "none, every prompt replayed as new"
     typer.echo(f"prompt reuse: {line}", err=True)

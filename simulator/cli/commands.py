@@ -668,6 +668,7 @@ def _echo_server_settings(done: Any, flag: bool | None, prompt_reuse: bool | Non
     """Stderr lines per dataset: the prefix-caching choice and where it came from, the
     prompts the replay reused (and why), and the batch limits taken from vLLM's defaults
     because the server's configuration omits them."""
+    from ..validate import prompt_reuse_text
     from ..workload.server_settings import PrefixCaching
 
     runs = done.runs
@@ -680,26 +681,16 @@ def _echo_server_settings(done: Any, flag: bool | None, prompt_reuse: bool | Non
         seen.setdefault(run.dataset, choice)
     for dataset, choice in seen.items():
         typer.echo(f"{dataset}: {choice.line()}", err=True)
-    # Per dataset of request-CSV runs: the prompt counts its replays cycled through (None:
-    # every prompt replayed as new).
-    reused: dict[str, set[int | None]] = {}
-    for run, outcome in zip(runs, done.outcomes, strict=True):
-        if run.kind == "requests":
-            reused.setdefault(run.dataset, set()).add(outcome.get("reused_prompts"))
     why = {
         True: "--prompt-reuse",
         False: "--no-prompt-reuse",
         None: "the request files' prompt cycle; --no-prompt-reuse replays every prompt as new",
     }[prompt_reuse]
-    for dataset, found in reused.items():
-        counts = sorted(n for n in found if n is not None)
+    for dataset, found in done.reused_prompts().items():
+        counts = [n for n in found if n is not None]
         if counts:
-            listed = ", ".join(str(n) for n in counts)
             fresh = " (some runs: none found, every prompt new)" if None in found else ""
-            line = (
-                f"prompt reuse: {listed} distinct prompts per run, request i reusing prompt "
-                f"i mod that{fresh} ({why})"
-            )
+            line = f"prompt reuse: {prompt_reuse_text(counts)}{fresh} ({why})"
         elif prompt_reuse is False:
             line = "prompt reuse: off, every prompt replayed as new (--no-prompt-reuse)"
         else:
@@ -730,15 +721,12 @@ def _echo_validation(done: Any, model: str) -> None:
 
     frame = done.frame
     # What each dataset's replay reused, so that saved output says how it was made.
-    reused: dict[str, set[int]] = {}
-    for run, outcome in zip(done.runs, done.outcomes, strict=True):
-        if outcome.get("reused_prompts") is not None:
-            reused.setdefault(run.dataset, set()).add(outcome["reused_prompts"])
+    reused = done.reused_prompts()
     for dataset in dict.fromkeys(frame["dataset"]):
         part = frame[(frame["dataset"] == dataset) & ~frame["overloaded"]]
         if part.empty:
             continue
-        counts = ", ".join(str(n) for n in sorted(reused.get(dataset, ())))
+        counts = ", ".join(str(n) for n in sorted(reused.get(dataset, set()) - {None}))
         replay = f"; prompts reused: {counts} per run" if counts else ""
         typer.echo(f"{dataset}: {part['run'].nunique()} runs ({model}{replay})")
         typer.echo(format_table(part))
