@@ -414,3 +414,55 @@ def test_slot_laws(transfers, slots, contention, base_latency_ms):
 def test_bad_slots(bad):
     with pytest.raises(ConfigError, match=r"cluster\.pd\.transfer_slots"):
         KVTransferLink(simpy.Environment(), 25.0, 0.05, slots=bad)
+
+
+_record_values = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False, width=64),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.text(max_size=4),
+            _record_values,
+            st.integers(min_value=0, max_value=2**62),
+            _record_values,
+            st.integers(min_value=0, max_value=2**62),
+            st.integers(min_value=1, max_value=2**40),
+        ),
+        max_size=12,
+    ),
+    flush_rows=st.integers(min_value=1, max_value=5),
+    reads_after=st.lists(st.integers(min_value=0, max_value=12), max_size=3),
+    base_latency_us=st.sampled_from([0.0, 250.0, 0.5]),
+)
+def test_transfer_records_read_back_what_was_appended(
+    rows, flush_rows, reads_after, base_latency_us
+):
+    """Law: whatever was appended — narrow or huge integers, fractions, reads in between
+    (which move the buffered rows into the columns) — reads back as the same values of the
+    same types, in order; a start that is the request time plus the base latency is derived,
+    any other is kept."""
+    from simulator.cluster.kv_transfer import TransferRecords
+
+    records = TransferRecords(base_latency_us)
+    records.FLUSH_ROWS = flush_rows
+    expected = []
+    for k, (tid, size, requested, start, end, concurrency) in enumerate(rows):
+        records.append(tid, size, requested, start, end, concurrency)
+        expected.append(
+            TransferRecord(tid, size, requested, start, end, concurrency, end - requested)
+        )
+        if k in reads_after:
+            assert len(records) == k + 1  # a read mid-way
+    got = list(records)
+    assert got == expected
+    for record, want in zip(got, expected, strict=True):
+        assert [type(getattr(record, f)) for f in ("size_bytes", "start_us", "duration_us")] == [
+            type(want.size_bytes),
+            type(want.start_us),
+            type(want.duration_us),
+        ]
