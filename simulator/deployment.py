@@ -49,6 +49,8 @@ class Deployment:
     engine: EngineConfig
     kv_blocks_source: str
     parallelism: Parallelism | None = None
+    # Where the batch limits came from (`batch_limits`).
+    batch_limits_source: str = "set"
 
     @property
     def gpus(self) -> int:
@@ -74,6 +76,9 @@ class Deployment:
             "total_kv_blocks": self.engine.total_kv_blocks,
             "kv_blocks_source": self.kv_blocks_source,
             "max_model_len": self.engine.max_model_len,
+            "max_num_running_reqs": self.engine.max_num_running_reqs,
+            "max_num_scheduled_tokens": self.engine.max_num_scheduled_tokens,
+            "batch_limits_source": self.batch_limits_source,
         }
         if self.engine.speculative is not None:
             described["speculative"] = self.engine.speculative.describe()
@@ -147,11 +152,12 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
             if step_model.derives_context_limit
             else 0
         )
+    max_tokens, max_running, limits_source = batch_limits(scenario, gpu)
     engine = EngineConfig(
         total_kv_blocks=total_blocks,
         block_size=eng.block_size_tokens,
-        max_num_running_reqs=eng.max_num_running_reqs,
-        max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+        max_num_running_reqs=max_running,
+        max_num_scheduled_tokens=max_tokens,
         long_prefill_token_threshold=eng.long_prefill_token_threshold,
         max_model_len=max_model_len,
         scheduler=eng.scheduler,
@@ -168,7 +174,39 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
         speculative=speculative,
         lora=lora,
     )
-    return Deployment(model, gpu, tp, step_model, engine, source, layout)
+    return Deployment(model, gpu, tp, step_model, engine, source, layout, limits_source)
+
+
+# BLIS's batch limits (its --max-num-scheduled-tokens and --max-num-running-reqs defaults).
+BLIS_BATCH_LIMITS = (2048, 256)
+
+
+def batch_limits(scenario: Scenario, gpu: GPUSpec) -> tuple[int, int, str]:
+    """(max_num_scheduled_tokens, max_num_running_reqs, what they are). A limit the scenario
+    leaves unset (None) is a stock vLLM server's on this GPU under servesim's `physics`
+    model, which prices vLLM's steps (8,192 tokens and 1,024 sequences on a GPU of at least
+    70 GiB that is not an A100, else 2,048 and 256), and BLIS's default under BLIS's
+    backends, whose runs it reproduces (docs/behaviour.md §1.5). The description says what
+    the values are, not who chose them, so a replay of an exported trace, which sets the
+    recorded limits, reads the same as the run that wrote it."""
+    from .workload.server_settings import vllm_batch_defaults
+
+    if scenario.latency.model == "physics":
+        defaults = vllm_batch_defaults(gpu.name, gpu.memory_gib)
+        kind = f"vLLM's default on {gpu.name}"
+    else:
+        defaults = BLIS_BATCH_LIMITS
+        kind = "BLIS's default"
+    eng = scenario.engine
+    given = (eng.max_num_scheduled_tokens, eng.max_num_running_reqs)
+    tokens, running = (d if g is None else g for g, d in zip(given, defaults, strict=True))
+    tokens_default, running_default = tokens == defaults[0], running == defaults[1]
+    if tokens_default and running_default:
+        return tokens, running, kind
+    if not tokens_default and not running_default:
+        return tokens, running, "set"
+    default_name = "max_num_scheduled_tokens" if tokens_default else "max_num_running_reqs"
+    return tokens, running, f"{default_name}: {kind}; the other set"
 
 
 def instance_setups(scenario: Scenario, deployment: Deployment) -> list[InstanceSetup]:

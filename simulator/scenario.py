@@ -183,8 +183,15 @@ class EngineSpec(_Strict):
     total_kv_blocks: PositiveBlocks | None = Field(None, description="None = defaults.yaml or auto")
     block_size_tokens: BlockSize = 16
     gpu_memory_utilization: _MemoryFraction = 0.9
-    max_num_running_reqs: PositiveRequests = 256
-    max_num_scheduled_tokens: PositiveTokens = 2048
+    # None = auto: a stock vLLM server's limits on the GPU under servesim's physics model
+    # (8,192 tokens and 1,024 sequences on an H100), BLIS's 2,048 and 256 under BLIS's
+    # backends (`deployment.batch_limits`).
+    max_num_running_reqs: PositiveRequests | None = Field(
+        None, description="None = auto: vLLM's default on the GPU with physics, else 256"
+    )
+    max_num_scheduled_tokens: PositiveTokens | None = Field(
+        None, description="None = auto: vLLM's default on the GPU with physics, else 2048"
+    )
     long_prefill_token_threshold: Tokens = 0
     max_model_len: Tokens | None = Field(None, description="None = auto (roofline); 0 = off")
     scheduler: str = "fcfs"

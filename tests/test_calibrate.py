@@ -505,8 +505,9 @@ def test_trace_cells_are_named_after_their_folders(cells: Path) -> None:
     assert all(c.overrides["engine__total_kv_blocks"] == 6000 for c in flagged)
     # server_config.json records no token budget: the server took vLLM's default for the GPU
     # (8,192 on an H100, 2,048 on an L40S), not BLIS's. Its sequence limit is the header's
-    # (these traces were written by servesim, whose header records max_num_seqs 256); with
-    # neither, vLLM's default (1,024 on an H100, 256 on an L40S).
+    # (these traces were written by servesim simulating an H100 under physics, whose header
+    # records the run's max_num_seqs, vLLM's default there: 1,024); with neither, vLLM's
+    # default (1,024 on an H100, 256 on an L40S).
     bare = cells.parent / f"{cells.name}-bare"
     shutil.copytree(cells, bare)
     for header in bare.glob("*/trace.yaml"):
@@ -514,7 +515,7 @@ def test_trace_cells_are_named_after_their_folders(cells: Path) -> None:
         del doc["server"]["max_num_seqs"]
         header.write_text(yaml.safe_dump(doc))
     for hardware, tokens, seqs in ((None, 8192, 1024), ("L40S", 2048, 256)):
-        for folder, expected_seqs in ((cells, 256), (bare, seqs)):
+        for folder, expected_seqs in ((cells, 1024), (bare, seqs)):
             for case in cal.trace_cases(folder, hardware=hardware):
                 assert case.overrides["engine__max_num_scheduled_tokens"] == tokens
                 assert case.overrides["engine__max_num_running_reqs"] == expected_seqs

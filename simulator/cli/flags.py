@@ -321,7 +321,12 @@ def common_flags(
     ] = None,
     max_num_seqs: Annotated[
         int | None,
-        _opt("--max-num-seqs", _SIM, "requests per batch, at most (default 256)"),
+        _opt(
+            "--max-num-seqs",
+            _SIM,
+            "requests per batch, at most (default: vLLM's on the GPU with physics, 1,024 on "
+            "an H100; 256 with BLIS's latency models)",
+        ),
     ] = None,
     max_num_running_reqs: Annotated[
         int | None,
@@ -329,7 +334,12 @@ def common_flags(
     ] = None,
     max_num_batched_tokens: Annotated[
         int | None,
-        _opt("--max-num-batched-tokens", _SIM, "tokens per step, at most (default 2048)"),
+        _opt(
+            "--max-num-batched-tokens",
+            _SIM,
+            "tokens per step, at most (default: vLLM's on the GPU with physics, 8,192 on an "
+            "H100; 2,048 with BLIS's latency models)",
+        ),
     ] = None,
     max_num_scheduled_tokens: Annotated[
         int | None,

@@ -361,8 +361,14 @@ def scenario_facts(src: RunSource) -> list[list[Any]]:
         add("admission policy", (cluster.get("admission") or {}).get("policy"))
     engine = sc.get("engine") or {}
     add("scheduler", engine.get("scheduler"))
-    add("max running requests per instance", engine.get("max_num_running_reqs"))
-    add("token budget per step", engine.get("max_num_scheduled_tokens"))
+    # The resolved limits (an unset one is auto, deployment.batch_limits); a result saved
+    # before they were resolved has them in its engine section.
+    running = resolved.get("max_num_running_reqs", engine.get("max_num_running_reqs"))
+    tokens = resolved.get("max_num_scheduled_tokens", engine.get("max_num_scheduled_tokens"))
+    limits_source = resolved.get("batch_limits_source")
+    shown_source = f" ({limits_source})" if limits_source and limits_source != "set" else ""
+    add("max running requests per instance", f"{running}{shown_source}" if running else running)
+    add("token budget per step", f"{tokens}{shown_source}" if tokens else tokens)
     if resolved.get("total_kv_blocks") is not None:
         add(
             "KV cache per instance",

@@ -8,6 +8,7 @@ import json
 
 import simulator
 from simulator.metrics.views.text import (
+    BATCH_LIMIT_FIELDS,
     ENGINE_HEADER,
     ENGINE_POLICY_FIELDS,
     LATENCY_HEADER,
@@ -24,6 +25,10 @@ def test_the_defaults_are_named():
         "priority_policy": "constant",
         "batch_formation": "chunked",
         "preemption_policy": "fcfs",
+        # Unset batch limits under physics on an H100: a stock vLLM server's there.
+        "max_num_running_reqs": 1024,
+        "max_num_scheduled_tokens": 8192,
+        "batch_limits_source": "vLLM's default on H100",
     }
 
 
@@ -38,7 +43,7 @@ def test_chosen_policies_are_named():
     assert policies["batch_formation"] == "prefill-first"
     assert policies["preemption_policy"] == "priority"
     assert policies["scheduler"] == "priority-fcfs"
-    assert list(policies) == list(ENGINE_POLICY_FIELDS)
+    assert list(policies) == [*ENGINE_POLICY_FIELDS, *BATCH_LIMIT_FIELDS]
 
 
 def test_a_run_that_does_not_say_names_nothing():

@@ -134,11 +134,17 @@ def results_document(result: Any) -> dict[str, Any]:
 
 # The engine's pluggable rules (docs/engine.md): which of each produced a run.
 ENGINE_POLICY_FIELDS = ("scheduler", "priority_policy", "batch_formation", "preemption_policy")
+# The batch limits the run's (main) deployment resolved, and where they came from
+# (deployment.batch_limits: set, vLLM's default on the GPU, or BLIS's).
+BATCH_LIMIT_FIELDS = ("max_num_running_reqs", "max_num_scheduled_tokens", "batch_limits_source")
 
 
-def engine_policies(scenario: dict[str, Any] | None) -> dict[str, str]:
+def engine_policies(scenario: dict[str, Any] | None) -> dict[str, Any]:
     """The wait-queue order, priority, batch formation and preemption policies the run's
-    engines used (every instance uses the scenario's `engine` section); empty when the run
-    does not say (a result saved before these were recorded)."""
+    engines used (every instance uses the scenario's `engine` section), then the batch
+    limits its deployment resolved; what the run does not say (a result saved before these
+    were recorded) is left out."""
     engine = (scenario or {}).get("engine") or {}
-    return {name: engine[name] for name in ENGINE_POLICY_FIELDS if name in engine}
+    resolved = (scenario or {}).get("resolved") or {}
+    policies = {name: engine[name] for name in ENGINE_POLICY_FIELDS if name in engine}
+    return policies | {name: resolved[name] for name in BATCH_LIMIT_FIELDS if name in resolved}

@@ -1,0 +1,122 @@
+"""Batch limits a scenario leaves unset (docs/behaviour.md §1.5): a stock vLLM server's on the
+GPU under servesim's `physics` model, BLIS's defaults under BLIS's latency models, and what
+the run used said in its results."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import simulator
+from simulator.deployment import BLIS_BATCH_LIMITS, pool_deployments, resolve_deployment
+from simulator.scenario import scenario_from_dict
+from tests.test_cli_workloads import invoke
+
+SMALL = {"workload": {"num_requests": 30, "rate": 10}}
+
+# vLLM's OpenAI server started without --max-num-batched-tokens / --max-num-seqs
+# (vllm/engine/arg_utils.py): a GPU with at least 70 GiB that is not an A100 gets 8,192 tokens
+# and 1,024 sequences; any other GPU 2,048 and 256.
+LARGE, OTHER = (8192, 1024), (2048, 256)
+
+
+def _limits(scenario: dict) -> tuple[int, int, str]:
+    deployment = resolve_deployment(scenario_from_dict(scenario))
+    engine = deployment.engine
+    return (
+        engine.max_num_scheduled_tokens,
+        engine.max_num_running_reqs,
+        deployment.batch_limits_source,
+    )
+
+
+@pytest.mark.parametrize(
+    ("hardware", "expected"),
+    [
+        ("H100", LARGE),  # 80 GiB
+        ("H200", LARGE),  # 141 GiB
+        ("A100-80", OTHER),  # 80 GiB, but an A100
+        ("L40S", OTHER),  # 48 GiB
+    ],
+)
+def test_physics_takes_a_stock_vllm_servers_limits_on_the_gpu(hardware, expected):
+    tokens, running, source = _limits({**SMALL, "hardware": hardware})
+    assert (tokens, running) == expected
+    assert source.startswith("vLLM's default on ")
+
+
+@pytest.mark.parametrize("latency", ["roofline", "blackbox", "trained-roofline", "crossmodel"])
+def test_blis_latency_models_keep_blis_limits(latency):
+    """BLIS's runs are reproduced with BLIS's defaults: 2,048 tokens, 256 sequences."""
+    scenario = {**SMALL, "latency": {"model": latency}}
+    if latency == "blackbox":
+        scenario["latency"] |= {"alpha_coeffs": [1, 0, 0], "beta_coeffs": [1000, 1, 1]}
+    assert _limits(scenario) == (*BLIS_BATCH_LIMITS, "BLIS's default")
+
+
+def test_a_set_limit_wins_and_the_description_says_what_the_values_are():
+    assert _limits({**SMALL, "engine": {"max_num_running_reqs": 64}}) == (
+        8192,
+        64,
+        "max_num_scheduled_tokens: vLLM's default on H100; the other set",
+    )
+    both = {"max_num_running_reqs": 64, "max_num_scheduled_tokens": 512}
+    assert _limits({**SMALL, "engine": both}) == (512, 64, "set")
+    # Values equal to the default read as the default, whoever set them (a replay sets the
+    # recorded limits and reads as the run that recorded them).
+    stock = {"max_num_running_reqs": 1024, "max_num_scheduled_tokens": 8192}
+    assert _limits({**SMALL, "engine": stock})[2] == "vLLM's default on H100"
+
+
+def test_each_pd_pool_takes_its_own_gpus_limits():
+    scenario = scenario_from_dict(
+        {
+            **SMALL,
+            "cluster": {
+                "num_instances": 2,
+                "pd": {
+                    "prefill_instances": 1,
+                    "decode_instances": 1,
+                    "prefill": {"hardware": "L40S"},
+                },
+            },
+        }
+    )
+    pools = pool_deployments(scenario, resolve_deployment(scenario))
+    prefill, decode = pools["prefill"].engine, pools["decode"].engine
+    assert (prefill.max_num_scheduled_tokens, prefill.max_num_running_reqs) == OTHER
+    assert (decode.max_num_scheduled_tokens, decode.max_num_running_reqs) == LARGE
+
+
+def test_leaving_them_unset_is_setting_the_defaults():
+    """Law: a run with unset limits is byte-identical to one that sets the values they
+    resolve to, under physics (vLLM's) and under roofline (BLIS's)."""
+    for latency, (tokens, running) in (("physics", LARGE), ("roofline", BLIS_BATCH_LIMITS)):
+        scenario = {**SMALL, "workload": {"num_requests": 60, "rate": 40}}
+        scenario["latency"] = {"model": latency}
+        unset = simulator.simulate(scenario)
+        given = simulator.simulate(
+            scenario,
+            engine__max_num_scheduled_tokens=tokens,
+            engine__max_num_running_reqs=running,
+        )
+        assert json.dumps(unset.summary, sort_keys=True) == json.dumps(
+            given.summary, sort_keys=True
+        )
+
+
+def test_the_cli_prints_them_and_a_flag_wins():
+    res = invoke("run", "--num-requests", 20, "--rate", 10)
+    assert res.exit_code == 0, res.output
+    block = res.stdout[res.stdout.index("=== Engine Policies ===") :]
+    policies = json.loads(block[block.index("{") : block.index("}") + 1])
+    assert policies["max_num_running_reqs"] == 1024
+    assert policies["max_num_scheduled_tokens"] == 8192
+    assert policies["batch_limits_source"] == "vLLM's default on H100"
+    res = invoke("run", "--num-requests", 20, "--rate", 10, "--max-num-seqs", 32)
+    assert res.exit_code == 0, res.output
+    assert '"max_num_running_reqs": 32' in res.stdout
+    res = invoke("run", "--num-requests", 20, "--rate", 10, "--latency-model", "roofline")
+    assert '"max_num_running_reqs": 256' in res.stdout
+    assert '"batch_limits_source": "BLIS\'s default"' in res.stdout
