@@ -120,3 +120,24 @@ def test_the_cli_prints_them_and_a_flag_wins():
     res = invoke("run", "--num-requests", 20, "--rate", 10, "--latency-model", "roofline")
     assert '"max_num_running_reqs": 256' in res.stdout
     assert '"batch_limits_source": "BLIS\'s default"' in res.stdout
+
+
+def test_each_fleet_deployment_takes_its_own_gpus_limits():
+    """Two deployments on node pools of different GPUs: each engine has its GPU's limits."""
+    result = simulator.simulate(
+        {
+            "node_pools": [
+                {"name": "big", "gpu_type": "H100", "gpus_per_node": 1, "initial_nodes": 1},
+                {"name": "small", "gpu_type": "L40S", "gpus_per_node": 1, "initial_nodes": 1},
+            ],
+            "deployments": [
+                {"name": "on-h100", "num_instances": 1, "pool": "big"},
+                {"name": "on-l40s", "num_instances": 1, "pool": "small"},
+            ],
+            "workload": {"num_requests": 20, "rate": 10},
+        }
+    )
+    limits = sorted(
+        (e.config.max_num_scheduled_tokens, e.config.max_num_running_reqs) for e in result.engines
+    )
+    assert limits == sorted([LARGE, OTHER])
