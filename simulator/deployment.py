@@ -286,6 +286,7 @@ def capacity_settings(scenario: Scenario, layout: Parallelism) -> dict[str, Any]
         "pp": layout.pp,
         "expert_fraction": layout.tp / layout.expert_shards if layout.ep_ranks > 1 else 1.0,
         "rule": capacity_rule(scenario),
+        "instance_gpus": layout.gpus,
     }
 
 

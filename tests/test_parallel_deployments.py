@@ -206,17 +206,19 @@ def deepseek():
 
 
 def test_the_study_scenario_lays_out_its_pools(deepseek) -> None:
-    """One prefill instance of TP8 (44,542 blocks: docs/models-and-hardware.md's worked
+    """One prefill instance of TP8 (44,522 blocks: docs/models-and-hardware.md's worked
     example) and one decode instance of eight DP ranks of one GPU each, experts sharded over
     the eight (EP8): 8 GPUs each, 16 in all. Each decode rank's KV, by hand (vllm rule, one
-    GPU, FP8 weights at 1 B, the latent's 70,272 B per token x 16 per block on the GPU):
+    GPU of an 8-GPU instance, FP8 weights at 1 B, the latent's 70,272 B per token x 16 per
+    block on the GPU):
 
     weights: 17,117,508,608 params outside the routed experts, all on every rank, plus
         653,908,770,816 / 8 of the routed experts = 98,856,104,960 B = 92.06692 GiB
-    available 140.4 x 0.9 = 126.36 GiB; overhead 92.06692 + 8.0 (MoE activations) + 0.15
-        (non-torch, one GPU) = 100.21692 GiB; free int(26.14308 x 2^30) = 28,070,916,055 B
-    blocks 28,070,916,055 // 1,124,352 = 24,966 per rank (eight ranks: 199,728, 4.5x the TP8
-        instance's 44,542 on the same eight GPUs: under TP8 each GPU holds every sequence's
+    available 140.4 x 0.9 = 126.36 GiB; overhead 92.06692 + 1.6215 (vLLM's measured reserve
+        per GPU of a multi-GPU instance) = 93.68842 GiB; free int(32.67158 x 2^30)
+        = 35,080,839,553 B
+    blocks 35,080,839,553 // 1,124,352 = 31,200 per rank (eight ranks: 249,600, 5.6x the TP8
+        instance's 44,522 on the same eight GPUs: under TP8 each GPU holds every sequence's
         whole latent)."""
     roles = deepseek.latency_provenance["by_role"]
     assert roles["prefill"]["layout"] == {"tp": 8, "pp": 1, "dp": 1, "ep": 1, "gpus": 8}
@@ -225,7 +227,7 @@ def test_the_study_scenario_lays_out_its_pools(deepseek) -> None:
     from simulator.api import pool_deployments
 
     pools = pool_deployments(sc, resolve_deployment(sc))
-    assert [pools[r].engine.total_kv_blocks for r in ("prefill", "decode")] == [44_542, 24_966]
+    assert [pools[r].engine.total_kv_blocks for r in ("prefill", "decode")] == [44_522, 31_200]
     assert sum(pools[r].gpus for r in pools) == 16
     assert deepseek.instance_ids == ["instance_0"] + [f"instance_1.dp{r}" for r in range(8)]
 

@@ -23,11 +23,19 @@ from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import ConfigError, invalid
 
 GIB_BYTES = 1 << 30
+# BLIS's (the llm-d capacity planner's) activation reserve, per instance.
 ACTIVATION_DENSE_GIB = 5.5
 ACTIVATION_MOE_GIB = 8.0
 # CUDA context, NCCL buffers etc. outside PyTorch's allocator, per GPU.
 NON_TORCH_TP1_GIB = 0.15
 NON_TORCH_TP_MULTI_GIB = 0.6
+# What vLLM keeps beyond the weights before sizing its KV cache (its profiled activation peak,
+# CUDA graphs, the CUDA context, NCCL buffers), per GPU, as the block counts vLLM logged imply:
+# memory x 0.9 - weights - blocks x bytes per block, on H100 — Llama-2-7B TP1 1.152 GiB and
+# Qwen3-14B TP1 0.454 GiB (one GPU); Mixtral-8x7B TP2 1.639 and Llama-2-70B TP4 1.604 GiB per
+# GPU (several). Each is the mean of its pair; docs/models-and-hardware.md scores it held out.
+VLLM_RESERVED_ONE_GPU_GIB = 0.803
+VLLM_RESERVED_PER_GPU_GIB = 1.6215
 # The weight formula assumes a 3-matrix (gate/up/down) MLP; other activations mean other shapes.
 SWIGLU_ACTIVATIONS = frozenset({"silu", "swiglu", "geglu", ""})
 # Rope types whose max_position_embeddings already is the extended context (vLLM rule).
@@ -192,10 +200,14 @@ def kv_capacity(
     pp: int = 1,
     expert_fraction: float = 1.0,
     rule: str = "blis",
+    instance_gpus: int | None = None,
 ) -> KVCapacity:
     """Full capacity calculation for one instance (one DP rank) of tp x pp GPUs; raises
     ConfigError when the model cannot be sized or fit. `expert_fraction` is the share of the
-    routed experts the rank stores (1/dp when experts are sharded over dp ranks)."""
+    routed experts the rank stores (1/dp when experts are sharded over dp ranks).
+    `instance_gpus` (default tp x pp) is the whole instance's GPU count, dp ranks included:
+    under the vllm rule a GPU working with others reserves what multi-GPU servers were
+    measured to."""
     _check_heads(model, tp)
     if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
         raise invalid("pp", pp, "must be an integer >= 1")
@@ -242,8 +254,15 @@ def kv_capacity(
     available_gib = gpu.memory_gib * util * gpus
     params = model_param_count(model)
     weight_gib = float(model_weight_bytes(model, expert_fraction)) / GIB_BYTES
-    activation_gib = ACTIVATION_MOE_GIB if model.is_moe else ACTIVATION_DENSE_GIB
     non_torch_gib = (NON_TORCH_TP1_GIB if gpus == 1 else NON_TORCH_TP_MULTI_GIB) * gpus
+    if rule == "vllm":
+        # vLLM's measured reserve; the part that is not the non-torch memory is counted as
+        # activations (its profiled peak and CUDA graphs).
+        alone = (instance_gpus or gpus) == 1
+        reserved_gib = VLLM_RESERVED_ONE_GPU_GIB if alone else VLLM_RESERVED_PER_GPU_GIB * gpus
+        activation_gib = reserved_gib - non_torch_gib
+    else:
+        activation_gib = ACTIVATION_MOE_GIB if model.is_moe else ACTIVATION_DENSE_GIB
     overhead_gib = weight_gib + activation_gib + non_torch_gib
     layout = f"{tp}" if pp == 1 else f"{tp} (x pp {pp})"
     if overhead_gib >= available_gib:
@@ -285,6 +304,7 @@ def compute_kv_blocks(
     pp: int = 1,
     expert_fraction: float = 1.0,
     rule: str = "blis",
+    instance_gpus: int | None = None,
 ) -> int:
     """Number of KV blocks one instance (TP x PP GPUs) can hold (docs/behaviour.md §2.5)."""
     return kv_capacity(
@@ -296,6 +316,7 @@ def compute_kv_blocks(
         pp=pp,
         expert_fraction=expert_fraction,
         rule=rule,
+        instance_gpus=instance_gpus,
     ).blocks
 
 

@@ -101,6 +101,11 @@ def test_scenario_file_fields(tmp_path):
 
 
 def test_vllm_rule_gives_tp_times_fewer_blocks_than_blis():
+    """Each of the 4 GPUs stores a quarter of every block under the vllm rule; its reserve is
+    vLLM's measured 4 x 1.6215 = 6.486 GiB where BLIS's planner takes 5.5 + 4 x 0.6 = 7.9
+    GiB, so it keeps 1.414 GiB more free: 1.414 x 2^30 / (327,680 x 16 B a block on 4 GPUs)
+    = 289.6 blocks more than a quarter of BLIS's count."""
+
     def blocks(rule: str) -> int:
         result = simulator.simulate(
             {
@@ -113,7 +118,7 @@ def test_vllm_rule_gives_tp_times_fewer_blocks_than_blis():
         )
         return result.scenario["resolved"]["total_kv_blocks"]
 
-    assert blocks("blis") == pytest.approx(4 * blocks("vllm"), abs=4)
+    assert 4 * blocks("vllm") - blocks("blis") == pytest.approx(4 * 289.6, abs=4)
 
 
 def test_pd_pools_take_their_own_layout():
