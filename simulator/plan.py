@@ -475,6 +475,9 @@ def plan(
     answers: list[dict[str, Any]] = []
     provenance: dict[str, dict[str, Any]] = {}
     layouts: dict[str, str] = {}
+    # Each GPU's batch limits: unset ones are a stock vLLM server's on that GPU under physics
+    # (deployment.batch_limits), so GPUs may be compared at different limits; said per GPU.
+    limits: dict[str, str] = {}
     for gpu in gpu_names:
         gpu_sc = with_overrides(sc, {"hardware": gpu}, source=f"plan: hardware {gpu}")
         try:
@@ -493,6 +496,7 @@ def plan(
             else _layout_text(deployment)
         )
         provenance[gpu] = deployment.step_model.provenance()
+        limits[gpu] = _limits_text(deployment, pools)
         price = price_table.get(gpu.lower(), math.nan)
         passing: dict[int, dict[str, Any]] = {}
 
@@ -610,6 +614,7 @@ def plan(
                     if saturation_rate
                     else {}
                 ),
+                "batch_limits": limits[gpu],
                 "latency_model": provenance[gpu]["latency_model"],
                 "evidence": evidence(provenance[gpu]),
             }
@@ -700,6 +705,23 @@ def _splits(sc: Scenario, n: int) -> list[tuple[int, int]]:
     first = min(max(round(n * share), 1), n - 1)
     order = sorted(range(1, n), key=lambda p: (abs(p - first), p))
     return [(p, n - p) for p in order]
+
+
+def _limits_text(deployment: Any, pools: Mapping[str, Any]) -> str:
+    """An instance's batch limits in words: "1,024 seqs, 8,192 tokens (vLLM's default on
+    H100)"; per pool when a PD split's pools differ."""
+
+    def text(d: Any) -> str:
+        engine = d.engine
+        return (
+            f"{engine.max_num_running_reqs:,} seqs, {engine.max_num_scheduled_tokens:,} tokens "
+            f"({d.batch_limits_source})"
+        )
+
+    by_pool = {role: text(d) for role, d in pools.items()}
+    if len(set(by_pool.values())) > 1:
+        return "; ".join(f"{role} {shown}" for role, shown in by_pool.items())
+    return text(deployment)
 
 
 def _layout_text(deployment: Any) -> str:

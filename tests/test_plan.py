@@ -191,6 +191,13 @@ def test_plan_says_when_gpus_rest_on_different_evidence() -> None:
         max_instances=2, workers=1,
     )  # fmt: skip
     assert list(res.per_gpu["evidence"]) == ["calibrated", "transferred"]
+    # An unset token budget is a stock vLLM server's on each GPU (>= 70 GiB and not an A100:
+    # 8,192; an A100: 2,048); BASE sets one sequence. Each GPU's row says what it ran with.
+    assert list(res.per_gpu["batch_limits"]) == [
+        "1 seqs, 8,192 tokens (max_num_scheduled_tokens: vLLM's default on H100; the other set)",
+        "1 seqs, 2,048 tokens (max_num_scheduled_tokens: vLLM's default on A100-SXM; the "
+        "other set)",
+    ]
     assert len(res.warnings) == 1
     assert "H100: calibrated; A100-SXM: transferred" in res.warnings[0]
     assert res.table().count("warning: the GPUs' step times rest on different evidence") == 1
