@@ -209,6 +209,18 @@ def batch_limits(scenario: Scenario, gpu: GPUSpec) -> tuple[int, int, str]:
     return tokens, running, f"{default_name}: {kind}; the other set"
 
 
+def unrecorded_token_budget(scenario: Scenario, deployment: Deployment) -> int | None:
+    """The default token budget a replay of this run's exported trace would take instead of
+    the run's own, or None when they agree: a TraceV2 header records the server's sequence
+    limit but no token budget (BLIS's server keys), so a replay falls back to its default."""
+    unset = scenario.model_copy(
+        update={"engine": scenario.engine.model_copy(update={"max_num_scheduled_tokens": None})}
+    )
+    default_tokens = batch_limits(unset, deployment.gpu)[0]
+    ran = deployment.engine.max_num_scheduled_tokens
+    return default_tokens if default_tokens != ran else None
+
+
 def instance_setups(scenario: Scenario, deployment: Deployment) -> list[InstanceSetup]:
     """One setup per instance: PD pools first (prefill, then decode), then unified ones.
 

@@ -141,3 +141,21 @@ def test_each_fleet_deployment_takes_its_own_gpus_limits():
         (e.config.max_num_scheduled_tokens, e.config.max_num_running_reqs) for e in result.engines
     )
     assert limits == sorted([LARGE, OTHER])
+
+
+def test_an_exported_trace_says_when_its_replay_would_take_another_token_budget(tmp_path):
+    """A TraceV2 header records the sequence limit, not the token budget: a run with its own
+    budget says so when it exports, and giving it to the replay reproduces the run."""
+    prefix = tmp_path / "t"
+    common = ["--workload", "chatbot", "--rate", 25, "--num-requests", 60]
+    run = invoke("run", *common, "--max-num-batched-tokens", 4096, "--trace-output", prefix)
+    assert run.exit_code == 0, run.output
+    assert "a replay takes its default (8,192) unless given --max-num-batched-tokens 4096" in (
+        run.stderr
+    )
+    replay = ["replay", "--trace-header", f"{prefix}.yaml", "--trace-data", f"{prefix}.csv"]
+    rep = invoke(*replay, "--max-num-batched-tokens", 4096)
+    assert rep.exit_code == 0, rep.output
+    assert rep.stdout == run.stdout
+    stock = invoke("run", *common, "--trace-output", tmp_path / "s")
+    assert "token budget" not in stock.stderr

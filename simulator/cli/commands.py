@@ -140,6 +140,7 @@ def _execute(
             yaml_path, csv_path = result.write_trace(trace_output)
             written.append(f"{trace_output}.yaml/.csv")
             logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
+            _note_unrecorded_token_budget(sc)
         if timeline_path is not None:
             with atomic_open(timeline_path, newline="") as handle:
                 result.timeline.to_csv(handle, index=False)
@@ -150,6 +151,23 @@ def _execute(
             write_report(result, report_path)
             written.append(str(report_path))
             logging.getLogger("servesim").info("wrote %s", report_path)
+
+
+def _note_unrecorded_token_budget(sc: Any) -> None:
+    """Say on stderr when a replay of the exported trace would not take the run's token
+    budget (the header has no place for it) and how to give it."""
+    from ..deployment import resolve_deployment, unrecorded_token_budget
+
+    deployment = resolve_deployment(sc)
+    replay_default = unrecorded_token_budget(sc, deployment)
+    if replay_default is not None:
+        ran = deployment.engine.max_num_scheduled_tokens
+        typer.echo(
+            f"note: --trace-output: a TraceV2 header records no token budget (BLIS's server "
+            f"keys); a replay takes its default ({replay_default:,}) unless given "
+            f"--max-num-batched-tokens {ran}",
+            err=True,
+        )
 
 
 def _planned_outputs(
