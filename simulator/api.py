@@ -300,11 +300,13 @@ def recorded_settings(
     given: dict[str, Any],
     trace_header: str | PathLike[str] | None,
     trace_data: str | PathLike[str],
-) -> tuple[dict[str, Any], RecordedServer]:
+) -> tuple[dict[str, Any], RecordedServer, str | None]:
     """The settings (dotted paths) a replay of the trace takes from the server that recorded
     it (`server_settings.recorded_server`): each one neither `given` (overrides: flags, a
     policy bundle, keyword arguments) nor set explicitly in `scenario` chooses. A generated
-    trace records no server; only its prefix-caching default (vLLM's, on) applies then."""
+    trace records no server; only its prefix-caching default (vLLM's, on) applies then.
+    Third: the recorded model when it is not followed because servesim's catalog lacks it
+    and nobody chose another (the scenario's model is simulated), else None."""
     from .catalog.hardware import get_gpu, load_gpu_file
     from .scenario import explicitly_set
     from .workload.server_settings import recorded_server
@@ -317,18 +319,23 @@ def recorded_settings(
     def chosen(path: str) -> bool:
         return path in given or explicitly_set(scenario, path)
 
+    recorded_model = recorded.settings.get("model")
+    # Not one servesim can simulate: the scenario's model stays.
+    unfollowed = (
+        recorded_model if not chosen("model") and not _known_model(recorded_model) else None
+    )
     # The recorded KV cache belongs to the recorded model, TP and GPU: a deployment the user
-    # chose gets its cache sized from its own memory, as any run does (or --total-kv-blocks).
-    deployment_chosen = any(chosen(path) for path in ("model", "tp", "hardware"))
-    if not chosen("model") and not _known_model(recorded.settings.get("model")):
-        deployment_chosen = True  # not one servesim can simulate: the scenario's stays
+    # chose (or the scenario's model standing in) gets its cache sized from its own memory,
+    # as any run does (or --total-kv-blocks).
+    own_cache = unfollowed is not None or any(chosen(p) for p in ("model", "tp", "hardware"))
     settings = {
         path: value
         for path, value in recorded.settings.items()
         if not chosen(path)
-        and not (deployment_chosen and path in ("model", "engine.total_kv_blocks"))
+        and not (path == "model" and unfollowed is not None)
+        and not (path == "engine.total_kv_blocks" and own_cache)
     }
-    return settings, recorded
+    return settings, recorded, unfollowed
 
 
 def _over_the_recording(scenario: Scenario, given: dict[str, Any]) -> dict[str, Any]:
@@ -340,7 +347,7 @@ def _over_the_recording(scenario: Scenario, given: dict[str, Any]) -> dict[str, 
         trace = trace.model_dump()
     if not trace or trace.get("data") is None:  # none, or one the schema will refuse
         return given
-    recorded, _ = recorded_settings(scenario, given, trace.get("header"), trace["data"])
+    recorded, _, _ = recorded_settings(scenario, given, trace.get("header"), trace["data"])
     return recorded | given
 
 

@@ -357,7 +357,7 @@ def replay(
 
     def go() -> None:
         from ..api import as_scenario, client_replay, recorded_settings
-        from ..scenario import Scenario, explicitly_set
+        from ..scenario import Scenario
         from ..workload.trace import trace_notes
         from .blis import (
             defaults_file_overrides,
@@ -393,17 +393,11 @@ def replay(
         if apply:
             overrides["engine.enable_prefix_caching"] = choice.enabled
         base = as_scenario(scenario) if scenario is not None else Scenario()
-        followed, server = recorded_settings(base, overrides, trace_header, trace_data)
-        recorded_model = server.settings.get("model")
+        followed, server, unfollowed = recorded_settings(base, overrides, trace_header, trace_data)
         notes_first = []
-        # The recording names a model servesim lacks, and nobody chose another.
-        if (
-            recorded_model
-            and "model" not in followed | overrides.keys()
-            and not explicitly_set(base, "model")
-        ):
+        if unfollowed is not None:
             notes_first.append(
-                f"model: the recording's {recorded_model!r} is not in servesim's catalog "
+                f"model: the recording's {unfollowed!r} is not in servesim's catalog "
                 f"(servesim models); simulating {base.model} (--model chooses)"
             )
         notes = notes_first + trace_notes(trace_header, trace_data, closed_loop=bool(sessions))

@@ -85,6 +85,12 @@ def test_what_the_user_chose_wins_field_by_field(tmp_path: Path) -> None:
     assert other.scenario["resolved"]["model"] == "meta-llama/llama-3.1-8b-instruct"
     assert other.scenario["engine"]["total_kv_blocks"] != 18038
     assert other.scenario["engine"]["max_num_scheduled_tokens"] == 8192
+    # Another TP is another deployment of the recorded model: the model is still followed,
+    # the cache sized from the chosen deployment's memory.
+    tp2 = replay(HEADER, DATA, tp=2)
+    assert tp2.scenario["resolved"]["model"] == "qwen/qwen3-14b"
+    assert tp2.scenario["resolved"]["tp"] == 2
+    assert tp2.scenario["engine"]["total_kv_blocks"] != 18038
     # A scenario file's explicit field wins too, through `simulate` as through the CLI.
     scenario = tmp_path / "replay.yaml"
     scenario.write_text(
@@ -131,6 +137,12 @@ def test_a_recorded_model_servesim_lacks_is_said_not_followed(tmp_path: Path) ->
         "(servesim models); simulating meta-llama/llama-3.1-8b-instruct (--model chooses)"
     ) in out.stderr
     assert "model acme/unknown-7b" not in out.stderr
+    # A model servesim has is followed under another TP, and no such note is given.
+    known = ["replay", "--trace-header", str(HEADER), "--trace-data", str(DATA), "--quiet"]
+    out = CliRunner().invoke(app, [*known, "--tp", "2"])
+    assert out.exit_code == 0, out.output
+    assert "not in servesim's catalog" not in out.stderr
+    assert "model Qwen/Qwen3-14B (trace header)" in out.stderr
 
 
 def test_a_sweep_point_over_a_trace_scenario_follows_the_recorded_server_too(
