@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 
 from ..atomic_io import write_with
 from ..errors import ConfigError
+from .views.text import batch_limit
 
 PLOT_NAMES = ("latency_cdfs", "instance_timelines", "throughput", "per_class")
 
@@ -253,9 +254,7 @@ def instance_capacities(result: Any) -> pd.DataFrame:
         return pd.DataFrame(rows, columns=["instance_id", "kv_blocks", "max_num_running_reqs"])
     scenario = getattr(result, "scenario", None) or {}
     kv = scenario.get("resolved", {}).get("total_kv_blocks")
-    running = scenario.get("resolved", {}).get(
-        "max_num_running_reqs", scenario.get("engine", {}).get("max_num_running_reqs")
-    )
+    running = batch_limit(scenario, "max_num_running_reqs")
     steps: pd.DataFrame = result.steps
     instances: pd.DataFrame = getattr(result, "instances", pd.DataFrame())
     ids = list(dict.fromkeys(steps["instance_id"])) if len(steps) else []

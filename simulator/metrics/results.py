@@ -315,9 +315,7 @@ class Result:
             "type": "servesim",
             "model": resolved.get("model", ""),
             "tensor_parallel": resolved.get("tp", 0),
-            "max_num_seqs": resolved.get(
-                "max_num_running_reqs", engine.get("max_num_running_reqs", 0)
-            ),
+            "max_num_seqs": text_views.batch_limit(self.scenario, "max_num_running_reqs") or 0,
             "block_size": engine.get("block_size_tokens", 0),
             "gpu_memory_utilization": engine.get("gpu_memory_utilization", 0.0),
             "max_model_len": resolved.get("max_model_len", 0),

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..metrics.views.text import batch_limit
 from . import run_source
 from .run_source import PD_STAGES, RunSource
 
@@ -361,10 +362,9 @@ def scenario_facts(src: RunSource) -> list[list[Any]]:
         add("admission policy", (cluster.get("admission") or {}).get("policy"))
     engine = sc.get("engine") or {}
     add("scheduler", engine.get("scheduler"))
-    # The resolved limits (an unset one is auto, deployment.batch_limits); a result saved
-    # before they were resolved has them in its engine section.
-    running = resolved.get("max_num_running_reqs", engine.get("max_num_running_reqs"))
-    tokens = resolved.get("max_num_scheduled_tokens", engine.get("max_num_scheduled_tokens"))
+    # The resolved limits (an unset one is auto, deployment.batch_limits).
+    running = batch_limit(sc, "max_num_running_reqs")
+    tokens = batch_limit(sc, "max_num_scheduled_tokens")
     limits_source = resolved.get("batch_limits_source")
     shown_source = f" ({limits_source})" if limits_source and limits_source != "set" else ""
     add("max running requests per instance", f"{running}{shown_source}" if running else running)

@@ -139,6 +139,13 @@ ENGINE_POLICY_FIELDS = ("scheduler", "priority_policy", "batch_formation", "pree
 BATCH_LIMIT_FIELDS = ("max_num_running_reqs", "max_num_scheduled_tokens", "batch_limits_source")
 
 
+def batch_limit(scenario: dict[str, Any] | None, name: str) -> Any:
+    """The batch limit `name` the run's deployment resolved, or, in a result saved before the
+    limits were resolved, its engine section's value (None when neither says)."""
+    scenario = scenario or {}
+    return (scenario.get("resolved") or {}).get(name, (scenario.get("engine") or {}).get(name))
+
+
 def engine_policies(scenario: dict[str, Any] | None) -> dict[str, Any]:
     """The wait-queue order, priority, batch formation and preemption policies the run's
     engines used (every instance uses the scenario's `engine` section), then the batch
