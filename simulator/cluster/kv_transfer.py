@@ -243,13 +243,13 @@ class TransferRecords(Sequence):
 
     def _extend(self, name: str, values: Sequence) -> None:
         column = self._columns[name]
-        if type(column) is array and set(map(type, values)) <= {int}:
-            try:
-                self._columns[name] = extend_widening(column, values, "q")
-                return
-            except OverflowError:
-                pass
         if type(column) is array:
+            if set(map(type, values)) <= {int}:
+                try:
+                    self._columns[name] = extend_widening(column, values, "q")
+                    return
+                except OverflowError:  # beyond eight bytes: plain values from now on
+                    pass
             column = self._columns[name] = list(column)
         column.extend(values)
 
