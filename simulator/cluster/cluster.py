@@ -466,6 +466,8 @@ def run_simulation(
     for engine in engines:
         engine.sync_lazy_progress()
     if pd is not None:
+        if horizon_us is not None:
+            pd.link.settle(horizon_us)  # joins wait for the link's next wake-up to be applied
         pd.finalize()
     # The result keeps what each engine leaves behind, not the engine.
     records = [capture_instance(engine) for engine in engines]

@@ -15,8 +15,9 @@ slot frees. Without it (the default, as BLIS) transfers never wait for one anoth
 
 `SharedLink` is the plain-Python core, in exact (float) microseconds. `KVTransferLink` is the
 link's SimPy process on the integer µs clock: requesters put transfers into its `requests`
-Store; the process waits for the next of a new request and its own next wake-up (a join or a
-finish), and a transfer completes at the first integer µs at or after its exact finish time.
+Store; the process waits for the next of a new request and its own next wake-up (a finish,
+with the joins before it applied in exact-time order), and a transfer completes at the first
+integer µs at or after its exact finish time.
 A transfer that never shared the link (always, with contention off) takes exactly BLIS's
 `ceil(base_ms*1000 + bytes / (GBps*1000))` µs, minimum 1.
 """
@@ -59,6 +60,13 @@ def _float_slack_us(t_us: float) -> float:
 def ceil_us(t_us: float) -> int:
     """The first integer µs at or after `t_us`, ignoring float noise."""
     return math.ceil(t_us - _float_slack_us(t_us))
+
+
+def _wake_no_later_than(t_us: float) -> int:
+    """`ceil_us(t_us)`, or a microsecond before it when `t_us` lies within float noise of
+    the rounding boundary: a wake-up for a finish the link will compute another way (a lone
+    transfer's, reached through its drains) must not come after that finish."""
+    return math.ceil(t_us - _float_slack_us(t_us) - 64 * math.ulp(t_us))
 
 
 # --------------------------------------------------------------------------- core
@@ -487,8 +495,19 @@ class KVTransferLink:
             check_time_us(now + duration_us(lone, what), f"{what} requested at {now} µs ends")
 
     def _next_event_us(self) -> int | None:
-        """Integer µs at which something next needs doing."""
-        wake_us = ceil_us(self._waiting[0].start_us) if self._waiting else None
+        """Integer µs at which something next needs doing: a transfer's bytes done or a
+        continuation due. Joins do not wake the process: `_process_until` applies them in
+        exact-time order at its next wake-up, and nothing reads the link in between (a run
+        stopped at a horizon calls `settle`). A join can only delay the transfers already on
+        the link, so their next finish computed without it is never late; a transfer still in
+        its base latency ends no sooner than it would alone on the link."""
+        wake_us = None
+        for pending in self._waiting:
+            lone_us = _wake_no_later_than(
+                pending.start_us + pending.size_bytes / self.bandwidth_bytes_per_us
+            )
+            if wake_us is None or lone_us < wake_us:
+                wake_us = lone_us
         nxt = self.core.next_completion()
         if nxt is not None:
             done_us = ceil_us(nxt[0])
@@ -500,10 +519,16 @@ class KVTransferLink:
                 wake_us = due_us
         return wake_us
 
+    def settle(self, until_us: int) -> None:
+        """Apply the joins (and finishes) due by `until_us`: what the link holds when a run
+        stops at that horizon. (A run that ends by running out of events has nothing left to
+        apply: a transfer in its base latency keeps a wake-up scheduled.)"""
+        self._process_until(until_us)
+
     def _run(self):
-        """The link's process: take new transfers, wake at each join or finish, report the
-        finished ones. A wake-up whose time has not changed is kept (the same event), so
-        simultaneous events keep the order they had when it was made."""
+        """The link's process: take new transfers, wake at each finish (applying the joins
+        before it), report the finished ones. A wake-up whose time has not changed is kept
+        (the same event), so simultaneous events keep the order they had when it was made."""
         env = self.env
         rouse = self._rouse
         get = self.requests.get()

@@ -118,7 +118,9 @@ def test_second_transfer_halfway_through_the_first():
 
 def test_stale_wake_ups_are_ignored():
     # A alone would finish at 1000; B joins at 500, so the wake-up scheduled for 1000 is stale:
-    # the link must do nothing then, and A must end at 1500, not 1000.
+    # the link must do nothing then, and A must end at 1500, not 1000. Joins do not wake the
+    # link: B's, at 500, is applied at the 1000 wake-up, in exact-time order (A drained alone
+    # over [0, 500), then both at half the bandwidth), which is why A's end moves to 1500.
     env = simpy.Environment()
     link = KVTransferLink(env, 1.0, 0.0)
     processed_at: list[int] = []
@@ -139,8 +141,32 @@ def test_stale_wake_ups_are_ignored():
     env.process(starter("B", 500))
     env.run()
     assert ends == {"A": 1500, "B": 2000}
-    assert processed_at == [0, 500, 1500, 2000]
+    assert processed_at == [1000, 1500, 2000]
     assert link.in_flight == 0 and link.initiated == 2
+
+
+def test_a_run_stopped_at_a_horizon_settles_the_joins_before_it():
+    # Joins wait for the link's next wake-up; a run stopped at a horizon applies those that
+    # happened by then, as if the link had woken for each. A: requested at 0, 0.5 ms = 500 µs
+    # of base latency, then 1,000,000 B at 1,000 B/µs: on the link over [500, 1500). B:
+    # requested at 600, joins at 1100 (after the horizon). Horizon 1000.
+    env = simpy.Environment()
+    link = KVTransferLink(env, 1.0, 0.5)
+    link.start("A", 1_000_000, lambda _end_us: None)
+
+    def later():
+        yield env.timeout(600)
+        link.start("B", 1_000_000, lambda _end_us: None)
+
+    env.process(later())
+    env.run(until=1001)
+    assert link.open_transfers() == []  # A's join at 500 not applied yet: nothing woke the link
+    link.settle(1000)
+    assert link.open_transfers() == [(500.0, None)]  # A on the link; B still in base latency
+    assert link.peak_concurrency == 1 and link.mean_concurrency_at_start == 1.0
+    assert link.in_flight == 2 and not link.records
+    # Over [0, 1000): A's bytes were on the link for 500 µs.
+    assert link.time_weighted_mean_concurrency(1000) == pytest.approx(0.5)
 
 
 def test_transfer_started_from_on_done_callback():

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import simulator
@@ -139,6 +139,41 @@ def test_pd_invariants(scenario):
     assert result.in_flight_at_end == [0] * len(result.instance_ids)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pd_scenarios(), st.integers(0, 10**6), st.floats(0, 1))
+def test_a_horizon_finds_every_transfer_that_joined_the_link_on_it(scenario, pick, at):
+    """The link applies a transfer's join (its bytes reaching the link, after the base
+    latency) at its next wake-up, not at the join; a run stopped at a horizon settles them.
+    Stopped while one transfer's bytes are on the link, the link must hold it there, and
+    hold as open exactly the transfers whose join came by the horizon and that had not
+    ended."""
+    from simulator.cluster.kv_transfer import ceil_us
+
+    full = simulator.simulate(scenario)
+    pd_spec = scenario["cluster"]["pd"]
+    base_us = pd_spec["transfer_base_latency_ms"] * 1000.0
+    transfers = [
+        (record.start_us, record.requested_us + record.duration_us)
+        for record in full.pd.link.records
+        if ceil_us(record.start_us) < record.requested_us + record.duration_us
+    ]
+    assume(transfers)
+    joined_us, end_us = transfers[pick % len(transfers)]
+    horizon_us = ceil_us(joined_us) + int(at * (end_us - 1 - ceil_us(joined_us)))
+    result = simulator.simulate({**scenario, "horizon_us": horizon_us})
+    link = result.pd.link
+    assert (joined_us, None) in link.open_transfers
+    started = [p for p in result.pd.parents if p.transfer_start_us >= 0]
+    done = [p for p in started if p.transfer_end_us >= 0]
+    assert len(link.records) == len(done) and link.initiated == len(started)
+    if pd_spec["transfer_slots"] is None:  # a join is the request plus the base latency
+        open_ = [p for p in started if p.transfer_end_us < 0]
+        joined = [p for p in open_ if ceil_us(p.transfer_start_us + base_us) <= horizon_us]
+        assert len(link.open_transfers) == len(joined)
+    assert all(start <= horizon_us for start, _end in link.open_transfers)
+    assert 1 <= link.peak_concurrency <= len(started)
+
+
 def test_decode_kv_failures_are_counted():
     # Decode instances with 20 blocks (320 tokens) cannot take a 600-token prompt's KV.
     scenario = _pd_scenario(
@@ -149,17 +184,9 @@ def test_decode_kv_failures_are_counted():
     assert result.summary["dropped_unservable"] >= result.pd_metrics["dropped_at_decode_kv"]
 
 
-def test_one_request_timeline_by_hand():
-    """1 request, 2 prefill + 2 decode instances, blackbox steps, a 1 GB/s link.
-
-    step_us = 1000 + 10·prefill_tokens + 5·decode_requests (beta), alpha all zero.
-      prefill of 100 tokens:  1000 + 10·100            = 2000 µs  -> prefill ends at 2,000
-      transfer: 100 tok × 1000 B = 100,000 B at 1 GB/s = 100 µs, + 0.5 ms base latency
-                                                        = 600 µs  -> KV on decode at 2,600
-      decode steps (1 request): 1000 + 5·1             = 1005 µs each, 3 output tokens
-      token 1 at 2,600 + 1,005 = 3,605  (TTFT)
-      token 3 at 2,600 + 3·1,005 = 5,615 (E2E)
-    """
+def _one_request_through_pd(**overrides):
+    """1 request, 2 prefill + 2 decode instances, blackbox steps, a 1 GB/s link (the timeline
+    of `test_one_request_timeline_by_hand`)."""
     trace_rows = "0,c0,,,,0,,false,100,3,0,0,0,0,0,,0,0,0,0,0,0,0,ok,,\n"
     import tempfile
     from pathlib import Path
@@ -171,7 +198,7 @@ def test_one_request_timeline_by_hand():
         from simulator.workload.trace import TRACE_COLUMNS
 
         data.write_text(",".join(TRACE_COLUMNS) + "\n" + trace_rows)
-        result = simulator.replay(
+        return simulator.replay(
             header,
             data,
             latency={"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [1000, 10, 5]},
@@ -187,13 +214,46 @@ def test_one_request_timeline_by_hand():
                     "kv_bytes_per_token": 1000,
                 },
             },
+            **overrides,
         )
+
+
+def test_one_request_timeline_by_hand():
+    """step_us = 1000 + 10·prefill_tokens + 5·decode_requests (beta), alpha all zero.
+    prefill of 100 tokens:  1000 + 10·100            = 2000 µs  -> prefill ends at 2,000
+    transfer: 100 tok × 1000 B = 100,000 B at 1 GB/s = 100 µs, + 0.5 ms base latency
+                                                      = 600 µs  -> KV on decode at 2,600
+    decode steps (1 request): 1000 + 5·1             = 1005 µs each, 3 output tokens
+    token 1 at 2,600 + 1,005 = 3,605  (TTFT)
+    token 3 at 2,600 + 3·1,005 = 5,615 (E2E)
+    """
+    result = _one_request_through_pd()
     (req,) = result.request_records
     assert req.prefill_sub.completion_us == 2_000
     assert (req.transfer_start_us, req.transfer_end_us) == (2_000, 2_600)
     assert req.first_token_us - req.arrival_us == 3_605
     assert req.completion_us - req.arrival_us == 5_615
     assert result.summary["ttft_mean_ms"] == 3.605 and result.summary["e2e_mean_ms"] == 5.615
+
+
+@pytest.mark.parametrize(
+    ("horizon_us", "open_transfers", "peak"),
+    [
+        (2_499, [], 0),  # requested at 2,000, still in its 0.5 ms base latency
+        (2_500, [(2_500.0, None)], 1),  # its bytes joined the link at 2,500
+        (2_599, [(2_500.0, None)], 1),  # and drain until 2,600
+    ],
+)
+def test_a_horizon_mid_transfer_finds_it_where_it_is(horizon_us, open_transfers, peak):
+    # The link applies a join at its next wake-up (here the transfer's end, 2,600), not at
+    # the join itself; a run stopped at a horizon first applies the joins made by then.
+    result = _one_request_through_pd(horizon_us=horizon_us)
+    (req,) = result.request_records
+    assert (req.transfer_start_us, req.transfer_end_us) == (2_000, -1)
+    link = result.pd.link
+    assert list(link.open_transfers) == open_transfers
+    assert link.peak_concurrency == peak and len(link.records) == 0
+    assert result.pd_metrics["link_peak_concurrency"] == peak
 
 
 def _mixed_prefill_heavy(pd: bool):
