@@ -119,9 +119,10 @@ class Disaggregator:
         decode_choice = self.decode_routing.route(req, decode_candidates, now_us)
         ctx = DecisionContext(decode_choice.target, self.kv_probe, self.block_size)
         disaggregate, reason = self.decider.decide(req, ctx)
-        self.trace.record_event(
-            "disaggregation", req, now_us, disaggregate=disaggregate, reason=reason
-        )
+        if self.trace.enabled:  # the record's arguments are built only for a trace
+            self.trace.record_event(
+                "disaggregation", req, now_us, disaggregate=disaggregate, reason=reason
+            )
         if disaggregate:
             prefill_candidates = snapshots(self.pools.prefill.members)
             decision = self.prefill_routing.route(req, prefill_candidates, now_us)
@@ -194,16 +195,17 @@ class Disaggregator:
 
     def _transfer_done(self, parent: Request, end_us: int, deliver_decode, parent_finished):
         parent.transfer_end_us = end_us
-        self.trace.record_event(
-            "kv_transfer",
-            parent,
-            end_us,
-            start_us=parent.transfer_start_us,
-            duration_us=end_us - parent.transfer_start_us,
-            blocks=-(-parent.input_tokens // self.block_size),
-            prefill_instance=parent.prefill_sub.instance_id,
-            decode_index=parent.decode_instance_index,
-        )
+        if self.trace.enabled:
+            self.trace.record_event(
+                "kv_transfer",
+                parent,
+                end_us,
+                start_us=parent.transfer_start_us,
+                duration_us=end_us - parent.transfer_start_us,
+                blocks=-(-parent.input_tokens // self.block_size),
+                prefill_instance=parent.prefill_sub.instance_id,
+                decode_index=parent.decode_instance_index,
+            )
         decode = parent.sub_request("decode")
         if self.private_subs:
             decode.private_from_token = parent.private_from_token
