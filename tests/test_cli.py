@@ -269,6 +269,23 @@ def test_replay_of_blis_trace_completes_every_request(tmp_path):
     assert len(json.loads(out.read_text())["requests"]) == 1000
 
 
+def test_replay_scans_the_trace_for_its_spans_once(tmp_path, monkeypatch):
+    # The client choice and the notes both need the trace's spans; a replay reads them once
+    # (a million-row trace takes seconds to scan), then the run reads the rows themselves.
+    import simulator.workload.trace as trace_module
+
+    scans = []
+    scan = trace_module.trace_spans
+    monkeypatch.setattr(trace_module, "trace_spans", lambda path: scans.append(path) or scan(path))
+    res = invoke(
+        ["replay", "--trace-header", TRACE_HEADER, "--trace-data", TRACE_DATA]
+        + ["--hardware", "H100", "--tp", "1", "--total-kv-blocks", "1000000", "--quiet"]
+    )
+    assert res.exit_code == 0, res.stderr
+    assert len(scans) == 1
+    assert "client: at the recorded send times" in res.stderr
+
+
 def test_models_lists_bundled_models():
     res = invoke(["models"])
     assert res.exit_code == 0

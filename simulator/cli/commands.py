@@ -400,7 +400,9 @@ def replay(
                 f"model: the recording's {unfollowed!r} is not in servesim's catalog "
                 f"(servesim models); simulating {base.model} (--model chooses)"
             )
-        notes = notes_first + trace_notes(trace_header, trace_data, closed_loop=bool(sessions))
+        notes = notes_first + trace_notes(
+            trace_header, trace_data, closed_loop=bool(sessions), spans=client.spans
+        )
         if client.at_schedule:  # the send times are not used
             notes = [n for n in notes if not n.startswith("send_time_us:")]
         _execute(

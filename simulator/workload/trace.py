@@ -671,6 +671,9 @@ class ClientReplay:
     at_schedule: bool
     max_in_flight: int | None
     source: str
+    # The trace's spans when deciding read them (`recorded_client`), for other readers of the
+    # same file (`trace_notes`): a million-row trace takes seconds to scan.
+    spans: TraceSpans | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def replay_choice(self) -> int | str:
@@ -714,8 +717,9 @@ def client_of(spans: TraceSpans) -> ClientReplay:
             spans.max_in_flight,
             f"the recorded client sent {late:.0%} later than scheduled with at most "
             f"{spans.max_in_flight:,} requests outstanding",
+            spans,
         )
-    return ClientReplay(False, None, "the recorded client kept to its schedule")
+    return ClientReplay(False, None, "the recorded client kept to its schedule", spans)
 
 
 # A send time past 2001-09-09 in µs since 1970 is a wall-clock reading, not a run's clock.
@@ -738,12 +742,15 @@ IGNORED_COLUMNS = {
 
 
 def trace_notes(
-    header_path: str | Path | None, data_path: str | Path, closed_loop: bool = False
+    header_path: str | Path | None,
+    data_path: str | Path,
+    closed_loop: bool = False,
+    spans: TraceSpans | None = None,
 ) -> list[str]:
     """One line per thing a replay of this trace leaves out or re-bases, for the user: the
     header keys and columns servesim reads but does not model, sessions replayed open-loop
     (unless `closed_loop`), and the injection clock when send times are on another clock
-    than arrivals."""
+    than arrivals. `spans`: the data's `trace_spans`, when already read."""
     notes = []
     header = read_header(header_path) if header_path is not None else {}
     if header.get("session_context_growth") == "accumulate" and not closed_loop:
@@ -761,7 +768,8 @@ def trace_notes(
     for column, text in IGNORED_COLUMNS.items():
         if column in columns and not (closed_loop and column == "think_time_us"):
             notes.append(f"{column}: {text}")
-    spans = trace_spans(p)
+    if spans is None:
+        spans = trace_spans(p)
     shift = spans.first_send_us - spans.first_arrival_us
     if shift:
         clocks = ""
