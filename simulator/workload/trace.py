@@ -427,7 +427,13 @@ def _trace_columns(path: Path, header: list[str]) -> dict[str, int]:
 
 
 def read_rows(path: str | Path) -> list[TraceRow]:
-    """Rows of a TraceV2 or v3 CSV (columns found by name), validated as BLIS validates them."""
+    """Rows of a TraceV2 or v3 CSV (columns found by name), validated as BLIS validates them.
+
+    The file is read in chunks of `_CHUNK_ROWS` records. A chunk whose every value is plainly
+    valid is converted a column at a time (`_rows_by_column`); any other chunk goes through
+    the row-by-row reference (`_rows_one_by_one`), which reports the first problem in file
+    order, so the rows and the errors are the reference's either way (tests/workload/
+    test_trace_v3.py checks both on random files)."""
     p = Path(path)
     kind = "trace data"
     header = _csv_header(p, kind)
@@ -435,9 +441,58 @@ def read_rows(path: str | Path) -> list[TraceRow]:
     has_prefix_length = "prefix_length" in col
     # BLIS tells a recorded 0 from an absent think time (#1608): empty stays None.
     has_think_time = "think_time_us" in col
+    rows: list[TraceRow] = []
+    first_line: dict[str, int] = {}  # request_id -> the line that used it first
+    for chunk, unreadable in _chunks(_records(p, kind, len(header))):
+        if unreadable is not None:
+            # The records before a line that cannot be read are checked first, as they are
+            # when the file is read record by record.
+            _rows_one_by_one(p, chunk, col, has_prefix_length, has_think_time, first_line)
+            raise unreadable
+        fast = _rows_by_column(chunk, col, first_line)
+        if fast is None:
+            fast = _rows_one_by_one(p, chunk, col, has_prefix_length, has_think_time, first_line)
+        rows += fast
+    return rows
+
+
+# Records converted at a time: the raw strings of a chunk are held at once (a million-row
+# trace's would take gigabytes).
+_CHUNK_ROWS = 1 << 15
+
+
+def _chunks(
+    records: Iterator[tuple[int, list[str]]],
+) -> Iterator[tuple[list[tuple[int, list[str]]], ConfigError | None]]:
+    """`records` in lists of up to `_CHUNK_ROWS`; a record that cannot be read ends the last
+    list, which comes with the error."""
+    chunk: list[tuple[int, list[str]]] = []
+    try:
+        for record in records:
+            chunk.append(record)
+            if len(chunk) == _CHUNK_ROWS:
+                yield chunk, None
+                chunk = []
+    except ConfigError as exc:
+        yield chunk, exc
+        return
+    if chunk:
+        yield chunk, None
+
+
+def _rows_one_by_one(
+    p: Path,
+    records: list[tuple[int, list[str]]],
+    col: dict[str, int],
+    has_prefix_length: bool,
+    has_think_time: bool,
+    first_line: dict[str, int],
+) -> list[TraceRow]:
+    """The reference: each record checked and converted field by field, in the order of
+    TraceRow's fields, the first problem raised with its line and column."""
+    kind = "trace data"
     rows = []
-    first_line: dict[str, int] = {}
-    for line, rec in _records(p, kind, len(header)):
+    for line, rec in records:
         f = _Fields(kind, p, line, col, rec)
         row = TraceRow(
             request_id=f.text("request_id"),
@@ -493,6 +548,118 @@ def read_rows(path: str | Path) -> list[TraceRow]:
             )
         rows.append(row)
     return rows
+
+
+# TraceRow's integer fields as `_Fields.as_int` reads them: (maximum, minimum, required).
+_INT_FIELDS = {
+    "arrival_time_us": (MAX_TIME_US, 0, True),
+    "input_tokens": (MAX_TOKENS, 0, True),
+    "output_tokens": (MAX_TOKENS, 0, True),
+    "deadline_us": (MAX_TIME_US, 0, False),
+    "first_chunk_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
+    "last_chunk_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
+    "round_index": (MAX_REQUESTS, 0, False),
+    "text_tokens": (MAX_TOKENS, 0, False),
+    "image_tokens": (MAX_TOKENS, 0, False),
+    "audio_tokens": (MAX_TOKENS, 0, False),
+    "video_tokens": (MAX_TOKENS, 0, False),
+    "server_input_tokens": (MAX_TOKENS, 0, False),
+    "send_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
+    "num_chunks": (MAX_TOKENS, 0, False),
+    "vllm_priority": (_MAX_PRIORITY, 0, False),
+    "slo_target_us": (MAX_TIME_US, 0, False),
+}
+_BOOL_SPELLINGS = {
+    **dict.fromkeys(("", "0", "f", "F", "false", "False", "FALSE"), False),
+    **dict.fromkeys(("1", "t", "T", "true", "True", "TRUE"), True),
+}
+_TRACE_ROW_FIELDS = [field.name for field in dataclasses.fields(TraceRow)]
+
+
+def _rows_by_column(
+    records: list[tuple[int, list[str]]], col: dict[str, int], first_line: dict[str, int]
+) -> list[TraceRow] | None:
+    """`_rows_one_by_one`'s rows, built a column at a time, or None (nothing changed) when a
+    value is anything but plainly valid: an empty or non-integer integer field ("512.0"
+    included), a value out of range or longer than 40 characters, an unknown boolean
+    spelling, a ratio outside [0, 1], an empty or repeated request_id or a deadline before
+    its arrival. What it accepts, it converts as the reference does: `int` and `float` ignore
+    the surrounding whitespace the reference strips, so the values are the same."""
+    n = len(records)
+    columns = list(zip(*(rec for _line, rec in records), strict=True))
+
+    def raw(name: str) -> tuple[str, ...] | None:
+        i = col.get(name)
+        return columns[i] if i is not None else None
+
+    values: dict[str, list] = {}
+    for name, (maximum, minimum, _required) in _INT_FIELDS.items():
+        strings = raw(name)
+        if strings is None:  # an optional column the file does not have (required ones it has)
+            values[name] = [0] * n
+            continue
+        if max(map(len, strings)) > 40:
+            return None
+        try:
+            numbers = list(map(int, strings))
+        except ValueError:
+            return None
+        if min(numbers) < minimum or max(numbers) > maximum:
+            return None
+        values[name] = numbers
+    for name in ("prefix_length", "think_time_us"):
+        strings = raw(name)
+        if strings is None:  # a v2 file (prefix_length), or no think times recorded
+            values[name] = [None] * n
+            continue
+        stripped = [x.strip() for x in strings]
+        if max(map(len, stripped)) > 40:
+            return None
+        try:
+            numbers = [int(x) if x else None for x in stripped]
+        except ValueError:
+            return None
+        if name == "prefix_length":
+            if None in numbers:  # an empty prefix_length reads as 0, not None: the reference
+                return None
+            limit = MAX_TOKENS
+        else:
+            limit = MAX_TIME_US
+        present = [v for v in numbers if v is not None]
+        if present and (min(present) < 0 or max(present) > limit):
+            return None
+        values[name] = numbers
+    streaming = raw("streaming")
+    if streaming is None:
+        values["streaming"] = [False] * n
+    else:
+        try:
+            values["streaming"] = [_BOOL_SPELLINGS[x.strip()] for x in streaming]
+        except KeyError:
+            return None
+    ratios = raw("reason_ratio")
+    if ratios is None:
+        values["reason_ratio"] = [0.0] * n
+    else:
+        try:
+            numbers = [float(x) if x.strip() else 0.0 for x in ratios]
+        except ValueError:
+            return None
+        if not all(0.0 <= v <= 1.0 for v in numbers):
+            return None
+        values["reason_ratio"] = numbers
+    for name in _TRACE_ROW_FIELDS:
+        if name not in values:
+            strings = raw(name)
+            values[name] = [x.strip() for x in strings] if strings is not None else [""] * n
+    ids = values["request_id"]
+    if not all(ids) or len(set(ids)) < n or not first_line.keys().isdisjoint(ids):
+        return None
+    arrivals = values["arrival_time_us"]
+    if any(0 < d < a for d, a in zip(values["deadline_us"], arrivals, strict=True)):
+        return None
+    first_line.update(zip(ids, (line for line, _rec in records), strict=True))
+    return list(map(TraceRow, *(values[name] for name in _TRACE_ROW_FIELDS)))
 
 
 def injection_origin_shift(rows: list[TraceRow]) -> int:
