@@ -458,7 +458,7 @@ def read_rows(path: str | Path) -> list[TraceRow]:
 
 # Records converted at a time: the raw strings of a chunk are held at once (a million-row
 # trace's would take gigabytes).
-_CHUNK_ROWS = 1 << 15
+_CHUNK_ROWS = 1 << 13
 
 
 def _chunks(
