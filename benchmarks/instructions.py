@@ -42,6 +42,7 @@ DEFAULT_REQUESTS = {
     "f": 1500,
     "g": 3000,
     "h": 3000,
+    "i": 600,
 }
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 

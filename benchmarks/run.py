@@ -107,6 +107,16 @@ def _pd(num_requests: int) -> dict:
     }
 
 
+def _pd_as_blis(num_requests: int) -> dict:
+    """Case (d) as the whole-process comparison runs it against BLIS's binaries: no link
+    contention (BLIS's model) and the model's own KV bytes per token (131,072 for
+    Llama-3.1-8B: 32 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes)."""
+    scenario = _pd(num_requests)
+    scenario["cluster"]["pd"].update(kv_bytes_per_token=131_072, transfer_contention=False)
+    scenario["engine"] = {"total_kv_blocks": 29_205}  # the H100's own, as passed to BLIS
+    return scenario
+
+
 def _chatbot_prefix(num_requests: int) -> dict:
     """BLIS's chatbot lengths behind a 512-token system prompt shared by all, 4 instances."""
     return {
@@ -174,6 +184,7 @@ CASES: dict[str, tuple[str, dict, int]] = {
         1,
     ),
     "h": ("standard with the default latency model (physics)", _default_model(10_000), 3),
+    "i": ("PD as the whole-process case (d): no link contention, 20k", _pd_as_blis(20_000), 3),
 }
 # Case (g)'s cost per request is judged against case (c)'s (issue 30: within 1.5x).
 COST_RELATIVE_TO = {"g": "c"}
