@@ -323,6 +323,35 @@ def _records(path: Path, kind: str, width: int) -> Iterator[tuple[int, list[str]
             yield line, rec
 
 
+# TraceRow's integer fields and their bounds, what the simulator represents (simulator/
+# limits.py): (maximum, minimum, required). prefix_length and think_time_us, optional and
+# read apart (an absent column is None), have `_OPTIONAL_INT_MAXIMA`.
+_INT_FIELDS = {
+    "arrival_time_us": (MAX_TIME_US, 0, True),
+    "input_tokens": (MAX_TOKENS, 0, True),
+    "output_tokens": (MAX_TOKENS, 0, True),
+    "deadline_us": (MAX_TIME_US, 0, False),
+    "first_chunk_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
+    "last_chunk_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
+    "round_index": (MAX_REQUESTS, 0, False),
+    "text_tokens": (MAX_TOKENS, 0, False),
+    "image_tokens": (MAX_TOKENS, 0, False),
+    "audio_tokens": (MAX_TOKENS, 0, False),
+    "video_tokens": (MAX_TOKENS, 0, False),
+    "server_input_tokens": (MAX_TOKENS, 0, False),
+    "send_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
+    "num_chunks": (MAX_TOKENS, 0, False),
+    "vllm_priority": (_MAX_PRIORITY, 0, False),
+    "slo_target_us": (MAX_TIME_US, 0, False),
+}
+_OPTIONAL_INT_MAXIMA = {"prefix_length": MAX_TOKENS, "think_time_us": MAX_TIME_US}
+# Go's strconv.ParseBool spellings (BLIS writes true/false).
+_BOOL_SPELLINGS = {
+    **dict.fromkeys(("", "0", "f", "F", "false", "False", "FALSE"), False),
+    **dict.fromkeys(("1", "t", "T", "true", "True", "TRUE"), True),
+}
+
+
 class _Fields:
     """Typed access to one CSV record, with errors that name file, line and column."""
 
@@ -389,12 +418,15 @@ class _Fields:
 
     def as_bool(self, column: str) -> bool:
         raw = self.text(column)
-        # Go's strconv.ParseBool spellings (BLIS writes true/false).
-        if raw in ("", "0", "f", "F", "false", "False", "FALSE"):
-            return False
-        if raw in ("1", "t", "T", "true", "True", "TRUE"):
-            return True
-        raise self.fail(column, raw, "must be true or false")
+        value = _BOOL_SPELLINGS.get(raw)
+        if value is None:
+            raise self.fail(column, raw, "must be true or false")
+        return value
+
+    def bounded_int(self, column: str) -> int:
+        """`as_int` with the column's bounds (`_INT_FIELDS`)."""
+        maximum, minimum, required = _INT_FIELDS[column]
+        return self.as_int(column, maximum, required=required, minimum=minimum)
 
 
 def _names(names: list[str], most: int = 5) -> str:
@@ -433,7 +465,7 @@ def read_rows(path: str | Path) -> list[TraceRow]:
     valid is converted a column at a time (`_rows_by_column`); any other chunk goes through
     the row-by-row reference (`_rows_one_by_one`), which reports the first problem in file
     order, so the rows and the errors are the reference's either way (tests/workload/
-    test_trace_v3.py checks both on random files)."""
+    test_trace_read.py checks both on random files)."""
     p = Path(path)
     kind = "trace data"
     header = _csv_header(p, kind)
@@ -496,38 +528,42 @@ def _rows_one_by_one(
         f = _Fields(kind, p, line, col, rec)
         row = TraceRow(
             request_id=f.text("request_id"),
-            arrival_time_us=f.as_int("arrival_time_us", MAX_TIME_US, required=True),
-            input_tokens=f.as_int("input_tokens", MAX_TOKENS, required=True),
-            output_tokens=f.as_int("output_tokens", MAX_TOKENS, required=True),
+            arrival_time_us=f.bounded_int("arrival_time_us"),
+            input_tokens=f.bounded_int("input_tokens"),
+            output_tokens=f.bounded_int("output_tokens"),
             client_id=f.text("client_id"),
             tenant_id=f.text("tenant_id"),
             slo_class=f.text("slo_class"),
             prefix_group=f.text("prefix_group"),
             model=f.text("model"),
-            deadline_us=f.as_int("deadline_us", MAX_TIME_US),
-            first_chunk_time_us=f.as_int("first_chunk_time_us", MAX_TIME_US, minimum=-MAX_TIME_US),
-            last_chunk_time_us=f.as_int("last_chunk_time_us", MAX_TIME_US, minimum=-MAX_TIME_US),
+            deadline_us=f.bounded_int("deadline_us"),
+            first_chunk_time_us=f.bounded_int("first_chunk_time_us"),
+            last_chunk_time_us=f.bounded_int("last_chunk_time_us"),
             status=f.text("status"),
             session_id=f.text("session_id"),
-            round_index=f.as_int("round_index", MAX_REQUESTS),
-            prefix_length=f.as_int("prefix_length", MAX_TOKENS) if has_prefix_length else None,
+            round_index=f.bounded_int("round_index"),
+            prefix_length=(
+                f.as_int("prefix_length", _OPTIONAL_INT_MAXIMA["prefix_length"])
+                if has_prefix_length
+                else None
+            ),
             streaming=f.as_bool("streaming"),
-            text_tokens=f.as_int("text_tokens", MAX_TOKENS),
-            image_tokens=f.as_int("image_tokens", MAX_TOKENS),
-            audio_tokens=f.as_int("audio_tokens", MAX_TOKENS),
-            video_tokens=f.as_int("video_tokens", MAX_TOKENS),
+            text_tokens=f.bounded_int("text_tokens"),
+            image_tokens=f.bounded_int("image_tokens"),
+            audio_tokens=f.bounded_int("audio_tokens"),
+            video_tokens=f.bounded_int("video_tokens"),
             reason_ratio=f.as_float("reason_ratio", 0.0, 1.0),
-            server_input_tokens=f.as_int("server_input_tokens", MAX_TOKENS),
-            send_time_us=f.as_int("send_time_us", MAX_TIME_US, minimum=-MAX_TIME_US),
-            num_chunks=f.as_int("num_chunks", MAX_TOKENS),
+            server_input_tokens=f.bounded_int("server_input_tokens"),
+            send_time_us=f.bounded_int("send_time_us"),
+            num_chunks=f.bounded_int("num_chunks"),
             error_message=f.text("error_message"),
             finish_reason=f.text("finish_reason"),
-            vllm_priority=f.as_int("vllm_priority", _MAX_PRIORITY),
-            slo_target_us=f.as_int("slo_target_us", MAX_TIME_US),
+            vllm_priority=f.bounded_int("vllm_priority"),
+            slo_target_us=f.bounded_int("slo_target_us"),
             x_request_id=f.text("x_request_id"),
             adapter=f.text("adapter"),
             think_time_us=(
-                f.as_int("think_time_us", MAX_TIME_US)
+                f.as_int("think_time_us", _OPTIONAL_INT_MAXIMA["think_time_us"])
                 if has_think_time and f.text("think_time_us")
                 else None
             ),
@@ -550,29 +586,6 @@ def _rows_one_by_one(
     return rows
 
 
-# TraceRow's integer fields as `_Fields.as_int` reads them: (maximum, minimum, required).
-_INT_FIELDS = {
-    "arrival_time_us": (MAX_TIME_US, 0, True),
-    "input_tokens": (MAX_TOKENS, 0, True),
-    "output_tokens": (MAX_TOKENS, 0, True),
-    "deadline_us": (MAX_TIME_US, 0, False),
-    "first_chunk_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
-    "last_chunk_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
-    "round_index": (MAX_REQUESTS, 0, False),
-    "text_tokens": (MAX_TOKENS, 0, False),
-    "image_tokens": (MAX_TOKENS, 0, False),
-    "audio_tokens": (MAX_TOKENS, 0, False),
-    "video_tokens": (MAX_TOKENS, 0, False),
-    "server_input_tokens": (MAX_TOKENS, 0, False),
-    "send_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
-    "num_chunks": (MAX_TOKENS, 0, False),
-    "vllm_priority": (_MAX_PRIORITY, 0, False),
-    "slo_target_us": (MAX_TIME_US, 0, False),
-}
-_BOOL_SPELLINGS = {
-    **dict.fromkeys(("", "0", "f", "F", "false", "False", "FALSE"), False),
-    **dict.fromkeys(("1", "t", "T", "true", "True", "TRUE"), True),
-}
 _TRACE_ROW_FIELDS = [field.name for field in dataclasses.fields(TraceRow)]
 
 
@@ -607,7 +620,7 @@ def _rows_by_column(
         if min(numbers) < minimum or max(numbers) > maximum:
             return None
         values[name] = numbers
-    for name in ("prefix_length", "think_time_us"):
+    for name in _OPTIONAL_INT_MAXIMA:
         strings = raw(name)
         if strings is None:  # a v2 file (prefix_length), or no think times recorded
             values[name] = [None] * n
@@ -619,14 +632,10 @@ def _rows_by_column(
             numbers = [int(x) if x else None for x in stripped]
         except ValueError:
             return None
-        if name == "prefix_length":
-            if None in numbers:  # an empty prefix_length reads as 0, not None: the reference
-                return None
-            limit = MAX_TOKENS
-        else:
-            limit = MAX_TIME_US
+        if name == "prefix_length" and None in numbers:
+            return None  # an empty prefix_length reads as 0, not None: the reference's
         present = [v for v in numbers if v is not None]
-        if present and (min(present) < 0 or max(present) > limit):
+        if present and (min(present) < 0 or max(present) > _OPTIONAL_INT_MAXIMA[name]):
             return None
         values[name] = numbers
     streaming = raw("streaming")
@@ -797,11 +806,11 @@ def trace_spans(path: str | Path) -> TraceSpans:
     arrivals, sends, ends = [], [], []
     for line, rec in _records(p, kind, len(header)):
         f = _Fields(kind, p, line, col, rec)
-        arrival = f.as_int("arrival_time_us", MAX_TIME_US, required=True)
-        send = f.as_int("send_time_us", MAX_TIME_US, minimum=-MAX_TIME_US)
+        arrival = f.bounded_int("arrival_time_us")
+        send = f.bounded_int("send_time_us")
         arrivals.append(arrival)
         sends.append(send if send > 0 else arrival)
-        ends.append(f.as_int("last_chunk_time_us", MAX_TIME_US, minimum=-MAX_TIME_US))
+        ends.append(f.bounded_int("last_chunk_time_us"))
     if not arrivals:
         return TraceSpans(0, 0, 0, 0, 0)
     return TraceSpans(
@@ -974,9 +983,9 @@ def read_groundtruth_rows(path: str | Path) -> list[GroundTruthRow]:
         f = _Fields(kind, p, line, col, rec)
         row = GroundTruthRow(
             index=f.as_int("index", _MAX_INDEX, required=True),
-            arrival_time_us=f.as_int("arrival_time_us", MAX_TIME_US, required=True),
-            input_tokens=f.as_int("input_tokens", MAX_TOKENS, required=True),
-            output_tokens=f.as_int("output_tokens", MAX_TOKENS, required=True),
+            arrival_time_us=f.bounded_int("arrival_time_us"),
+            input_tokens=f.bounded_int("input_tokens"),
+            output_tokens=f.bounded_int("output_tokens"),
             has_error=f.as_bool("has_error"),
             ttft_s=f.optional_float("ttft_s"),
             e2e_s=f.optional_float("e2e_s"),
