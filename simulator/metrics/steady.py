@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.request import RequestState
+from .quantiles import median
 
 WARM_UP_FRACTION = 0.1
 MIN_REQUESTS = 30
@@ -75,7 +76,7 @@ class SteadyState:
 
 
 def _median_ms(ttft_us: np.ndarray) -> float:
-    return float(np.median(ttft_us)) / 1000 if len(ttft_us) else math.nan
+    return median(ttft_us) / 1000 if len(ttft_us) else math.nan
 
 
 def judge(records: Sequence[Any]) -> SteadyState:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..engine.request import Request, RequestState
+from .quantiles import linear_percentile, percentile
 from .request_table import RequestStats, request_columns
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ BLIS_SUMMARY_FIELDS = (
 
 def pct(values: np.ndarray, p: float) -> float:
     """numpy's linear percentile; 0 of no values."""
-    return float(np.percentile(values, p)) if len(values) else 0.0
+    return percentile(values, p) if len(values) else 0.0
 
 
 def mean(values: np.ndarray) -> float:
@@ -100,22 +101,8 @@ class CountedValues:
         return self.values[int(np.searchsorted(self.cumulative, index, side="right"))]
 
     def percentile(self, p: float) -> float:
-        """numpy.percentile(expanded, p) with its default linear method, step by step."""
-        n = self.n
-        if not n:
-            return 0.0
-        virtual = (n - 1) * np.true_divide(p, 100)
-        if virtual >= n - 1:
-            return float(self._at(n - 1))
-        if virtual < 0:
-            return float(self._at(0))
-        lo = np.floor(virtual)
-        gamma = virtual - lo
-        a = self._at(int(lo))
-        b = self._at(int(lo) + 1)
-        diff = b - a
-        result = b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
-        return float(result)
+        """numpy.percentile(expanded, p) with its default linear method."""
+        return linear_percentile(self.n, p, self._at) if self.n else 0.0
 
 
 def pooled_itl_us(instances: Sequence[InstanceRecord]) -> CountedValues:

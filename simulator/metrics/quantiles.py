@@ -1,0 +1,78 @@
+"""Percentiles and medians exactly as numpy computes them, from order statistics.
+
+numpy's `percentile` (default linear method) and `median` give the summaries' figures, and
+the summaries are compared byte for byte (scenario digests, BLIS parity to 1e-9). Both are
+computed here step by step instead, from the one or two order statistics they need, with
+numpy's own arithmetic on numpy scalars: on numpy 2.x the library functions import
+`numpy.ma` the first time they run (`np.unique` asks `np.ma.is_masked`), which is about a
+sixth of a one-request `servesim run` after the interpreter's own start (docs/performance.md,
+"Start-up"). `CountedValues` (inter-token gaps as value, count pairs) uses the same
+interpolation. tests/metrics/test_quantiles.py checks every function here against numpy's,
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def linear_percentile(n: int, p: float, order_statistic: Callable[[int], Any]) -> float:
+    """numpy's linear-method percentile `p` (0..100) of `n` > 0 values, given their
+    `order_statistic(k)` (the k-th smallest, 0-based, as a numpy scalar).
+
+    numpy: virtual index (n - 1) * p / 100; its floor and the next index (both the last one
+    at or past the end); linear interpolation written as `a + (b - a) * g` below g = 0.5
+    and `b - (b - a) * (1 - g)` from it (so an infinite neighbour gives NaN as there)."""
+    virtual = (n - 1) * np.true_divide(p, 100)
+    if virtual >= n - 1:
+        # numpy takes the last value for both neighbours (and a weight past 1, which
+        # changes nothing: b - a is 0, or NaN for an infinite value).
+        a = b = order_statistic(n - 1)
+        gamma = virtual + 1
+    else:
+        lower = np.floor(virtual)
+        gamma = virtual - lower
+        a = order_statistic(int(lower))
+        b = order_statistic(int(lower) + 1)
+    diff = b - a
+    return float(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)
+
+
+def percentile(values: np.ndarray, p: float) -> float:
+    """`float(np.percentile(values, p))` for a non-empty 1-D array of numbers."""
+    values = np.asarray(values)
+    n = len(values)
+    virtual = (n - 1) * np.true_divide(p, 100)
+    lower = min(int(np.floor(virtual)), n - 1)
+    ordered = _partitioned(values, (lower, min(lower + 1, n - 1)))
+    if ordered is None:
+        return math.nan  # numpy: any NaN makes every percentile NaN
+    return linear_percentile(n, p, ordered.__getitem__)
+
+
+def median(values: np.ndarray) -> float:
+    """`float(np.median(values))` for a non-empty 1-D array of numbers: numpy's mean of the
+    middle value, or of the two middle values."""
+    values = np.asarray(values)
+    n = len(values)
+    half = n // 2
+    middle = (half,) if n % 2 else (half - 1, half)
+    ordered = _partitioned(values, middle)
+    if ordered is None:
+        return math.nan
+    return float(np.mean(ordered[middle[0] : half + 1]))
+
+
+def _partitioned(values: np.ndarray, kth: tuple[int, ...]) -> np.ndarray | None:
+    """`values` partitioned around the order statistics `kth`; None if a value is NaN. As
+    numpy does, the last position joins `kth` for floats: NaN sorts last, so one look at it
+    replaces a pass over the array."""
+    if values.dtype.kind not in "fc":
+        return np.partition(values, kth)
+    last = len(values) - 1
+    ordered = np.partition(values, (*kth, last) if kth[-1] != last else kth)
+    return None if np.isnan(ordered[last]) else ordered
