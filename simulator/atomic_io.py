@@ -45,7 +45,6 @@ import io
 import json
 import os
 import re
-import secrets
 import stat
 import sys
 from collections.abc import Callable, Iterator
@@ -147,7 +146,7 @@ def temporary_sibling(target: Path, named: str | os.PathLike[str] | None = None)
 def _temporary_name(target: Path) -> Path:
     # Named before it exists, so that an interrupt arriving just after the file is created
     # (before any variable holds a name mkstemp would have returned) can still remove it.
-    return target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+    return target.parent / f".{target.name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
 
 
 def _create(tmp: Path, named: str | os.PathLike[str]) -> None:

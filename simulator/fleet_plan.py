@@ -5,6 +5,7 @@ node that exists. Each deployment is resolved by `deployment.resolve_deployment`
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from .catalog.hardware import get_gpu, load_gpu_file
@@ -29,8 +30,15 @@ def uses_fleet(scenario: Scenario) -> bool:
         or scenario.node_pools
         or scenario.events
         or scenario.autoscaler
-        or scenario.instance_lifecycle != LifecycleSpec()
+        or scenario.instance_lifecycle != _default_lifecycle()
     )
+
+
+@cache
+def _default_lifecycle() -> LifecycleSpec:
+    """The section a scenario without one has, as the scenario's schema builds it (building
+    `LifecycleSpec`'s own schema only to compare with it would cost every run's start-up)."""
+    return Scenario().instance_lifecycle
 
 
 def plan_fleet(

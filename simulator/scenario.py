@@ -6,8 +6,9 @@ range of its kind (instances, tokens, µs, ...; simulator/limits.py), and no str
 is read as a number, nor anything but true/false as a flag.
 """
 
-from __future__ import annotations
-
+# Annotations are evaluated as written (no `from __future__ import annotations`): pydantic
+# would otherwise compile and evaluate each field's annotation text when the class is
+# created, about 1 % of a one-request `servesim run` (docs/performance.md, "Start-up").
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -60,6 +61,7 @@ from .limits import (
     TokenRate,
     Tokens,
     TransferSlots,
+    empty_list,
     number,
 )
 from .lora_setup import LoRASpec
@@ -87,7 +89,7 @@ class LengthSpec(_Strict):
     value: Tokens | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> LengthSpec:
+    def _check(self) -> "LengthSpec":
         if self.distribution == "constant" and self.value is None:
             raise ValueError("constant distribution needs `value`")
         if self.distribution == "gaussian" and self.min > self.max:
@@ -169,7 +171,7 @@ class LatencySpec(_Strict):
     coeffs_file: Path | None = None
 
     @model_validator(mode="after")
-    def _pair(self) -> LatencySpec:
+    def _pair(self) -> "LatencySpec":
         if (self.alpha_coeffs is None) != (self.beta_coeffs is None):
             raise ValueError("alpha_coeffs and beta_coeffs must be given together")
         if self.alpha_coeffs is not None and "model" not in self.model_fields_set:
@@ -280,7 +282,7 @@ class RoutingSpec(_ProfileResolved):
         return routing_profile(value).name
 
     @model_validator(mode="after")
-    def _apply_profile(self) -> RoutingSpec:
+    def _apply_profile(self) -> "RoutingSpec":
         from .cluster.routing import resolve_routing
 
         self._set_resolved(
@@ -342,8 +344,8 @@ class PDSpec(_Strict):
     transfer_slots: TransferSlots | None = Field(
         None, description="in flight at most; None = no limit"
     )
-    prefill: PoolSpec = Field(default_factory=PoolSpec)
-    decode: PoolSpec = Field(default_factory=PoolSpec)
+    prefill: PoolSpec = Field(default_factory=dict, validate_default=True)
+    decode: PoolSpec = Field(default_factory=dict, validate_default=True)
 
     @property
     def enabled(self) -> bool:
@@ -355,14 +357,14 @@ class ClusterSpec(_Strict):
     (§7)."""
 
     num_instances: PositiveInstances = 1
-    admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
-    routing: RoutingSpec = Field(default_factory=RoutingSpec)
-    trace: DecisionTraceSpec = Field(default_factory=DecisionTraceSpec)
+    admission: AdmissionSpec = Field(default_factory=dict, validate_default=True)
+    routing: RoutingSpec = Field(default_factory=dict, validate_default=True)
+    trace: DecisionTraceSpec = Field(default_factory=dict, validate_default=True)
     fitness_weights: str | None = None
-    pd: PDSpec = Field(default_factory=PDSpec)
+    pd: PDSpec = Field(default_factory=dict, validate_default=True)
 
     @model_validator(mode="after")
-    def _pools(self) -> ClusterSpec:
+    def _pools(self) -> "ClusterSpec":
         from .cluster.routing import resolve_scorers
 
         pd = self.pd
@@ -427,24 +429,24 @@ class Scenario(_Strict):
     # vLLM's --quantization, simplified: auto = the config's checkpoint format.
     weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int4", "fp4"] = "auto"
     hardware_file: Path | None = None
-    latency: LatencySpec = Field(default_factory=LatencySpec)
-    engine: EngineSpec = Field(default_factory=EngineSpec)
+    latency: LatencySpec = Field(default_factory=dict, validate_default=True)
+    engine: EngineSpec = Field(default_factory=dict, validate_default=True)
     # Speculative decoding (docs/speculative.md); None = off.
     speculative: SpeculativeSpec | None = None
     # Multi-LoRA serving (docs/lora.md); None = off: requests' adapters run on the base model.
     lora: LoRASpec | None = None
-    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    cluster: ClusterSpec = Field(default_factory=dict, validate_default=True)
     workload: WorkloadField | None = None
     workload_spec: Path | None = None
     trace: TraceSpec | None = None
     # The fleet (docs/behaviour.md §8, §A6, §A7); see docs/infrastructure.md.
-    deployments: list[DeploymentSpec] = Field(default_factory=list)
-    node_pools: list[NodePoolSpec] = Field(default_factory=list)
-    instance_lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec)
-    events: list[EventSpec] = Field(default_factory=list)
-    autoscaler: list[AutoscalerSpec] = Field(default_factory=list)
+    deployments: list[DeploymentSpec] = Field(default_factory=empty_list)
+    node_pools: list[NodePoolSpec] = Field(default_factory=empty_list)
+    instance_lifecycle: LifecycleSpec = Field(default_factory=dict, validate_default=True)
+    events: list[EventSpec] = Field(default_factory=empty_list)
+    autoscaler: list[AutoscalerSpec] = Field(default_factory=empty_list)
     # Latency targets that SLO attainment and goodput are judged against.
-    slo: SloSpec = Field(default_factory=SloSpec)
+    slo: SloSpec = Field(default_factory=dict, validate_default=True)
     # Check the simulator's laws during the run and stop at the first broken one
     # (simulator/invariants.py). Results are identical either way; only slower.
     check_invariants: Flag = False
@@ -457,7 +459,7 @@ class Scenario(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _source(self) -> Scenario:
+    def _source(self) -> "Scenario":
         given = [
             name
             for name in ("workload", "workload_spec", "trace")
@@ -468,7 +470,7 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _fleet(self) -> Scenario:
+    def _fleet(self) -> "Scenario":
         """Names the fleet refers to must exist; checks that need the resolved fleet (GPU
         types, instance and node ids) run when the deployment is resolved."""
         pools = [p.name for p in self.node_pools]
@@ -499,7 +501,7 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _fleet_size(self) -> Scenario:
+    def _fleet_size(self) -> "Scenario":
         """Each count is bounded on its own; so is the whole fleet, which several deployments,
         autoscaler headroom and add_instance events could otherwise multiply."""
         slots = _instance_slots(self)
@@ -550,14 +552,14 @@ def _unique(field: str, names: list[str]) -> None:
         seen.add(name)
 
 
-def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
+def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> "Scenario":
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_spec_error(exc, source)) from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path) -> "Scenario":
     """Read and validate a scenario YAML file. Relative paths inside resolve from its folder."""
     p = Path(path)
     data = read_yaml_mapping(p, "scenario", empty_ok=True)
@@ -608,7 +610,7 @@ def explicitly_set(scenario: Scenario, dotted: str) -> bool:
 
 def apply_overrides(
     scenario: Scenario, overrides: dict[str, Any], source: str = "overrides"
-) -> Scenario:
+) -> "Scenario":
     """Return a copy with dotted-path overrides applied (e.g. {"engine.scheduler": "sjf"})."""
     data = scenario.model_dump(mode="python")
     for dotted, value in overrides.items():

@@ -5,8 +5,9 @@ Everything here is optional: a scenario that names none of it runs the fixed fle
 `cluster.num_instances` instances, all routable from t = 0, exactly as before.
 """
 
-from __future__ import annotations
-
+# Annotations are evaluated as written (no `from __future__ import annotations`): pydantic
+# would otherwise compile and evaluate each field's annotation text when the class is
+# created, about 1 % of a one-request `servesim run` (docs/performance.md, "Start-up").
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -77,11 +78,11 @@ class NodePoolSpec(_Strict):
     initial_nodes: Nodes = 1
     min_nodes: Nodes = 0
     max_nodes: Nodes = 1
-    provisioning_delay: DelaySpec = Field(default_factory=DelaySpec)
+    provisioning_delay: DelaySpec = Field(default_factory=dict, validate_default=True)
     cost_per_hour: _CostPerHour = Field(0.0, description="per node, in dollars")
 
     @model_validator(mode="after")
-    def _bounds(self) -> NodePoolSpec:
+    def _bounds(self) -> "NodePoolSpec":
         if self.min_nodes > self.max_nodes:
             raise ValueError(
                 f"min_nodes ({self.min_nodes}) must be <= max_nodes ({self.max_nodes})"
@@ -99,7 +100,7 @@ DrainPolicyName = Literal["immediate", "wait", "redirect"]
 class LifecycleSpec(_Strict):
     """How instances come up and go away (docs/behaviour.md §8.3, §8.4)."""
 
-    loading_delay: DelaySpec = Field(default_factory=DelaySpec)
+    loading_delay: DelaySpec = Field(default_factory=dict, validate_default=True)
     # Loading can also be priced as weight bytes over a load bandwidth (0 = off): the two add.
     load_bandwidth_gb_per_s: BandwidthOrOff = 0.0
     warm_up_request_count: Requests = 0
@@ -127,7 +128,7 @@ class EventSpec(_Strict):
     drain_policy: DrainPolicyName | None = Field(None, description="overrides the lifecycle's")
 
     @model_validator(mode="after")
-    def _needs(self) -> EventSpec:
+    def _needs(self) -> "EventSpec":
         needed = {
             "drain_instance": "target",
             "fail_instance": "target",
@@ -155,7 +156,7 @@ class AutoscalerSpec(_Strict):
     scale_down_stabilization_s: Seconds = 300.0
 
     @model_validator(mode="after")
-    def _bounds(self) -> AutoscalerSpec:
+    def _bounds(self) -> "AutoscalerSpec":
         if self.min_instances > self.max_instances:
             raise ValueError(
                 f"min_instances ({self.min_instances}) must be <= max_instances "

@@ -6,8 +6,9 @@ standard). Unknown keys are errors naming the key and its parent. Every number h
 of its kind (simulator/limits.py): a count of requests, tokens, µs, a rate.
 """
 
-from __future__ import annotations
-
+# Annotations are evaluated as written (no `from __future__ import annotations`): pydantic
+# would otherwise compile and evaluate each field's annotation text when the class is
+# created, about 1 % of a one-request `servesim run` (docs/performance.md, "Start-up").
 import logging
 import math
 from pathlib import Path
@@ -38,6 +39,7 @@ from ..limits import (
     TimeUs,
     Tokens,
     WholeSeconds,
+    empty_list,
     integer,
     number,
 )
@@ -122,7 +124,7 @@ class DistSpec(_Strict):
     file: str | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> DistSpec:
+    def _check(self) -> "DistSpec":
         for name, value in self.params.items():
             if not math.isfinite(value):
                 raise ValueError(f"params.{name} must be a finite number, got {value}")
@@ -159,7 +161,7 @@ class ArrivalSpec(_Strict):
     scale: _ShapeOrScale | None = Field(None, description="µs")
 
     @model_validator(mode="after")
-    def _check(self) -> ArrivalSpec:
+    def _check(self) -> "ArrivalSpec":
         if self.cv is not None and not math.isfinite(self.cv):
             raise ValueError(f"cv must be a finite number, got {self.cv}")
         if (
@@ -203,7 +205,7 @@ class ActiveWindow(_Strict):
     output_distribution: DistSpec | None = None
 
     @model_validator(mode="after")
-    def _order(self) -> ActiveWindow:
+    def _order(self) -> "ActiveWindow":
         if self.end_us <= self.start_us:
             raise ValueError(f"end_us ({self.end_us}) must be > start_us ({self.start_us})")
         return self
@@ -335,7 +337,7 @@ class ClientSpec(_ClientFields):
         return self.concurrency or 0
 
     @model_validator(mode="after")
-    def _closed_loop(self) -> ClientSpec:
+    def _closed_loop(self) -> "ClientSpec":
         if self.concurrency_users:
             if self.rate_fraction:
                 raise ValueError(
@@ -377,7 +379,7 @@ class SpikeSpec(_Strict):
     trace_rate: Rate | None = Field(None, description="req/s")
 
     @model_validator(mode="after")
-    def _end(self) -> SpikeSpec:
+    def _end(self) -> "SpikeSpec":
         _ends_on_clock(self.start_time_us, self.duration_us, "duration_us")
         return self
 
@@ -387,7 +389,7 @@ class DrainSpec(_Strict):
     ramp_duration_us: PositiveTimeUs
 
     @model_validator(mode="after")
-    def _end(self) -> DrainSpec:
+    def _end(self) -> "DrainSpec":
         _ends_on_clock(self.start_time_us, self.ramp_duration_us, "ramp_duration_us")
         return self
 
@@ -403,7 +405,7 @@ class CohortSpec(_ClientFields):
     prefix_sharing: Literal["shared", "per_member"] = "shared"
 
     @model_validator(mode="after")
-    def _check(self) -> CohortSpec:
+    def _check(self) -> "CohortSpec":
         if self.prefix_sharing == "per_member" and not self.prefix_group:
             raise ValueError("prefix_sharing per_member needs a prefix_group")
         self._check_traffic()
@@ -452,7 +454,7 @@ class InferencePerfSpec(_Strict):
     shared_prefix: SharedPrefixSpec
 
     @model_validator(mode="after")
-    def _length(self) -> InferencePerfSpec:
+    def _length(self) -> "InferencePerfSpec":
         # Stages run back to back from t = 0: together they must stay on the clock.
         total_s = sum(stage.duration for stage in self.stages)
         if total_s > MAX_TIME_S:
@@ -466,6 +468,11 @@ class InferencePerfSpec(_Strict):
 class WorkloadSpec(_Strict):
     """A whole v2 workload: clients (and cohorts) with their shares of an aggregate rate."""
 
+    # Built at import, not on first use: every run validates one of these on its own (the
+    # scenario's traffic becomes one, `api.workload_spec_of`), and the scenario's schema, built
+    # later, then reuses this one instead of generating it a second time.
+    model_config = ConfigDict(extra="forbid", defer_build=False)
+
     version: str = "2"
     seed: Seed | None = None
     category: Literal["", "language", "multimodal", "reasoning"] = ""
@@ -474,8 +481,8 @@ class WorkloadSpec(_Strict):
     aggregate_rate: _RateOrZero | None = Field(None, description="req/s over all clients")
     horizon: PositiveTimeUs | None = Field(None, description="µs")
     num_requests: Requests | None = Field(None, description="0 or None = unlimited")
-    clients: list[ClientSpec] = Field(default_factory=list)
-    cohorts: list[CohortSpec] = Field(default_factory=list)
+    clients: list[ClientSpec] = Field(default_factory=empty_list)
+    cohorts: list[CohortSpec] = Field(default_factory=empty_list)
     servegen_data: ServeGenDataSpec | None = None
     inference_perf: InferencePerfSpec | None = None
     # Per SLO class ("default" for requests without one): the targets goodput and SLO
@@ -510,7 +517,7 @@ class WorkloadSpec(_Strict):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> WorkloadSpec:
+    def _check(self) -> "WorkloadSpec":
         if self.version != "2":
             raise ValueError(f"version: invalid value {self.version!r}; valid: 1, 2 or empty")
         sources = [
@@ -615,14 +622,14 @@ def format_spec_error(exc: ValidationError, source: str) -> str:
     return f"{one_line(str(source))}: " + "; ".join(parts)
 
 
-def workload_spec_from_dict(data: dict, source: str = "workload spec") -> WorkloadSpec:
+def workload_spec_from_dict(data: dict, source: str = "workload spec") -> "WorkloadSpec":
     try:
         return WorkloadSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_spec_error(exc, source)) from None
 
 
-def load_workload_spec(path: str | Path) -> WorkloadSpec:
+def load_workload_spec(path: str | Path) -> "WorkloadSpec":
     """Read a BLIS v2 (or v1) workload YAML file strictly."""
     from ..input_files import read_yaml_mapping
 
