@@ -22,6 +22,9 @@ NEVER_ON_THE_RUN_PATH = (
     "httpx",
     "ray",
     "plotly",
+    # numpy imports it the first time np.percentile or np.median runs (np.unique asks
+    # np.ma.is_masked); the summaries compute both without them (metrics/quantiles.py).
+    "numpy.ma",
     "simulator.report",
     "simulator.metrics.plots",
     "simulator.metrics.persistence",
@@ -82,6 +85,13 @@ FEATURE_MODULES = (
     "simulator.metrics.fleet_record",
     "simulator.workload.closed_loop",
     "simulator.workload.trace",
+    # Prefill/decode disaggregation (its decider registry stays: a run checks the decider's
+    # name whether PD is on or not).
+    "simulator.cluster.pd",
+    "simulator.cluster.pools",
+    "simulator.cluster.kv_transfer",
+    "simulator.metrics.pd_record",
+    "simulator.metrics.views.pd",
 )
 
 
@@ -94,6 +104,27 @@ FEATURE_MODULES = (
 )
 def test_a_plain_run_imports_no_feature_it_does_not_use(argv):
     assert _modules_after(argv) & set(FEATURE_MODULES) == set()
+
+
+def test_a_run_generates_each_schema_once():
+    # pydantic generates a model's schema on first use (defer_build) and, inside another
+    # model's, again unless the inner one was complete first. The scenario's sections default
+    # to an empty mapping validated by the scenario's schema, not to an instance built by
+    # their own; the workload spec, which every run validates on its own, is complete before
+    # the scenario's schema is generated and is reused there.
+    probe = (
+        "import simulator\n"
+        "from simulator import scenario\n"
+        "from simulator.workload.spec import WorkloadSpec\n"
+        "simulator.simulate({'workload': {'num_requests': 3}})\n"
+        "from simulator.cluster.infra_spec import LifecycleSpec\n"
+        "sections = [scenario.LatencySpec, scenario.EngineSpec, scenario.ClusterSpec, "
+        "scenario.RoutingSpec, scenario.PDSpec, scenario.SloSpec, LifecycleSpec]\n"
+        "print('BUILT', [s.__name__ for s in sections if s.__pydantic_complete__])\n"
+        "print('SPEC', WorkloadSpec.__pydantic_complete__)\n"
+    )
+    out = _probe_output(probe)
+    assert "BUILT []" in out and "SPEC True" in out, out
 
 
 def test_a_run_parses_only_its_own_models_rows_of_the_shipped_defaults():
@@ -125,6 +156,7 @@ def test_a_run_with_the_features_imports_them():
         "simulator.engine.speculative",
         "simulator.workload.closed_loop",
     } <= modules
+    assert {"simulator.cluster.pd", "simulator.cluster.kv_transfer"} <= _modules_after(PD_RUN)
 
 
 def test_a_run_needs_no_package_outside_the_runtime_dependencies():

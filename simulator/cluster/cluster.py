@@ -25,7 +25,6 @@ from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
 from ..metrics.instance_record import InstanceRecord, capture_instance
-from ..metrics.pd_record import capture_pd
 from ..metrics.request_table import RequestRecords, RequestTable, request_stats, served_stats
 from ..metrics.results import Result
 from ..metrics.slo import SloPolicy, slo_report
@@ -36,9 +35,6 @@ from ..scenario import ClusterSpec, PDSpec
 from ..workload.generator import SessionManager
 from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
-from .disaggregation import PDDecider, make_decider
-from .kv_transfer import KVTransferLink
-from .pd import Disaggregator, Pools
 from .prefix_index import CacheSignalView
 from .router import Router, ServedModels
 from .routing import RoutingPolicy, make_routing_policy
@@ -48,7 +44,10 @@ if TYPE_CHECKING:
     # Node lifecycles are imported by the runs that have a dynamic fleet (start-up of the
     # others).
     from ..metrics.fleet_record import FleetRecord
+    from ..metrics.pd_record import PDRecord
+    from .disaggregation import PDDecider
     from .infrastructure import FleetPlan, Infrastructure
+    from .pd import Disaggregator
 
 
 class _Source:
@@ -173,6 +172,8 @@ def build_policies(
 
 def decider_for(spec: PDSpec, block_size: int) -> PDDecider:
     """The PD decider a spec names; unset thresholds take the decider defaults."""
+    from .disaggregation import make_decider
+
     return make_decider(
         spec.decider,
         prefix_threshold=spec.prefix_threshold,
@@ -521,7 +522,7 @@ def run_simulation(
         routed=list(router.routed),
         in_flight_at_end=list(router.in_flight),
         decisions=trace,
-        pd=capture_pd(pd) if pd is not None else None,
+        pd=_pd_record(pd),
         instance_roles=[s.role for s in setups],
         infrastructure=_fleet_record(infra),
         instance_models=instance_models,
@@ -551,6 +552,9 @@ def _build_pd(
     spec = cluster.pd
     if not spec.enabled:
         return None
+    from .kv_transfer import KVTransferLink
+    from .pd import Disaggregator, Pools
+
     pools = Pools.from_roles(env, roles)
 
     def pool_policy(pool_scorers: str | None, rng_name: str) -> RoutingPolicy:
@@ -585,6 +589,14 @@ def _build_pd(
         block_size,
         trace,
     )
+
+
+def _pd_record(pd: Disaggregator | None) -> PDRecord | None:
+    if pd is None:
+        return None
+    from ..metrics.pd_record import capture_pd
+
+    return capture_pd(pd)
 
 
 PROGRESS_EVERY_US = 1_000_000

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -18,9 +19,11 @@ from ..engine.events import ROUTER, event_after
 from ..engine.request import Request, RequestState
 from .admission import AdmissionPolicy
 from .decisions import DecisionTrace
-from .pd import Disaggregator
 from .routing import RoutingPolicy
 from .snapshot import InstanceSnapshot, SnapshotCache
+
+if TYPE_CHECKING:
+    from .pd import Disaggregator
 
 
 class ServedModels:

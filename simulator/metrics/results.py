@@ -33,7 +33,6 @@ from .summary import (
 )
 from .views import frames as frame_views
 from .views import instances as instance_views
-from .views import pd as pd_views
 from .views import sessions as session_views
 from .views import text as text_views
 from .views.frames import REQUEST_COLUMNS, TIMESTAMP_COLUMNS, requests_frame, steps_frame
@@ -226,6 +225,8 @@ class Result:
     @cached_property
     def transfers(self) -> pandas.DataFrame:
         """One row per KV transfer (PD): request, instances, bytes and timing (µs)."""
+        from .views import pd as pd_views
+
         return pd_views.transfers_frame(self.pd, self.instance_ids)
 
     @cached_property
@@ -233,6 +234,8 @@ class Result:
         """BLIS's `=== PD Metrics ===` (docs/behaviour.md §7.4) plus link concurrency."""
         if self.pd is None:
             return None
+        from .views import pd as pd_views
+
         return pd_views.pd_metrics(self.pd, self.summary)
 
     @cached_property

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import simulator
 from simulator.cluster import cluster as cluster_module
 from simulator.cluster import infrastructure as infrastructure_module
+from simulator.cluster import pd as pd_module  # PD runs import it when they build one
 from simulator.cluster.infrastructure import Infrastructure
 from simulator.cluster.lifecycle import InstanceState, Node, NodeState, Timeline
 from simulator.cluster.pools import Pools
@@ -303,14 +304,14 @@ def test_pd_pools_partition_the_targets_by_role_at_all_times(
             "output_tokens": {"distribution": "constant", "value": 8},
         },
     }
-    original = cluster_module.Disaggregator
+    original = pd_module.Disaggregator
 
     def capture(pools, *args, **kwargs):
         seen.append(pools)
         return original(pools, *args, **kwargs)
 
     with (
-        mock.patch.object(cluster_module, "Disaggregator", side_effect=capture),
+        mock.patch.object(pd_module, "Disaggregator", side_effect=capture),
         watched_runs(check) as made,
     ):
         result = simulator.simulate(scenario, warn_unsteady=False)

@@ -34,6 +34,7 @@ import simpy
 import simulator
 from simulator import invariants
 from simulator.cluster import cluster as cluster_module
+from simulator.cluster import pd as pd_module  # PD runs import it when they build one
 from simulator.cluster.infrastructure import Infrastructure
 from simulator.cluster.kv_transfer import KVTransferLink
 from simulator.cluster.pd import Disaggregator
@@ -201,13 +202,13 @@ def test_every_view_of_a_result_still_works(name, tmp_path):
 def _run_keeping_the_link(scenario, **overrides):
     """The run's result and its live link (the test keeps the disaggregator alive)."""
     built: list[Disaggregator] = []
-    original = cluster_module.Disaggregator
+    original = pd_module.Disaggregator
 
     def capture(*args, **kwargs):
         built.append(original(*args, **kwargs))
         return built[-1]
 
-    with mock.patch.object(cluster_module, "Disaggregator", side_effect=capture):
+    with mock.patch.object(pd_module, "Disaggregator", side_effect=capture):
         result = simulator.simulate(scenario, warn_unsteady=False, **overrides)
     return result, built[0].link
 
