@@ -189,8 +189,8 @@ def _range_text(lo: float, hi: float, unit: str, lo_open: bool, zero_off: bool) 
 
 # pydantic asks each validator's signature (does it take a ValidationInfo?) when it builds a
 # schema, and the scenario's first validation builds about 250 of the closures below into it;
-# `inspect` derives a signature from the function's code (some 60,000 instructions each, 1 %
-# of a one-request `servesim run`) unless the function carries one, as these do.
+# `inspect` derives a signature from the function's code unless the function carries one,
+# as these do (docs/performance.md, "Start-up: each schema generated once").
 _VALUE_ONLY = inspect.Signature(
     [inspect.Parameter("value", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
 )
@@ -262,8 +262,8 @@ Flag = Annotated[bool, BeforeValidator(_flag)]
 
 def empty_list() -> list:
     """`Field(default_factory=empty_list)`, not `list`: pydantic asks a factory's signature,
-    and a builtin's is parsed from its text, which compiles `tokenize`'s patterns (some
-    14 million instructions, 0.8 % of a one-request `servesim run`) the first time."""
+    and a builtin's is parsed from its text, which compiles `tokenize`'s patterns the first
+    time (docs/performance.md, "Start-up: each schema generated once")."""
     return []
 
 

@@ -7,7 +7,7 @@ Everything here is optional: a scenario that names none of it runs the fixed fle
 
 # Annotations are evaluated as written (no `from __future__ import annotations`): pydantic
 # would otherwise compile and evaluate each field's annotation text when the class is
-# created, about 1 % of a one-request `servesim run` (docs/performance.md, "Start-up").
+# created, a cost every run pays at start-up (docs/performance.md, "Start-up").
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator

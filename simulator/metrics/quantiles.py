@@ -4,9 +4,9 @@ numpy's `percentile` (default linear method) and `median` give the summaries' fi
 the summaries are compared byte for byte (scenario digests, BLIS parity to 1e-9). Both are
 computed here step by step instead, from the one or two order statistics they need, with
 numpy's own arithmetic on numpy scalars: on numpy 2.x the library functions import
-`numpy.ma` the first time they run (`np.unique` asks `np.ma.is_masked`), which is about a
-sixth of a one-request `servesim run` after the interpreter's own start (docs/performance.md,
-"Start-up"). `CountedValues` (inter-token gaps as value, count pairs) uses the same
+`numpy.ma` the first time they run (`np.unique` asks `np.ma.is_masked`), a start-up cost
+every run would pay (docs/performance.md, "Start-up: each schema generated once, no
+`numpy.ma`"). `CountedValues` (inter-token gaps as value, count pairs) uses the same
 interpolation. tests/metrics/test_quantiles.py checks every function here against numpy's,
 bit for bit.
 """

@@ -8,7 +8,7 @@ of its kind (simulator/limits.py): a count of requests, tokens, µs, a rate.
 
 # Annotations are evaluated as written (no `from __future__ import annotations`): pydantic
 # would otherwise compile and evaluate each field's annotation text when the class is
-# created, about 1 % of a one-request `servesim run` (docs/performance.md, "Start-up").
+# created, a cost every run pays at start-up (docs/performance.md, "Start-up").
 import logging
 import math
 from pathlib import Path
