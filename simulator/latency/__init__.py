@@ -10,10 +10,15 @@ class with `register_latency_model` makes it selectable by name everywhere (scen
 CLI), and unknown names are rejected with the list of registered ones. A backend that prices
 layouts beyond tensor parallelism lists the dimensions in `parallelism_dimensions` and also
 takes `parallelism=` (a `Parallelism`); the others are refused such a layout by name.
+
+The shipped backends are imported when a run first names one (`latency_model_class`), so a run
+loads the one it prices with and not the others (docs/performance.md, "Start-up"); their
+classes are still attributes of this package.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,17 +26,23 @@ from typing import Any, TypeVar
 from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import invalid, unknown
 from simulator.latency.base import StepBatch, StepTimeModel
-from simulator.latency.blackbox import BlackboxModel
-from simulator.latency.crossmodel import CrossModel
 from simulator.latency.parallel import Parallelism
-from simulator.latency.physics import PhysicsModel
-from simulator.latency.roofline import RooflineModel
-from simulator.latency.trained_physics import TrainedPhysics
-from simulator.latency.trained_roofline import TrainedRoofline
 
 _ModelClass = TypeVar("_ModelClass", bound=type[StepTimeModel])
 
+# The registered backends; a shipped one joins when first looked up (`latency_model_class`).
 LATENCY_MODELS: dict[str, type[StepTimeModel]] = {}
+# The shipped backends: name -> (module, class).
+SHIPPED_LATENCY_MODELS: dict[str, tuple[str, str]] = {
+    "roofline": ("simulator.latency.roofline", "RooflineModel"),
+    "blackbox": ("simulator.latency.blackbox", "BlackboxModel"),
+    "crossmodel": ("simulator.latency.crossmodel", "CrossModel"),
+    "trained-roofline": ("simulator.latency.trained_roofline", "TrainedRoofline"),
+    "physics": ("simulator.latency.physics", "PhysicsModel"),
+    "trained-physics": ("simulator.latency.trained_physics", "TrainedPhysics"),
+}
+# The shipped classes as attributes of this package (`simulator.latency.PhysicsModel`).
+_CLASS_ATTRIBUTES = {cls: name for name, (_, cls) in SHIPPED_LATENCY_MODELS.items()}
 
 
 def register_latency_model(cls: _ModelClass) -> _ModelClass:
@@ -43,18 +54,42 @@ def register_latency_model(cls: _ModelClass) -> _ModelClass:
     if not callable(getattr(cls, "from_deployment", None)):
         raise TypeError(f"{cls.__name__} must define classmethod from_deployment(...)")
     existing = LATENCY_MODELS.get(cls.name)
+    shipped = SHIPPED_LATENCY_MODELS.get(cls.name)
+    if existing is None and shipped is not None and shipped != (cls.__module__, cls.__qualname__):
+        existing = latency_model_class(cls.name)
     if existing is not None and existing is not cls:
         raise ValueError(f"latency model name {cls.name!r} is already taken by {existing.__name__}")
     LATENCY_MODELS[cls.name] = cls
     return cls
 
 
-register_latency_model(RooflineModel)
-register_latency_model(BlackboxModel)
-register_latency_model(CrossModel)
-register_latency_model(TrainedRoofline)
-register_latency_model(PhysicsModel)
-register_latency_model(TrainedPhysics)
+def latency_model_class(name: str) -> type[StepTimeModel]:
+    """The backend registered as `name` (a shipped one is imported the first time)."""
+    cls = LATENCY_MODELS.get(name)
+    if cls is None:
+        if name not in SHIPPED_LATENCY_MODELS:
+            raise unknown("latency model", name, latency_model_names())
+        module, attribute = SHIPPED_LATENCY_MODELS[name]
+        cls = register_latency_model(getattr(importlib.import_module(module), attribute))
+    return cls
+
+
+def latency_model_names() -> list[str]:
+    """Every backend's name, shipped or registered."""
+    return sorted({*SHIPPED_LATENCY_MODELS, *LATENCY_MODELS})
+
+
+def _every_latency_model() -> dict[str, type[StepTimeModel]]:
+    """name -> class of every backend (importing the shipped ones): for messages that list
+    which backends can do something."""
+    return {name: latency_model_class(name) for name in latency_model_names()}
+
+
+def __getattr__(attribute: str) -> type[StepTimeModel]:
+    name = _CLASS_ATTRIBUTES.get(attribute)
+    if name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+    return latency_model_class(name)
 
 
 def build_step_time_model(
@@ -78,9 +113,7 @@ def build_step_time_model(
     parallelism: the instance's layout beyond TP (pipeline stages, DP ranks, expert
         sharding); a backend that does not price a dimension in use refuses it.
     """
-    cls = LATENCY_MODELS.get(name)
-    if cls is None:
-        raise unknown("latency model", name, LATENCY_MODELS)
+    cls = latency_model_class(name)
     extra: dict[str, Any] = {}
     if parallelism is not None and not parallelism.is_trivial:
         _check_dimensions(cls, parallelism)
@@ -90,7 +123,7 @@ def build_step_time_model(
             model, gpu, tp, alpha=alpha, beta=beta, vllm_version=vllm_version, **extra
         )
     if not cls.accepts_coeffs_file:
-        takes = sorted(n for n, c in LATENCY_MODELS.items() if c.accepts_coeffs_file)
+        takes = sorted(n for n, c in _every_latency_model().items() if c.accepts_coeffs_file)
         raise invalid(
             "latency.coeffs_file",
             str(coeffs_file),
@@ -116,7 +149,9 @@ def _check_dimensions(cls: type[StepTimeModel], layout: Parallelism) -> None:
         value = getattr(layout, dimension)
         if value > 1 and dimension not in cls.parallelism_dimensions:
             takes = sorted(
-                n for n, c in LATENCY_MODELS.items() if dimension in c.parallelism_dimensions
+                n
+                for n, c in _every_latency_model().items()
+                if dimension in c.parallelism_dimensions
             )
             raise invalid(
                 dimension,
@@ -128,6 +163,7 @@ def _check_dimensions(cls: type[StepTimeModel], layout: Parallelism) -> None:
 
 __all__ = [
     "LATENCY_MODELS",
+    "SHIPPED_LATENCY_MODELS",
     "BlackboxModel",
     "Parallelism",
     "PhysicsModel",
@@ -136,5 +172,7 @@ __all__ = [
     "StepTimeModel",
     "TrainedPhysics",
     "build_step_time_model",
+    "latency_model_class",
+    "latency_model_names",
     "register_latency_model",
 ]

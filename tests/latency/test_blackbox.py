@@ -8,6 +8,8 @@ vllm/vllm-openai:v0.8.4 (docs/behaviour.md §3.2 quotes them rounded as α = [16
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +20,8 @@ from simulator.errors import ConfigError
 from simulator.latency import (
     LATENCY_MODELS,
     build_step_time_model,
+    latency_model_class,
+    latency_model_names,
     register_latency_model,
 )
 from simulator.latency.base import StepBatch, StepTimeModel
@@ -124,8 +128,42 @@ def test_integer_coefficients_accepted() -> None:
 
 
 def test_registry_lists_builtin_backends() -> None:
-    assert LATENCY_MODELS["roofline"].__name__ == "RooflineModel"
-    assert LATENCY_MODELS["blackbox"] is BlackboxModel
+    assert latency_model_names() == [
+        "blackbox", "crossmodel", "physics", "roofline", "trained-physics", "trained-roofline"
+    ]  # fmt: skip
+    assert latency_model_class("roofline").__name__ == "RooflineModel"
+    assert latency_model_class("blackbox") is BlackboxModel
+    assert LATENCY_MODELS["blackbox"] is BlackboxModel  # registered once looked up
+
+
+def test_a_run_imports_only_the_backend_it_names() -> None:
+    # The shipped backends load when first named: a roofline run never imports physics.
+    probe = (
+        "import sys, simulator\n"
+        "simulator.simulate({'workload': {'num_requests': 2}, 'latency': {'model': 'roofline'}})\n"
+        "import simulator.latency as latency\n"
+        "print(sorted(m for m in sys.modules if m.startswith('simulator.latency.')))\n"
+        "print(latency.PhysicsModel.name, 'simulator.latency.physics' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    first, second = out.stdout.splitlines()
+    assert "physics" not in first and "blackbox" not in first and "roofline" in first
+    assert second == "physics True"  # the package attribute imports it
+
+
+def test_a_shipped_name_cannot_be_taken_before_it_is_loaded() -> None:
+    class NotPhysics(StepTimeModel):
+        name = "physics"
+
+        @classmethod
+        def from_deployment(cls, model, gpu, tp, alpha=None, beta=None, vllm_version=None):
+            return cls()
+
+        def step_time_us(self, batch: StepBatch) -> int:
+            return 1
+
+    with pytest.raises(ValueError, match="already taken by PhysicsModel"):
+        register_latency_model(NotPhysics)
 
 
 @pytest.mark.parametrize("version", ["v0.8.4", "0.8.4", "vllm/vllm-openai:v0.8.4"])
