@@ -41,8 +41,8 @@ from .routing import RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
 
 if TYPE_CHECKING:
-    # Node lifecycles are imported by the runs that have a dynamic fleet (start-up of the
-    # others).
+    # Node lifecycles and prefill/decode disaggregation are imported by the runs that have a
+    # dynamic fleet or disaggregate (start-up of the others).
     from ..metrics.fleet_record import FleetRecord
     from ..metrics.pd_record import PDRecord
     from .disaggregation import PDDecider
