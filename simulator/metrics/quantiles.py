@@ -24,13 +24,15 @@ def linear_percentile(n: int, p: float, order_statistic: Callable[[int], Any]) -
     """numpy's linear-method percentile `p` (0..100) of `n` > 0 values, given their
     `order_statistic(k)` (the k-th smallest, 0-based, as a numpy scalar).
 
-    numpy: virtual index (n - 1) * p / 100; its floor and the next index (both the last one
-    at or past the end); linear interpolation written as `a + (b - a) * g` below g = 0.5
-    and `b - (b - a) * (1 - g)` from it (so an infinite neighbour gives NaN as there)."""
+    numpy 2: virtual index (n - 1) * p / 100 in float64; its floor and the next index (both
+    the last one at or past the end); the weight g, the virtual index's fraction, a Python
+    float when `p` is one (so float32 values are interpolated in float32); linear
+    interpolation written as `a + (b - a) * g` below g = 0.5 and `b - (b - a) * (1 - g)` from
+    it (so an infinite neighbour gives NaN as there)."""
     virtual = (n - 1) * np.true_divide(p, 100)
     if virtual >= n - 1:
-        # numpy takes the last value for both neighbours (and a weight past 1, which
-        # changes nothing: b - a is 0, or NaN for an infinite value).
+        # numpy takes the last value for both neighbours (index -1, so a weight past 1,
+        # which changes nothing: b - a is 0, or NaN for an infinite value).
         a = b = order_statistic(n - 1)
         gamma = virtual + 1
     else:
@@ -38,6 +40,8 @@ def linear_percentile(n: int, p: float, order_statistic: Callable[[int], Any]) -
         gamma = virtual - lower
         a = order_statistic(int(lower))
         b = order_statistic(int(lower) + 1)
+    if type(p) in (int, float):
+        gamma = float(gamma)
     diff = b - a
     return float(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)
 
@@ -46,8 +50,7 @@ def percentile(values: np.ndarray, p: float) -> float:
     """`float(np.percentile(values, p))` for a non-empty 1-D array of numbers."""
     values = np.asarray(values)
     n = len(values)
-    virtual = (n - 1) * np.true_divide(p, 100)
-    lower = min(int(np.floor(virtual)), n - 1)
+    lower = min(int(np.floor((n - 1) * np.true_divide(p, 100))), n - 1)
     ordered = _partitioned(values, (lower, min(lower + 1, n - 1)))
     if ordered is None:
         return math.nan  # numpy: any NaN makes every percentile NaN

@@ -43,6 +43,20 @@ def test_percentile_of_floats_equals_numpys_infinities_included(values, p):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@given(
+    values=st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=40),
+    p=st.sampled_from(PERCENTS) | st.floats(0, 100),
+)
+def test_float32_values_promote_as_in_numpy(values, p):
+    # numpy 2 interpolates with a weak (Python float) weight when p is a Python number, so
+    # float32 values stay float32; with a numpy p the weight is float64 and so is the result.
+    array = np.array(values, dtype=np.float32)
+    assert same(percentile(array, p), float(np.percentile(array, p)))
+    assert same(percentile(array, np.float64(p)), float(np.percentile(array, np.float64(p))))
+    assert same(median(array), float(np.median(array)))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @given(values=integers.map(lambda v: np.array(v, dtype=np.int64)) | floats.map(np.array))
 def test_median_equals_numpys(values):
     assert same(median(values), float(np.median(values)))
