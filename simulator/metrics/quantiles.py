@@ -50,32 +50,30 @@ def percentile(values: np.ndarray, p: float) -> float:
     """`float(np.percentile(values, p))` for a non-empty 1-D array of numbers."""
     values = np.asarray(values)
     n = len(values)
-    lower = min(int(np.floor((n - 1) * np.true_divide(p, 100))), n - 1)
-    ordered = _partitioned(values, (lower, min(lower + 1, n - 1)))
-    if ordered is None:
-        return math.nan  # numpy: any NaN makes every percentile NaN
+    virtual = (n - 1) * np.true_divide(p, 100)
+    # numpy partitions around the first and last positions and the two neighbours (the last
+    # one when past the end, written -1), deduplicated and sorted as `np.unique` leaves them;
+    # the same positions give the same arrangement, which matters for -0.0 against 0.0.
+    lower = -1 if virtual >= n - 1 else int(np.floor(virtual))
+    kth = sorted({0, -1, lower, lower + 1 if lower >= 0 else -1})
+    ordered = np.partition(values, kth)
+    if values.dtype.kind in "fc" and np.isnan(ordered[-1]):
+        return math.nan  # numpy: any NaN (sorted last) makes every percentile NaN
     return linear_percentile(n, p, ordered.__getitem__)
 
 
 def median(values: np.ndarray) -> float:
     """`float(np.median(values))` for a non-empty 1-D array of numbers: numpy's mean of the
-    middle value, or of the two middle values."""
+    middle value, or of the two middle values, from a partition around the same positions
+    as numpy's (the last one too, for floats: a NaN sorts there)."""
     values = np.asarray(values)
     n = len(values)
     half = n // 2
-    middle = (half,) if n % 2 else (half - 1, half)
-    ordered = _partitioned(values, middle)
-    if ordered is None:
+    kth = [half - 1, half] if n % 2 == 0 else [(n - 1) // 2]
+    floats = values.dtype.kind in "fc"
+    if floats:
+        kth.append(-1)
+    ordered = np.partition(values, kth)
+    if floats and np.isnan(ordered[-1]):
         return math.nan
-    return float(np.mean(ordered[middle[0] : half + 1]))
-
-
-def _partitioned(values: np.ndarray, kth: tuple[int, ...]) -> np.ndarray | None:
-    """`values` partitioned around the order statistics `kth`; None if a value is NaN. As
-    numpy does, the last position joins `kth` for floats: NaN sorts last, so one look at it
-    replaces a pass over the array."""
-    if values.dtype.kind not in "fc":
-        return np.partition(values, kth)
-    last = len(values) - 1
-    ordered = np.partition(values, (*kth, last) if kth[-1] != last else kth)
-    return None if np.isnan(ordered[last]) else ordered
+    return float(np.mean(ordered[half - 1 : half + 1] if n % 2 == 0 else ordered[half : half + 1]))
