@@ -42,7 +42,7 @@ SHIPPED_LATENCY_MODELS: dict[str, tuple[str, str]] = {
     "trained-physics": ("simulator.latency.trained_physics", "TrainedPhysics"),
 }
 # The shipped classes as attributes of this package (`simulator.latency.PhysicsModel`).
-_CLASS_ATTRIBUTES = {cls: name for name, (_, cls) in SHIPPED_LATENCY_MODELS.items()}
+_CLASS_ATTRIBUTES = {attribute: name for name, (_, attribute) in SHIPPED_LATENCY_MODELS.items()}
 
 
 def register_latency_model(cls: _ModelClass) -> _ModelClass:

@@ -151,19 +151,25 @@ def test_a_run_imports_only_the_backend_it_names() -> None:
     assert second == "physics True"  # the package attribute imports it
 
 
-def test_a_shipped_name_cannot_be_taken_before_it_is_loaded() -> None:
-    class NotPhysics(StepTimeModel):
-        name = "physics"
+def _constant_model(model_name: str, step_us: int) -> type[StepTimeModel]:
+    """A minimal backend named `model_name` whose every step takes `step_us`."""
+
+    class ConstantModel(StepTimeModel):
+        name = model_name
 
         @classmethod
         def from_deployment(cls, model, gpu, tp, alpha=None, beta=None, vllm_version=None):
             return cls()
 
         def step_time_us(self, batch: StepBatch) -> int:
-            return 1
+            return step_us
 
+    return ConstantModel
+
+
+def test_a_shipped_name_cannot_be_taken_before_it_is_loaded() -> None:
     with pytest.raises(ValueError, match="already taken by PhysicsModel"):
-        register_latency_model(NotPhysics)
+        register_latency_model(_constant_model("physics", 1))
 
 
 @pytest.mark.parametrize("version", ["v0.8.4", "0.8.4", "vllm/vllm-openai:v0.8.4"])
@@ -241,16 +247,7 @@ def test_blackbox_unknown_name() -> None:
 
 
 def test_register_latency_model_by_name() -> None:
-    class ConstantModel(StepTimeModel):
-        name = "constant-test"
-
-        @classmethod
-        def from_deployment(cls, model, gpu, tp, alpha=None, beta=None, vllm_version=None):
-            return cls()
-
-        def step_time_us(self, batch: StepBatch) -> int:
-            return 42
-
+    ConstantModel = _constant_model("constant-test", 42)
     try:
         assert register_latency_model(ConstantModel) is ConstantModel
         built = build_step_time_model("constant-test", LLAMA31_8B, H100, 1)
