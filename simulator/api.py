@@ -197,10 +197,7 @@ def simulate(
     `end_checks=True` checks every end-of-run law once the run ends, each engine's own
     (KV-block conservation) included, which needs the live engines that the result does not
     keep, without the per-step checks of `check_invariants` (docs/python.md)."""
-    sc = as_scenario(scenario)
-    given = _over_the_recording(sc, {k.replace("__", "."): v for k, v in overrides.items()})
-    if given:
-        sc = apply_overrides(sc, given)
+    sc = keyword_overrides(as_scenario(scenario), overrides)
     deployment = resolve_deployment(sc)
     if on_deployment is not None:
         on_deployment(deployment)
@@ -382,6 +379,16 @@ def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> Cl
             f"whole number from 1 to {MAX_REQUESTS:,}"
         )
     return ClientReplay(True, value, "--max-in-flight")
+
+
+def keyword_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
+    """`simulate`'s keyword overrides (dotted with `__`) applied as the command line and a
+    sweep's grid apply theirs (`with_overrides`): `workload__rate` and
+    `workload__num_requests` also set a v2 workload's aggregate_rate and num_requests, and
+    `seed` replaces a v2 workload's own seed too."""
+    dotted = {key.replace("__", "."): value for key, value in overrides.items()}
+    workload = {key: dotted.pop(key) for key in list(dotted) if key in V2_EQUIVALENTS}
+    return with_overrides(scenario, dotted, workload, source="keyword arguments")
 
 
 def with_overrides(

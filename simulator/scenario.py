@@ -33,7 +33,7 @@ from .cluster.infra_spec import (
     LifecycleSpec,
     NodePoolSpec,
 )
-from .errors import ConfigError
+from .errors import ConfigError, excerpt
 from .input_files import read_yaml_mapping
 from .limits import (
     MAX_INSTANCES,
@@ -616,10 +616,16 @@ def apply_overrides(
     for dotted, value in overrides.items():
         node = data
         keys = dotted.split(".")
-        for key in keys[:-1]:
+        for depth, key in enumerate(keys[:-1]):
             if node.get(key) is None:
                 node[key] = {}
             node = node[key]
+            if not isinstance(node, dict):
+                inside = ".".join(keys[: depth + 1])
+                raise ConfigError(
+                    f"{source}: {dotted}: {inside} is not a section (it is {excerpt(node)}); "
+                    f"a dotted override cannot reach inside it (set {inside} whole)"
+                )
         node[keys[-1]] = value
     updated = scenario_from_dict(data, source=source)
     updated._base_dir = scenario._base_dir  # noqa: SLF001

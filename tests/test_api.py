@@ -156,3 +156,56 @@ def test_default_quickstart_decodes_no_faster_than_reading_the_weights_once():
     assert provenance["latency_model"] == "physics"
     assert provenance["fit_gpu"] == "H100" and provenance["gpu_covered_by_fit"] is True
     assert "=== Latency Model ===" in result.report_text()
+
+
+V2_WITH_ITS_OWN_SEED = {
+    "workload": {
+        "version": "2",
+        "seed": 5,
+        "aggregate_rate": 10,
+        "num_requests": 40,
+        "clients": [
+            {
+                "id": "a",
+                "rate_fraction": 1,
+                "arrival": {"process": "poisson"},
+                "input_distribution": {"type": "constant", "params": {"value": 64}},
+                "output_distribution": {"type": "constant", "params": {"value": 8}},
+            }
+        ],
+    }
+}
+
+
+def test_a_seed_keyword_reseeds_a_v2_workload_as_the_command_line_and_a_sweep_do():
+    """`simulate(spec, seed=N)` replaces the spec's own seed (as `--seed` and `sweep(seeds=)`
+    do): different seeds, different arrivals; the same seed, the same run; no seed keyword,
+    the spec's own."""
+
+    def arrivals(**kw):
+        return simulator.simulate(V2_WITH_ITS_OWN_SEED, **kw).requests.arrival_us.tolist()
+
+    assert arrivals(seed=1) != arrivals(seed=2)
+    assert arrivals(seed=1) == arrivals(seed=1)
+    assert arrivals() == arrivals(seed=5)  # the spec's seed is 5
+    points = simulator.sweep(V2_WITH_ITS_OWN_SEED, {"engine.block_size_tokens": [16]}, seeds=[1])
+    swept = points.runs.iloc[0]["ttft_mean_ms"]
+    alone = simulator.simulate(V2_WITH_ITS_OWN_SEED, seed=1).summary["ttft_mean_ms"]
+    assert swept == pytest.approx(alone)
+
+
+def test_workload_keywords_set_a_v2_workloads_rate_and_count():
+    """`workload__rate` / `workload__num_requests` are a v2 spec's aggregate_rate and
+    num_requests, as the flags --rate / --num-requests and a sweep's grid keys are."""
+    result = simulator.simulate(V2_WITH_ITS_OWN_SEED, workload__rate=20, workload__num_requests=25)
+    assert result.summary["injected_requests"] == 25
+    assert result.scenario["workload"]["aggregate_rate"] == 20
+
+
+@pytest.mark.parametrize(
+    ("override", "inside"),
+    [("workload__clients__0__rate_fraction", "workload.clients"), ("seed__x", "seed")],
+)
+def test_a_dotted_keyword_cannot_reach_inside_a_list_or_a_value(override, inside):
+    with pytest.raises(ConfigError, match=f"{inside} is not a section"):
+        simulator.simulate(V2_WITH_ITS_OWN_SEED, **{override: 0.5})

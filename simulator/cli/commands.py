@@ -16,6 +16,7 @@ Layering: this module imports the command modules (to register them), `flags`, `
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import sys
@@ -32,8 +33,10 @@ from ..interruption import interruptible
 from .blis import closed_loop_flags, goodput_flags
 from .common import (
     CONTEXT_SETTINGS,
+    check_trace_prefix,
     check_writable,
     guarded,
+    refuse_shared_outputs,
     setup_logging,
     stderr_console,
 )
@@ -104,12 +107,28 @@ def _execute(
     check_writable("--report", report_path)
     check_writable("--decisions-path", overrides.get("cluster.trace.path"))
     if trace_output is not None:
+        check_trace_prefix(trace_output)
         check_writable("--trace-output", f"{trace_output}.yaml")
         check_writable("--trace-output", f"{trace_output}.csv")
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = with_overrides(sc, overrides, workload_overrides)
+    decisions_flag = "--decisions-path"
     if "cluster.trace.path" not in overrides:
-        check_writable("cluster.trace.path", sc.cluster.trace.path)  # from the scenario file
+        decisions_flag = "cluster.trace.path"  # from the scenario file
+        check_writable(decisions_flag, sc.cluster.trace.path)
+    refuse_shared_outputs(
+        [
+            ("--results-path", results_path),
+            ("--timeline-path", timeline_path),
+            ("--report", report_path),
+            (decisions_flag, sc.cluster.trace.path),
+            *(
+                [("--trace-output", f"{trace_output}.{ext}") for ext in ("yaml", "csv")]
+                if trace_output is not None
+                else []
+            ),
+        ]
+    )
     outputs = _planned_outputs(results_path, sc.cluster.trace.path, trace_output)
     if timeline_path is not None:
         outputs.append(str(timeline_path))
@@ -137,10 +156,10 @@ def _execute(
             written.append(str(results_path))
             logging.getLogger("servesim").info("wrote %s", results_path)
         if trace_output is not None:
-            yaml_path, csv_path = result.write_trace(trace_output)
+            yaml_path, csv_path = result.write_trace(trace_output, note=False)
             written.append(f"{trace_output}.yaml/.csv")
             logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
-            _note_unrecorded_token_budget(sc)
+            _note_unrecorded_settings(result.unrecorded_settings(yaml_path, csv_path), scenario)
         if timeline_path is not None:
             with atomic_open(timeline_path, newline="") as handle:
                 result.timeline.to_csv(handle, index=False)
@@ -153,21 +172,37 @@ def _execute(
             logging.getLogger("servesim").info("wrote %s", report_path)
 
 
-def _note_unrecorded_token_budget(sc: Any) -> None:
-    """Say on stderr when a replay of the exported trace would not take the run's token
-    budget (the header has no place for it) and how to give it."""
-    from ..deployment import resolve_deployment, unrecorded_token_budget
+def _note_unrecorded_settings(settings: dict[str, Any], scenario: Path | None) -> None:
+    """Say on stderr what a replay of the exported trace needs besides it to simulate this
+    run's deployment: flags where one sets the field, else scenario fields."""
+    if not settings:
+        return
+    from .flags import flag_for_field
 
-    deployment = resolve_deployment(sc)
-    replay_default = unrecorded_token_budget(sc, deployment)
-    if replay_default is not None:
-        ran = deployment.engine.max_num_scheduled_tokens
-        typer.echo(
-            f"note: --trace-output: a TraceV2 header records no token budget (BLIS's server "
-            f"keys); a replay takes its default ({replay_default:,}) unless given "
-            f"--max-num-batched-tokens {ran}",
-            err=True,
-        )
+    flags, fields = [], []
+    for path, value in settings.items():
+        flag = flag_for_field(path)
+        scalar = isinstance(value, int | float | str) and not isinstance(value, bool)
+        if flag is not None and scalar:
+            flags.append(f"{flag} {value}")
+        else:
+            fields.append(f"{path}: {json.dumps(value)}")
+    parts = []
+    if flags:
+        parts.append(" ".join(flags))
+    if fields:
+        parts.append(f"(in a --scenario file) {'; '.join(fields)}")
+    alternative = (
+        f"; or replay with --scenario {scenario} and the run's other deployment flags"
+        if scenario is not None
+        else ""
+    )
+    typer.echo(
+        "note: --trace-output: a TraceV2 header records only the model, TP, sequence limit, "
+        "block size, memory utilisation and context limit (BLIS's server keys); to simulate "
+        f"this run's deployment, replay it with {' and '.join(parts)}{alternative}",
+        err=True,
+    )
 
 
 def _planned_outputs(

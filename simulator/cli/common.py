@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import typer
 
@@ -34,6 +35,32 @@ def check_writable(flag: str, path: str | os.PathLike[str] | None) -> None:
     """Refuse, before any work, an output servesim could not or must not replace."""
     if path is not None:
         check_output(path, flag)
+
+
+def check_trace_prefix(prefix: str) -> None:
+    """A trace export's prefix names its two files (PREFIX.yaml, PREFIX.csv): it needs a file
+    name of its own, or the files would be hidden dot-files such as `.yaml`."""
+    if not prefix.strip() or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
+        raise ConfigError(
+            f"--trace-output: invalid value {prefix!r}; expected a path prefix with a file "
+            "name, e.g. out/run (writes out/run.yaml and out/run.csv)"
+        )
+
+
+def refuse_shared_outputs(outputs: list[tuple[str, str | os.PathLike[str] | None]]) -> None:
+    """Refuse two outputs of one run that name the same file (one would silently replace the
+    other): `outputs` are (flag, path), None for an output not asked for."""
+    claimed: dict[str, str] = {}
+    for flag, path in outputs:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in claimed:
+            raise ConfigError(
+                f"{flag}: {str(path)!r} is also the file {claimed[real]} writes; give each "
+                "output its own path"
+            )
+        claimed[real] = flag
 
 
 def check_folder_writable(flag: str, path: str | os.PathLike[str] | None) -> None:

@@ -1007,6 +1007,17 @@ RENAMED_FLAGS = {
     ),
 }
 
+
+def flag_for_field(path: str) -> str | None:
+    """The flag that sets scenario field `path` (dotted), under its current name; None when
+    no flag does."""
+    params = [param for param, field in SCENARIO_FIELDS.items() if field == path]
+    if not params:
+        return None
+    renamed = {new: new_flag for _old_flag, new, new_flag in RENAMED_FLAGS.values()}
+    return renamed.get(params[0], "--" + params[0].replace("_", "-"))
+
+
 ON_VALUES = ("on", "true")
 OFF_VALUES = ("off", "false")
 

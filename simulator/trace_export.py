@@ -1,0 +1,77 @@
+"""What a run's exported trace carries, and what a replay of it needs besides.
+
+A TraceV2 header records its server in BLIS's keys only: model, TP, sequence limit, block
+size, memory utilisation and context limit (`Result.write_trace`). A replay takes those from
+the header (`simulator.api.recorded_settings`) and everything else from its own flags or
+scenario. A run that set anything else (another GPU, its own KV-block count, a step-time
+model, several instances, a token budget the replay would not default to, ...) would be
+replayed on another deployment, so the export lists those settings: `servesim run
+--trace-output` prints them as the flags to give `servesim replay`, and `Result.write_trace`
+logs them (docs/traces.md, "Replaying an exported trace").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from .scenario import Scenario
+
+# Fields that describe the run or its traffic rather than the deployment a replay simulates:
+# the trace replaces the traffic.
+_NOT_DEPLOYMENT = frozenset(
+    {"name", "description", "workload", "workload_spec", "trace", "check_invariants"}
+)
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A dump's leaves by dotted path (a list or an empty mapping is one leaf)."""
+    if isinstance(value, dict) and value:
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flat(item, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: value}
+
+
+def unrecorded_settings(
+    scenario: Scenario,
+    trace_header: str | os.PathLike[str],
+    trace_data: str | os.PathLike[str],
+) -> dict[str, Any]:
+    """The scenario fields (dotted paths, with the run's values) a replay of the run's exported
+    trace does not take from it: those the run set to something other than a default
+    scenario's, less what the header records; and the token budget, when a replay would
+    default to another one (`deployment.unrecorded_token_budget`). Given these, the replay
+    simulates the run's deployment."""
+    from .api import recorded_settings
+    from .deployment import resolve_deployment, unrecorded_token_budget
+
+    default = Scenario()
+    recorded, _, _ = recorded_settings(default, {}, trace_header, trace_data)
+    ran = _flat(scenario.model_dump(mode="json", exclude=_NOT_DEPLOYMENT))
+    stock = _flat(default.model_dump(mode="json", exclude=_NOT_DEPLOYMENT))
+    missing = object()
+    settings = {
+        path: value
+        for path, value in ran.items()
+        if value != stock.get(path, missing) and path not in recorded
+    }
+    deployment = resolve_deployment(scenario)
+    if unrecorded_token_budget(scenario, deployment) is not None:
+        settings["engine.max_num_scheduled_tokens"] = deployment.engine.max_num_scheduled_tokens
+    return settings
+
+
+def log_unrecorded_settings(settings: dict[str, Any], prefix: str | os.PathLike[str]) -> None:
+    """Warn (`servesim` logger) that replaying `prefix` needs `settings` besides the trace."""
+    if settings:
+        shown = ", ".join(f"{path}={value!r}" for path, value in settings.items())
+        logging.getLogger("servesim").warning(
+            "%s: a replay of this trace takes only the model, TP, sequence limit, block size, "
+            "memory utilisation and context limit from it; give it the run's other settings "
+            "to simulate the same deployment: %s",
+            prefix,
+            shown,
+        )

@@ -1,0 +1,145 @@
+"""A run's exported trace, replayed with what the export says it lacks, is the run again.
+
+A TraceV2 header records the model, TP, sequence limit, block size, memory utilisation and
+context limit only. Whatever else a run set (GPU, KV blocks, step-time model, seed, several
+instances, PD pools, a token budget) the export lists: `servesim run --trace-output` as the
+flags to give `servesim replay`, `Result.write_trace` as a logged warning. The law: a replay
+given exactly those flags prints the run's summary byte for byte."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+import simulator
+from tests.test_cli_workloads import invoke
+
+SCENARIOS = "scenarios"
+NOTE = re.compile(r"note: --trace-output: .*replay it with (?P<flags>--[^;(]*?)(?:;|$| and \()")
+
+
+def _suggested_flags(stderr: str) -> list[str]:
+    match = NOTE.search(stderr)
+    assert match is not None, stderr
+    return match.group("flags").split()
+
+
+@pytest.mark.parametrize(
+    "run_args",
+    [
+        # Another GPU, a KV cache of its own, BLIS's step-time model and a seed.
+        ["--hardware", "A100-80", "--total-kv-blocks", 900, "--latency-model", "roofline"]
+        + ["--seed", 7],
+        # Several instances behind a load-aware router.
+        ["--num-instances", 3, "--routing-policy", "least-loaded", "--seed", 11],
+        # Prefill and decode pools, the decode pool on another GPU.
+        ["--num-instances", 4, "--prefill-instances", 2, "--decode-instances", 2]
+        + ["--pd-decider", "always", "--decode-hardware", "H200"],
+        # A token budget the replay would not default to.
+        ["--max-num-batched-tokens", 2048, "--scheduler", "sjf"],
+    ],
+    ids=["gpu-kv-roofline-seed", "cluster", "pd", "budget-scheduler"],
+)
+def test_a_replay_given_the_exports_flags_reproduces_the_run(tmp_path, run_args):
+    prefix = tmp_path / "t"
+    traffic = ["--workload", "chatbot", "--rate", 20, "--num-requests", 80]
+    run = invoke("run", *traffic, *run_args, "--trace-output", prefix)
+    assert run.exit_code == 0, run.output
+    flags = _suggested_flags(run.stderr)
+    # Every setting the run was given is in the note (values as the run took them).
+    given = {str(a) for a in run_args if str(a).startswith("--")}
+    assert given <= set(flags), (given, flags)
+    replay = invoke(
+        "replay", "--trace-header", f"{prefix}.yaml", "--trace-data", f"{prefix}.csv", *flags
+    )
+    assert replay.exit_code == 0, replay.output
+    assert replay.stdout == run.stdout
+    # Without them the replay simulates another deployment (which is why the note exists).
+    bare = invoke("replay", "--trace-header", f"{prefix}.yaml", "--trace-data", f"{prefix}.csv")
+    assert bare.exit_code == 0, bare.output
+    assert bare.stdout != run.stdout
+
+
+def test_a_scenario_files_run_names_the_file_and_its_fields_without_a_flag(tmp_path):
+    """quickstart.yaml sets its GPU (a flag); a fleet field without a flag goes as a scenario
+    field; the note offers the scenario file itself as the alternative."""
+    prefix = tmp_path / "q"
+    run = invoke(
+        "run", f"{SCENARIOS}/quickstart.yaml", "--num-requests", 40, "--trace-output", prefix
+    )
+    assert run.exit_code == 0, run.output
+    assert "--hardware H100" in run.stderr
+    assert f"replay with --scenario {SCENARIOS}/quickstart.yaml" in run.stderr
+    replay = invoke(
+        "replay",
+        "--trace-header",
+        f"{prefix}.yaml",
+        "--trace-data",
+        f"{prefix}.csv",
+        "--scenario",
+        f"{SCENARIOS}/quickstart.yaml",
+    )
+    assert replay.exit_code == 0, replay.output
+    assert replay.stdout == run.stdout
+
+
+def test_a_default_run_needs_nothing_besides_its_trace(tmp_path, caplog):
+    result = simulator.simulate({"workload": {"num_requests": 30, "rate": 10}})
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        header, data = result.write_trace(tmp_path / "d")
+    assert result.unrecorded_settings(header, data) == {}
+    assert "a replay of this trace" not in caplog.text
+
+
+def test_write_trace_warns_with_the_settings_a_replay_needs(tmp_path, caplog):
+    result = simulator.simulate(
+        {
+            "hardware": "A100-80",
+            "latency": {"model": "roofline"},
+            "cluster": {"num_instances": 2, "routing": {"scorers": "queue-depth:1"}},
+            "workload": {"num_requests": 30, "rate": 10},
+        }
+    )
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        header, data = result.write_trace(tmp_path / "w")
+    settings = result.unrecorded_settings(header, data)
+    assert settings["hardware"] == "A100-80"
+    assert settings["latency.model"] == "roofline"
+    assert settings["cluster.num_instances"] == 2
+    assert "cluster.routing.scorers" in settings
+    assert "hardware='A100-80'" in caplog.text
+    # The replay given them as a scenario is the run again (the summary, request by request).
+    again = simulator.replay(header, data, **{k.replace(".", "__"): v for k, v in settings.items()})
+    assert again.summary == result.summary
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        ["--results-path", "a.json", "--report", "a.json"],
+        ["--results-path", "t.yaml", "--trace-output", "t"],
+        ["--timeline-path", "x.csv", "--trace-output", "x"],
+        ["--results-path", "r.json", "--decisions-path", "sub/../r.json"],
+    ],
+    ids=["results-report", "results-trace", "timeline-trace", "results-decisions"],
+)
+def test_two_outputs_naming_one_file_are_refused_before_any_work(tmp_path, monkeypatch, outputs):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    res = invoke("run", "--num-requests", 5, "--rate", 5, *outputs)
+    assert res.exit_code == 2, res.output
+    assert "give each output its own path" in res.stderr
+    assert "Traceback" not in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]  # nothing written
+
+
+@pytest.mark.parametrize("prefix", ["", "  ", "out/", ".", ".."])
+def test_a_trace_prefix_without_a_file_name_is_refused(tmp_path, monkeypatch, prefix):
+    """Otherwise the export would write hidden files such as ./.yaml and ./.csv."""
+    monkeypatch.chdir(tmp_path)
+    res = invoke("run", "--num-requests", 5, "--rate", 5, "--trace-output", prefix)
+    assert res.exit_code == 2, res.output
+    assert "--trace-output: invalid value" in res.stderr
+    assert list(tmp_path.iterdir()) == []
