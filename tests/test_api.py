@@ -209,3 +209,20 @@ def test_workload_keywords_set_a_v2_workloads_rate_and_count():
 def test_a_dotted_keyword_cannot_reach_inside_a_list_or_a_value(override, inside):
     with pytest.raises(ConfigError, match=f"{inside} is not a section"):
         simulator.simulate(V2_WITH_ITS_OWN_SEED, **{override: 0.5})
+
+
+def test_itl_is_missing_where_a_request_has_no_gap_to_average():
+    """A request with fewer than two generated tokens has no inter-token gap: its `itl_ms` is
+    NaN in the requests frame (as ttft_ms of a request with no first token), so a mean over
+    the column is a mean over requests that decoded; BLIS's per-request records keep 0.0."""
+    result = simulator.simulate(
+        {"workload": {"num_requests": 200, "rate": 200}, "horizon_us": 500_000}
+    )
+    df = result.requests
+    decoded = (df.generated_tokens > 1) & df.first_token_us.notna()
+    assert (~decoded).any() and decoded.any()  # the horizon leaves some undecoded
+    assert df.loc[~decoded, "itl_ms"].isna().all()
+    assert df.loc[decoded, "itl_ms"].notna().all()
+    assert (df.loc[decoded, "itl_ms"] > 0).all()
+    records = {r["requestID"]: r for r in result.blis_request_records()}
+    assert all(records[i]["itl_ms"] == 0.0 for i in df.loc[~decoded, "request_id"])

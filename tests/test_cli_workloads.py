@@ -54,6 +54,20 @@ def test_workload_spec_flag_runs_a_blis_file():
     assert "=== Session Metrics ===" in res.stdout
 
 
+@pytest.mark.parametrize("scenario", ["quickstart.yaml", "multi_model.yaml"])
+def test_workload_spec_flag_replaces_a_scenarios_traffic(tmp_path, scenario):
+    """Flags override the scenario: --workload-spec replaces its traffic whether that is a
+    synthetic workload (quickstart) or a v2 spec of its own (multi_model)."""
+    spec_data = {"version": "2", "aggregate_rate": 5, "num_requests": 30}
+    spec = write_spec(tmp_path, {**spec_data, "clients": [GOOD_CLIENT]})
+    for extra, count in (([], 30), (["--num-requests", 12], 12)):
+        out = tmp_path / f"r{count}.json"
+        args = ["--workload-spec", spec, *extra, "--results-path", out]
+        res = invoke("run", f"scenarios/{scenario}", *args)
+        assert res.exit_code == 0, res.output
+        assert json.loads(out.read_text())["offered_requests"] == count  # every one arrived
+
+
 def test_trace_output_then_replay_is_byte_identical(tmp_path):
     prefix = tmp_path / "t"
     run = invoke(

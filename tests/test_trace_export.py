@@ -8,6 +8,7 @@ given exactly those flags prints the run's summary byte for byte."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -143,3 +144,30 @@ def test_a_trace_prefix_without_a_file_name_is_refused(tmp_path, monkeypatch, pr
     assert res.exit_code == 2, res.output
     assert "--trace-output: invalid value" in res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_replay_cut_by_its_horizon_accounts_for_every_row_of_the_trace(tmp_path):
+    """The trace's rows after the horizon are never injected, so no summary count holds them:
+    the `=== Horizon ===` block and the results JSON's `horizon` do, and with the arrived
+    requests they add up to the trace (r1_fixed512 has 1,000 rows)."""
+    data = "tests/data/blis/r1_fixed512.trace"
+    out = tmp_path / "r.json"
+    res = invoke(
+        "replay",
+        "--trace-header",
+        f"{data}.yaml",
+        "--trace-data",
+        f"{data}.csv",
+        "--horizon",
+        1_000_000,
+        "--results-path",
+        out,
+    )
+    assert res.exit_code == 0, res.output
+    assert "=== Horizon ===" in res.stdout
+    horizon = json.loads(out.read_text())["horizon"]
+    assert horizon["horizon_us"] == 1_000_000
+    assert horizon["arrived_requests"] + horizon["not_arrived_requests"] == 1000
+    assert 0 < horizon["arrived_requests"] < 1000
+    full = invoke("replay", "--trace-header", f"{data}.yaml", "--trace-data", f"{data}.csv")
+    assert "=== Horizon ===" not in full.stdout  # every row arrived

@@ -307,7 +307,8 @@ def run(
         setup_logging(flags["log"])
         overrides = {**common_overrides(flags), **goodput_overrides(flags)}
         if flags.get("workload_spec") is not None:
-            overrides["workload_spec"] = flags["workload_spec"]
+            # The flag replaces the scenario's traffic, whichever form that has.
+            overrides.update(workload_spec=flags["workload_spec"], workload=None, trace=None)
         workload = closed_loop_overrides(flags, workload_overrides(flags))
         if flags.get("defaults_filepath") is not None:
             extra, extra_workload = defaults_file_overrides(

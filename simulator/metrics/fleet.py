@@ -177,8 +177,10 @@ def per_model_frame(
             "unfinished": sum(not r.is_finished for r in members),
         }
         for name, values in (("ttft", ttft), ("e2e", e2e), ("itl", itl)):
-            row[f"{name}_mean_ms"] = stat_mean(values) / 1000
-            row[f"{name}_p99_ms"] = stat_pct(values, 99) / 1000
+            # A model nobody was served by has no latency: NaN here, null in the JSON.
+            sampled = len(values) > 0
+            row[f"{name}_mean_ms"] = stat_mean(values) / 1000 if sampled else np.nan
+            row[f"{name}_p99_ms"] = stat_pct(values, 99) / 1000 if sampled else np.nan
         row["responses_per_sec"] = len(done) / duration_s if duration_s > 0 else 0.0
         row["tokens_per_sec"] = output_tokens / duration_s if duration_s > 0 else 0.0
         rows.append(row)

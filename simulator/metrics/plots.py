@@ -439,7 +439,8 @@ def _class_percentiles(req: pd.DataFrame, column: str) -> pd.DataFrame:
         for metric in ("ttft_ms", "e2e_ms"):
             values = members[metric].dropna().to_numpy(dtype=float)
             for p in (50, 99):
-                row[f"{metric}_p{p}"] = float(np.percentile(values, p)) if len(values) else 0.0
+                # No samples, no bar (a 0-ms bar would show a class nobody served as fast).
+                row[f"{metric}_p{p}"] = float(np.percentile(values, p)) if len(values) else np.nan
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -270,9 +270,11 @@ def per_class_metrics(records: Sequence, field: str) -> dict[str, dict[str, Any]
         ttft, e2e = ttft_all[rows & has_token], e2e_all[rows & completed]
         row: dict[str, Any] = {"requests": int(rows.sum()), "completed_requests": len(e2e)}
         for metric, values in (("ttft", ttft), ("e2e", e2e)):
-            row[f"{metric}_mean_ms"] = mean(values) / 1000
+            # A class nobody finished has no latency (null, as in the summary), not 0 ms.
+            sampled = len(values) > 0
+            row[f"{metric}_mean_ms"] = mean(values) / 1000 if sampled else None
             for p in (50, 90, 99):
-                row[f"{metric}_p{p}_ms"] = pct(values, p) / 1000
+                row[f"{metric}_p{p}_ms"] = pct(values, p) / 1000 if sampled else None
         out[name] = row
     return out
 

@@ -364,6 +364,15 @@ def test_requests_go_only_to_instances_serving_their_model():
     assert table.loc["nobody/serves-this", "rejected"] == rejected
     assert table.loc["qwen/qwen3-14b", "instances"] == 1
     assert "=== Per-Model Metrics ===" in result.report_text()
+    # The model nobody serves has no latency: NaN in the frame, null in the JSON, never 0 ms.
+    unserved = table.loc["nobody/serves-this"]
+    latencies = [c for c in table.columns if c.endswith("_ms")]
+    assert unserved[latencies].isna().all()
+    assert table.loc["qwen/qwen3-14b", latencies].notna().all()
+    document = result.results_document()
+    row = next(r for r in document["per_model"] if r["model"] == "nobody/serves-this")
+    assert all(row[c] is None for c in latencies)
+    json.dumps(document, allow_nan=False)  # strict JSON: no NaN anywhere
     assert_conserved(result)
 
 

@@ -32,9 +32,11 @@ def per_class_reference(requests, key) -> dict:
         )
         row = {"requests": len(members), "completed_requests": len(e2e)}
         for metric, values in (("ttft", ttft), ("e2e", e2e)):
-            row[f"{metric}_mean_ms"] = mean(values) / 1000
+            # A statistic of no samples is null (docs/results.md), not 0 ms.
+            none = len(values) == 0
+            row[f"{metric}_mean_ms"] = None if none else mean(values) / 1000
             for p in (50, 90, 99):
-                row[f"{metric}_p{p}_ms"] = pct(values, p) / 1000
+                row[f"{metric}_p{p}_ms"] = None if none else pct(values, p) / 1000
         out[name] = row
     return out
 

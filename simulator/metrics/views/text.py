@@ -25,6 +25,7 @@ FLEET_HEADER = "=== Fleet Metrics ==="
 MODEL_HEADER = "=== Per-Model Metrics ==="
 SPECULATIVE_HEADER = "=== Speculative Decoding ==="
 ADAPTER_HEADER = "=== Per-Adapter Metrics ==="
+HORIZON_HEADER = "=== Horizon ==="
 
 
 def report_text(result: Any) -> str:
@@ -53,13 +54,16 @@ def report_text(result: Any) -> str:
         blocks.append(f"{SESSION_HEADER}\n{json.dumps(result.session_block, indent=2)}")
     if result.client_cap is not None:
         blocks.append(f"{CLIENT_HEADER}\n{json.dumps(result.client_cap, indent=2)}")
+    horizon = horizon_block(result)
+    if horizon is not None:
+        blocks.append(f"{HORIZON_HEADER}\n{json.dumps(horizon, indent=2)}")
     if result.slo:
         blocks.append(f"{SLO_HEADER}\n{json.dumps(result.slo, indent=2)}")
     if result.steady_state is not None:
         steady = result.steady_state.document()
         blocks.append(f"{STEADY_HEADER}\n{json.dumps(steady, indent=2)}")
     if result.multi_model:
-        table = result.per_model.set_index("model").round(3).to_dict(orient="index")
+        table = _nulls(result.per_model.set_index("model").round(3)).to_dict(orient="index")
         blocks.append(f"{MODEL_HEADER}\n{json.dumps(table, indent=2)}")
     if result.fleet_metrics is not None:
         fleet = {
@@ -103,6 +107,9 @@ def results_document(result: Any) -> dict[str, Any]:
         doc["session_metrics"] = result.session_metrics
     if result.client_cap is not None:
         doc["client"] = result.client_cap
+    horizon = horizon_block(result)
+    if horizon is not None:
+        doc["horizon"] = horizon
     if result.slo:
         doc["slo"] = result.slo
     if result.steady_state is not None:
@@ -120,7 +127,7 @@ def results_document(result: Any) -> dict[str, Any]:
     if result.adapter_metrics is not None:
         doc["adapters"] = result.adapter_metrics
     if result.multi_model:
-        doc["per_model"] = result.per_model.to_dict(orient="records")
+        doc["per_model"] = _nulls(result.per_model).to_dict(orient="records")
     if result.fleet_metrics is not None:
         doc["fleet"] = result.fleet_metrics
     if result.latency_provenance:
@@ -155,3 +162,20 @@ def engine_policies(scenario: dict[str, Any] | None) -> dict[str, Any]:
     resolved = (scenario or {}).get("resolved") or {}
     policies = {name: engine[name] for name in ENGINE_POLICY_FIELDS if name in engine}
     return policies | {name: resolved[name] for name in BATCH_LIMIT_FIELDS if name in resolved}
+
+
+def _nulls(frame: Any) -> Any:
+    """`frame` with NaN as None, so that JSON shows a statistic of no samples as null."""
+    return frame.astype(object).where(frame.notna(), None)
+
+
+def horizon_block(result: Any) -> dict[str, Any] | None:
+    """A replayed trace cut by the horizon: how many of its requests arrive after it (never
+    injected, so in no other count); None when every request arrived."""
+    if not result.not_arrived:
+        return None
+    return {
+        "horizon_us": result.horizon_us,
+        "not_arrived_requests": result.not_arrived,
+        "arrived_requests": len(result.request_records),
+    }
