@@ -179,7 +179,14 @@ def _simulate_row(scenario: Scenario) -> dict[str, Any]:
     bools and other strings dropped) and its steady-state verdict."""
     from .api import simulate
 
-    summary = simulate(scenario, warn_unsteady=False).summary
+    result = simulate(scenario, warn_unsteady=False)
+    summary = result.summary
+    provenance = result.latency_provenance
+    summary = {
+        **summary,
+        "latency_model": provenance.get("latency_model", ""),
+        "latency_coefficients": provenance.get("coefficients", ""),
+    }
     row = {
         k: math.nan if v is None else v
         for k, v in summary.items()

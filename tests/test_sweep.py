@@ -37,7 +37,8 @@ def test_grid_times_seeds_rows_sorted(serial: sweep_mod.SweepResult) -> None:
     assert list(runs["cluster.num_instances"]) == [1, 1, 1, 1, 2, 2, 2, 2]
     assert list(runs["engine.max_num_running_reqs"]) == [4, 4, 64, 64] * 2
     assert {"e2e_mean_ms", "ttft_p99_ms", "responses_per_sec"} <= set(serial.metrics)
-    assert "instance_id" not in runs.columns  # only numeric metrics
+    assert "instance_id" not in runs.columns  # numeric metrics, the verdict, the model
+    assert "latency_model" not in serial.metrics  # text: carried per point, not averaged
     assert (runs["completed_requests"] == 30).all()
     # Different seeds draw different traffic.
     assert runs.loc[0, "e2e_mean_ms"] != runs.loc[1, "e2e_mean_ms"]
@@ -234,11 +235,18 @@ def test_cli_prints_points_and_writes_out(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     lines = res.stdout.strip().splitlines()
     assert "cluster.num_instances" in lines[0] and "e2e_mean_ms" in lines[0]
-    assert len(lines) == 1 + 4 + 1
+    assert len(lines) == 1 + 4 + 2
     assert "±" in lines[1]
-    assert "student-t" in lines[-1]
+    assert "student-t" in lines[-2]
+    # Every result says which step-time model produced it (the default: physics, fitted).
+    assert lines[-1].startswith("latency model: physics (fit for H100")
     assert (out / "points.csv").is_file()
-    assert len(pd.read_csv(out / "runs.csv")) == 8
+    runs = pd.read_csv(out / "runs.csv")
+    assert len(runs) == 8
+    assert set(runs["latency_model"]) == {"physics"}
+    points = pd.read_csv(out / "points.csv")
+    assert set(points["latency_model"]) == {"physics"}
+    assert points["latency_coefficients"].str.startswith("fit for H100").all()
 
 
 @pytest.mark.parametrize(

@@ -146,6 +146,11 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"resumed: {result.skipped} run(s) already in {out}", err=True)
             typer.echo(format_points_table(result))
             typer.echo(f"(95% CI half-width across seeds: {result.ci_method})")
+            from ..metrics.study import latency_models_line
+
+            models = latency_models_line(result)
+            if models is not None:
+                typer.echo(models)
             if report is not None:
                 result.report(report)
                 typer.echo(f"wrote {report}", err=True)

@@ -28,8 +28,11 @@ _T975 = (
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
 _Z975 = 1.959964
-# Summary fields kept as text in `runs` (not averaged in `points`).
-TEXT_COLUMNS = ("steady_state",)
+# Summary fields kept as text in `runs` (not averaged in `points`): the steady-state verdict,
+# and which step-time model priced the run with its coefficients' source (every result says
+# which model produced it; `points` carries them per point).
+TEXT_COLUMNS = ("steady_state", "latency_model", "latency_coefficients")
+LATENCY_COLUMNS = ("latency_model", "latency_coefficients")
 
 
 @dataclass(repr=False)
@@ -273,6 +276,9 @@ def summarize_points(
         row["n_seeds"] = len(group)
         if "steady_state" in group:
             row["steady_seeds"] = int((group["steady_state"] == "steady").sum())
+        for name in LATENCY_COLUMNS:
+            if name in group:
+                row[name] = " | ".join(dict.fromkeys(group[name].astype(str)))
         for m in metrics:
             values = pd.to_numeric(group[m], errors="coerce")
             half, method = ci_half_width(values)
@@ -283,3 +289,19 @@ def summarize_points(
     real = sorted(methods - {"n<2"})
     method = ", ".join(real) if real else "none (one seed per point)"
     return pd.DataFrame(rows), method
+
+
+def latency_models_line(tables: SweepTables) -> str | None:
+    """One line naming the step-time model(s) and coefficient source(s) a sweep's runs used,
+    or None for tables saved before they were recorded."""
+    if not set(LATENCY_COLUMNS) <= set(tables.runs.columns):
+        return None
+    pairs = dict.fromkeys(
+        (model, source if isinstance(source, str) else "")
+        for model, source in zip(
+            tables.runs["latency_model"], tables.runs["latency_coefficients"], strict=True
+        )
+        if isinstance(model, str)  # runs resumed from a sweep saved before: NaN
+    )
+    shown = "; ".join(f"{model} ({source})" if source else str(model) for model, source in pairs)
+    return f"latency model: {shown}"

@@ -429,6 +429,8 @@ def render_sweep(data: dict[str, Any]) -> str:
         ["runs", data["runs"]],
         ["95% CI method", data["ci_method"]],
     ]
+    if data.get("latency_models"):
+        overview_rows.append(["step-time model", data["latency_models"].split(": ", 1)[1]])
     for c in data["curves"]:
         knee = c.get("knee")
         if knee:

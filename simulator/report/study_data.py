@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..metrics.study import latency_models_line
 from .run_data import clean
 
 # Load parameters, most telling first; otherwise the first numeric grid parameter.
@@ -139,6 +140,7 @@ def sweep_data(sweep: Any) -> dict[str, Any]:
             "params": list(sweep.params),
             "seeds": list(sweep.seeds),
             "ci_method": sweep.ci_method,
+            "latency_models": latency_models_line(sweep),
             "load": load,
             "metrics": metrics,
             "curves": curves,
