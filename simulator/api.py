@@ -22,8 +22,8 @@ from .deployment import (
     capacity_settings,
     instance_setups,
     pool_deployments,
-    resolve_deployment,
 )
+from .deployment import resolve_deployment as resolve_scenario_deployment
 from .engine.options import EngineOptions
 from .engine.request import Request
 from .errors import ConfigError, excerpt
@@ -81,6 +81,12 @@ __all__ = [
 log = logging.getLogger("servesim")
 # Verdicts worth a warning; "too short" cannot judge and says so only in the report.
 UNSTEADY_VERDICTS = ("saturated", "not steady", "empty")
+
+
+def resolve_deployment(scenario: Scenario | dict | str | Path) -> Deployment:
+    """The resolved model, GPU, TP, step-time model and engine settings of a scenario (object,
+    dict or YAML path), without running it (`deployment.resolve_deployment`)."""
+    return resolve_scenario_deployment(as_scenario(scenario))
 
 
 def as_scenario(scenario: Scenario | dict | str | Path) -> Scenario:

@@ -139,14 +139,10 @@ def _validate(
     one, are only valid in pairs). The error names the point's paths and values."""
     from .deployment import resolve_deployment
 
-    for path, values in grid.items():
+    for path in grid:
         if path == "seed":
             raise ConfigError("grid: 'seed' cannot be a grid field; use seeds")
         check_path(base, path)
-        if not isinstance(values, list) or not values:
-            raise ConfigError(
-                f"grid: {excerpt(path)} needs a non-empty list of values, got {excerpt(values)}"
-            )
     for params in points:
         label = "grid: " + (", ".join(f"{k} = {v!r}" for k, v in params.items()) or "(base)")
         try:
@@ -311,6 +307,11 @@ def sweep(
     params = list(grid)
     for path in params:  # unknown paths first, so a typo is reported as such
         check_path(sc, path)
+    for path, values in grid.items():  # before the product, which needs iterables
+        if not isinstance(values, list) or not values:
+            raise ConfigError(
+                f"grid: {excerpt(path)} needs a non-empty list of values, got {excerpt(values)}"
+            )
     points = [dict(zip(params, combo, strict=True)) for combo in product(*grid.values())]
     _validate(sc, grid, points, seed_list[0])
 

@@ -226,3 +226,37 @@ def test_itl_is_missing_where_a_request_has_no_gap_to_average():
     assert (df.loc[decoded, "itl_ms"] > 0).all()
     records = {r["requestID"]: r for r in result.blis_request_records()}
     assert all(records[i]["itl_ms"] == 0.0 for i in df.loc[~decoded, "request_id"])
+
+
+def test_a_run_with_no_requests_has_typed_columns_that_survive_save_and_load(tmp_path):
+    """pandas infers `object` from no rows; the requests frame of an empty run has the types
+    a run with rows has (so `df[~df.length_capped]` keeps its columns), and saving and
+    loading keeps every frame's types."""
+    some = simulator.simulate({"workload": {"num_requests": 5, "rate": 5}})
+    none = simulator.simulate({"workload": {"num_requests": 1, "rate": 1}, "horizon_us": 1})
+    assert len(none.requests) == 0
+    assert dict(none.requests.dtypes) == dict(some.requests.dtypes)
+    assert list(none.requests[~none.requests.length_capped].columns) == list(some.requests.columns)
+    loaded = simulator.load_result(none.save(tmp_path / "none"))
+    for name in ("requests", "steps", "instances", "transfers"):
+        assert dict(getattr(loaded, name).dtypes) == dict(getattr(none, name).dtypes), name
+
+
+def test_public_helpers_refuse_bad_input_with_a_named_error(tmp_path):
+    result = simulator.simulate({"workload": {"num_requests": 20, "rate": 10}})
+    # resolve_deployment takes what simulate takes: a path, a dict or a Scenario.
+    assert simulator.resolve_deployment({"hardware": "A100-80"}).gpu.name == "A100-80"
+    assert simulator.resolve_deployment("scenarios/quickstart.yaml").gpu.name == "H100"
+    with pytest.raises(ConfigError, match="scenario: expected"):
+        simulator.resolve_deployment(3)
+    # A grid value must be a list.
+    with pytest.raises(ConfigError, match="needs a non-empty list of values, got 2"):
+        simulator.sweep({"workload": {"num_requests": 5, "rate": 5}}, {"cluster.num_instances": 2})
+    # Plots into a path that is a file: the error names it.
+    existing = tmp_path / "a-file"
+    existing.write_text("x")
+    with pytest.raises(simulator.ServesimError, match="a-file"):
+        result.plot.write(existing)
+    # A bin width that would need millions of bins is refused, with the smallest allowed.
+    with pytest.raises(ConfigError, match=r"bin_s=1e-06.*give bin_s >="):
+        result.plot.throughput(bin_s=1e-6)

@@ -746,3 +746,13 @@ def test_held_out_runs_that_get_worse_are_said_plainly() -> None:
     # Without held-out runs there is nothing to compare and nothing to say.
     alone = replace(worse, held_out=[], held_out_scores={}, start_held_out_scores={})
     assert not alone.held_out_worse and held_out_warning(alone) is None
+
+
+def test_a_run_name_matching_nothing_lists_the_runs_there_are():
+    """`--runs NAME` on the repository's ground truth: an unknown name is refused before any
+    replay, naming the runs it could have chosen (not "available: none")."""
+    result = CliRunner().invoke(app, ["calibrate", "--runs", "no-such-run"])
+    assert result.exit_code == 2, result.output
+    assert "--runs: no run matches 'no-such-run'; available: " in result.stderr
+    assert "llama-2-7b-tp1-codegen" in result.stderr
+    assert "available: none" not in result.stderr

@@ -367,6 +367,8 @@ def register(app: typer.Typer) -> None:
 
                     specs = discover_runs(groundtruth, forced_output_length)
                     specs = [s for s in specs if include_overloaded or not s.overloaded]
+                    # Names are checked against every run there is, before the replays.
+                    _select([*cases, *specs], runs, False)
                     specs = [s for s in specs if not runs or any(w in s.name for w in runs)]
                     gt_cases = [
                         cal.groundtruth_case(s, prompt_reuse, Path(tmp), warm_up_s) for s in specs
@@ -447,8 +449,9 @@ def _note_dependent_holdout(cal: Any, cases: list, held: list, version: str | No
 
 
 def _select(cases: list, names: list[str] | None, more_to_come: bool) -> list:
-    """The cases whose name contains one of `names` (all without names); a name that matches
-    no case is an error unless more cases are still to come."""
+    """The cases (or run specs: anything with a `name`) whose name contains one of `names`
+    (all without names); a name that matches none is an error unless more are still to
+    come."""
     if not names:
         return cases
     if not more_to_come:

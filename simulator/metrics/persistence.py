@@ -89,11 +89,12 @@ def _json_safe(value: Any) -> Any:
 
 
 def _write_folder(result: Any, folder: Path) -> None:
-    empty: dict[str, list[str]] = {}
+    empty: dict[str, dict[str, str]] = {}
     for name in FRAME_NAMES:
         frame: pd.DataFrame = getattr(result, name)
         if len(frame) == 0:
-            empty[name] = [str(c) for c in frame.columns]
+            # Columns and their types: a frame of no rows loads back typed as it was.
+            empty[name] = {str(c): str(t) for c, t in frame.dtypes.items()}
             continue
         frame.to_parquet(folder / f"{name}.parquet", engine="pyarrow", index=False)
     document: dict[str, Any] = {
@@ -182,8 +183,7 @@ def load_result(directory: str | Path) -> SavedResult:
         if path.exists():
             frames[name] = _read_frame(path)
         else:
-            columns = empty.get(name)
-            frames[name] = pd.DataFrame(columns=columns if isinstance(columns, list) else [])
+            frames[name] = _empty_frame(empty.get(name))
     dicts = {name: document.get(name) for name in DICT_NAMES}
     return SavedResult(
         summary=document.get("summary", {}),
@@ -205,6 +205,22 @@ def load_result(directory: str | Path) -> SavedResult:
         scenario=dicts["scenario"] or {},
         path=folder,
     )
+
+
+def _empty_frame(columns: Any) -> pd.DataFrame:
+    """A saved frame of no rows: {column: type} (a list of names from before 2026-12-07, or
+    a type pandas does not know, gives untyped columns)."""
+    if isinstance(columns, list):
+        return pd.DataFrame(columns=[str(c) for c in columns])
+    if not isinstance(columns, dict):
+        return pd.DataFrame()
+    series = {}
+    for column, kind in columns.items():
+        try:
+            series[str(column)] = pd.Series(dtype=kind)
+        except (TypeError, ValueError):
+            series[str(column)] = pd.Series(dtype=object)
+    return pd.DataFrame(series)
 
 
 def _read_frame(path: Path) -> pd.DataFrame:

@@ -18,7 +18,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..atomic_io import write_with
+from ..atomic_io import check_output_folder, write_with
 from ..errors import ConfigError
 from .views.text import batch_limit
 
@@ -30,6 +30,8 @@ DEFAULT_MAX_POINTS = 500
 # Throughput bars: a target of one bin per ~10 completions, clamped to these (choose_bin_s
 # then gives 40-100% of the target).
 MAX_THROUGHPUT_BINS = 200
+# An explicit bin width may ask for more bins than the default chooses, up to this many.
+MAX_EXPLICIT_THROUGHPUT_BINS = 100_000
 MIN_THROUGHPUT_BINS = 20
 # Above this many instances the per-bin max bands are left out (they would hide the lines).
 MAX_BANDS = 8
@@ -414,6 +416,13 @@ def throughput(result: Any, bin_s: float | None = None) -> Figure:
     if bin_s is None:
         bins = int(np.clip(len(done_s) // 10, MIN_THROUGHPUT_BINS, MAX_THROUGHPUT_BINS))
         bin_s = choose_bin_s(end_s, bins)
+    elif end_s / bin_s > MAX_EXPLICIT_THROUGHPUT_BINS:
+        # Beyond this a figure cannot show the bins and building them takes minutes and GBs.
+        raise ConfigError(
+            f"throughput: invalid value bin_s={bin_s!r}; this run of {end_s:.6g} s would need "
+            f"{end_s / bin_s:.3g} bins, at most {MAX_EXPLICIT_THROUGHPUT_BINS:,} are drawn: "
+            f"give bin_s >= {end_s / MAX_EXPLICIT_THROUGHPUT_BINS:.3g}"
+        )
     fig.suptitle(f"Throughput per {_seconds(bin_s)} bin (the last bin may be partial)")
     edges = np.arange(0.0, end_s + bin_s, bin_s)
     if len(edges) < 2:
@@ -496,7 +505,7 @@ class PlotAccessor:
 
 def write_plots(result: Any, directory: str | Path, dpi: int = 100) -> list[Path]:
     """Save every standard plot as `<name>.png` in `directory`; return the paths written."""
-    folder = Path(directory)
+    folder = check_output_folder(directory)  # a clear error for a file or a device there
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     makers = (latency_cdfs, instance_timelines, throughput, per_class)

@@ -67,8 +67,10 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
             )
         )
     frame = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
-    # Timestamps stay exact integers; a stage never reached is <NA>.
-    return frame.astype({c: "Int64" for c in TIMESTAMP_COLUMNS})
+    # Timestamps stay exact integers; a stage never reached is <NA>. A frame of no requests
+    # gets the types rows would have given (pandas infers `object` from none), so filters and
+    # sums on it behave as on any other run's.
+    return frame.astype({c: "Int64" for c in TIMESTAMP_COLUMNS} if rows else _EMPTY_REQUEST_TYPES)
 
 
 REQUEST_COLUMNS = [
@@ -108,6 +110,22 @@ REQUEST_COLUMNS = [
 
 # The request's timestamps: every column in µs.
 TIMESTAMP_COLUMNS = [c for c in REQUEST_COLUMNS if c.endswith("_us")]
+_COUNT_COLUMNS = (
+    "input_tokens", "output_tokens", "generated_tokens", "cached_tokens", "preemptions",
+    "round_index",
+)  # fmt: skip
+_EMPTY_REQUEST_TYPES: dict[str, Any] = {
+    c: "Int64"
+    if c in TIMESTAMP_COLUMNS
+    else "float64"
+    if c.endswith("_ms")
+    else "int64"
+    if c in _COUNT_COLUMNS
+    else "bool"
+    if c in ("length_capped", "disaggregated")
+    else str
+    for c in REQUEST_COLUMNS
+}
 
 
 def steps_frame(instances: Sequence[InstanceRecord], instance_ids: list[str]) -> pd.DataFrame:
