@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .catalog.defaults import lookup_coefficients, model_defaults
@@ -90,6 +91,12 @@ class Deployment:
 def resolve_deployment(scenario: Scenario) -> Deployment:
     """Model, GPU, TP, step-time model and engine settings, with BLIS's precedence rules."""
     if scenario.model_config_folder is not None:
+        if not Path(scenario.model_config_folder).exists():
+            raise invalid(
+                "model_config_folder",
+                str(scenario.model_config_folder),
+                "no such folder or file (a HuggingFace config.json, or the folder holding it)",
+            )
         model = load_model(str(scenario.model_config_folder), name=scenario.model)
     else:
         model = load_model(scenario.model)

@@ -256,7 +256,9 @@ def test_model_config_folder(tmp_path):
     assert mine.exit_code == 0, mine.stderr
     assert mine.stdout == theirs.stdout
     missing = runner.invoke(app, [*base, "--model-config-folder", str(tmp_path / "none")])
-    assert missing.exit_code == 2 and "does not exist" in missing.stderr
+    assert missing.exit_code == 2
+    assert "model_config_folder: invalid value" in missing.stderr  # the field given, not model
+    assert "no such folder or file" in missing.stderr
 
 
 DEFAULTS = """

@@ -30,6 +30,7 @@ _DTYPE_BYTES: dict[str, float] = {
     "int4": 1.0,
     "nf4": 1.0,
 }
+DTYPES_ACCEPTED = "float32, float16, bfloat16, int8, uint8, fp8* / float8*, int4, nf4"
 
 # Model-name quantisation convention (docs/behaviour.md §4 step 2). The leading delimiter may be
 # '/', so "org/model-w4a16" and "w4a16-model" both match; the trailing one may not (as in BLIS).
@@ -349,15 +350,22 @@ def validate_model(model: ModelConfig) -> None:
         ("num_attention_heads", model.num_heads),
     ):
         if value <= 0:
-            raise invalid(f"{where}: {field}", value, "must be > 0")
+            raise invalid(
+                f"{where}: {field}", value, "must be > 0 (a field config.json lacks reads as 0)"
+            )
     if model.num_kv_heads < 0:
         raise invalid(f"{where}: num_key_value_heads", model.num_kv_heads, "must be >= 0")
-    if not model.bytes_per_param > 0:
+    if model.num_kv_heads and model.num_heads % model.num_kv_heads:
+        # Grouped-query attention shares each KV head among an equal group of query heads.
         raise invalid(
-            f"{where}: torch_dtype",
-            model.bytes_per_param,
-            "bytes per param must be > 0; torch_dtype (or dtype) must be one of float32, "
-            "float16, bfloat16, int8, uint8, fp8*, int4, nf4",
+            f"{where}: num_key_value_heads",
+            model.num_kv_heads,
+            f"must divide num_attention_heads ({model.num_heads})",
+        )
+    if not model.bytes_per_param > 0:
+        raise ConfigError(
+            f"{where}: torch_dtype: missing or not a dtype servesim knows (it gives the bytes "
+            f"per parameter); torch_dtype (or dtype) must be one of {DTYPES_ACCEPTED}"
         )
     if model.weight_bytes_per_param < 0:
         raise invalid(

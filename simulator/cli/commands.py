@@ -545,7 +545,8 @@ def list_models_cmd() -> None:
 
 @app.command("hardware")
 def list_hardware_cmd() -> None:
-    """List the GPU catalog with its peak rates (dense) and whose MFU each uses."""
+    """List the GPU catalog with its peak rates and whose MFU each uses (dense rates, except
+    BLIS's L40S FP8 figure, kept as BLIS has it: docs/models-and-hardware.md)."""
     from ..catalog.hardware import get_gpu, list_gpus
 
     typer.echo(
@@ -559,6 +560,10 @@ def list_hardware_cmd() -> None:
             f"{g.bw_peak_tbs:>8.3f} {g.memory_gib:>10.1f}  "
             + (f"carried over from {g.mfu_from}" if g.mfu_from else "calibrated")
         )
+    typer.echo(
+        "(dense rates, except L40S fp8_tflops: BLIS's figure, NVIDIA's with-sparsity rate; "
+        "733 dense)"
+    )
 
 
 @app.command("validate")

@@ -584,8 +584,9 @@ class WorkloadStream:
         ends = [p.last_active_us for p in self.plans]
         if self.num_requests is None and self.horizon_us is None and None in ends:
             raise ConfigError(
-                "workload: neither num_requests nor a horizon is set, so the traffic never "
-                "ends; set workload num_requests or horizon (µs)"
+                "workload: neither num_requests (0 or unset: no limit, as in BLIS) nor a "
+                "horizon is set, so the traffic never ends; set workload num_requests >= 1 or "
+                "horizon (µs)"
             )
         if self.num_requests is None and self.horizon_us is not None:
             _check_expected_count(aggregate, self.horizon_us)

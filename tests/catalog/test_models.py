@@ -429,3 +429,28 @@ def test_a_size_no_model_has_is_refused_naming_the_field(value):
     with pytest.raises(ConfigError, match="head_dim.*at most 1,099,511,627,776"):
         parse_hf_config(config, "toy")
     assert parse_hf_config({**config, "head_dim": 2**40}, "toy").config_head_dim == 2**40
+
+
+def test_kv_heads_must_divide_the_attention_heads():
+    """Grouped-query attention gives each KV head an equal group of query heads: 3 KV heads
+    for 32 query heads is not a model, and is refused rather than priced."""
+    from simulator.catalog.models import validate_model
+
+    validate_model(parse_hf_config(_dense(num_attention_heads=32, num_key_value_heads=8), "x"))
+    with pytest.raises(ConfigError, match=r"num_key_value_heads: invalid value 3; must divide"):
+        validate_model(parse_hf_config(_dense(num_attention_heads=32, num_key_value_heads=3), "x"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_hidden_layers": None}, r"num_hidden_layers: .*config.json lacks reads as 0"),
+        ({"torch_dtype": "int3"}, r"torch_dtype: missing or not a dtype servesim knows"),
+    ],
+)
+def test_a_config_missing_a_size_or_with_an_unknown_dtype_says_so(fields, message):
+    from simulator.catalog.models import validate_model
+
+    raw = {k: v for k, v in _dense(**fields).items() if v is not None}
+    with pytest.raises(ConfigError, match=message):
+        validate_model(parse_hf_config(raw, "x"))
