@@ -31,9 +31,24 @@ from .errors import ConfigError, invalid, unknown
 from .metrics.results import BLIS_SUMMARY_FIELDS
 from .scenario import Scenario
 
-# Summary metrics an SLO may bound (upper bounds): the numeric BLIS fields plus the p50s.
+# Fields where more is better or that describe the load rather than the service: an upper
+# bound on them would fail a fleet for serving well (more instances finish more requests).
+NOT_UPPER_BOUNDED = frozenset(
+    {
+        "instance_id",
+        "completed_requests",
+        "injected_requests",
+        "total_input_tokens",
+        "total_output_tokens",
+        "vllm_estimated_duration_s",
+        "responses_per_sec",
+        "tokens_per_sec",
+    }
+)
+# Summary metrics an SLO may bound (upper bounds): the BLIS fields where less is better, plus
+# the p50s.
 SLO_METRICS: tuple[str, ...] = (
-    *(f for f in BLIS_SUMMARY_FIELDS if f != "instance_id"),
+    *(f for f in BLIS_SUMMARY_FIELDS if f not in NOT_UPPER_BOUNDED),
     "ttft_p50_ms",
     "itl_p50_ms",
     "e2e_p50_ms",
@@ -228,6 +243,13 @@ def _check_slos(slos: Mapping[str, float]) -> dict[str, float]:
         raise invalid("slos", slos, "must be a mapping metric -> upper bound")
     out: dict[str, float] = {}
     for name, bound in slos.items():
+        if name in NOT_UPPER_BOUNDED:
+            raise invalid(
+                "SLO metric",
+                name,
+                "an SLO is an upper bound, and more is better here (or it measures the load); "
+                f"valid: {', '.join(SLO_METRICS)}",
+            )
         if name not in SLO_METRICS:
             raise unknown("SLO metric", name, SLO_METRICS)
         if (

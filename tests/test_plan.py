@@ -97,6 +97,9 @@ def test_min_goodput() -> None:
     ("kwargs", "needle"),
     [
         ({"slos": {"ttft_p99": 5}}, "unknown SLO metric 'ttft_p99'; valid: "),
+        # An SLO is an upper bound: on throughput it would fail a fleet for serving more.
+        ({"slos": {"responses_per_sec": 100}}, "SLO metric: invalid value 'responses_per_sec'"),
+        ({"slos": {"tokens_per_sec": 100}}, "more is better here"),
         ({"slos": {"ttft_p99_ms": "x"}}, "SLO ttft_p99_ms: invalid value 'x'"),
         ({"slos": {}}, "at least one SLO"),
         ({"slos": SLO, "min_goodput": 1.5}, "min_goodput: invalid value 1.5"),
