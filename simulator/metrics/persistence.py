@@ -111,7 +111,8 @@ def _write_folder(result: Any, folder: Path) -> None:
 
 
 def save_result(result: Any, directory: str | Path) -> Path:
-    """Write `result` (live or loaded) into the folder `directory`; return its path.
+    """Write `result` (live or loaded) into the folder `directory`; return that path as given
+    (whether the folder was new or replaced).
 
     Everything is written to a temporary sibling folder first, then renamed into place: a
     crash never leaves a half-written result, and an existing saved result at `directory` is
@@ -125,14 +126,15 @@ def save_result(result: Any, directory: str | Path) -> Path:
     # followed); an OSError while writing is one line naming the folder.
     target = check_output_folder(given)
     try:
-        return _replace_folder(result, target)
+        _replace_folder(result, target)
     except OSError as exc:
         if isinstance(exc, ServesimError):
             raise
         raise write_failed(given, exc) from exc
+    return given
 
 
-def _replace_folder(result: Any, target: Path) -> Path:
+def _replace_folder(result: Any, target: Path) -> None:
     if target.exists():
         if not target.is_dir():
             raise ConfigError(f"save_result: {str(target)!r} exists and is not a folder")
@@ -162,7 +164,6 @@ def _replace_folder(result: Any, target: Path) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def load_result(directory: str | Path) -> SavedResult:

@@ -109,3 +109,14 @@ def test_session_metrics_survive_a_round_trip(tmp_path):
     assert loaded.session_metrics == json.loads(json.dumps(run.session_metrics))
     plain = load_result(save_result(simulator.simulate(TINY), tmp_path / "plain"))
     assert plain.session_metrics is None
+
+
+def test_save_returns_the_path_it_was_given_whether_new_or_replaced(tmp_path, monkeypatch):
+    import simulator
+
+    monkeypatch.chdir(tmp_path)
+    result = simulator.simulate({"workload": {"num_requests": 5, "rate": 5}})
+    first = result.save("out/run")
+    again = result.save("out/run")  # replaces the saved result
+    assert first == again == Path("out/run")
+    assert simulator.load_result(again).summary == result.summary
