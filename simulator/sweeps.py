@@ -77,6 +77,12 @@ def check_path(base: Scenario, path: str) -> None:
     )
     if path in V2_EQUIVALENTS and v2_workload:
         return  # a v2 spec's aggregate_rate / num_requests (`_point_scenario`)
+    if v2_workload and path.startswith("workload."):
+        raise ConfigError(
+            f"grid: {excerpt(path)} does not apply: the base's traffic is a v2 workload spec, "
+            f"where only {' and '.join(V2_EQUIVALENTS)} do (its aggregate_rate and "
+            "num_requests); vary the spec's own fields with a grid over `workload` whole"
+        )
     keys = path.split(".")
     node: Any = base
     classes: list[type[BaseModel]] = [type(base)]

@@ -140,6 +140,12 @@ def test_bad_grid_fails_before_running(
     assert calls == []
 
 
+def test_a_synthetic_workload_field_on_a_v2_base_says_why_it_does_not_apply() -> None:
+    base = "scenarios/bursty_gamma.yaml"  # its traffic is a v2 workload spec
+    with pytest.raises(ConfigError, match="does not apply: the base's traffic is a v2"):
+        sweep(base, {"workload.prompt_tokens.mean": [100, 200]}, workers=1)
+
+
 def test_combined_values_validated_together() -> None:
     """PD pool sizes are only valid in pairs: a point is checked as a whole."""
     grid = {
