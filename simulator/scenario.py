@@ -486,6 +486,7 @@ class Scenario(_Strict):
             _known(f"events[{i}].deployment", "deployment", e.deployment, names, no_deployments)
         for i, a in enumerate(self.autoscaler):
             _known(f"autoscaler[{i}].deployment", "deployment", a.deployment, names, no_deployments)
+        _autoscaled_counts_within_bounds(self)
         pd = self.cluster.pd
         pd_roles = any(d.role != "unified" for d in self.deployments)
         if pd.decider != "never" and not pd.enabled and not pd_roles:
@@ -526,16 +527,37 @@ def _instance_slots(scenario: Scenario) -> int:
     its deployment's initial count and one per add_instance event. Mirrors the slots that
     fleet_plan.plan_fleet builds (deployments in role order; an autoscaler without a deployment
     scales the first)."""
-    order = {"prefill": 0, "decode": 1, "unified": 2}
-    specs = sorted(scenario.deployments, key=lambda d: order[d.role])
-    initial = {d.name: d.num_instances for d in specs}
-    if not specs:
-        initial = {"": scenario.cluster.num_instances}
-    first = next(iter(initial))
+    initial, first = _initial_counts(scenario)
     slots = sum(initial.values())
     for a in scenario.autoscaler:
         slots += max(0, a.max_instances - initial.get(a.deployment or first, 0))
     return slots + sum(e.action == "add_instance" for e in scenario.events)
+
+
+def _initial_counts(scenario: Scenario) -> tuple[dict[str, int], str]:
+    """Each deployment's initial instance count (deployments in role order; "" for the
+    scenario's own instances without deployments), and the deployment an autoscaler without
+    one scales (the first)."""
+    order = {"prefill": 0, "decode": 1, "unified": 2}
+    specs = sorted(scenario.deployments, key=lambda d: order[d.role])
+    initial = {d.name: d.num_instances for d in specs} or {"": scenario.cluster.num_instances}
+    return initial, next(iter(initial))
+
+
+def _autoscaled_counts_within_bounds(scenario: Scenario) -> None:
+    """An autoscaled deployment starts at most at its max_instances: the live count never
+    exceeds the bound (docs/infrastructure.md), and the autoscaler only ever adds instances
+    up to it, so a start above it would run over the bound all along."""
+    initial, first = _initial_counts(scenario)
+    for i, a in enumerate(scenario.autoscaler):
+        name = a.deployment or first
+        if initial.get(name, 0) > a.max_instances:
+            where = f"deployment {name!r}" if name else "cluster.num_instances"
+            raise ValueError(
+                f"autoscaler[{i}].max_instances: {a.max_instances}, below the "
+                f"{initial[name]} instances {where} starts with; raise max_instances or "
+                "start with fewer"
+            )
 
 
 def _known(field: str, kind: str, value: str | None, known: list[str], none: str) -> None:

@@ -301,8 +301,7 @@ class VLLMEngine:
         if prompt == 0 or not self.kv.try_allocate(
             req, len(cached) * self.kv.block_size, prompt, cached
         ):
-            req.state = RequestState.DROPPED
-            req.completion_us = now_us
+            self._drop(req, now_us)  # counted here too: this instance dropped it
             return EnqueueOutcome.DROPPED
         req.cached_tokens = len(cached) * self.kv.block_size
         req.computed_tokens = prompt

@@ -652,6 +652,21 @@ BAD = [
         "min_instances (3) must be <= max_instances (2)",
     ),
     (
+        # The live count never exceeds max_instances: a start above it is refused.
+        {
+            "deployments": [{"name": "a", "num_instances": 3}],
+            "autoscaler": [{"deployment": "a", "scale_up_threshold": 5, "max_instances": 2}],
+        },
+        "autoscaler[0].max_instances: 2, below the 3 instances deployment 'a' starts with",
+    ),
+    (
+        {
+            "cluster": {"num_instances": 3},
+            "autoscaler": [{"scale_up_threshold": 5, "max_instances": 2}],
+        },
+        "below the 3 instances cluster.num_instances starts with",
+    ),
+    (
         {"deployments": [{"name": "a", "pool": "nope"}]},
         "deployments[0].pool: unknown node pool 'nope'",
     ),

@@ -182,6 +182,19 @@ def test_decode_kv_failures_are_counted():
     result = simulator.simulate(scenario)
     assert result.pd_metrics["dropped_at_decode_kv"] > 0
     assert result.summary["dropped_unservable"] >= result.pd_metrics["dropped_at_decode_kv"]
+    # Each instance's row accounts for what was routed to it: the decode instances' drops
+    # are theirs, as their per-instance summaries say.
+    rows = result.instances.set_index("instance_id")
+    decode_ids = rows.index[2:]
+    assert (
+        rows.loc[decode_ids, "dropped_unservable"].sum()
+        == (result.pd_metrics["dropped_at_decode_kv"])
+    )
+    for summary in result.instance_summaries:
+        assert (
+            rows.loc[summary["instance_id"], "dropped_unservable"]
+            == (summary["dropped_unservable"])
+        )
 
 
 def _one_request_through_pd(**overrides):
@@ -535,3 +548,15 @@ def test_lifecycle_settings_that_change_nothing_keep_the_pd_pools():
     for parent in with_lifecycle.request_records:
         assert parent.prefill_sub.instance_id == "instance_0"
         assert parent.decode_sub.instance_id == "instance_1"
+
+
+def test_pd_statistics_of_no_samples_are_null():
+    """No request disaggregated (admission refuses every one): the PD block's latency and
+    transfer statistics have no samples, so they are null (docs/results.md), not 0."""
+    scenario = _pd_scenario(_synthetic(10, 5, 600, 10), decider="always")
+    scenario["cluster"]["admission"] = {"policy": "reject-all"}
+    metrics = simulator.simulate(scenario).pd_metrics
+    assert metrics["disaggregated_requests"] == 0 and metrics["transfers"] == 0
+    empty = [k for k in metrics if k.startswith(("parent_ttft_", "transfer_duration_"))]
+    assert empty and all(metrics[k] is None for k in empty)
+    assert metrics["transfer_slot_wait_mean_us"] is None

@@ -165,6 +165,14 @@ def _link_columns(pd_state: PDRecord) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return durations, starts, starts - (requested + link.base_latency_us)
 
 
+def _stat(values: np.ndarray, p: float | None = None, scale: float = 1.0) -> float | None:
+    """The mean (`p` None) or `p`-th percentile of `values` over `scale`; None of no values: a
+    statistic of no samples is null, as in the summary (BLIS prints 0 there)."""
+    if not len(values):
+        return None
+    return (mean(values) if p is None else pct(values, p)) / scale
+
+
 def pd_metrics(pd_state: PDRecord | None, summary: dict[str, Any]) -> dict[str, Any] | None:
     """BLIS's `=== PD Metrics ===` (docs/behaviour.md §7.4) plus link concurrency."""
     if pd_state is None:
@@ -182,24 +190,25 @@ def pd_metrics(pd_state: PDRecord | None, summary: dict[str, Any]) -> dict[str, 
     durations, _starts, slot_waits = _link_columns(d)
     completed_transfers = int(np.count_nonzero(transfer_end >= 0))
     end = max(summary["vllm_estimated_duration_s"] * 1e6, 1.0)
+
     return {
         "disaggregated_requests": completed_transfers,
         "dropped_at_decode_kv": d.dropped_at_decode_kv,
         "prefill_throughput_rps": prefill_tput,
         "decode_throughput_rps": decode_tput,
         "load_imbalance_ratio": imbalance,
-        "parent_ttft_mean_ms": mean(ttft) / 1000,
-        "parent_ttft_p50_ms": pct(ttft, 50) / 1000,
-        "parent_ttft_p95_ms": pct(ttft, 95) / 1000,
-        "parent_ttft_p99_ms": pct(ttft, 99) / 1000,
+        "parent_ttft_mean_ms": _stat(ttft, None, 1000),
+        "parent_ttft_p50_ms": _stat(ttft, 50, 1000),
+        "parent_ttft_p95_ms": _stat(ttft, 95, 1000),
+        "parent_ttft_p99_ms": _stat(ttft, 99, 1000),
         "transfers": int(len(durations)),
-        "transfer_duration_mean_us": mean(durations),
-        "transfer_duration_p50_us": pct(durations, 50),
-        "transfer_duration_p95_us": pct(durations, 95),
-        "transfer_duration_p99_us": pct(durations, 99),
+        "transfer_duration_mean_us": _stat(durations),
+        "transfer_duration_p50_us": _stat(durations, 50),
+        "transfer_duration_p95_us": _stat(durations, 95),
+        "transfer_duration_p99_us": _stat(durations, 99),
         "link_transfer_slots": d.link.transfer_slots,
-        "transfer_slot_wait_mean_us": mean(slot_waits),
-        "transfer_slot_wait_p99_us": pct(slot_waits, 99),
+        "transfer_slot_wait_mean_us": _stat(slot_waits),
+        "transfer_slot_wait_p99_us": _stat(slot_waits, 99),
         "link_peak_concurrency": d.link.peak_concurrency,
         "link_mean_concurrency_at_start": d.link.mean_concurrency_at_start,
         "link_time_weighted_concurrency": d.link.time_weighted_mean_concurrency(int(end)),
