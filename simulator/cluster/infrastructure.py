@@ -416,7 +416,7 @@ class Infrastructure:
         else:
             rec.move(InstanceState.ACTIVE, now, self.timeline, "loaded")
         self.router.served.make_routable(rec.model, rec.index)
-        self.router.unpark(rec.model)
+        self.router.unpark_after_this_instant(rec.model)
         if self.check:
             self.check_invariants()
 

@@ -99,6 +99,7 @@ class Router:
         # say) wait here and are routed when one becomes routable.
         self.parked: dict[str, deque[Request]] = {}
         self.parked_total = 0
+        self._unparking: set[str] = set()  # models whose parked requests are routed this µs
         self.on_rejected = on_rejected
         self.trace = trace
         self.admission_latency_us = admission_latency_us
@@ -175,8 +176,23 @@ class Router:
         req.instance_id = self.instance_ids[index]
         self.deliver[index](req)
 
+    def unpark_after_this_instant(self, key: str) -> None:
+        """An instance of model `key` became routable: route the requests waiting for one once
+        every instance that becomes routable at this microsecond is (their loading events were
+        scheduled earlier, so this zero-delay event of the same priority runs after them), so
+        the routing policy chooses among all of them rather than the first."""
+        if key in self._unparking:
+            return
+        self._unparking.add(key)
+
+        def unpark(_event) -> None:
+            self._unparking.discard(key)
+            self.unpark(key)
+
+        event_after(self.env, 0, ROUTER).callbacks.append(unpark)
+
     def unpark(self, key: str) -> None:
-        """An instance of model `key` became routable: route the requests waiting for one."""
+        """Route the requests waiting for an instance of model `key`, while one is routable."""
         waiting = self.parked.get(key)
         while waiting and self.served.routable[key]:
             self._route(waiting.popleft())

@@ -711,3 +711,23 @@ def test_timed_lifecycle_parts_are_processes_not_callbacks() -> None:
     assert "callbacks.append" not in source
     for name in ("_provisioning", "_loading", "_scenario_events", "_scale_after", "_autoscale"):
         assert inspect.isgeneratorfunction(getattr(infrastructure.Infrastructure, name))
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-loaded"])
+def test_requests_parked_while_loading_are_routed_over_every_instance_ready_then(policy):
+    """Three instances load for 1 s and become routable at the same microsecond: the requests
+    that arrived meanwhile are routed once all three are, by the policy, not all to the one
+    whose loading event happened to run first."""
+    sc = {
+        "cluster": {"num_instances": 3, "routing": {"policy": policy}},
+        "instance_lifecycle": {"loading_delay": {"mean_s": 1.0}},
+        "workload": constant_workload(50, 60),
+    }
+    result = run_checked(sc)
+    loaded = {r["instance_id"]: r["routable_s"] for r in result.fleet_instances.to_dict("records")}
+    assert set(loaded.values()) == {1.0}
+    early = result.requests[result.requests.arrival_us < 1_000_000]
+    counts = early.instance_id.value_counts()
+    assert len(early) > 30 and len(counts) == 3
+    assert counts.max() - counts.min() <= 1
+    assert_conserved(result)
