@@ -56,12 +56,39 @@ def unrecorded_settings(
     settings = {
         path: value
         for path, value in ran.items()
-        if value != stock.get(path, missing) and path not in recorded
+        if value != stock.get(path, missing)
+        and path not in recorded
+        # Inside a section the default scenario leaves unset, an unset field is the section's
+        # own default.
+        and not (path not in stock and value in (None, {}, []))
     }
     deployment = resolve_deployment(scenario)
     if unrecorded_token_budget(scenario, deployment) is not None:
         settings["engine.max_num_scheduled_tokens"] = deployment.engine.max_num_scheduled_tokens
     return settings
+
+
+def unexported_traffic(scenario: Scenario) -> list[str]:
+    """What of the run's traffic a trace cannot carry, one sentence each (empty when the
+    trace replays it as it ran): today, sessions whose rounds accumulate their context (a
+    row holds each round's whole prompt, not that it repeats the round before)."""
+    if scenario.trace is not None:
+        return []
+    from .api import workload_spec_of
+
+    spec = workload_spec_of(scenario)
+    growing = [
+        c.id
+        for c in spec.clients
+        if c.multi_turn is not None and c.multi_turn.context_growth == "accumulate"
+    ]
+    if not growing:
+        return []
+    return [
+        f"client(s) {', '.join(growing)} grow each session's context round by round; a trace "
+        "row holds a round's whole prompt but not that it repeats the round before, so a "
+        "replay recomputes what this run found in its prefix cache (docs/workloads.md)"
+    ]
 
 
 def log_unrecorded_settings(settings: dict[str, Any], prefix: str | os.PathLike[str]) -> None:

@@ -13,6 +13,7 @@ import logging
 import re
 
 import pytest
+import yaml
 
 import simulator
 from tests.test_cli_workloads import invoke
@@ -171,3 +172,72 @@ def test_a_replay_cut_by_its_horizon_accounts_for_every_row_of_the_trace(tmp_pat
     assert 0 < horizon["arrived_requests"] < 1000
     full = invoke("replay", "--trace-header", f"{data}.yaml", "--trace-data", f"{data}.csv")
     assert "=== Horizon ===" not in full.stdout  # every row arrived
+
+
+def test_an_exported_trace_keeps_each_requests_lora_adapter(tmp_path):
+    """BLIS's optional `adapter` column is written when a request asks for an adapter, so
+    the replay loads the same adapters (cold loads and TTFTs as in the run)."""
+    prefix = tmp_path / "lora"
+    scenario = f"{SCENARIOS}/lora_adapters.yaml"
+    run = invoke("run", scenario, "--num-requests", 60, "--trace-output", prefix)
+    assert run.exit_code == 0, run.output
+    header = (tmp_path / "lora.csv").read_text().splitlines()[0].split(",")
+    assert header[-1] == "adapter"
+    replay = invoke(
+        "replay",
+        "--trace-header",
+        f"{prefix}.yaml",
+        "--trace-data",
+        f"{prefix}.csv",
+        "--scenario",
+        scenario,
+    )
+    assert replay.exit_code == 0, replay.output
+    assert replay.stdout == run.stdout
+    assert '"lora_cold_loads": ' in run.stdout  # adapters were loaded, and again in the replay
+
+
+def _fields_file(stderr: str, path) -> None:
+    """The note's scenario fields (`path: json; ...`) written as a scenario file."""
+    match = re.search(r"\(in a --scenario file\) (.*?)(?:; or replay|$)", stderr)
+    assert match is not None, stderr
+    scenario: dict = {}
+    for part in match.group(1).split("; "):
+        dotted, value = part.split(": ", 1)
+        *parents, leaf = dotted.split(".")
+        node = scenario
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = json.loads(value)
+    path.write_text(yaml.safe_dump(scenario))
+
+
+def test_following_the_note_literally_replays_a_speculative_run(tmp_path):
+    """A section with a field no flag sets (speculative's acceptance rates) goes into the
+    scenario file whole, flags for the rest: that file plus those flags replay the run."""
+    prefix = tmp_path / "spec"
+    run = invoke(
+        "run", f"{SCENARIOS}/speculative_decoding.yaml", "--num-requests", 40,
+        "--trace-output", prefix,
+    )  # fmt: skip
+    assert run.exit_code == 0, run.output
+    fields = tmp_path / "fields.yaml"
+    _fields_file(run.stderr, fields)
+    assert "speculative" in yaml.safe_load(fields.read_text())
+    replay = invoke(
+        "replay", "--trace-header", f"{prefix}.yaml", "--trace-data", f"{prefix}.csv",
+        "--scenario", fields, *_suggested_flags(run.stderr),
+    )  # fmt: skip
+    assert replay.exit_code == 0, replay.output
+    assert replay.stdout == run.stdout
+
+
+def test_a_run_whose_sessions_grow_their_context_says_the_trace_cannot_carry_it(tmp_path):
+    run = invoke(
+        "run", f"{SCENARIOS}/kv_cpu_offload.yaml", "--num-requests", 40,
+        "--trace-output", tmp_path / "k",
+    )  # fmt: skip
+    assert run.exit_code == 0, run.output
+    assert "grow each session's context round by round" in run.stderr
+    plain = invoke("run", "--num-requests", 20, "--trace-output", tmp_path / "p")
+    assert "round by round" not in plain.stderr

@@ -160,6 +160,10 @@ def _execute(
             written.append(f"{trace_output}.yaml/.csv")
             logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
             _note_unrecorded_settings(result.unrecorded_settings(yaml_path, csv_path), scenario)
+            from ..trace_export import unexported_traffic
+
+            for loss in unexported_traffic(sc):
+                typer.echo(f"note: --trace-output: {loss}", err=True)
         if timeline_path is not None:
             with atomic_open(timeline_path, newline="") as handle:
                 result.timeline.to_csv(handle, index=False)
@@ -179,14 +183,21 @@ def _note_unrecorded_settings(settings: dict[str, Any], scenario: Path | None) -
         return
     from .flags import flag_for_field
 
-    flags, fields = [], []
-    for path, value in settings.items():
+    def as_flag(path: str, value: Any) -> str | None:
         flag = flag_for_field(path)
         scalar = isinstance(value, int | float | str) and not isinstance(value, bool)
-        if flag is not None and scalar:
-            flags.append(f"{flag} {value}")
-        else:
+        return f"{flag} {value}" if flag is not None and scalar else None
+
+    # A section with a field no flag sets goes into the scenario file whole: a scenario's
+    # section is validated on its own, before flags are applied (a speculative section
+    # without its method would be refused).
+    in_file = {path.split(".")[0] for path, value in settings.items() if not as_flag(path, value)}
+    flags, fields = [], []
+    for path, value in settings.items():
+        if path.split(".")[0] in in_file:
             fields.append(f"{path}: {json.dumps(value)}")
+        else:
+            flags.append(as_flag(path, value))
     parts = []
     if flags:
         parts.append(" ".join(flags))

@@ -74,6 +74,7 @@ CODED_FIELDS = (
     "session_id",
     "prefix_group",
     "pd_role",
+    "adapter",  # the LoRA adapter asked for: a replay of an exported trace needs it
 )
 _BOOL_FIELDS = frozenset(f for f, code in NUMERIC_FIELDS.items() if code == "b")
 _EXACT_TYPE = {"q": int, "d": float, "b": bool}

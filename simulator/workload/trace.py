@@ -1183,6 +1183,11 @@ def write_trace(
     ordered = sorted(requests, key=lambda r: (r.arrival_us, r.index))
     columns = TRACE_V3_COLUMNS if keep_prefix_groups else TRACE_COLUMNS
     rows = (_trace_row(i, req, keep_prefix_groups) for i, req in enumerate(ordered))
+    if any(req.adapter for req in ordered):
+        # BLIS's optional trailing column, written (as BLIS does) only when it says something:
+        # a replay must ask for the same LoRA adapters.
+        columns = [*columns, "adapter"]
+        rows = ([*row, req.adapter] for row, req in zip(rows, ordered, strict=True))
     write_trace_files(header_path, data_path, header_text, columns, rows)
     return header_path, data_path
 
