@@ -22,6 +22,13 @@ SCENARIOS = "scenarios"
 NOTE = re.compile(r"note: --trace-output: .*replay it with (?P<flags>--[^;(]*?)(?:;|$| and \()")
 
 
+def _replay(prefix, *args):
+    """`servesim replay` of the trace pair exported as `prefix`, with `args`."""
+    return invoke(
+        "replay", "--trace-header", f"{prefix}.yaml", "--trace-data", f"{prefix}.csv", *args
+    )
+
+
 def _suggested_flags(stderr: str) -> list[str]:
     match = NOTE.search(stderr)
     assert match is not None, stderr
@@ -53,13 +60,11 @@ def test_a_replay_given_the_exports_flags_reproduces_the_run(tmp_path, run_args)
     # Every setting the run was given is in the note (values as the run took them).
     given = {str(a) for a in run_args if str(a).startswith("--")}
     assert given <= set(flags), (given, flags)
-    replay = invoke(
-        "replay", "--trace-header", f"{prefix}.yaml", "--trace-data", f"{prefix}.csv", *flags
-    )
+    replay = _replay(prefix, *flags)
     assert replay.exit_code == 0, replay.output
     assert replay.stdout == run.stdout
     # Without them the replay simulates another deployment (which is why the note exists).
-    bare = invoke("replay", "--trace-header", f"{prefix}.yaml", "--trace-data", f"{prefix}.csv")
+    bare = _replay(prefix)
     assert bare.exit_code == 0, bare.output
     assert bare.stdout != run.stdout
 
@@ -74,15 +79,7 @@ def test_a_scenario_files_run_names_the_file_and_its_fields_without_a_flag(tmp_p
     assert run.exit_code == 0, run.output
     assert "--hardware H100" in run.stderr
     assert f"replay with --scenario {SCENARIOS}/quickstart.yaml" in run.stderr
-    replay = invoke(
-        "replay",
-        "--trace-header",
-        f"{prefix}.yaml",
-        "--trace-data",
-        f"{prefix}.csv",
-        "--scenario",
-        f"{SCENARIOS}/quickstart.yaml",
-    )
+    replay = _replay(prefix, "--scenario", f"{SCENARIOS}/quickstart.yaml")
     assert replay.exit_code == 0, replay.output
     assert replay.stdout == run.stdout
 
@@ -183,15 +180,7 @@ def test_an_exported_trace_keeps_each_requests_lora_adapter(tmp_path):
     assert run.exit_code == 0, run.output
     header = (tmp_path / "lora.csv").read_text().splitlines()[0].split(",")
     assert header[-1] == "adapter"
-    replay = invoke(
-        "replay",
-        "--trace-header",
-        f"{prefix}.yaml",
-        "--trace-data",
-        f"{prefix}.csv",
-        "--scenario",
-        scenario,
-    )
+    replay = _replay(prefix, "--scenario", scenario)
     assert replay.exit_code == 0, replay.output
     assert replay.stdout == run.stdout
     assert '"lora_cold_loads": ' in run.stdout  # adapters were loaded, and again in the replay
@@ -224,10 +213,7 @@ def test_following_the_note_literally_replays_a_speculative_run(tmp_path):
     fields = tmp_path / "fields.yaml"
     _fields_file(run.stderr, fields)
     assert "speculative" in yaml.safe_load(fields.read_text())
-    replay = invoke(
-        "replay", "--trace-header", f"{prefix}.yaml", "--trace-data", f"{prefix}.csv",
-        "--scenario", fields, *_suggested_flags(run.stderr),
-    )  # fmt: skip
+    replay = _replay(prefix, "--scenario", fields, *_suggested_flags(run.stderr))
     assert replay.exit_code == 0, replay.output
     assert replay.stdout == run.stdout
 
