@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -227,3 +228,29 @@ def test_a_run_whose_sessions_grow_their_context_says_the_trace_cannot_carry_it(
     assert "grow each session's context round by round" in run.stderr
     plain = invoke("run", "--num-requests", 20, "--trace-output", tmp_path / "p")
     assert "round by round" not in plain.stderr
+
+
+def test_a_replays_export_keeps_the_traces_request_ids_so_calibrate_joins_the_same_requests(
+    tmp_path,
+):
+    """An observe cell without its first 20 rows (request_ids 20..199, sent out of id order):
+    the replay's exported trace names each request by its row's request_id, so comparing it
+    with the real trace (`calibrate --sim-trace`) pairs every request with itself."""
+    cell = Path("tests/data/observe_v3/sweep_rate-agg_2rps")
+    lines = (cell / "trace.csv").read_text().splitlines()
+    real = tmp_path / "real"
+    (tmp_path / "real.csv").write_text("\n".join([lines[0], *lines[21:]]) + "\n")
+    (tmp_path / "real.yaml").write_text((cell / "trace.yaml").read_text())
+    sim = tmp_path / "sim"
+    assert _replay(real, "--trace-output", sim, "-q").exit_code == 0
+    real_ids = [line.split(",")[0] for line in lines[21:]]
+    sim_ids = [line.split(",")[0] for line in (tmp_path / "sim.csv").read_text().splitlines()[1:]]
+    assert sorted(sim_ids, key=int) == sorted(real_ids, key=int)
+    scored = invoke(
+        "calibrate", "--trace-header", f"{real}.yaml", "--trace-data", f"{real}.csv",
+        "--sim-trace", f"{sim}.csv",
+    )  # fmt: skip
+    assert scored.exit_code == 0, scored.output
+    assert f"unmatched 0, matched {len(real_ids)}" in scored.stdout
+    ttft_r = float(re.search(r"TTFT .*Pearson r (-?[0-9.]+)", scored.stdout).group(1))
+    assert ttft_r > 0.5  # the same requests: correlated (pairing by row number gave ~0)

@@ -325,7 +325,15 @@ class Result:
             "gpu_memory_utilization": engine.get("gpu_memory_utilization", 0.0),
             "max_model_len": resolved.get("max_model_len", 0),
         }
-        paths = write_trace(prefix, self.request_records, server=server, keep_prefix_groups=True)
+        paths = write_trace(
+            prefix,
+            self.request_records,
+            server=server,
+            keep_prefix_groups=True,
+            # A replay's export keeps the replayed rows' request_ids: `calibrate --sim-trace`
+            # joins it with the real trace by them.
+            keep_request_ids=self.scenario.get("trace") is not None,
+        )
         if note:
             log_unrecorded_settings(self.unrecorded_settings(*paths), prefix)
         return paths

@@ -57,6 +57,9 @@ TRACE_COLUMNS = [
     "error_message",
     "finish_reason",
 ]
+# A replayed row's request is named after the row's request_id (`requests_from_rows`), which an
+# export of the replay writes back (`write_trace(keep_request_ids=True)`).
+REPLAYED_ID_PREFIX = "request_"
 # v3 inserts prefix_length right after prefix_group (BLIS tracev2.go, traceV2Columns).
 TRACE_V3_COLUMNS = [
     *TRACE_COLUMNS[: TRACE_COLUMNS.index("prefix_group") + 1],
@@ -708,7 +711,7 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
     id_counts = Counter(row.request_id for row in rows)
     requests = []
     for i, row in enumerate(rows):
-        rid = f"request_{row.request_id}"
+        rid = f"{REPLAYED_ID_PREFIX}{row.request_id}"
         shared = group_tokens.get(row.prefix_group, 0) if row.prefix_group else 0
         own = row.replay_input_tokens
         if shared + own > MAX_TOKENS:
@@ -1071,7 +1074,9 @@ def format_float(value: float) -> str:
     return np.format_float_positional(float(value), trim="-")
 
 
-def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[str]:
+def _trace_row(
+    row_index: int, req: Request, keep_prefix_groups: bool, keep_request_ids: bool = False
+) -> list[str]:
     status, error_message, finish_reason = trace_status(req)
     first_chunk_us = last_chunk_us = 0
     if req.first_token_us >= 0:
@@ -1086,7 +1091,7 @@ def _trace_row(row_index: int, req: Request, keep_prefix_groups: bool) -> list[s
     input_tokens = req.input_tokens
     group = req.prefix_group if keep_prefix_groups else ""
     row = [
-        str(row_index),
+        req.request_id.removeprefix(REPLAYED_ID_PREFIX) if keep_request_ids else str(row_index),
         req.client_id,
         req.tenant_id,
         req.slo_class,
@@ -1145,11 +1150,14 @@ def write_trace(
     warm_up_requests: int = 0,
     created_at: str | None = None,
     keep_prefix_groups: bool = False,
+    keep_request_ids: bool = False,
 ) -> tuple[Path, Path]:
     """Write `<prefix>.yaml` and `<prefix>.csv`, a TraceV2 of simulated requests (docs/behaviour.md
     §9.5).
 
-    Rows are in arrival order (ties by request index) with request_id = row number. By
+    Rows are in arrival order (ties by request index) with request_id = row number, or, with
+    `keep_request_ids` (a replay's export), the request_id of the trace row each request
+    replayed, so that a comparison with that trace joins the same requests. By
     default the file is what BLIS writes: prefix_group empty and input_tokens the whole
     prompt. `keep_prefix_groups=True` writes a v3 trace instead (prefix_group, prefix_length
     and the suffix-only input_tokens) so that replaying it shares the same prefixes again.
@@ -1182,7 +1190,9 @@ def write_trace(
 
     ordered = sorted(requests, key=lambda r: (r.arrival_us, r.index))
     columns = TRACE_V3_COLUMNS if keep_prefix_groups else TRACE_COLUMNS
-    rows = (_trace_row(i, req, keep_prefix_groups) for i, req in enumerate(ordered))
+    rows = (
+        _trace_row(i, req, keep_prefix_groups, keep_request_ids) for i, req in enumerate(ordered)
+    )
     if any(req.adapter for req in ordered):
         # BLIS's optional trailing column, written (as BLIS does) only when it says something:
         # a replay must ask for the same LoRA adapters.

@@ -261,10 +261,10 @@ def test_write_is_atomic_when_a_row_fails_midway(tmp_path, monkeypatch):
     before = [p.read_bytes() for p in old]
     real_row = tr._trace_row
 
-    def failing_row(i, req, keep):
+    def failing_row(i, req, *options):
         if i == 1:
             raise OSError("disk full")
-        return real_row(i, req, keep)
+        return real_row(i, req, *options)
 
     monkeypatch.setattr(tr, "_trace_row", failing_row)
     with pytest.raises(OSError, match="disk full"):
