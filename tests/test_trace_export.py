@@ -8,6 +8,7 @@ given exactly those flags prints the run's summary byte for byte."""
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import re
@@ -254,3 +255,37 @@ def test_a_replays_export_keeps_the_traces_request_ids_so_calibrate_joins_the_sa
     assert f"unmatched 0, matched {len(real_ids)}" in scored.stdout
     ttft_r = float(re.search(r"TTFT .*Pearson r (-?[0-9.]+)", scored.stdout).group(1))
     assert ttft_r > 0.5  # the same requests: correlated (pairing by row number gave ~0)
+
+
+def test_a_row_that_never_went_out_does_not_shift_an_observe_traces_clock(tmp_path):
+    """An observe trace's sends are wall-clock µs; a row with send_time_us 0 (a request that
+    never went out) is on the arrival clock. The origin shift is taken over the rows that
+    were sent, so the replay spans what the client did (12 s here), not decades."""
+    cell = Path("tests/data/observe_v3/sweep_rate-agg_2rps")
+    rows = list(csv.reader((cell / "trace.csv").read_text().splitlines()))
+    header, body = rows[0], rows[1:21]
+    for column in ("send_time_us", "first_chunk_time_us", "last_chunk_time_us"):
+        body[5][header.index(column)] = "0"
+    body[5][header.index("status")] = "error"
+    with open(tmp_path / "mix.csv", "w", newline="") as handle:
+        csv.writer(handle).writerows([header, *body])
+    (tmp_path / "mix.yaml").write_text((cell / "trace.yaml").read_text())
+    for client in ("auto", "off"):
+        result = simulator.replay(tmp_path / "mix.yaml", tmp_path / "mix.csv", max_in_flight=client)
+        arrivals_s = result.requests.arrival_us.to_numpy(dtype=float) / 1e6
+        assert arrivals_s.min() >= 0 and arrivals_s.max() < 20, client
+        assert result.summary["vllm_estimated_duration_s"] < 30, client
+
+
+@pytest.mark.parametrize("rtt", [-50, "fast", float("nan")])
+def test_a_header_rtt_must_be_a_non_negative_number(tmp_path, rtt):
+    """The header's round trip is added to every simulated latency compared with the trace,
+    as --rtt-ms is, and refused on the same terms."""
+    from simulator.workload.trace import read_header
+
+    cell = Path("tests/data/observe_v3/sweep_rate-agg_2rps")
+    header = yaml.safe_load((cell / "trace.yaml").read_text())
+    header["network"] = {"measured_rtt_ms": rtt}
+    (tmp_path / "h.yaml").write_text(yaml.safe_dump(header))
+    with pytest.raises(simulator.ConfigError, match="network.measured_rtt_ms: invalid value"):
+        read_header(tmp_path / "h.yaml")

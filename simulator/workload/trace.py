@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -269,6 +270,15 @@ def read_header(path: str | Path) -> dict:
         ("observed_kv_metrics", OBSERVED_KV_KEYS),
     ):
         _check_section(where, key, data.get(key), valid)
+    rtt = (data.get("network") or {}).get("measured_rtt_ms")
+    if rtt is not None and (
+        isinstance(rtt, bool) or not isinstance(rtt, int | float) or not 0 <= rtt < math.inf
+    ):
+        # A round trip is added to every simulated latency compared with this trace.
+        raise ConfigError(
+            f"{where}: network.measured_rtt_ms: invalid value {excerpt(rtt)}; must be a "
+            "number >= 0 (ms), as --rtt-ms"
+        )
     targets = data.get("goodput_slo_targets") or {}
     if not isinstance(targets, dict):
         raise ConfigError(
@@ -686,7 +696,30 @@ def injection_origin_shift(rows: list[TraceRow]) -> int:
     shift is 0 and its requests arrive exactly when they did."""
     if not rows:
         return 0
-    return min(r.injection_basis_us for r in rows) - min(r.arrival_time_us for r in rows)
+    first_arrival = min(r.arrival_time_us for r in rows)
+    if _mixes_clocks(rows):
+        # Over the rows that record a send: a row with send_time_us 0 among wall-clock sends
+        # (a request that never went out) is on the arrival clock, and mixing it in would put
+        # every other row decades late (BLIS's formula does).
+        return min(r.send_time_us for r in rows if r.send_time_us > 0) - first_arrival
+    return min(r.injection_basis_us for r in rows) - first_arrival
+
+
+def _mixes_clocks(rows: list[TraceRow]) -> bool:
+    """Wall-clock sends (`observe`) beside rows without a send. (On a run's own clock a send
+    of 0 is simply the run's first instant, as in BLIS's own traces.)"""
+    sends = [r.send_time_us for r in rows]
+    return 0 in sends and max(sends) >= _EPOCH_LIKE_US
+
+
+def injection_times_us(rows: list[TraceRow]) -> list[int]:
+    """When a replay injects each row: its injection basis (send_time_us when positive, else
+    arrival_time_us) less the origin shift; in a trace that mixes wall-clock sends with rows
+    that were never sent, those rows at their arrival time, which is on the run's clock."""
+    shift = injection_origin_shift(rows)
+    if not _mixes_clocks(rows):
+        return [r.injection_basis_us - shift for r in rows]
+    return [r.send_time_us - shift if r.send_time_us > 0 else r.arrival_time_us for r in rows]
 
 
 def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
@@ -708,6 +741,7 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
             if length > 0:
                 group_tokens[row.prefix_group] = length
     shift = injection_origin_shift(rows)
+    injection_us = injection_times_us(rows)
     id_counts = Counter(row.request_id for row in rows)
     requests = []
     for i, row in enumerate(rows):
@@ -720,7 +754,7 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
                 f"group {excerpt(row.prefix_group)} + input_tokens {own} is "
                 f"beyond the simulator's prompt size; a prompt may be at most {MAX_TOKENS} tokens"
             )
-        arrival_us = row.injection_basis_us - shift
+        arrival_us = injection_us[i]
         if arrival_us > MAX_TIME_US:
             # Only when sends precede arrivals by more than the clock holds: a corrupt trace.
             raise ConfigError(
@@ -806,16 +840,21 @@ def trace_spans(path: str | Path) -> TraceSpans:
     kind = "trace data"
     header = _csv_header(p, kind)
     col = _trace_columns(p, header)
-    arrivals, sends, ends = [], [], []
+    arrivals, recorded_sends, ends = [], [], []
     for line, rec in _records(p, kind, len(header)):
         f = _Fields(kind, p, line, col, rec)
-        arrival = f.bounded_int("arrival_time_us")
-        send = f.bounded_int("send_time_us")
-        arrivals.append(arrival)
-        sends.append(send if send > 0 else arrival)
+        arrivals.append(f.bounded_int("arrival_time_us"))
+        recorded_sends.append(f.bounded_int("send_time_us"))
         ends.append(f.bounded_int("last_chunk_time_us"))
     if not arrivals:
         return TraceSpans(0, 0, 0, 0, 0)
+    if 0 in recorded_sends and max(recorded_sends) >= _EPOCH_LIKE_US:
+        # The client's spans over the rows it sent (a row with send 0 never went out, and its
+        # arrival time is on another clock than an observe trace's wall-clock sends).
+        sent = [(s, e) for s, e in zip(recorded_sends, ends, strict=True) if s > 0]
+        sends, ends = [s for s, _e in sent], [e for _s, e in sent]
+    else:
+        sends = [s if s > 0 else a for s, a in zip(recorded_sends, arrivals, strict=True)]
     return TraceSpans(
         len(arrivals),
         min(arrivals),
