@@ -516,3 +516,25 @@ def test_ctrl_c_during_the_preflight_check_writes_nothing(tmp_path):
     assert result.exit_code == 130, result.output
     assert "interrupted by SIGINT; no request was sent; nothing written" in result.stderr
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("header", "data", "record_itl"),
+    [("same.csv", "same.csv", False), ("x.itl.csv", "x.csv", True)],
+    ids=["header-is-data", "header-is-itl-file"],
+)
+def test_outputs_naming_one_file_are_refused_before_sending(
+    stub, tmp_path, header, data, record_itl
+):
+    """--trace-header, --trace-data and --record-itl's DATA.itl.csv must be three files: one
+    would silently replace another (a header overwritten by chunk times cannot be replayed)."""
+    args = observe_args(stub, tmp_path, *TRAFFIC_FLAGS)
+    args[args.index("--trace-header") + 1] = tmp_path / header
+    args[args.index("--trace-data") + 1] = tmp_path / data
+    if record_itl:
+        args.append("--record-itl")
+    result = invoke(args)
+    assert result.exit_code == 2, result.output
+    assert "give each output its own path" in result.stderr
+    assert not list(tmp_path.iterdir())
+    assert stub.log() == []  # nothing was sent

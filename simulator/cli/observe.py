@@ -11,7 +11,13 @@ import typer
 
 from ..errors import ConfigError
 from ..interruption import Interrupted, signal_of
-from .common import check_writable, guarded, setup_logging, stderr_console
+from .common import (
+    check_writable,
+    guarded,
+    refuse_shared_outputs,
+    setup_logging,
+    stderr_console,
+)
 from .flags import with_flags, workload_flags, workload_overrides
 
 _SRV = "Server"
@@ -155,12 +161,15 @@ def register(app: typer.Typer) -> None:
             header_path, data_path = flags["trace_header"], flags["trace_data"]
             check_writable("--trace-header", header_path)
             check_writable("--trace-data", data_path)
-            if header_path.resolve() == data_path.resolve():
-                raise ConfigError(
-                    f"--trace-data: invalid value {str(data_path)!r}; it is also --trace-header"
-                )
             itl_path = chunk_times_path(data_path) if flags["record_itl"] else None
             check_writable("--record-itl", itl_path)
+            refuse_shared_outputs(
+                [
+                    ("--trace-header", header_path),
+                    ("--trace-data", data_path),
+                    ("--record-itl (DATA.itl.csv)", itl_path),
+                ]
+            )
             sc = _scenario(flags)
             options = {
                 "api_format": flags["api_format"],
