@@ -195,6 +195,7 @@ class InstanceRecord:
     state: InstanceState | None = None  # None: a slot the fleet has not created (yet)
     node: Node | None = None
     created_us: int = -1
+    placed_us: int = -1  # when it took its GPUs (Scheduling -> Loading); -1: never placed
     loaded_us: int = -1
     terminated_us: int = -1
     warm_up_left: int = 0  # completions until WarmingUp -> Active
@@ -212,6 +213,8 @@ class InstanceRecord:
         self.state = new
         if old is None:
             self.created_us = now_us
+        if new is InstanceState.LOADING:
+            self.placed_us = now_us
         if new is InstanceState.TERMINATED:
             self.terminated_us = now_us
 

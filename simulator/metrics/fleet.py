@@ -24,6 +24,7 @@ UPTIME_COLUMNS = [
     "node",
     "gpus",
     "created_s",
+    "placed_s",
     "routable_s",
     "terminated_s",
     "final_state",
@@ -75,10 +76,12 @@ def node_frame(infra: FleetRecord | None, run_end_us: int) -> pd.DataFrame:
 def uptime_frame(infra: FleetRecord | None, run_end_us: int) -> pd.DataFrame:
     """One row per instance the fleet created: when it existed and what its GPUs cost.
 
-    An instance's share of a node's cost is its GPUs on the node / the node's GPUs, for the
-    time from its creation (Scheduling) to its termination; an instance on several nodes
-    (whole ones) pays each node's whole cost and lists its nodes joined by "+"; an instance
-    without a node has no cost."""
+    `uptime_s` runs from its creation (Scheduling) to its termination; its GPUs are held, and
+    cost, only from its placement (Loading) on: `gpu_seconds` and `cost_usd` count that span,
+    so the fleet's GPU-seconds never exceed what its nodes provided. An instance's share of a
+    node's cost is its GPUs on the node / the node's GPUs; an instance on several nodes (whole
+    ones) pays each node's whole cost and lists its nodes joined by "+"; an instance never
+    placed holds nothing and costs nothing."""
     if infra is None:
         return pd.DataFrame(columns=UPTIME_COLUMNS)
     rows = []
@@ -86,14 +89,16 @@ def uptime_frame(infra: FleetRecord | None, run_end_us: int) -> pd.DataFrame:
         if rec.state is None:
             continue
         uptime_s = _end_s(rec.created_us, rec.terminated_us, run_end_us)
+        placed = rec.placed_us >= 0
+        held_s = _end_s(rec.placed_us, rec.terminated_us, run_end_us) if placed else 0.0
         nodes = infra.nodes_of(rec)
         gpus = rec.gpus_needed
         cost = 0.0
         if len(nodes) == 1:
             node = nodes[0]
-            cost = uptime_s / 3600 * node.cost_per_hour * gpus / len(node.gpus)
+            cost = held_s / 3600 * node.cost_per_hour * gpus / len(node.gpus)
         elif nodes:
-            cost = sum(uptime_s / 3600 * n.cost_per_hour for n in nodes)
+            cost = sum(held_s / 3600 * n.cost_per_hour for n in nodes)
         rows.append(
             (
                 rec.instance_id,
@@ -102,11 +107,12 @@ def uptime_frame(infra: FleetRecord | None, run_end_us: int) -> pd.DataFrame:
                 "+".join(n.node_id for n in nodes),
                 gpus,
                 rec.created_us / 1e6,
+                rec.placed_us / 1e6 if placed else np.nan,
                 rec.loaded_us / 1e6 if rec.loaded_us >= 0 else np.nan,
                 rec.terminated_us / 1e6 if rec.terminated_us >= 0 else np.nan,
                 rec.state.value,
                 uptime_s,
-                uptime_s * gpus,
+                held_s * gpus,
                 cost,
             )
         )

@@ -63,6 +63,7 @@ class FleetInstanceRecord:
     pool: str | None
     state: InstanceState | None
     created_us: int
+    placed_us: int  # when it took its GPUs; -1: never placed
     loaded_us: int
     terminated_us: int
     # The nodes its GPUs were on (kept after termination: the cost report bills them).

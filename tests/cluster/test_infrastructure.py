@@ -10,6 +10,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -731,3 +732,24 @@ def test_requests_parked_while_loading_are_routed_over_every_instance_ready_then
     assert len(early) > 30 and len(counts) == 3
     assert counts.max() - counts.min() <= 1
     assert_conserved(result)
+
+
+@pytest.mark.parametrize("name", FLEET_SCENARIOS)
+def test_instances_hold_and_pay_for_gpus_only_once_placed(name):
+    """An instance holds GPUs from its placement (Loading) to its termination, not while it
+    waits in Scheduling: the instances' GPU-seconds never exceed what the nodes provided,
+    and their costs never exceed the nodes' bill (each node's GPUs x its uptime)."""
+    result = simulator.simulate(ROOT / "scenarios" / f"{name}.yaml")
+    instances, nodes = result.fleet_instances, result.nodes
+    fleet = result.fleet_metrics
+    assert fleet["gpu_seconds"] == pytest.approx(instances.gpu_seconds.sum())
+    if len(nodes):
+        provided = float((nodes.uptime_s * nodes.gpus).sum())
+        assert fleet["gpu_seconds"] <= provided + 1e-6
+        assert instances.cost_usd.sum() <= fleet["gpu_cost_usd"] + 1e-9
+    never_placed = instances[instances.placed_s.isna()]
+    assert (never_placed.gpu_seconds == 0).all() and (never_placed.cost_usd == 0).all()
+    placed = instances[instances.placed_s.notna()]
+    assert (placed.placed_s >= placed.created_s).all()
+    stop_s = placed.terminated_s.fillna(result.run_end_us / 1e6)
+    assert np.allclose(placed.gpu_seconds, (stop_s - placed.placed_s).clip(lower=0) * placed.gpus)
