@@ -124,6 +124,11 @@ class Disaggregator:
                 "disaggregation", req, now_us, disaggregate=disaggregate, reason=reason
             )
         if disaggregate:
+            # The decode choice is committed here (its sub-request reaches it after the
+            # transfer): stateful scorers learn it now, as after any routing decision.
+            self.decode_routing.observe(
+                req, next(c for c in decode_candidates if c.index == decode_choice.target)
+            )
             prefill_candidates = snapshots(self.pools.prefill.members)
             decision = self.prefill_routing.route(req, prefill_candidates, now_us)
             chosen = next(c for c in prefill_candidates if c.index == decision.target)

@@ -560,3 +560,30 @@ def test_pd_statistics_of_no_samples_are_null():
     empty = [k for k in metrics if k.startswith(("parent_ttft_", "transfer_duration_"))]
     assert empty and all(metrics[k] is None for k in empty)
     assert metrics["transfer_slot_wait_mean_us"] is None
+
+
+def test_the_decode_pools_scorers_learn_every_disaggregated_request():
+    """Every request shares one 2,048-token prefix: prefix-affinity sends every prefill to
+    one instance, and, since the decode choice is observed when it is made (decode-first
+    routing), every decode to one instance too (before, the decode pool never learnt a
+    disaggregated request and split them at random)."""
+    shared = {
+        "id": "docs",
+        "rate_fraction": 1,
+        "prefix_group": "g1",
+        "prefix_length": 2048,
+        "arrival": {"process": "poisson"},
+        "input_distribution": {"type": "constant", "params": {"value": 12}},
+        "output_distribution": {"type": "constant", "params": {"value": 50}},
+    }
+    result = simulator.simulate(
+        "scenarios/pd_2p2d.yaml",
+        workload__num_requests=120,
+        workload__clients=[shared],
+        cluster__routing__policy="weighted",
+        cluster__routing__scorers="prefix-affinity:1",
+        cluster__pd__decider="always",
+    )
+    requests = result.requests
+    assert requests.prefill_instance.nunique() == 1
+    assert requests.decode_instance.nunique() == 1
