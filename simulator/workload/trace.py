@@ -14,8 +14,9 @@ import contextlib
 import csv
 import dataclasses
 import math
+import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -393,17 +394,13 @@ class _Fields:
         # Python refuses to convert integers of more than 4,300 digits; none is in range.
         if len(raw) > 40:
             raise self.fail(column, raw, allowed)
-        try:
-            value = int(raw)
-        except ValueError:
-            # Accept "512.0" (pandas writes integers that way); reject "1.5".
-            try:
-                as_float = float(raw)
-            except ValueError:
-                as_float = float("nan")
-            if not as_float.is_integer():
-                raise self.fail(column, raw, allowed) from None
-            value = int(as_float)
+        # Decimal digits only, as BLIS's Go parser reads them (Python's int() would also take
+        # "1_000", " 5" and other scripts' digits, and float() "1e3"); "512.0" is accepted,
+        # as pandas writes integers that way, and "1.5" refused.
+        match = _PLAIN_INTEGER.fullmatch(raw)
+        if match is None:
+            raise self.fail(column, raw, allowed)
+        value = int(match.group(1))
         if not minimum <= value <= maximum:
             raise self.fail(column, raw, allowed)
         return value
@@ -602,6 +599,13 @@ def _rows_one_by_one(
 _TRACE_ROW_FIELDS = [field.name for field in dataclasses.fields(TraceRow)]
 
 
+def _plain_digits(strings: Sequence[str]) -> bool:
+    """No value `int` would read but the reference refuses: digit separators ("1_000") or
+    another script's digits (the reference takes ASCII decimal digits only)."""
+    joined = "".join(strings)
+    return joined.isascii() and "_" not in joined
+
+
 def _rows_by_column(
     records: list[tuple[int, list[str]]], col: dict[str, int], first_line: dict[str, int]
 ) -> list[TraceRow] | None:
@@ -624,7 +628,7 @@ def _rows_by_column(
         if strings is None:  # an optional column the file does not have (required ones it has)
             values[name] = [0] * n
             continue
-        if max(map(len, strings)) > 40:
+        if max(map(len, strings)) > 40 or not _plain_digits(strings):
             return None
         try:
             numbers = list(map(int, strings))
@@ -639,7 +643,7 @@ def _rows_by_column(
             values[name] = [None] * n
             continue
         stripped = [x.strip() for x in strings]
-        if max(map(len, stripped)) > 40:
+        if max(map(len, stripped)) > 40 or not _plain_digits(stripped):
             return None
         try:
             numbers = [int(x) if x else None for x in stripped]
@@ -940,6 +944,7 @@ def client_of(spans: TraceSpans) -> ClientReplay:
     return ClientReplay(False, None, "the recorded client kept to its schedule", spans)
 
 
+_PLAIN_INTEGER = re.compile(r"([+-]?[0-9]+)(?:\.0*)?", re.ASCII)
 # A send time past 2001-09-09 in µs since 1970 is a wall-clock reading, not a run's clock.
 _EPOCH_LIKE_US = 10**15
 # What replay does with the recorded information it has no model for (header key or column).

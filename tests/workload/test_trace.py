@@ -531,3 +531,19 @@ def test_replayed_requests_mark_their_own_tokens_private_only_under_a_unique_id(
     assert marks == [0, 64, -1, -1]
     c1, c2 = tr.requests_from_rows(rows)[2:]
     assert c1.block_hashes(6, 16) == c2.block_hashes(6, 16)  # why the twins are not private
+
+
+@pytest.mark.parametrize("value", ["1e3", "1_000", "\u0661\u0662", "5x"])
+def test_an_integer_column_takes_decimal_digits_only(tmp_path, value):
+    """As BLIS's parser: what Python's int() or float() would also read (separators, other
+    scripts' digits, exponents) is refused with the column and the value named."""
+    from simulator.workload.trace import read_rows
+
+    source = Path("tests/data/blis/r1_fixed512.trace.csv").read_text().splitlines()
+    header = source[0].split(",")
+    row = source[1].split(",")
+    row[header.index("input_tokens")] = value
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([source[0], ",".join(row), *source[2:5]]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"column input_tokens: invalid value '{value}'"):
+        read_rows(bad)
