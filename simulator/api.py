@@ -46,7 +46,6 @@ from .workload.synthetic import V2_EQUIVALENTS, synthetic_to_spec
 
 if TYPE_CHECKING:
     # Traces are read only by the runs that replay one (start-up of the others).
-    from .workload.server_settings import RecordedServer
     from .workload.trace import ClientReplay
 
 __all__ = [
@@ -298,49 +297,6 @@ def replay(
     return simulate(sc, **overrides)
 
 
-def recorded_settings(
-    scenario: Scenario,
-    given: dict[str, Any],
-    trace_header: str | PathLike[str] | None,
-    trace_data: str | PathLike[str],
-) -> tuple[dict[str, Any], RecordedServer, str | None]:
-    """The settings (dotted paths) a replay of the trace takes from the server that recorded
-    it (`server_settings.recorded_server`): each one neither `given` (overrides: flags, a
-    policy bundle, keyword arguments) nor set explicitly in `scenario` chooses. A generated
-    trace records no server; only its prefix-caching default (vLLM's, on) applies then.
-    Third: the recorded model when it is not followed because servesim's catalog lacks it
-    and nobody chose another (the scenario's model is simulated), else None."""
-    from .catalog.hardware import get_gpu, load_gpu_file
-    from .scenario import explicitly_set
-    from .workload.server_settings import recorded_server
-
-    hardware = given.get("hardware") or scenario.hardware or "H100"
-    hardware_file = given.get("hardware_file") or scenario.hardware_file
-    gpu = get_gpu(hardware, load_gpu_file(hardware_file) if hardware_file else None)
-    recorded = recorded_server(trace_header, trace_data, gpu.name, gpu.memory_gib)
-
-    def chosen(path: str) -> bool:
-        return path in given or explicitly_set(scenario, path)
-
-    recorded_model = recorded.settings.get("model")
-    # Not one servesim can simulate: the scenario's model stays.
-    unfollowed = (
-        recorded_model if not chosen("model") and not _known_model(recorded_model) else None
-    )
-    # The recorded KV cache belongs to the recorded model, TP and GPU: a deployment the user
-    # chose (or the scenario's model standing in) gets its cache sized from its own memory,
-    # as any run does (or --total-kv-blocks).
-    own_cache = unfollowed is not None or any(chosen(p) for p in ("model", "tp", "hardware"))
-    settings = {
-        path: value
-        for path, value in recorded.settings.items()
-        if not chosen(path)
-        and not (path == "model" and unfollowed is not None)
-        and not (path == "engine.total_kv_blocks" and own_cache)
-    }
-    return settings, recorded, unfollowed
-
-
 def _over_the_recording(scenario: Scenario, given: dict[str, Any]) -> dict[str, Any]:
     """`given` (dotted overrides) over what the recording says of its server, when the run
     replays a trace (the one `given` sets, else the scenario's): a replay simulates the
@@ -350,21 +306,10 @@ def _over_the_recording(scenario: Scenario, given: dict[str, Any]) -> dict[str, 
         trace = trace.model_dump()
     if not trace or trace.get("data") is None:  # none, or one the schema will refuse
         return given
+    from .workload.server_settings import recorded_settings
+
     recorded, _, _ = recorded_settings(scenario, given, trace.get("header"), trace["data"])
     return recorded | given
-
-
-def _known_model(name: str | None) -> bool:
-    """Whether servesim's catalog has the model a recording names (None: none named)."""
-    from .catalog.models import load_model
-
-    if name is None:
-        return True
-    try:
-        load_model(name)
-    except ConfigError:
-        return False
-    return True
 
 
 def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> ClientReplay:

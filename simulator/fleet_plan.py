@@ -230,12 +230,14 @@ def _check_pools(
             for p in pools
             if (d.pool is None or p.name == d.pool) and p.gpu_type.lower() == dep.gpu.name.lower()
         ]
-        where = f"node pool {d.pool!r}" if d.pool else "any node pool"
         if not fitting:
-            types = ", ".join(sorted({p.gpu_type for p in pools}))
+            offered = [p for p in pools if d.pool is None or p.name == d.pool]
+            types = ", ".join(sorted({p.gpu_type for p in offered}))
+            where = f"node pool {d.pool!r} has" if d.pool else "the node pools have"
             raise ConfigError(
-                f"deployments[{d.name}]: runs on GPU {dep.gpu.name!r} but {where} has "
-                f"gpu_type {types}; set the deployment's hardware or the pool's gpu_type"
+                f"deployments[{d.name}]: runs on GPU {dep.gpu.name!r}, but no node pool it may "
+                f"use has that gpu_type ({where} {types}); set the deployment's hardware or "
+                "the pool's gpu_type"
             )
         refusals = [_pool_refusal(p, dep.gpus) for p in fitting]
         if all(refusals):

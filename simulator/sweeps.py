@@ -77,11 +77,20 @@ def check_path(base: Scenario, path: str) -> None:
     )
     if path in V2_EQUIVALENTS and v2_workload:
         return  # a v2 spec's aggregate_rate / num_requests (`_point_scenario`)
-    if v2_workload and path.startswith("workload."):
+    if (
+        v2_workload
+        and path.startswith("workload.")
+        and path.split(".")[1] in SyntheticWorkload.model_fields
+        and (
+            base.workload_spec is not None
+            or path.split(".")[1] not in type(base.workload).model_fields
+        )
+    ):
+        # A synthetic workload's field on a v2 spec: not unknown, but not applicable.
         raise ConfigError(
             f"grid: {excerpt(path)} does not apply: the base's traffic is a v2 workload spec, "
-            f"where only {' and '.join(V2_EQUIVALENTS)} do (its aggregate_rate and "
-            "num_requests); vary the spec's own fields with a grid over `workload` whole"
+            f"where only {' and '.join(V2_EQUIVALENTS)} (its aggregate_rate and num_requests) "
+            "and the spec's own fields (workload.aggregate_rate, workload.clients, ...) do"
         )
     keys = path.split(".")
     node: Any = base

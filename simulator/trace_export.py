@@ -2,18 +2,20 @@
 
 A TraceV2 header records its server in BLIS's keys only: model, TP, sequence limit, block
 size, memory utilisation and context limit (`Result.write_trace`). A replay takes those from
-the header (`simulator.api.recorded_settings`) and everything else from its own flags or
+the header (`workload.server_settings.recorded_settings`) and everything else from its own flags or
 scenario. A run that set anything else (another GPU, its own KV-block count, a step-time
 model, several instances, a token budget the replay would not default to, ...) would be
 replayed on another deployment, so the export lists those settings: `servesim run
---trace-output` prints them as the flags to give `servesim replay`, and `Result.write_trace`
-logs them (docs/traces.md, "Replaying an exported trace").
+--trace-output` prints them as the flags to give `servesim replay`, and `export` (for Python)
+returns and logs them (docs/traces.md, "Replaying an exported trace"). This module sits above
+the run (it resolves deployments and reads scenarios); `Result.write_trace` only writes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from .scenario import Scenario
@@ -45,8 +47,8 @@ def unrecorded_settings(
     scenario's, less what the header records; and the token budget, when a replay would
     default to another one (`deployment.unrecorded_token_budget`). Given these, the replay
     simulates the run's deployment."""
-    from .api import recorded_settings
     from .deployment import resolve_deployment, unrecorded_token_budget
+    from .workload.server_settings import recorded_settings
 
     default = Scenario()
     recorded, _, _ = recorded_settings(default, {}, trace_header, trace_data)
@@ -72,11 +74,16 @@ def unexported_traffic(scenario: Scenario) -> list[str]:
     """What of the run's traffic a trace cannot carry, one sentence each (empty when the
     trace replays it as it ran): today, sessions whose rounds accumulate their context (a
     row holds each round's whole prompt, not that it repeats the round before)."""
+    from .workload.spec import WorkloadSpec, load_workload_spec
+
     if scenario.trace is not None:
         return []
-    from .api import workload_spec_of
-
-    spec = workload_spec_of(scenario)
+    if scenario.workload_spec is not None:
+        spec = load_workload_spec(scenario.workload_spec)
+    elif isinstance(scenario.workload, WorkloadSpec):
+        spec = scenario.workload
+    else:
+        return []  # a synthetic workload's requests never accumulate context
     growing = [
         c.id
         for c in spec.clients
@@ -91,14 +98,34 @@ def unexported_traffic(scenario: Scenario) -> list[str]:
     ]
 
 
-def log_unrecorded_settings(settings: dict[str, Any], prefix: str | os.PathLike[str]) -> None:
-    """Warn (`servesim` logger) that replaying `prefix` needs `settings` besides the trace."""
-    if settings:
-        shown = ", ".join(f"{path}={value!r}" for path, value in settings.items())
-        logging.getLogger("servesim").warning(
-            "%s: a replay of this trace takes only the model, TP, sequence limit, block size, "
-            "memory utilisation and context limit from it; give it the run's other settings "
-            "to simulate the same deployment: %s",
-            prefix,
-            shown,
-        )
+def run_scenario(result: Any) -> Scenario:
+    """The scenario a result ran (its recorded dump, without the resolved deployment)."""
+    return Scenario.model_validate(
+        {key: value for key, value in result.scenario.items() if key != "resolved"}
+    )
+
+
+def export(
+    result: Any, prefix: str | os.PathLike[str], *, note: bool = True
+) -> tuple[Path, Path, dict[str, Any]]:
+    """`result.write_trace(prefix)`, and the run's settings a replay needs besides the trace
+    (`unrecorded_settings`: dotted scenario paths and values, which `simulator.replay(header,
+    data, **overrides)` takes with `__` for the dots). With `note` they are logged as a
+    warning (`servesim` logger), with what of the traffic no trace can carry."""
+    header, data = result.write_trace(prefix)
+    scenario = run_scenario(result)
+    settings = unrecorded_settings(scenario, header, data)
+    if note:
+        log = logging.getLogger("servesim")
+        if settings:
+            shown = ", ".join(f"{path}={value!r}" for path, value in settings.items())
+            log.warning(
+                "%s: a replay of this trace takes only the model, TP, sequence limit, block "
+                "size, memory utilisation and context limit from it; give it the run's other "
+                "settings to simulate the same deployment: %s",
+                prefix,
+                shown,
+            )
+        for loss in unexported_traffic(scenario):
+            log.warning("%s: %s", prefix, loss)
+    return header, data, settings

@@ -528,6 +528,7 @@ def test_outputs_naming_one_file_are_refused_before_sending(
 ):
     """--trace-header, --trace-data and --record-itl's DATA.itl.csv must be three files: one
     would silently replace another (a header overwritten by chunk times cannot be replayed)."""
+    stub.configure()  # the module's stub: a clean log
     args = observe_args(stub, tmp_path, *TRAFFIC_FLAGS)
     args[args.index("--trace-header") + 1] = tmp_path / header
     args[args.index("--trace-data") + 1] = tmp_path / data

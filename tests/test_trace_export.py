@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 import simulator
+from simulator.trace_export import export
 from tests.test_cli_workloads import invoke
 
 SCENARIOS = "scenarios"
@@ -89,12 +90,12 @@ def test_a_scenario_files_run_names_the_file_and_its_fields_without_a_flag(tmp_p
 def test_a_default_run_needs_nothing_besides_its_trace(tmp_path, caplog):
     result = simulator.simulate({"workload": {"num_requests": 30, "rate": 10}})
     with caplog.at_level(logging.WARNING, logger="servesim"):
-        header, data = result.write_trace(tmp_path / "d")
-    assert result.unrecorded_settings(header, data) == {}
+        _header, _data, settings = export(result, tmp_path / "d")
+    assert settings == {}
     assert "a replay of this trace" not in caplog.text
 
 
-def test_write_trace_warns_with_the_settings_a_replay_needs(tmp_path, caplog):
+def test_export_warns_with_the_settings_a_replay_needs(tmp_path, caplog):
     result = simulator.simulate(
         {
             "hardware": "A100-80",
@@ -104,14 +105,13 @@ def test_write_trace_warns_with_the_settings_a_replay_needs(tmp_path, caplog):
         }
     )
     with caplog.at_level(logging.WARNING, logger="servesim"):
-        header, data = result.write_trace(tmp_path / "w")
-    settings = result.unrecorded_settings(header, data)
+        header, data, settings = export(result, tmp_path / "w")
     assert settings["hardware"] == "A100-80"
     assert settings["latency.model"] == "roofline"
     assert settings["cluster.num_instances"] == 2
     assert "cluster.routing.scorers" in settings
     assert "hardware='A100-80'" in caplog.text
-    # The replay given them as a scenario is the run again (the summary, request by request).
+    # The replay given them as overrides is the run again (the summary, request by request).
     again = simulator.replay(header, data, **{k.replace(".", "__"): v for k, v in settings.items()})
     assert again.summary == result.summary
 

@@ -156,12 +156,12 @@ def _execute(
             written.append(str(results_path))
             logging.getLogger("servesim").info("wrote %s", results_path)
         if trace_output is not None:
-            yaml_path, csv_path = result.write_trace(trace_output, note=False)
+            from ..trace_export import export, unexported_traffic
+
+            yaml_path, csv_path, settings = export(result, trace_output, note=False)
             written.append(f"{trace_output}.yaml/.csv")
             logging.getLogger("servesim").info("wrote %s and %s", yaml_path, csv_path)
-            _note_unrecorded_settings(result.unrecorded_settings(yaml_path, csv_path), scenario)
-            from ..trace_export import unexported_traffic
-
+            _note_unrecorded_settings(settings, scenario)
             for loss in unexported_traffic(sc):
                 typer.echo(f"note: --trace-output: {loss}", err=True)
         if timeline_path is not None:
@@ -403,8 +403,9 @@ def replay(
     """Simulate exactly the requests of a BLIS TraceV2 file (send/arrival times, token counts)."""
 
     def go() -> None:
-        from ..api import as_scenario, client_replay, recorded_settings
+        from ..api import as_scenario, client_replay
         from ..scenario import Scenario
+        from ..workload.server_settings import recorded_settings
         from ..workload.trace import trace_notes
         from .blis import (
             defaults_file_overrides,

@@ -770,7 +770,7 @@ def common_flags(
         _opt(
             "--retry-on-failure/--no-retry-on-failure",
             _FL,
-            "re-route the requests of failed nodes (default: off)",
+            "re-route the requests of failed nodes and failed instances (default: off)",
         ),
     ] = None,
     warm_up_requests: Annotated[

@@ -660,8 +660,11 @@ class Infrastructure:
                         "been used (ended instances are not replaced)",
                     )
         elif step < 0:
-            # The newest serving instance goes first; one still coming up is cancelled first.
-            victim = max(live, key=lambda r: (r.state is not InstanceState.ACTIVE, r.created_us))
+            # The newest serving instance goes first (of instances created together, the
+            # highest slot); one still coming up is cancelled first.
+            victim = max(
+                live, key=lambda r: (r.state is not InstanceState.ACTIVE, r.created_us, r.index)
+            )
             self.drain(victim, self.lifecycle.drain_policy, f"scale-down: {scaler.spec.signal}")
         scaler.last_step = step
 

@@ -307,11 +307,10 @@ class Result:
         """Which latency model produced these numbers, from which coefficients."""
         return text_views.latency_provenance(self.scenario)
 
-    def write_trace(self, prefix: str | Path, *, note: bool = True) -> tuple[Path, Path]:
+    def write_trace(self, prefix: str | Path) -> tuple[Path, Path]:
         """Export the run as a TraceV2 pair (docs/behaviour.md §9.5): `prefix`.yaml and
-        `prefix`.csv. With `note`, the run's settings a replay needs besides the trace
-        (`unrecorded_settings`) are logged as a warning."""
-        from ..trace_export import log_unrecorded_settings
+        `prefix`.csv. What a replay of it needs besides (the settings BLIS's header has no
+        keys for): `simulator.trace_export.export`, which also says so."""
         from ..workload.trace import write_trace
 
         resolved = self.scenario.get("resolved", {})
@@ -325,7 +324,7 @@ class Result:
             "gpu_memory_utilization": engine.get("gpu_memory_utilization", 0.0),
             "max_model_len": resolved.get("max_model_len", 0),
         }
-        paths = write_trace(
+        return write_trace(
             prefix,
             self.request_records,
             server=server,
@@ -334,20 +333,6 @@ class Result:
             # joins it with the real trace by them.
             keep_request_ids=self.scenario.get("trace") is not None,
         )
-        if note:
-            log_unrecorded_settings(self.unrecorded_settings(*paths), prefix)
-        return paths
-
-    def unrecorded_settings(
-        self, trace_header: str | Path, trace_data: str | Path
-    ) -> dict[str, Any]:
-        """This run's settings (dotted scenario paths and values) that a replay of its
-        exported trace does not take from the trace (`simulator.trace_export`)."""
-        from ..scenario import Scenario
-        from ..trace_export import unrecorded_settings
-
-        dump = {key: value for key, value in self.scenario.items() if key != "resolved"}
-        return unrecorded_settings(Scenario.model_validate(dump), trace_header, trace_data)
 
     def blis_request_records(self) -> list[dict[str, Any]]:
         """Per-request entries of BLIS's `--results-path` file (docs/behaviour.md §10.3), by

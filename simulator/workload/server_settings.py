@@ -37,10 +37,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, excerpt
 from ..input_files import read_json, read_yaml
+
+if TYPE_CHECKING:
+    from ..scenario import Scenario
 
 SERVER_CONFIG = "server_config.json"
 EXP_CONFIG = "exp-config.yaml"
@@ -370,3 +373,58 @@ def _request_run_settings(csv_path: Path) -> tuple[dict[str, Any], dict[str, str
         settings["latency.vllm_version"] = version
         sources["latency.vllm_version"] = "the dataset folder's name"
     return settings, sources
+
+
+def recorded_settings(
+    scenario: Scenario,
+    given: dict[str, Any],
+    trace_header: str | os.PathLike[str] | None,
+    trace_data: str | os.PathLike[str],
+) -> tuple[dict[str, Any], RecordedServer, str | None]:
+    """The settings (dotted paths) a replay of the trace takes from the server that recorded
+    it (`recorded_server`): each one neither `given` (overrides: flags, a
+    policy bundle, keyword arguments) nor set explicitly in `scenario` chooses. A generated
+    trace records no server; only its prefix-caching default (vLLM's, on) applies then.
+    Third: the recorded model when it is not followed because servesim's catalog lacks it
+    and nobody chose another (the scenario's model is simulated), else None."""
+    from ..catalog.hardware import get_gpu, load_gpu_file
+    from ..scenario import explicitly_set
+
+    hardware = given.get("hardware") or scenario.hardware or "H100"
+    hardware_file = given.get("hardware_file") or scenario.hardware_file
+    gpu = get_gpu(hardware, load_gpu_file(hardware_file) if hardware_file else None)
+    recorded = recorded_server(trace_header, trace_data, gpu.name, gpu.memory_gib)
+
+    def chosen(path: str) -> bool:
+        return path in given or explicitly_set(scenario, path)
+
+    recorded_model = recorded.settings.get("model")
+    # Not one servesim can simulate: the scenario's model stays.
+    unfollowed = (
+        recorded_model if not chosen("model") and not _known_model(recorded_model) else None
+    )
+    # The recorded KV cache belongs to the recorded model, TP and GPU: a deployment the user
+    # chose (or the scenario's model standing in) gets its cache sized from its own memory,
+    # as any run does (or --total-kv-blocks).
+    own_cache = unfollowed is not None or any(chosen(p) for p in ("model", "tp", "hardware"))
+    settings = {
+        path: value
+        for path, value in recorded.settings.items()
+        if not chosen(path)
+        and not (path == "model" and unfollowed is not None)
+        and not (path == "engine.total_kv_blocks" and own_cache)
+    }
+    return settings, recorded, unfollowed
+
+
+def _known_model(name: str | None) -> bool:
+    """Whether servesim's catalog has the model a recording names (None: none named)."""
+    from ..catalog.models import load_model
+
+    if name is None:
+        return True
+    try:
+        load_model(name)
+    except ConfigError:
+        return False
+    return True

@@ -630,7 +630,8 @@ BAD = [
     ({"node_pools": [{"name": "p", "gpu_type": "X9", "max_nodes": 1}]}, "unknown GPU 'X9'"),
     (
         {"node_pools": [{"name": "p", "gpu_type": "A100-80", "max_nodes": 1}]},
-        "runs on GPU 'H100' but any node pool has gpu_type A100-80",
+        "runs on GPU 'H100', but no node pool it may use has that gpu_type "
+        "(the node pools have A100-80)",
     ),
     (
         {"node_pools": [{"name": "p", "gpu_type": "H100", "min_nodes": 3, "max_nodes": 2}]},
@@ -753,3 +754,29 @@ def test_instances_hold_and_pay_for_gpus_only_once_placed(name):
     assert (placed.placed_s >= placed.created_s).all()
     stop_s = placed.terminated_s.fillna(result.run_end_us / 1e6)
     assert np.allclose(placed.gpu_seconds, (stop_s - placed.placed_s).clip(lower=0) * placed.gpus)
+
+
+def test_scale_down_drains_the_newest_of_instances_created_together():
+    """Three instances up at t = 0 and hardly any load: the autoscaler's first scale-down
+    drains the newest instance, which among instances created together is the highest
+    slot (instance_2), not instance_0."""
+    sc = {
+        "cluster": {"num_instances": 3},
+        "instance_lifecycle": {"initial_instances_loaded": True},
+        "autoscaler": [
+            {
+                "signal": "in_flight",
+                "scale_up_threshold": 50,
+                "scale_down_threshold": 5,
+                "min_instances": 1,
+                "max_instances": 3,
+                "interval_s": 1,
+                "scale_down_stabilization_s": 1,
+            }
+        ],
+        "workload": constant_workload(2, 20),
+    }
+    result = run_checked(sc)
+    drained = result.timeline[result.timeline.to_state == "draining"]
+    assert len(drained) >= 1
+    assert drained.iloc[0]["id"] == "instance_2"
