@@ -181,6 +181,12 @@ def per_model_frame(
             "completed": len(done),
             "rejected": sum(r.state is RequestState.REJECTED for r in members),
             "unfinished": sum(not r.is_finished for r in members),
+            # The other ways a request ends, so that a row adds up to its requests.
+            "dropped": sum(
+                r.state in (RequestState.DROPPED, RequestState.DROPPED_ON_DRAIN) for r in members
+            ),
+            "timed_out": sum(r.state is RequestState.TIMED_OUT for r in members),
+            "failed": sum(r.state is RequestState.FAILED for r in members),
         }
         for name, values in (("ttft", ttft), ("e2e", e2e), ("itl", itl)):
             # A model nobody was served by has no latency: NaN here, null in the JSON.

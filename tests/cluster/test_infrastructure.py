@@ -361,6 +361,9 @@ def test_requests_go_only_to_instances_serving_their_model():
     assert result.routing_rejections == rejected > 0
     table = result.per_model.set_index("model")
     assert table.requests.sum() == len(result.request_records)
+    # Every request of a model ends in one of the counted states (conservation per model).
+    ends = ["completed", "rejected", "unfinished", "dropped", "timed_out", "failed"]
+    assert (table[ends].sum(axis=1) == table.requests).all()
     assert table.completed.sum() == result.summary["completed_requests"]
     assert table.loc["nobody/serves-this", "rejected"] == rejected
     assert table.loc["qwen/qwen3-14b", "instances"] == 1
