@@ -95,3 +95,8 @@ def is_finite_positive(value: object) -> bool:
         return math.isfinite(value) and value > 0
     except OverflowError:  # an int beyond float range
         return False
+
+
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, pluralised by an s unless `n` is 1: "1 run", "3 runs", "1,024 requests"."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

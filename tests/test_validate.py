@@ -593,11 +593,11 @@ def test_validate_and_calibrate_reuse_a_shown_prompt_cycle_by_default(tmp_path: 
         "prompt reuse: 3 distinct prompts per run, request i reusing prompt i mod that "
         "(the request files' prompt cycle; --no-prompt-reuse replays every prompt as new)"
     ) in cli.stderr
-    assert "vllm-0.15.1: 1 runs (physics; prompts reused: 3 per run)" in cli.stdout
+    assert "vllm-0.15.1: 1 run (physics; prompts reused: 3 per run)" in cli.stdout
     off = CliRunner().invoke(app, ["validate", str(tmp_path), "-q", "--no-prompt-reuse"])
     assert off.exit_code == 0, off.output
     assert "prompt reuse: off, every prompt replayed as new (--no-prompt-reuse)" in off.stderr
-    assert "vllm-0.15.1: 1 runs (physics)" in off.stdout
+    assert "vllm-0.15.1: 1 run (physics)" in off.stdout
 
     # calibrate builds the same replay trace by default as with --prompt-reuse.
     by_default = cal.groundtruth_case(run, workdir=tmp_path / "default")
@@ -956,8 +956,8 @@ def test_cli_validate_on_the_parent_of_both_datasets(both_layouts: Path, tmp_pat
     result = CliRunner().invoke(app, ["validate", str(both_layouts), "--output", str(out)])
     assert result.exit_code == 0, result.output
     stdout, stderr = result.stdout, result.stderr
-    assert "vllm-0.15.1: 1 runs (physics)" in stdout
-    assert "vllm-0.23.0: 1 runs (physics)" in stdout
+    assert "vllm-0.15.1: 1 run (physics)" in stdout
+    assert "vllm-0.23.0: 1 run (physics)" in stdout
     assert "overloaded runs, kept out of the accuracy summary" in stdout
     assert "vllm-0.23.0 sweep-agg20: client fell behind its schedule" in stdout
     assert "vllm-0.15.1 20260101-010000-llama-2-7b-tp1-reasoning: README" in stdout

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import ConfigError, excerpt
+from ..errors import ConfigError, counted, excerpt
 from .common import check_writable, guarded
 
 # Exit status when --fail-if-no-improvement is given and no round beat the start (or the
@@ -45,7 +45,7 @@ def format_round(r: Any) -> str:
 
 
 def _runs(n: int) -> str:
-    return f"{n} run" if n == 1 else f"{n} runs"
+    return counted(n, "run")
 
 
 def held_out_warning(result: Any) -> str | None:
@@ -499,7 +499,9 @@ def _echo_prompt_reuse(specs: list, prompt_reuse: bool | None) -> str:
     counts = {n for n in reused if n is not None}
     if counts:
         fresh = reused.count(None)
-        rest = f"; {fresh} runs with no cycle replay every prompt as new" if fresh else ""
+        rest = ""
+        if fresh:
+            rest = f"; {counted(fresh, 'run')} with no cycle replay every prompt as new"
         line = prompt_reuse_text(counts) + rest
     else:
         line = "none, every prompt replayed as new"

@@ -28,7 +28,7 @@ import typer
 from typer.main import get_command_name
 
 from ..atomic_io import atomic_open, write_json_atomically, write_with
-from ..errors import ConfigError, ServesimError
+from ..errors import ConfigError, ServesimError, counted
 from ..interruption import interruptible
 from .blis import closed_loop_flags, goodput_flags
 from .common import (
@@ -795,7 +795,7 @@ def _echo_validation(done: Any, model: str) -> None:
             continue
         counts = ", ".join(str(n) for n in sorted(reused.get(dataset, set()) - {None}))
         replay = f"; prompts reused: {counts} per run" if counts else ""
-        typer.echo(f"{dataset}: {part['run'].nunique()} runs ({model}{replay})")
+        typer.echo(f"{dataset}: {counted(part['run'].nunique(), 'run')} ({model}{replay})")
         typer.echo(format_table(part))
         typer.echo("")
     overloaded = frame[frame["overloaded"]]

@@ -27,7 +27,7 @@ import yaml
 
 from ..atomic_io import replacing
 from ..engine.request import Request, RequestState, group_prefix_tokens, prefix_key
-from ..errors import ConfigError, excerpt
+from ..errors import ConfigError, counted, excerpt
 from ..input_files import csv_header, csv_records, read_yaml_mapping
 from ..limits import MAX_REQUESTS, MAX_TIME_US, MAX_TOKENS
 
@@ -938,7 +938,7 @@ def client_of(spans: TraceSpans) -> ClientReplay:
             True,
             spans.max_in_flight,
             f"the recorded client sent {late:.0%} later than scheduled with at most "
-            f"{spans.max_in_flight:,} requests outstanding",
+            f"{counted(spans.max_in_flight, 'request')} outstanding",
             spans,
         )
     return ClientReplay(False, None, "the recorded client kept to its schedule", spans)
