@@ -321,15 +321,22 @@ def required_requests(bounds: Mapping[str, float], min_attainment: float) -> int
     return max(MIN_PROBE_REQUESTS, math.ceil(SAMPLES_BEYOND_PERCENTILE / tail - 1e-9))
 
 
-def per_request_targets(bounds: Mapping[str, float]) -> dict[str, float]:
+def per_request_targets(
+    bounds: Mapping[str, float], min_attainment: float = DEFAULT_MIN_ATTAINMENT
+) -> dict[str, float]:
     """Per-request SLO targets from the plan's bounds: for TTFT, ITL and E2E the bound of the
     highest percentile given (ttft_p99_ms=500 -> every request's TTFT <= 500 ms), so that
-    attainment >= 99 % means p99 <= 500 over the *offered* requests, not only completed ones."""
+    attainment >= 99 % means p99 <= 500 over the *offered* requests, not only completed ones.
+    Only a percentile at or above `min_attainment` becomes one: "p50 <= B" asks half the
+    requests to be within B, and a per-request target checked at 99 % attainment would ask
+    99 % of them (a mean is no share of requests at all); those stay bounds on the summary."""
     targets: dict[str, tuple[float, float]] = {}
     for metric, bound in bounds.items():
         family = metric.split("_")[0]
-        if family in ("ttft", "itl", "e2e") and metric.endswith("_ms"):
-            rank = _percentile(metric) + (0.001 if "_mean_" in metric else 0.0)
+        if family in ("ttft", "itl", "e2e") and metric.endswith("_ms") and "_mean_" not in metric:
+            rank = _percentile(metric)
+            if rank < min_attainment:
+                continue
             if family not in targets or rank > targets[family][0]:
                 targets[family] = (rank, bound)
     return {f"{family}_ms": bound for family, (_rank, bound) in targets.items()}
@@ -439,6 +446,20 @@ def plan(
             "search (it sizes cluster.num_instances of the scenario's one deployment); plan "
             "each deployment as a scenario of its own"
         )
+    pools = sc.cluster.pd
+    own_gpu = [
+        f"cluster.pd.{role}.hardware ({pool.hardware})"
+        for role, pool in (("prefill", pools.prefill), ("decode", pools.decode))
+        if pool.hardware is not None
+    ]
+    if own_gpu:
+        # Plan sets one GPU for the fleet and prices every GPU at it: a pool on its own GPU
+        # would be a mixed fleet priced as the other (docs/planning.md, "Not covered").
+        raise ConfigError(
+            f"plan: the scenario's {' and '.join(own_gpu)} runs on its own GPU, and plan "
+            "compares fleets of one GPU type; remove the pool's hardware to plan the fleet "
+            "on each --gpu, or run the mixed fleet with `servesim run`/`sweep`"
+        )
     bounds = _check_slos(slos)
     if not bounds and min_goodput is None:
         raise ConfigError("plan: give at least one SLO (metric=bound) or min_goodput")
@@ -460,7 +481,7 @@ def plan(
     price_table = _prices(prices)
 
     notes: list[str] = []
-    targets = per_request_targets(bounds)
+    targets = per_request_targets(bounds, min_attainment)
     if targets:
         sc = with_overrides(
             sc, {f"slo.{k}": v for k, v in targets.items()}, source="plan: SLO targets"

@@ -264,10 +264,9 @@ def test_no_completions_never_pass() -> None:
 def test_a_disaggregated_scenario_is_planned_over_total_and_split() -> None:
     """A PD scenario used to fail (`grid: cluster.num_instances = 1`); now each total from 2
     is probed over its prefill:decode splits, and the answer names the split."""
-    res = plan(
-        "scenarios/pd_2p2d.yaml", {"ttft_mean_ms": 2_000.0}, seeds=(1,), max_instances=4,
-        workers=1,
-    )  # fmt: skip
+    base = yaml.safe_load(Path("scenarios/pd_2p2d.yaml").read_text())
+    del base["cluster"]["pd"]["decode"]["hardware"]  # one GPU type: what plan compares
+    res = plan(base, {"ttft_mean_ms": 2_000.0}, seeds=(1,), max_instances=4, workers=1)
     assert (res.frontier["instances"] >= 2).all()
     splits = res.frontier["prefill_instances"] + res.frontier["decode_instances"]
     assert (splits == res.frontier["instances"]).all()
@@ -372,3 +371,21 @@ def test_a_scenario_with_named_deployments_is_refused() -> None:
     named = {**LIGHT, "deployments": [{"name": "a", "num_instances": 1}]}
     with pytest.raises(ConfigError, match="plan: the scenario lists `deployments`"):
         plan(named, GENEROUS, seeds=(1,), workers=1)
+
+
+def test_only_a_percentile_at_the_attainment_becomes_a_per_request_target():
+    """p99 <= B is "at least 99 % within B", which a per-request target at 99 % attainment
+    checks exactly; p50 <= B asks only half the requests, and a mean no share at all, so those
+    stay summary bounds (turned into targets, they made the plan ask p99 <= B)."""
+    from simulator.plan import per_request_targets
+
+    assert per_request_targets({"ttft_p99_ms": 500, "itl_p50_ms": 20}) == {"ttft_ms": 500}
+    assert per_request_targets({"ttft_p50_ms": 60, "e2e_mean_ms": 900}) == {}
+    assert per_request_targets({"ttft_p90_ms": 300}, min_attainment=0.9) == {"ttft_ms": 300}
+
+
+def test_a_pool_on_its_own_gpu_is_refused_rather_than_priced_as_another():
+    """pd_2p2d's decode pool runs on H200: a plan over --gpu H100 would price it as H100 and
+    label a mixed fleet as one GPU type, so plan refuses it, naming the field."""
+    with pytest.raises(ConfigError, match=r"cluster.pd.decode.hardware \(H200\) runs on its own"):
+        plan("scenarios/pd_2p2d.yaml", {"ttft_p99_ms": 1_000.0}, seeds=(1,), workers=1)

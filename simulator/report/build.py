@@ -501,7 +501,7 @@ def render_plan(data: dict[str, Any]) -> str:
         card(
             "answer",
             f"{best['gpu']} × {best['instances']}" if best else "none",
-            f"TP {best['tp']}, {best['total_gpus']} GPU(s), "
+            f"{best.get('layout') or 'TP ' + str(best['tp'])}, {best['total_gpus']} GPU(s), "
             f"{figures._usd(best['cost_per_hour_usd'])}/h"
             if best
             else f"no GPU meets the SLOs with ≤ {data['max_instances']} instances",

@@ -178,6 +178,8 @@ def plan_data(plan: Any) -> dict[str, Any]:
                 "gpu": best.gpu,
                 "instances": best.instances,
                 "tp": best.tp,
+                # The instance's layout in words ("TP 2 x PP 2"), as the text answer says it.
+                "layout": plan.layouts.get(best.gpu, f"TP {best.tp}"),
                 "total_gpus": best.total_gpus,
                 "cost_per_hour_usd": best.cost_per_hour_usd,
             },

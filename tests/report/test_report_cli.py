@@ -122,6 +122,9 @@ def test_plan_report(tmp_path):
     assert done.exit_code == 0, done.output
     data = _is_page(page)
     assert data["kind"] == "plan" and data["best"]["instances"] == 1
+    # The answer names the instance's layout, as the text answer does (TP x PP when PP > 1).
+    assert data["best"]["layout"].startswith(f"TP {data['best']['tp']}")
+    assert data["best"]["layout"] in page.read_text()
 
 
 @pytest.mark.parametrize(
