@@ -117,6 +117,16 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
             f"enable_expert_parallel: invalid value True; expert parallelism needs an MoE "
             f"model and {model.name!r} is dense"
         )
+    if layout.dp > 1 and not model.is_moe:
+        # vLLM keeps DP ranks in lockstep (aligned steps, dummy batches) for the expert
+        # all-to-alls of an MoE model; a dense model's ranks are independent servers, which
+        # servesim models as instances (docs/parallelism.md).
+        raise invalid(
+            "dp",
+            layout.dp,
+            f"{model.name!r} is dense: its data-parallel ranks are independent replicas, not "
+            "ranks stepping together; give cluster.num_instances (--num-instances) instead",
+        )
     lat = scenario.latency
     step_model = build_step_time_model(
         lat.model,
