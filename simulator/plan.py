@@ -507,6 +507,15 @@ def plan(
         if isinstance(gpus, str) or not gpus:
             raise invalid("gpus", gpus, "must be a non-empty list of GPU names")
         gpu_names = list(dict.fromkeys(get_gpu(g, extra).name for g in gpus))
+    known = {k.lower() for k in DEFAULT_PRICES_USD_PER_GPU_HOUR} | {g.lower() for g in gpu_names}
+    unused = [str(name) for name in (prices or {}) if str(name).lower() not in known]
+    if unused:
+        # A misspelt GPU would otherwise leave the default price in force, silently.
+        raise ConfigError(
+            f"plan: a price for GPU {unused[0]!r}, which is neither in the price table nor "
+            f"planned (GPUs: {', '.join(gpu_names)}; priced: "
+            f"{', '.join(DEFAULT_PRICES_USD_PER_GPU_HOUR)})"
+        )
     missing = [g for g in gpu_names if g.lower() not in price_table]
     if missing and len(gpu_names) > 1:
         raise ConfigError(

@@ -105,6 +105,8 @@ def test_min_goodput() -> None:
         ({"slos": SLO, "min_goodput": 1.5}, "min_goodput: invalid value 1.5"),
         ({"slos": SLO, "max_instances": 0}, "max_instances: invalid value 0"),
         ({"slos": SLO, "gpus": ["H1000"]}, "unknown GPU 'H1000'"),
+        # A price for a GPU neither priced nor planned: a misspelling, not silently ignored.
+        ({"slos": SLO, "prices": {"H1OO": 2.0}}, "plan: a price for GPU 'H1OO'"),
     ],
 )
 def test_bad_input(kwargs: dict, needle: str) -> None:
