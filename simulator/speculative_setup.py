@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from .errors import ConfigError
 from .limits import Gpus, TimeUs, integer
 
 if TYPE_CHECKING:
@@ -133,6 +134,12 @@ def build_speculation(
         reserved_bytes = float(model_weight_bytes(draft))
         kv_share = kv_bytes_per_token(draft) / kv_bytes_per_token(model)
     else:
+        if spec.method == "mtp" and model.mtp_layers <= 0:
+            raise ConfigError(
+                f"speculative.method: invalid value 'mtp'; {model.name!r} has no "
+                "multi-token-prediction layers (num_nextn_predict_layers in its config.json); "
+                "use eagle, ngram or draft_model"
+            )
         layers = spec.draft_layers or 1
         cls = EagleDrafter if spec.method == "eagle" else MTPDrafter
         drafter = cls(
@@ -186,7 +193,6 @@ def blocks_beside(
     the section in an error. None when the model's memory cannot be sized (a measured count
     is then kept as it is)."""
     from .engine.speculative import reserve_kv_blocks
-    from .errors import ConfigError
     from .latency.kv_capacity import GIB_BYTES, kv_capacity
 
     try:

@@ -250,6 +250,7 @@ def parse_hf_config(raw: dict, name: str) -> ModelConfig:
         # MXFP4 packs 4-bit elements (plus one shared 8-bit scale per 32, ignored here like
         # every format's scales) for the routed experts only.
         expert_weight_bytes_per_param=0.5 if mxfp4 and is_moe else 0.0,
+        mtp_layers=_int_field(cfg, "num_nextn_predict_layers", name),
     )
 
 

@@ -75,6 +75,9 @@ class ModelConfig:
     kv_cache_bytes_per_element: float = 0.0
     weight_format: str = ""
     expert_weight_bytes_per_param: float = 0.0
+    # The model's own multi-token-prediction layers (DeepSeek-V3, GLM: HF's
+    # `num_nextn_predict_layers`), which vLLM's `mtp` speculative method drafts with.
+    mtp_layers: int = 0
 
     @property
     def is_moe(self) -> bool:

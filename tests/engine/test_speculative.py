@@ -407,3 +407,20 @@ def test_the_drafter_takes_kv_capacity_from_an_auto_sized_cache():
 def test_bad_speculative_sections_name_the_field(spec, message):
     with pytest.raises(ConfigError, match=message):
         simulator.simulate("scenarios/quickstart.yaml", speculative=spec)
+
+
+def test_mtp_needs_a_model_with_its_own_prediction_layers():
+    """vLLM's `mtp` drafts with the model's own multi-token-prediction layers (DeepSeek-V3
+    has one: `num_nextn_predict_layers`); a model without them (Llama) is refused rather
+    than priced as if it had them."""
+    assert load_model("deepseek-ai/deepseek-v3").mtp_layers == 1
+    assert load_model("meta-llama/llama-3.1-8b-instruct").mtp_layers == 0
+    with pytest.raises(ConfigError, match="speculative.method: invalid value 'mtp'; .*no multi"):
+        simulator.simulate(
+            {
+                "model": "meta-llama/llama-3.1-8b-instruct",
+                "speculative": {"method": "mtp", "num_speculative_tokens": 2,
+                                "acceptance_rate": 0.7},
+                "workload": {"num_requests": 5, "rate": 5},
+            }
+        )  # fmt: skip
