@@ -547,10 +547,18 @@ class Infrastructure:
         policy = event.drain_policy or self.lifecycle.drain_policy
         action = event.action
         reason = f"event {action} at {event.at_s:g} s"
-        if action == "drain_instance":
-            self.drain(self.record(event.target), policy, reason)
-        elif action == "fail_instance":
-            self.fail(self.record(event.target), reason)
+        if action in ("drain_instance", "fail_instance"):
+            rec = self.record(event.target)
+            if rec.state is None:
+                # A slot the fleet has not created yet (an autoscaler's or add_instance's):
+                # nothing to drain or fail, said on the timeline rather than silently.
+                self.timeline.record(
+                    self.env.now, "event", event.target, "", "", f"{reason}: not created yet"
+                )
+            elif action == "drain_instance":
+                self.drain(rec, policy, reason)
+            else:
+                self.fail(rec, reason)
         elif action == "add_instance":
             deployment = event.deployment or self.plan.slots[0].deployment
             self.add_instance(deployment, reason)

@@ -783,3 +783,22 @@ def test_scale_down_drains_the_newest_of_instances_created_together():
     drained = result.timeline[result.timeline.to_state == "draining"]
     assert len(drained) >= 1
     assert drained.iloc[0]["id"] == "instance_2"
+
+
+def test_an_event_aimed_at_a_slot_not_created_yet_says_so_on_the_timeline():
+    """instance_2 is the add_instance event's slot, created at 5 s: a drain at 1 s has
+    nothing to drain, and the timeline records that instead of nothing."""
+    sc = {
+        "cluster": {"num_instances": 2},
+        "instance_lifecycle": {"initial_instances_loaded": True},
+        "events": [
+            {"at_s": 1, "action": "drain_instance", "target": "instance_2"},
+            {"at_s": 5, "action": "add_instance"},
+        ],
+        "workload": constant_workload(5, 40),
+    }
+    result = run_checked(sc)
+    rows = result.timeline[(result.timeline.kind == "event") & (result.timeline.id == "instance_2")]
+    assert len(rows) == 1 and rows.iloc[0]["reason"].endswith("not created yet")
+    assert rows.iloc[0]["time_s"] == 1.0
+    assert "instance_2" in set(result.fleet_instances.instance_id)  # created later, served
