@@ -77,14 +77,13 @@ def check_path(base: Scenario, path: str) -> None:
     )
     if path in V2_EQUIVALENTS and v2_workload:
         return  # a v2 spec's aggregate_rate / num_requests (`_point_scenario`)
+    keys = path.split(".")
     if (
         v2_workload
-        and path.startswith("workload.")
-        and path.split(".")[1] in SyntheticWorkload.model_fields
-        and (
-            base.workload_spec is not None
-            or path.split(".")[1] not in type(base.workload).model_fields
-        )
+        and keys[0] == "workload"
+        and len(keys) > 1
+        and keys[1] in SyntheticWorkload.model_fields
+        and (base.workload_spec is not None or keys[1] not in type(base.workload).model_fields)
     ):
         # A synthetic workload's field on a v2 spec: not unknown, but not applicable.
         raise ConfigError(
@@ -92,7 +91,6 @@ def check_path(base: Scenario, path: str) -> None:
             f"where only {' and '.join(V2_EQUIVALENTS)} (its aggregate_rate and num_requests) "
             "and the spec's own fields (workload.aggregate_rate, workload.clients, ...) do"
         )
-    keys = path.split(".")
     node: Any = base
     classes: list[type[BaseModel]] = [type(base)]
     for i, key in enumerate(keys):
@@ -191,10 +189,9 @@ def _simulate_row(scenario: Scenario) -> dict[str, Any]:
     from .api import simulate
 
     result = simulate(scenario, warn_unsteady=False)
-    summary = result.summary
     provenance = result.latency_provenance
     summary = {
-        **summary,
+        **result.summary,
         "latency_model": provenance.get("latency_model", ""),
         "latency_coefficients": provenance.get("coefficients", ""),
     }

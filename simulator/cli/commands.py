@@ -106,10 +106,12 @@ def _execute(
     check_writable("--timeline-path", timeline_path)
     check_writable("--report", report_path)
     check_writable("--decisions-path", overrides.get("cluster.trace.path"))
+    trace_files = []
     if trace_output is not None:
         check_trace_prefix(trace_output)
-        check_writable("--trace-output", f"{trace_output}.yaml")
-        check_writable("--trace-output", f"{trace_output}.csv")
+        trace_files = [f"{trace_output}.{ext}" for ext in ("yaml", "csv")]
+    for trace_file in trace_files:
+        check_writable("--trace-output", trace_file)
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = with_overrides(sc, overrides, workload_overrides)
     decisions_flag = "--decisions-path"
@@ -122,11 +124,7 @@ def _execute(
             ("--timeline-path", timeline_path),
             ("--report", report_path),
             (decisions_flag, sc.cluster.trace.path),
-            *(
-                [("--trace-output", f"{trace_output}.{ext}") for ext in ("yaml", "csv")]
-                if trace_output is not None
-                else []
-            ),
+            *(("--trace-output", trace_file) for trace_file in trace_files),
         ]
     )
     outputs = _planned_outputs(results_path, sc.cluster.trace.path, trace_output)
@@ -188,16 +186,17 @@ def _note_unrecorded_settings(settings: dict[str, Any], scenario: Path | None) -
         scalar = isinstance(value, int | float | str) and not isinstance(value, bool)
         return f"{flag} {value}" if flag is not None and scalar else None
 
+    as_flags = {path: as_flag(path, value) for path, value in settings.items()}
     # A section with a field no flag sets goes into the scenario file whole: a scenario's
     # section is validated on its own, before flags are applied (a speculative section
     # without its method would be refused).
-    in_file = {path.split(".")[0] for path, value in settings.items() if not as_flag(path, value)}
+    in_file = {path.split(".")[0] for path, flag in as_flags.items() if flag is None}
     flags, fields = [], []
     for path, value in settings.items():
         if path.split(".")[0] in in_file:
             fields.append(f"{path}: {json.dumps(value)}")
         else:
-            flags.append(as_flag(path, value))
+            flags.append(as_flags[path])
     parts = []
     if flags:
         parts.append(" ".join(flags))

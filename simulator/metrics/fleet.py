@@ -5,13 +5,14 @@ for a run on a fixed fleet."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from ..engine.request import Request, RequestState
-from .summary import pooled_itl_us, stat_mean, stat_pct
+from .summary import pooled_itl_us, stat_or_none
 
 if TYPE_CHECKING:
     from .fleet_record import FleetRecord
@@ -174,25 +175,24 @@ def per_model_frame(
         e2e = np.array([r.completion_us - r.arrival_us for r in done], dtype=np.int64)
         itl = pooled_itl_us(mine)
         output_tokens = sum(e.total_output_tokens for e in mine)
+        states = Counter(r.state for r in members)
         row: dict[str, Any] = {
             "model": model,
             "instances": len(mine),
             "requests": len(members),
             "completed": len(done),
-            "rejected": sum(r.state is RequestState.REJECTED for r in members),
+            "rejected": states[RequestState.REJECTED],
             "unfinished": sum(not r.is_finished for r in members),
             # The other ways a request ends, so that a row adds up to its requests.
-            "dropped": sum(
-                r.state in (RequestState.DROPPED, RequestState.DROPPED_ON_DRAIN) for r in members
-            ),
-            "timed_out": sum(r.state is RequestState.TIMED_OUT for r in members),
-            "failed": sum(r.state is RequestState.FAILED for r in members),
+            "dropped": states[RequestState.DROPPED] + states[RequestState.DROPPED_ON_DRAIN],
+            "timed_out": states[RequestState.TIMED_OUT],
+            "failed": states[RequestState.FAILED],
         }
         for name, values in (("ttft", ttft), ("e2e", e2e), ("itl", itl)):
             # A model nobody was served by has no latency: NaN here, null in the JSON.
-            sampled = len(values) > 0
-            row[f"{name}_mean_ms"] = stat_mean(values) / 1000 if sampled else np.nan
-            row[f"{name}_p99_ms"] = stat_pct(values, 99) / 1000 if sampled else np.nan
+            for column, p in ((f"{name}_mean_ms", None), (f"{name}_p99_ms", 99)):
+                value = stat_or_none(values, p, 1000)
+                row[column] = np.nan if value is None else value
         row["responses_per_sec"] = len(done) / duration_s if duration_s > 0 else 0.0
         row["tokens_per_sec"] = output_tokens / duration_s if duration_s > 0 else 0.0
         rows.append(row)

@@ -31,8 +31,8 @@ _Z975 = 1.959964
 # Summary fields kept as text in `runs` (not averaged in `points`): the steady-state verdict,
 # and which step-time model priced the run with its coefficients' source (every result says
 # which model produced it; `points` carries them per point).
-TEXT_COLUMNS = ("steady_state", "latency_model", "latency_coefficients")
 LATENCY_COLUMNS = ("latency_model", "latency_coefficients")
+TEXT_COLUMNS = ("steady_state", *LATENCY_COLUMNS)
 
 
 @dataclass(repr=False)

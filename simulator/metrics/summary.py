@@ -135,6 +135,17 @@ def stat_pct(values: np.ndarray | CountedValues, p: float) -> float:
     return values.percentile(p) if isinstance(values, CountedValues) else pct(values, p)
 
 
+def stat_or_none(
+    values: np.ndarray | CountedValues, p: float | None = None, scale: float = 1.0
+) -> float | None:
+    """The mean (`p` None) or the `p`-th percentile of `values`, over `scale`; None of no
+    values: a statistic of no samples is unknown (JSON null), never 0, so that a run or a
+    class that served nobody does not look fast. BLIS prints 0 there."""
+    if not len(values):
+        return None
+    return (stat_mean(values) if p is None else stat_pct(values, p)) / scale
+
+
 def compute_summary(
     instance_id: str,
     requests: list[Request] | RequestStats,
@@ -190,14 +201,10 @@ def compute_summary(
         "responses_per_sec": n_completed / duration_s if duration_s > 0 else 0.0,
         "tokens_per_sec": output_tokens / duration_s if duration_s > 0 else 0.0,
     }
-    # A statistic of no samples is unknown (JSON null), never 0: a run that served nobody
-    # must not look fast. BLIS prints 0 there.
     for name, values in (("e2e", e2e_us), ("ttft", ttft_us), ("itl", itl_us)):
-        sampled = len(values) > 0
-        summary[f"{name}_mean_ms"] = stat_mean(values) / 1000 if sampled else None
-        summary[f"{name}_p50_ms"] = stat_pct(values, 50) / 1000 if sampled else None
-        for p in (90, 95, 99):
-            summary[f"{name}_p{p}_ms"] = stat_pct(values, p) / 1000 if sampled else None
+        summary[f"{name}_mean_ms"] = stat_or_none(values, None, 1000)
+        for p in (50, 90, 95, 99):
+            summary[f"{name}_p{p}_ms"] = stat_or_none(values, p, 1000)
     summary["scheduling_delay_p99_ms"] = pct(sched_us, 99) / 1000 if len(sched_us) else None
     failures = sum(e.kv_allocation_failures for e in engines)
     if failures:
@@ -270,11 +277,9 @@ def per_class_metrics(records: Sequence, field: str) -> dict[str, dict[str, Any]
         ttft, e2e = ttft_all[rows & has_token], e2e_all[rows & completed]
         row: dict[str, Any] = {"requests": int(rows.sum()), "completed_requests": len(e2e)}
         for metric, values in (("ttft", ttft), ("e2e", e2e)):
-            # A class nobody finished has no latency (null, as in the summary), not 0 ms.
-            sampled = len(values) > 0
-            row[f"{metric}_mean_ms"] = mean(values) / 1000 if sampled else None
+            row[f"{metric}_mean_ms"] = stat_or_none(values, None, 1000)
             for p in (50, 90, 99):
-                row[f"{metric}_p{p}_ms"] = pct(values, p) / 1000 if sampled else None
+                row[f"{metric}_p{p}_ms"] = stat_or_none(values, p, 1000)
         out[name] = row
     return out
 
@@ -284,9 +289,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     return f"{SUMMARY_HEADER}\n{json.dumps(summary, indent=2)}"
 
 
-def mean_itl_ms(r: Request) -> float:
-    """A request's mean inter-token time (TPOT), ms; 0 with fewer than two tokens."""
+def mean_itl_ms(r: Request, no_gap: float = 0.0) -> float:
+    """A request's mean inter-token time (TPOT), ms; `no_gap` with fewer than two tokens (0,
+    as BLIS's records write it, by default)."""
     gen = r.generated_tokens
     if gen > 1 and r.first_token_us >= 0:
         return (r.last_token_us - r.first_token_us) / (gen - 1) / 1000
-    return 0.0
+    return no_gap

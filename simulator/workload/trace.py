@@ -701,7 +701,7 @@ def injection_origin_shift(rows: list[TraceRow]) -> int:
     if not rows:
         return 0
     first_arrival = min(r.arrival_time_us for r in rows)
-    if _mixes_clocks(rows):
+    if _mixes_clocks([r.send_time_us for r in rows]):
         # Over the rows that record a send: a row with send_time_us 0 among wall-clock sends
         # (a request that never went out) is on the arrival clock, and mixing it in would put
         # every other row decades late (BLIS's formula does).
@@ -709,19 +709,18 @@ def injection_origin_shift(rows: list[TraceRow]) -> int:
     return min(r.injection_basis_us for r in rows) - first_arrival
 
 
-def _mixes_clocks(rows: list[TraceRow]) -> bool:
+def _mixes_clocks(sends: Sequence[int]) -> bool:
     """Wall-clock sends (`observe`) beside rows without a send. (On a run's own clock a send
     of 0 is simply the run's first instant, as in BLIS's own traces.)"""
-    sends = [r.send_time_us for r in rows]
     return 0 in sends and max(sends) >= _EPOCH_LIKE_US
 
 
-def injection_times_us(rows: list[TraceRow]) -> list[int]:
+def injection_times_us(rows: list[TraceRow], shift: int) -> list[int]:
     """When a replay injects each row: its injection basis (send_time_us when positive, else
-    arrival_time_us) less the origin shift; in a trace that mixes wall-clock sends with rows
-    that were never sent, those rows at their arrival time, which is on the run's clock."""
-    shift = injection_origin_shift(rows)
-    if not _mixes_clocks(rows):
+    arrival_time_us) less the origin shift (`injection_origin_shift`); in a trace that mixes
+    wall-clock sends with rows that were never sent, those rows at their arrival time, which
+    is on the run's clock."""
+    if not _mixes_clocks([r.send_time_us for r in rows]):
         return [r.injection_basis_us - shift for r in rows]
     return [r.send_time_us - shift if r.send_time_us > 0 else r.arrival_time_us for r in rows]
 
@@ -745,7 +744,7 @@ def requests_from_rows(rows: list[TraceRow]) -> list[Request]:
             if length > 0:
                 group_tokens[row.prefix_group] = length
     shift = injection_origin_shift(rows)
-    injection_us = injection_times_us(rows)
+    injection_us = injection_times_us(rows, shift)
     id_counts = Counter(row.request_id for row in rows)
     requests = []
     for i, row in enumerate(rows):
@@ -852,7 +851,7 @@ def trace_spans(path: str | Path) -> TraceSpans:
         ends.append(f.bounded_int("last_chunk_time_us"))
     if not arrivals:
         return TraceSpans(0, 0, 0, 0, 0)
-    if 0 in recorded_sends and max(recorded_sends) >= _EPOCH_LIKE_US:
+    if _mixes_clocks(recorded_sends):
         # The client's spans over the rows it sent (a row with send 0 never went out, and its
         # arrival time is on another clock than an observe trace's wall-clock sends).
         sent = [(s, e) for s, e in zip(recorded_sends, ends, strict=True) if s > 0]

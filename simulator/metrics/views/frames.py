@@ -48,7 +48,7 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
                 (r.completion_us - r.arrival_us) / 1000 if done else np.nan,
                 # No gap to average below two tokens: NaN, as ttft_ms and e2e_ms of a stage
                 # never reached (BLIS's records write 0.0 there; blis_request_records does).
-                mean_itl_ms(r) if r.generated_tokens > 1 and r.first_token_us >= 0 else np.nan,
+                mean_itl_ms(r, no_gap=np.nan),
                 (r.schedule_us - r.arrival_us) / 1000 if r.schedule_us >= 0 else np.nan,
                 r.slo_class,
                 r.tenant_id,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..request_table import ParentRecords
-from ..summary import mean, pct
+from ..summary import stat_or_none
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -165,14 +165,6 @@ def _link_columns(pd_state: PDRecord) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return durations, starts, starts - (requested + link.base_latency_us)
 
 
-def _stat(values: np.ndarray, p: float | None = None, scale: float = 1.0) -> float | None:
-    """The mean (`p` None) or `p`-th percentile of `values` over `scale`; None of no values: a
-    statistic of no samples is null, as in the summary (BLIS prints 0 there)."""
-    if not len(values):
-        return None
-    return (mean(values) if p is None else pct(values, p)) / scale
-
-
 def pd_metrics(pd_state: PDRecord | None, summary: dict[str, Any]) -> dict[str, Any] | None:
     """BLIS's `=== PD Metrics ===` (docs/behaviour.md §7.4) plus link concurrency."""
     if pd_state is None:
@@ -197,18 +189,18 @@ def pd_metrics(pd_state: PDRecord | None, summary: dict[str, Any]) -> dict[str, 
         "prefill_throughput_rps": prefill_tput,
         "decode_throughput_rps": decode_tput,
         "load_imbalance_ratio": imbalance,
-        "parent_ttft_mean_ms": _stat(ttft, None, 1000),
-        "parent_ttft_p50_ms": _stat(ttft, 50, 1000),
-        "parent_ttft_p95_ms": _stat(ttft, 95, 1000),
-        "parent_ttft_p99_ms": _stat(ttft, 99, 1000),
+        "parent_ttft_mean_ms": stat_or_none(ttft, None, 1000),
+        "parent_ttft_p50_ms": stat_or_none(ttft, 50, 1000),
+        "parent_ttft_p95_ms": stat_or_none(ttft, 95, 1000),
+        "parent_ttft_p99_ms": stat_or_none(ttft, 99, 1000),
         "transfers": int(len(durations)),
-        "transfer_duration_mean_us": _stat(durations),
-        "transfer_duration_p50_us": _stat(durations, 50),
-        "transfer_duration_p95_us": _stat(durations, 95),
-        "transfer_duration_p99_us": _stat(durations, 99),
+        "transfer_duration_mean_us": stat_or_none(durations),
+        "transfer_duration_p50_us": stat_or_none(durations, 50),
+        "transfer_duration_p95_us": stat_or_none(durations, 95),
+        "transfer_duration_p99_us": stat_or_none(durations, 99),
         "link_transfer_slots": d.link.transfer_slots,
-        "transfer_slot_wait_mean_us": _stat(slot_waits),
-        "transfer_slot_wait_p99_us": _stat(slot_waits, 99),
+        "transfer_slot_wait_mean_us": stat_or_none(slot_waits),
+        "transfer_slot_wait_p99_us": stat_or_none(slot_waits, 99),
         "link_peak_concurrency": d.link.peak_concurrency,
         "link_mean_concurrency_at_start": d.link.mean_concurrency_at_start,
         "link_time_weighted_concurrency": d.link.time_weighted_mean_concurrency(int(end)),
