@@ -253,3 +253,12 @@ def test_progress_bar_shows_the_total():
     result = _simulate_with_progress(sc, console=console)
     assert result.summary["completed_requests"] == 40
     assert re.search(r"\d+/40", out.getvalue()), out.getvalue()[-500:]
+
+
+@pytest.mark.parametrize("path", [p for p in COMMANDS if p])
+def test_each_command_summary_is_one_sentence_on_one_line(path):
+    """The command list shows a docstring's first paragraph as it is written, line breaks
+    included, so a summary wrapped in the source breaks mid-sentence in `--help`."""
+    summary = (COMMANDS[path].help or "").strip().split("\n\n")[0]
+    assert summary, path
+    assert "\n" not in summary, (path, summary)

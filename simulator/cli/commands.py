@@ -556,8 +556,11 @@ def list_models_cmd() -> None:
 
 @app.command("hardware")
 def list_hardware_cmd() -> None:
-    """List the GPU catalog with its peak rates and whose MFU each uses (dense rates, except
-    BLIS's L40S FP8 figure, kept as BLIS has it: docs/models-and-hardware.md)."""
+    """List the GPU catalog: peak rates and whose MFU each GPU uses.
+
+    Rates are dense, except BLIS's L40S FP8 figure, kept as BLIS has it
+    (docs/models-and-hardware.md).
+    """
     from ..catalog.hardware import get_gpu, list_gpus
 
     typer.echo(
@@ -837,8 +840,10 @@ def report_cmd(
         ),
     ] = None,
 ) -> None:
-    """Write one self-contained HTML page (charts and data inside, no network) for a run or
-    a sweep (docs/report.md)."""
+    """Write one self-contained HTML page for a run or a sweep.
+
+    Charts and data are inside the page, which opens without a network (docs/report.md).
+    """
 
     def go() -> None:
         from ..report import default_output, load_input, write_report

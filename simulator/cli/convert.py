@@ -56,8 +56,11 @@ def register(convert_app: typer.Typer) -> None:
             ),
         ] = False,
     ) -> None:
-        """Print a ServeGen data folder as a v2 spec: current BLIS's midnight, morning and
-        afternoon periods as cohorts per SLO class (or, --single-span, BLIS-Mar's clients)."""
+        """Print a ServeGen data folder as a v2 spec.
+
+        Current BLIS's midnight, morning and afternoon periods become cohorts per SLO class
+        (with --single-span, BLIS-Mar's clients).
+        """
 
         def go() -> None:
             from ..workload.convert import servegen_spec
@@ -83,8 +86,10 @@ def register(convert_app: typer.Typer) -> None:
             typer.Option("--spec", help="v2 workload YAML with an inference_perf section"),
         ],
     ) -> None:
-        """Print an inference-perf workload (stages, shared prefixes, multi-turn chat) as a v2
-        spec of plain clients."""
+        """Print an inference-perf workload as a v2 spec of plain clients.
+
+        Stages, shared prefixes and multi-turn chat are carried over.
+        """
 
         def go() -> None:
             from ..workload.convert import inference_perf_spec
