@@ -184,6 +184,15 @@ class ClientPlan:
                 _Draws(from_dist_spec(text, self.base_dir, where=f"{where}.mm"), rng("text")),
                 parts,
             )
+        # Output lengths that only space a closed-loop session's rounds as open loop would,
+        # for counting them against num_requests (`WorkloadStream._client_requests`); their
+        # own stream, so the requests' draws do not depend on them.
+        self.planned_outputs = _Draws(
+            from_dist_spec(
+                c.output_distribution, self.base_dir, where=f"{where}.output_distribution"
+            ),
+            rng("planned_round_output"),
+        )
         self.ratio: _Draws | None = None
         if c.reasoning is not None and c.reasoning.reason_ratio_distribution is not None:
             self.ratio = _Draws(
@@ -621,6 +630,17 @@ class WorkloadStream:
             self.sessions.register(first, session)
             yield (t, plan.index, next(order), first)
             if plan.closed_loop:
+                # Later rounds come from the closed loop, but they count against num_requests
+                # where open loop would place them, as in BLIS: it expands every round, cuts
+                # the merged list at num_requests, then keeps the first rounds. Placeholders
+                # (no request) hold those places in the merge.
+                arrival, output = t, first.output_tokens
+                for _ in range(1, mt.max_rounds):
+                    arrival += mt.think_time_us + output
+                    if self.horizon_us is not None and arrival >= self.horizon_us:
+                        break
+                    heapq.heappush(pending, (arrival, plan.index, next(order), None))
+                    output = plan.planned_outputs.next()
                 continue
             # Open loop: every round is known now; round r+1 follows round r by the think
             # time plus one µs per output token (BLIS-Mar's spacing rule, docs/behaviour.md §9.3).
@@ -647,15 +667,19 @@ class WorkloadStream:
         if users:
             merged = self._with_users(merged, users, limit)
         clock_end = MAX_TIME_US
-        for i, (t, index, _, req) in enumerate(merged):
-            if limit is not None and i >= limit:
+        i = 0
+        for place, (t, index, _, req) in enumerate(merged):
+            if limit is not None and place >= limit:
                 return
+            if req is None:  # a closed-loop round's place (`_client_requests`)
+                continue
             # Every time a generated request carries (its arrival, its deadline) must be on
             # the clock; closed-loop rounds are checked where they are made.
             if t > clock_end or req.deadline_us > clock_end:
                 self._beyond_clock(i, self.plans[index % len(self.plans)], req)
             req.request_id = f"request_{i}"
             req.index = i
+            i += 1
             yield req
 
     def _with_users(

@@ -251,6 +251,49 @@ def test_open_loop_rounds_are_spaced_by_think_time_plus_output_tokens():
             assert nxt.arrival_us == prev.arrival_us + 1000 + prev.output_tokens
 
 
+@pytest.mark.parametrize("num_requests", [1, 7, 60, 300])
+def test_closed_loop_rounds_count_against_num_requests_where_open_loop_would_place_them(
+    num_requests,
+):
+    """BLIS expands every round of every session open-loop, cuts the merged list at
+    num_requests and keeps the first rounds. With constant lengths the open-loop stream's
+    rounds fall exactly where the closed-loop placeholders do, so the sessions started are
+    the first rounds among the open-loop stream's first num_requests requests."""
+
+    def stream(closed_loop: bool):
+        mt = {"max_rounds": 4, "think_time_us": 250_000}
+        c = client("s", closed_loop=closed_loop, reasoning={"multi_turn": mt})
+        return list(WorkloadStream(spec([c], aggregate_rate=5, num_requests=num_requests), seed=3))
+
+    open_loop, closed = stream(False), stream(True)
+    assert len(open_loop) == num_requests
+    first_rounds = [r for r in open_loop if r.round_index == 0]
+    assert [r.round_index for r in closed] == [0] * len(first_rounds)
+    assert [r.arrival_us for r in closed] == [r.arrival_us for r in first_rounds]
+    assert [r.request_id for r in closed] == [f"request_{i}" for i in range(len(closed))]
+    if num_requests >= 60:
+        assert len(closed) < num_requests / 2  # most places went to later rounds
+
+
+def test_closed_loop_sessions_total_about_num_requests():
+    """The helper's case that found the old rule (every first round counted alone): 300
+    requests of 5-round sessions started 300 sessions and sent 1,500 requests; BLIS starts
+    64 and sends 320 (both releases, seed 3). Follow-ups are not capped, so the total is
+    near num_requests rather than equal to it."""
+    out = {"type": "gaussian", "params": {"mean": 50, "std_dev": 10, "min": 10, "max": 100}}
+    c = client(
+        "s",
+        output_distribution=out,
+        reasoning={"multi_turn": {"max_rounds": 5, "think_time_us": 1_000_000}},
+    )
+    result = simulator.simulate(
+        {"workload": {"version": "2", "aggregate_rate": 2, "num_requests": 300, "clients": [c]}}
+    )
+    sessions = result.session_counts["total"]
+    assert 55 <= sessions <= 70
+    assert len(result.requests) == pytest.approx(300, rel=0.1)
+
+
 def test_single_session_starts_one_session_per_client():
     s = spec(
         [client("s", reasoning={"multi_turn": {"max_rounds": 3, "single_session": True}})],
