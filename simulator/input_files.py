@@ -537,3 +537,38 @@ def load_json(text: str, what: str, path: str | os.PathLike[str] | None = None) 
 def read_json(path: str | os.PathLike[str], what: str) -> Any:
     """The document in the JSON file at `path`; one-line ConfigError otherwise."""
     return load_json(read_text(path, what), what, path)
+
+
+def scenario_input_files(
+    scenario: dict[str, Any], scenario_path: str | os.PathLike[str] | None = None
+) -> list[tuple[str, Any]]:
+    """The files a run of `scenario` (a Scenario's dump) reads, as (what, path), None for one
+    it does not have."""
+    trace = scenario.get("trace") or {}
+    return [
+        ("the scenario file", scenario_path),
+        ("the workload spec (workload_spec)", scenario.get("workload_spec")),
+        ("the trace header (trace.header)", trace.get("header")),
+        ("the trace data (trace.data)", trace.get("data")),
+        (
+            "the coefficients file (latency.coeffs_file)",
+            (scenario.get("latency") or {}).get("coeffs_file"),
+        ),
+        ("the hardware file (hardware_file)", scenario.get("hardware_file")),
+    ]
+
+
+def refuse_writing_inputs(
+    outputs: list[tuple[str, str | os.PathLike[str] | None]],
+    inputs: list[tuple[str, str | os.PathLike[str] | None]],
+) -> None:
+    """Refuse an output that names a file the run reads: writing it would destroy the input
+    (and what is read after the write, such as a trace export's note, would read the output).
+    `outputs` are (flag or name, path), `inputs` (what the file is, path); None is skipped."""
+    read = {os.path.realpath(path): what for what, path in inputs if path is not None}
+    for flag, path in outputs:
+        if path is not None and os.path.realpath(path) in read:
+            raise ConfigError(
+                f"{flag}: {str(path)!r} is {read[os.path.realpath(path)]}, which this run "
+                "reads; writing it would replace it, so give the output another path"
+            )

@@ -136,6 +136,66 @@ def test_two_outputs_naming_one_file_are_refused_before_any_work(tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]  # nothing written
 
 
+SPEC_TEXT = (
+    'version: "2"\naggregate_rate: 5\nnum_requests: 5\nclients:\n  - id: c\n'
+    "    rate_fraction: 1\n    arrival: {process: poisson}\n"
+    "    input_distribution: {type: constant, params: {value: 64}}\n"
+    "    output_distribution: {type: constant, params: {value: 8}}\n"
+)
+
+
+@pytest.mark.parametrize(
+    "outputs, read",
+    [
+        (["--trace-output", "spec"], "the workload spec"),
+        (["--results-path", "spec.yaml"], "the workload spec"),
+        (["--report", "./sub/../spec.yaml"], "the workload spec"),
+        (["--results-path", "run.yaml"], "the scenario file"),
+        (["--timeline-path", "run.yaml"], "the scenario file"),
+    ],
+)
+def test_an_output_naming_a_file_the_run_reads_is_refused(tmp_path, monkeypatch, outputs, read):
+    """`--trace-output spec` with `--workload-spec spec.yaml` wrote the trace header over the
+    spec, then failed reading it back for the export's note: the run's input was lost."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "spec.yaml").write_text(SPEC_TEXT)
+    (tmp_path / "run.yaml").write_text("workload_spec: spec.yaml\n")
+    res = invoke("run", "run.yaml", *outputs)
+    assert res.exit_code == 2, res.output
+    assert f"is {read}" in res.stderr and "which this run reads" in res.stderr
+    assert "Traceback" not in res.output
+    assert (tmp_path / "spec.yaml").read_text() == SPEC_TEXT
+    assert (tmp_path / "run.yaml").read_text() == "workload_spec: spec.yaml\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml", "spec.yaml", "sub"]
+
+
+def test_a_replay_cannot_export_over_its_own_trace(tmp_path):
+    header, data = tmp_path / "t.yaml", tmp_path / "t.csv"
+    simulator.simulate({"workload_spec": _spec_file(tmp_path)}).write_trace(tmp_path / "t")
+    before = header.read_bytes(), data.read_bytes()
+    res = invoke(
+        "replay", "--trace-header", header, "--trace-data", data, "--trace-output", tmp_path / "t"
+    )
+    assert res.exit_code == 2, res.output
+    assert "is the trace header (trace.header)" in res.stderr
+    assert (header.read_bytes(), data.read_bytes()) == before
+
+
+def test_write_trace_refuses_to_replace_the_runs_workload_spec(tmp_path):
+    spec = _spec_file(tmp_path)
+    result = simulator.simulate({"workload_spec": spec})
+    with pytest.raises(simulator.ConfigError, match="is the workload spec"):
+        result.write_trace(tmp_path / "spec")
+    assert (tmp_path / "spec.yaml").read_text() == SPEC_TEXT
+
+
+def _spec_file(folder: Path) -> str:
+    path = folder / "spec.yaml"
+    path.write_text(SPEC_TEXT)
+    return str(path)
+
+
 @pytest.mark.parametrize("prefix", ["", "  ", "out/", ".", ".."])
 def test_a_trace_prefix_without_a_file_name_is_refused(tmp_path, monkeypatch, prefix):
     """Otherwise the export would write hidden files such as ./.yaml and ./.csv."""

@@ -98,8 +98,10 @@ def _execute(
     quiet: bool = False,
     timeline_path: Path | None = None,
     report_path: Path | None = None,
+    extra_inputs: list[tuple[str, Any]] = (),
 ) -> None:
     from ..api import as_scenario, simulate, with_overrides
+    from ..input_files import scenario_input_files
     from ..scenario import Scenario
 
     check_writable("--results-path", results_path)
@@ -125,7 +127,8 @@ def _execute(
             ("--report", report_path),
             (decisions_flag, sc.cluster.trace.path),
             *(("--trace-output", trace_file) for trace_file in trace_files),
-        ]
+        ],
+        inputs=[*scenario_input_files(sc.model_dump(), scenario), *extra_inputs],
     )
     outputs = _planned_outputs(results_path, sc.cluster.trace.path, trace_output)
     if timeline_path is not None:
@@ -334,6 +337,7 @@ def run(
             flags["quiet"],
             flags["timeline_path"],
             flags["report"],
+            [("the defaults file (--defaults-filepath)", flags.get("defaults_filepath"))],
         )
 
     guarded(go)

@@ -47,9 +47,17 @@ def check_trace_prefix(prefix: str) -> None:
         )
 
 
-def refuse_shared_outputs(outputs: list[tuple[str, str | os.PathLike[str] | None]]) -> None:
-    """Refuse two outputs of one run that name the same file (one would silently replace the
-    other): `outputs` are (flag, path), None for an output not asked for."""
+def refuse_shared_outputs(
+    outputs: list[tuple[str, str | os.PathLike[str] | None]],
+    inputs: list[tuple[str, str | os.PathLike[str] | None]] = (),
+) -> None:
+    """Refuse an output that names a file the run reads (`inputs`: what the file is, path;
+    the run would destroy its own input), and two outputs of one run that name the same file
+    (one would silently replace the other): `outputs` are (flag, path), None for an output
+    not asked for."""
+    from ..input_files import refuse_writing_inputs
+
+    refuse_writing_inputs(outputs, inputs)
     claimed: dict[str, str] = {}
     for flag, path in outputs:
         if path is None:

@@ -155,6 +155,7 @@ def register(app: typer.Typer) -> None:
 
         def go() -> None:
             nonlocal interrupted
+            from ..input_files import scenario_input_files
             from ..observe import observe
 
             setup_logging(flags["log"])
@@ -163,14 +164,15 @@ def register(app: typer.Typer) -> None:
             check_writable("--trace-data", data_path)
             itl_path = chunk_times_path(data_path) if flags["record_itl"] else None
             check_writable("--record-itl", itl_path)
+            sc = _scenario(flags)
             refuse_shared_outputs(
                 [
                     ("--trace-header", header_path),
                     ("--trace-data", data_path),
                     ("--record-itl (DATA.itl.csv)", itl_path),
-                ]
+                ],
+                inputs=scenario_input_files(sc.model_dump()),
             )
-            sc = _scenario(flags)
             options = {
                 "api_format": flags["api_format"],
                 "api_key": flags["api_key"],

@@ -311,8 +311,16 @@ class Result:
         """Export the run as a TraceV2 pair (docs/behaviour.md §9.5): `prefix`.yaml and
         `prefix`.csv. What a replay of it needs besides (the settings BLIS's header has no
         keys for): `simulator.trace_export.export`, which also says so."""
+        from ..input_files import refuse_writing_inputs, scenario_input_files
         from ..workload.trace import write_trace
 
+        refuse_writing_inputs(
+            [
+                (f"trace {kind}", f"{prefix}.{ext}")
+                for kind, ext in (("header", "yaml"), ("data", "csv"))
+            ],
+            scenario_input_files(self.scenario),
+        )
         resolved = self.scenario.get("resolved", {})
         engine = self.scenario.get("engine", {})
         server = {
