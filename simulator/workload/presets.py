@@ -174,6 +174,14 @@ def _as_clients(spec: WorkloadSpec) -> WorkloadSpec:
     return spec.model_copy(update={"clients": expand_cohorts(spec), "cohorts": []})
 
 
+def _unused(name: str, index: int, taken: set[str]) -> str:
+    """`name` with the suffix "-<spec index>" (then "-<spec index>-<k>") that `taken` lacks."""
+    candidate, k = f"{name}-{index}", 1
+    while candidate in taken:
+        candidate, k = f"{name}-{index}-{k}", k + 1
+    return candidate
+
+
 def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
     """Merge specs into one whose traffic is the sum of theirs (docs/behaviour.md §12.2).
 
@@ -181,7 +189,10 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
     within its own spec, times that spec's share of the total. (BLIS multiplies the raw
     fraction; the two agree when each spec's fractions sum to 1.) Cohorts and inference_perf
     sections are expanded to clients first. Client ids are kept; a colliding id gets a
-    suffix "-<spec index>" (then "-<spec index>-<k>"). Seed and category come from the first
+    suffix "-<spec index>" (then "-<spec index>-<k>"), and so does a prefix group an earlier
+    spec also uses, so that each spec's clients share prefixes with their own spec's alone
+    (BLIS keeps the name, and the later spec's clients take the earlier prefix, its length
+    included: their traffic would change). Seed and category come from the first
     spec; horizon is the longest given; num_requests is the sum when every spec sets one.
     """
     if not specs:
@@ -192,19 +203,24 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
     if open_loop and not (math.isfinite(total_rate) and total_rate > 0):
         raise invalid("aggregate_rate", total_rate, "the composed rate must be finite and > 0")
     seen: set[str] = set()
+    groups: set[str] = set()  # prefix groups of the specs before this one
     clients = []
     for index, spec in enumerate(flat):
         fraction_sum = sum(c.rate_fraction or 0.0 for c in spec.clients)
         weight = (spec.aggregate_rate or 0.0) / total_rate if total_rate else 0.0
+        own_groups = {c.prefix_group for c in spec.clients if c.prefix_group}
+        renamed = {}
+        for group in sorted(own_groups & groups):
+            renamed[group] = _unused(group, index, groups | own_groups | set(renamed.values()))
+        groups |= own_groups | set(renamed.values())
         for client in spec.clients:
             cid = client.id
             if cid in seen:
-                cid = f"{client.id}-{index}"
-                k = 1
-                while cid in seen:
-                    cid, k = f"{client.id}-{index}-{k}", k + 1
+                cid = _unused(client.id, index, seen)
             seen.add(cid)
             update: dict[str, Any] = {"id": cid}
+            if client.prefix_group in renamed:
+                update["prefix_group"] = renamed[client.prefix_group]
             if not client.concurrency_users:  # closed-loop users have no rate to share
                 update["rate_fraction"] = client.rate_fraction / fraction_sum * weight
             clients.append(client.model_copy(update=update))

@@ -116,6 +116,42 @@ def test_compose_normalises_fractions_within_each_spec_and_renames_collisions() 
     assert sum(c.rate_fraction for c in merged.clients) == pytest.approx(1.0)
 
 
+def test_compose_keeps_each_specs_prompts_when_prefix_groups_collide() -> None:
+    """Two specs made with --prefix-tokens both name their group "shared". Merged under one
+    name, the second spec's clients took the first's 128-token prefix (its length is set by
+    the first client of a group) and their prompts grew; renamed, each spec's traffic is
+    what it was alone: the sum law of compose."""
+    from simulator.workload.generator import WorkloadStream
+
+    a = distribution_spec(30.0, 400, prefix_tokens=128)
+    b = distribution_spec(10.0, 400, prefix_tokens=16)
+    merged = compose_specs([a, b, distribution_spec(5.0, 100, prefix_tokens=16)])
+    assert [c.prefix_group for c in merged.clients] == ["shared", "shared-1", "shared-2"]
+    requests = list(WorkloadStream(merged, seed=1))
+    alone = {cid: list(WorkloadStream(spec, seed=1)) for cid, spec in (("c0", a), ("c0-1", b))}
+    for cid, own in alone.items():
+        mine = [r for r in requests if r.client_id == cid]
+        prefix = own[0].segments[0][1]
+        assert prefix == {"c0": 128, "c0-1": 16}[cid]
+        assert all(r.segments[0][1] == prefix for r in mine)
+        assert min(r.input_tokens for r in mine) >= prefix
+    # Within one spec, clients of one group still share it.
+    shared_within = compose_specs([workload_spec_from_dict(_two_in_one_group())])
+    assert {c.prefix_group for c in shared_within.clients} == {"g"}
+
+
+def _two_in_one_group() -> dict:
+    client = preset_spec("chatbot", 1.0, 1).clients[0].model_dump()
+    return {
+        "version": "2",
+        "aggregate_rate": 2.0,
+        "clients": [
+            {**client, "id": "x", "prefix_group": "g", "prefix_length": 32},
+            {**client, "id": "y", "prefix_group": "g"},
+        ],
+    }
+
+
 def test_compose_expands_cohorts() -> None:
     base = (
         preset_spec("chatbot", 1.0, 1)
