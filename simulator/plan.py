@@ -806,7 +806,14 @@ def evidence(provenance: Mapping[str, Any]) -> str:
     file) or `analytical`/`fitted` for BLIS's backends."""
     if provenance.get("latency_model") == "physics":
         return str(provenance.get("source", "given"))
-    return str(provenance.get("coefficients", "")).split(":")[0] or "analytical"
+    source = str(provenance.get("coefficients", ""))
+    # The backends' own sources: "analytical: …", "given alpha/beta coefficients", or the
+    # name of BLIS's fit ("BLIS's fit for H100 TP2, …", "BLIS's global crossmodel fit …").
+    if not source or source.startswith("analytical"):
+        return "analytical"
+    if source.startswith("given"):
+        return "given"
+    return "fitted"
 
 
 def mixed_evidence(provenance: Mapping[str, Mapping[str, Any]]) -> list[str]:

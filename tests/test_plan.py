@@ -210,6 +210,29 @@ def test_plan_says_when_gpus_rest_on_different_evidence() -> None:
     assert same.warnings == [] and len(set(same.per_gpu["evidence"])) == 1
 
 
+@pytest.mark.parametrize(
+    "coefficients, kind",
+    [
+        ("analytical: no fitted coefficients", "analytical"),
+        ("given alpha/beta coefficients", "given"),
+        ("BLIS's fit for H100 TP2, vLLM v0.8.4 (defaults.yaml)", "fitted"),
+        ("BLIS's fit for A100-80 TP2, vLLM v0.8.4 (defaults.yaml)", "fitted"),
+        ("BLIS's global crossmodel fit (defaults.yaml)", "fitted"),
+    ],
+)
+def test_evidence_of_blis_backends_is_a_kind_not_the_fits_name(coefficients, kind) -> None:
+    """Blackbox's per-GPU fits are named after their GPU; read as evidence, every pair of GPUs
+    looked like different evidence and drew the mixed-evidence warning."""
+    from simulator.plan import evidence, mixed_evidence
+
+    assert evidence({"latency_model": "blackbox", "coefficients": coefficients}) == kind
+    fits = {
+        gpu: {"latency_model": "blackbox", "coefficients": f"BLIS's fit for {gpu} TP2 (x)"}
+        for gpu in ("H100", "A100-80")
+    }
+    assert mixed_evidence(fits) == []
+
+
 # ------------------------------------------------ plans that used to pass and must not
 
 
