@@ -247,8 +247,9 @@ def check_run(result: Result, engines: list[VLLMEngine] | None = None) -> None:
     run passes them)."""
     summary = result.summary
     end_us = _end_us(result)
-    for instance_id, engine in zip(result.instance_ids, engines or (), strict=True):
-        check_engine(engine, instance_id, end_us)
+    if engines is not None:
+        for instance_id, engine in zip(result.instance_ids, engines, strict=True):
+            check_engine(engine, instance_id, end_us)
     records = result.request_records
     rejected = [r for r in records if r.state is RequestState.REJECTED]
     _require(

@@ -161,3 +161,17 @@ def test_cli_flag_is_accepted_by_run_replay_and_sweep(tmp_path):
     )
     swept = runner.invoke(app, ["sweep", str(sweep_file), "--check-invariants", "--quiet"])
     assert swept.exit_code == 0, swept.output
+
+
+@pytest.mark.parametrize("scenario", ["scenarios/quickstart.yaml", "scenarios/pd_2p2d.yaml"])
+def test_check_run_on_a_finished_result_holds_and_catches_a_broken_count(scenario):
+    """docs/python.md: after a run, `check_run(result)` checks the end-of-run laws without the
+    engines (a result keeps none). It used to fail on every result with instances, pairing
+    them with the engines it was not given."""
+    from simulator.invariants import check_run
+
+    result = simulator.simulate(scenario, workload__num_requests=60)
+    check_run(result)
+    result.summary["total_output_tokens"] += 1
+    with pytest.raises(InvariantViolation, match="total_output_tokens|output tokens"):
+        check_run(result)
