@@ -1099,6 +1099,15 @@ def load_requests_file(
 # ---------------------------------------------------------------------------------- writing
 
 
+# Requests the system gave up on: each is an `error` row naming its state.
+_LOST = (
+    RequestState.DROPPED,
+    RequestState.REJECTED,
+    RequestState.DROPPED_ON_DRAIN,
+    RequestState.FAILED,
+)
+
+
 def trace_status(req: Request) -> tuple[str, str, str]:
     """(status, error_message, finish_reason) of a simulated request at the end of a run."""
     state = req.state
@@ -1106,7 +1115,7 @@ def trace_status(req: Request) -> tuple[str, str, str]:
         return "ok", "", "length" if req.length_capped else "stop"
     if state is RequestState.TIMED_OUT:
         return "timeout", "", ""
-    if state in (RequestState.DROPPED, RequestState.REJECTED):
+    if state in _LOST:
         return "error", state.value, ""
     # Still queued, running or in flight when the run stopped.
     return "incomplete", "", ""

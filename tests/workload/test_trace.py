@@ -13,6 +13,7 @@ from simulator.engine.request import Request, RequestState
 from simulator.errors import ConfigError
 from simulator.workload import trace as tr
 from simulator.workload.trace import (
+    STATUSES,
     TRACE_COLUMNS,
     TRACE_V3_COLUMNS,
     load_requests_file,
@@ -217,8 +218,13 @@ def test_status_mapping():
     assert trace_status(req(RequestState.TIMED_OUT)) == ("timeout", "", "")
     assert trace_status(req(RequestState.DROPPED)) == ("error", "dropped_unservable", "")
     assert trace_status(req(RequestState.REJECTED)) == ("error", "rejected", "")
+    # Lost to the fleet: not "incomplete", which means still in flight when the run stopped.
+    assert trace_status(req(RequestState.DROPPED_ON_DRAIN)) == ("error", "dropped_on_drain", "")
+    assert trace_status(req(RequestState.FAILED)) == ("error", "failed", "")
     for state in (RequestState.QUEUED, RequestState.RUNNING, RequestState.CREATED):
         assert trace_status(req(state)) == ("incomplete", "", "")
+    # Every state has exactly one status: a state added later must be placed here too.
+    assert {trace_status(req(state))[0] for state in RequestState} == set(STATUSES)
 
 
 def test_timed_out_and_dropped_rows(tmp_path):
