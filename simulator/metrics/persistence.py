@@ -72,6 +72,13 @@ class SavedResult:
     def summary_text(self) -> str:
         return format_summary(self.summary)
 
+    @property
+    def latency_provenance(self) -> dict[str, Any]:
+        """Which latency model produced these numbers (from the saved scenario)."""
+        from .views.text import latency_provenance
+
+        return latency_provenance(self.scenario)
+
 
 def _json_safe(value: Any) -> Any:
     """Plain JSON types only: numpy scalars unwrapped, non-finite floats as None."""

@@ -308,9 +308,10 @@ class Result:
         return text_views.latency_provenance(self.scenario)
 
     def write_trace(self, prefix: str | Path) -> tuple[Path, Path]:
-        """Export the run as a TraceV2 pair (docs/behaviour.md §9.5): `prefix`.yaml and
-        `prefix`.csv. What a replay of it needs besides (the settings BLIS's header has no
-        keys for): `simulator.trace_export.export`, which also says so."""
+        """Export the run as a trace pair (docs/behaviour.md §9.5), version 3 so that a
+        replay shares the same prefixes: `prefix`.yaml and `prefix`.csv. What a replay of it
+        needs besides (the settings BLIS's header has no keys for):
+        `simulator.trace_export.export`, which also says so."""
         from ..input_files import refuse_writing_inputs, scenario_input_files
         from ..workload.trace import write_trace
 

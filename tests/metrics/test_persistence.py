@@ -38,6 +38,9 @@ def test_round_trip_keeps_frames_and_dicts(result, tmp_path):
     for name in ("per_slo", "kv_metrics", "anomalies", "pd_metrics", "session_counts"):
         assert getattr(loaded, name) == getattr(result, name)
     assert loaded.scenario == json.loads(json.dumps(result.scenario))
+    # Every result names the model that produced it, a loaded one too.
+    assert loaded.latency_provenance == json.loads(json.dumps(result.latency_provenance))
+    assert loaded.latency_provenance["latency_model"] == "physics"
 
 
 def test_nullable_timestamps_survive(result, tmp_path):
