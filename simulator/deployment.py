@@ -290,17 +290,16 @@ def _validate_cluster(scenario: Scenario) -> None:
     import numpy as np
 
     from .cluster.cluster import build_policies, decider_for
+    from .cluster.disaggregation import decider_options
     from .metrics.fitness import parse_fitness_weights
 
     c = scenario.cluster
     pd = c.pd
     decider_for(pd, scenario.engine.block_size_tokens)
-    if pd.prefix_threshold is not None and pd.decider != "prefix-threshold":
-        log.warning("pd.prefix_threshold is set but the decider is %r; it is ignored", pd.decider)
-    if pd.prompt_length_threshold is not None and pd.decider != "prompt-length":
-        log.warning(
-            "pd.prompt_length_threshold is set but the decider is %r; it is ignored", pd.decider
-        )
+    reads = decider_options(pd.decider)
+    for option in ("prefix_threshold", "prompt_length_threshold"):
+        if getattr(pd, option) is not None and option not in reads:
+            log.warning("pd.%s is set but the decider %r does not read it", option, pd.decider)
     build_policies(c, np.random.default_rng(0), scenario.engine.block_size_tokens, lambda _i, _r: 0)
     if c.fitness_weights:
         parse_fitness_weights(c.fitness_weights)

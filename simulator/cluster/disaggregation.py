@@ -15,6 +15,7 @@ state), override `build` if it takes options, and register it with `@register_de
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -75,6 +76,16 @@ class PDDecider:
 
 
 PD_DECIDERS: dict[str, type[PDDecider]] = {}
+
+
+def decider_options(name: str) -> frozenset[str]:
+    """The `pd` options the registered decider `name` reads: the keywords its own `build`
+    names (the base class's reads none; `**_` collects what a decider ignores)."""
+    cls = PD_DECIDERS.get(name)
+    if cls is None or cls.build.__func__ is PDDecider.build.__func__:
+        return frozenset()
+    parameters = inspect.signature(cls.build).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def register_decider(cls: type[PDDecider]) -> type[PDDecider]:

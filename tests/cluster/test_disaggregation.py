@@ -15,6 +15,7 @@ from simulator.cluster.disaggregation import (
     PDDecider,
     PrefixThresholdDecider,
     PromptLengthDecider,
+    decider_options,
     make_decider,
     register_decider,
 )
@@ -215,3 +216,45 @@ def test_user_defined_stateful_decider():
             make_decider("nope")
     finally:
         del PD_DECIDERS["every-other"]
+
+
+def test_a_threshold_is_called_ignored_only_by_a_decider_that_does_not_read_it(caplog):
+    """pd.md's own example: a decider whose `build` takes prompt_length_threshold reads it,
+    and the run used it; the warning said it was ignored (it named the built-in decider)."""
+    import logging
+
+    import simulator
+
+    @register_decider
+    class LongPrompts(PDDecider):
+        name = "long-prompts"
+
+        def __init__(self, threshold_tokens: int) -> None:
+            self.threshold_tokens = threshold_tokens
+
+        @classmethod
+        def build(cls, *, prompt_length_threshold: int, **_: object) -> PDDecider:
+            return cls(prompt_length_threshold)
+
+        def decide(self, req, ctx):
+            return req.input_tokens > self.threshold_tokens, "long"
+
+    try:
+        assert decider_options("long-prompts") == {"prompt_length_threshold"}
+        assert decider_options("always") == set()
+        for decider, warned in (("long-prompts", False), ("always", True)):
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="servesim"):
+                result = simulator.simulate(
+                    "scenarios/pd_2p2d.yaml",
+                    workload__num_requests=40,
+                    cluster__pd__decider=decider,
+                    cluster__pd__prompt_length_threshold=2000,
+                )
+            said = "pd.prompt_length_threshold is set but the decider" in caplog.text
+            assert said is warned, (decider, caplog.text)
+            if not warned:
+                long = result.requests.input_tokens > 2000
+                assert (result.requests.disaggregated == long).all()
+    finally:
+        del PD_DECIDERS["long-prompts"]
