@@ -262,3 +262,24 @@ def test_each_command_summary_is_one_sentence_on_one_line(path):
     summary = (COMMANDS[path].help or "").strip().split("\n\n")[0]
     assert summary, path
     assert "\n" not in summary, (path, summary)
+
+
+@pytest.mark.parametrize("path", [p for p in COMMANDS if p])
+def test_batch_limit_flags_take_vllms_name_wherever_blis_mars_is_taken(path):
+    """`run` took --max-num-seqs while `calibrate` took only --max-num-running-reqs."""
+    names = {opt for p in COMMANDS[path].params for opt in getattr(p, "opts", ())}
+    for vllm, blis_mar in (
+        ("--max-num-seqs", "--max-num-running-reqs"),
+        ("--max-num-batched-tokens", "--max-num-scheduled-tokens"),
+    ):
+        if blis_mar in names:
+            assert vllm in names, (path, vllm)
+
+
+def test_log_help_lists_every_level_it_takes():
+    from simulator.cli.common import LOG_LEVELS
+
+    for path, command in COMMANDS.items():
+        for param in command.params:
+            if "--log" in getattr(param, "opts", ()):
+                assert all(level in param.help for level in LOG_LEVELS), path

@@ -226,11 +226,19 @@ def register(app: typer.Typer) -> None:
         ] = None,
         max_num_running_reqs: Annotated[
             int | None,
-            typer.Option("--max-num-running-reqs", help="requests per batch, at most (replay)"),
+            typer.Option(
+                "--max-num-seqs",
+                "--max-num-running-reqs",
+                help="requests per batch, at most (replay; the second name is BLIS-Mar's)",
+            ),
         ] = None,
         max_num_scheduled_tokens: Annotated[
             int | None,
-            typer.Option("--max-num-scheduled-tokens", help="tokens per step, at most (replay)"),
+            typer.Option(
+                "--max-num-batched-tokens",
+                "--max-num-scheduled-tokens",
+                help="tokens per step, at most (replay; the second name is BLIS-Mar's)",
+            ),
         ] = None,
         vllm_version: Annotated[
             str | None,

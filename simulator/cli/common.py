@@ -22,12 +22,14 @@ from ..interruption import to_report
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_HELP = "log level on stderr: " + " | ".join(LOG_LEVELS)
+
+
 def setup_logging(level: str) -> None:
-    numeric = getattr(logging, level.upper(), None)
-    if not isinstance(numeric, int):
-        raise ConfigError(
-            f"--log: invalid value {level!r}; valid: debug, info, warning, error, critical"
-        )
+    if level.lower() not in LOG_LEVELS:
+        raise ConfigError(f"--log: invalid value {level!r}; valid: {', '.join(LOG_LEVELS)}")
+    numeric = getattr(logging, level.upper())
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(message)s")
 
 

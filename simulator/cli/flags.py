@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError
+from .common import LOG_HELP
 
 _SIM = "Deployment and engine"
 _CL = "Cluster"
@@ -817,9 +818,7 @@ def common_flags(
         Path | None,
         _opt("--metrics-path", _OUT, "current BLIS's name of --results-path (the same file)"),
     ] = None,
-    log: Annotated[
-        str, _opt("--log", _OUT, "log level on stderr: debug | info | warning | error")
-    ] = "warning",
+    log: Annotated[str, _opt("--log", _OUT, LOG_HELP)] = "warning",
     quiet: Annotated[bool, _opt(("--quiet", "-q"), _OUT, "no progress bar on stderr")] = False,
     report: Annotated[
         Path | None,

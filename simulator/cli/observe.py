@@ -12,6 +12,7 @@ import typer
 from ..errors import ConfigError
 from ..interruption import Interrupted, signal_of
 from .common import (
+    LOG_HELP,
     check_writable,
     guarded,
     refuse_shared_outputs,
@@ -87,9 +88,7 @@ def _observe_flags(
         int | None, _opt("--horizon", "Workload", "end of arrivals, µs after the start")
     ] = None,
     quiet: Annotated[bool, _opt(("--quiet", "-q"), _REC, "no progress display")] = False,
-    log: Annotated[
-        str, _opt("--log", _REC, "log level on stderr: debug | info | warning | error")
-    ] = "warning",
+    log: Annotated[str, _opt("--log", _REC, LOG_HELP)] = "warning",
 ) -> None:
     """Template: the flags of `observe` besides the traffic flags."""
 
