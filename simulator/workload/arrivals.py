@@ -84,7 +84,10 @@ class ConstantArrivals(ArrivalProcess):
     name = "constant"
 
     def gaps_us(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        return np.full(count, max(1, int(min(self.mean_gap_us, MAX_GAP_US))), dtype=np.int64)
+        # BLIS's float steps, not 1e6 / rate: the rate per µs first, then its inverse. At 10
+        # req/s that is 99,999 µs (1e-05 is a hair above a hundred-thousandth), not 100,000.
+        gap_us = 1.0 / (self.rate_per_s / 1e6)
+        return np.full(count, max(1, int(min(gap_us, MAX_GAP_US))), dtype=np.int64)
 
 
 class GammaArrivals(ArrivalProcess):

@@ -564,7 +564,7 @@ class WorkloadStream:
         def period_rate(c: ClientSpec, w: ActiveWindow) -> float:
             if absolute:
                 return w.trace_rate or 0.0
-            return aggregate * (w.trace_rate or c.rate_fraction or 0.0) / total_fraction
+            return aggregate * ((w.trace_rate or c.rate_fraction or 0.0) / total_fraction)
 
         prefix = _prefix_lengths(clients)
         keys = [c.id or f"#{i}" for i, c in enumerate(clients)]
@@ -577,7 +577,9 @@ class WorkloadStream:
                     index=i,
                     key=keys[i],
                     spec=c,
-                    rate_per_s=aggregate * c.rate_fraction / total_fraction
+                    # BLIS's order of operations (the fraction normalised first), so that
+                    # constant gaps land on the same µs (arrivals.ConstantArrivals).
+                    rate_per_s=aggregate * (c.rate_fraction / total_fraction)
                     if c.rate_fraction and total_fraction
                     else 0.0,
                     prefix_length=prefix.get(c.prefix_group, 0),

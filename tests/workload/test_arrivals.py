@@ -74,6 +74,45 @@ def test_constant_spacing_is_exact() -> None:
     assert times.tolist() == [333_333, 666_666, 999_999]
 
 
+@pytest.mark.parametrize(
+    "rate_per_s, gap_us",
+    [
+        # 10 / 1e6 is 1.0000000000000001e-05 in binary, so its inverse falls just short of
+        # 100,000 and floors to 99,999: BLIS's gaps (both releases, measured side by side).
+        (10.0, 99_999),
+        (7.0, 142_857),
+        (3.0, 333_333),
+        # A third of 50 req/s, as BLIS normalises a fraction (50 * (1 / 3)), is 60,000 µs
+        # apart; 50 * 1 / 3 would give 59,999.
+        (50.0 * (1.0 / 3.0), 60_000),
+    ],
+)
+def test_constant_gaps_are_blis_floor_of_one_over_the_rate_per_us(rate_per_s, gap_us) -> None:
+    gaps = make_arrivals("constant", rate_per_s).gaps_us(np.random.default_rng(0), 4)
+    assert gaps.tolist() == [gap_us] * 4
+    assert gap_us == int(1.0 / (rate_per_s / 1e6))  # the formula, in BLIS's float steps
+
+
+def test_a_clients_rate_is_normalised_as_blis_does() -> None:
+    from simulator.workload.generator import WorkloadStream
+    from simulator.workload.spec import workload_spec_from_dict
+
+    client = {
+        "rate_fraction": 1.0,
+        "arrival": {"process": "constant"},
+        "input_distribution": {"type": "constant", "params": {"value": 100}},
+        "output_distribution": {"type": "constant", "params": {"value": 3}},
+    }
+    spec = {
+        "version": "2",
+        "aggregate_rate": 50,
+        "num_requests": 6,
+        "clients": [{**client, "id": f"c{i}"} for i in range(3)],
+    }
+    arrivals = [r.arrival_us for r in WorkloadStream(workload_spec_from_dict(spec), seed=1)]
+    assert arrivals == [60_000] * 3 + [120_000] * 3
+
+
 def test_very_high_rate_floors_at_one_us() -> None:
     assert set(make_arrivals("constant", 5e6).gaps_us(np.random.default_rng(0), 10)) == {1}
     assert make_arrivals("poisson", 5e6).gaps_us(np.random.default_rng(0), 1000).min() == 1

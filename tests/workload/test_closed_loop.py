@@ -183,17 +183,18 @@ def test_open_loop_and_closed_loop_clients_share_a_workload():
     # front); here they use it all (constant 10/s: at 100, 200, ... ms), so no user starts.
     assert [r.client_id for r in first] == ["o"] * 8
     assert stream.sessions.sessions == {}
-    # A 350 ms horizon leaves the open-loop client 3 requests (100, 200, 300 ms): both users
-    # start (at 0 and 1000 / 2 = 500 µs) and may send 8 - 3 - 2 = 3 follow-ups.
+    # A 350 ms horizon leaves the open-loop client 3 requests (99,999 µs apart: 1 / (10 /
+    # 1e6) in floating point, as BLIS computes it): both users start (at 0 and 1000 / 2 =
+    # 500 µs) and may send 8 - 3 - 2 = 3 follow-ups.
     spec["horizon"] = 350_000
     stream = WorkloadStream(workload_spec_from_dict(spec), seed=3)
     first = list(stream)
     assert [(r.client_id, r.arrival_us) for r in first] == [
         ("u", 0),
         ("u", 500),
-        ("o", 100_000),
-        ("o", 200_000),
-        ("o", 300_000),
+        ("o", 99_999),
+        ("o", 199_998),
+        ("o", 299_997),
     ]
     assert stream.sessions.follow_up_budget == 3
 
