@@ -6,6 +6,7 @@ resolve_deployment, plan_fleet, ...` keeps working."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 from os import PathLike, fspath
 from pathlib import Path
@@ -203,6 +204,14 @@ def simulate(
     (KV-block conservation) included, which needs the live engines that the result does not
     keep, without the per-step checks of `check_invariants` (docs/python.md)."""
     sc = keyword_overrides(as_scenario(scenario), overrides)
+    if sc.cluster.trace.path is not None:
+        from .input_files import refuse_writing_inputs, scenario_input_files
+
+        given = scenario if isinstance(scenario, str | os.PathLike) else None
+        refuse_writing_inputs(
+            [("cluster.trace.path", sc.cluster.trace.path)],
+            scenario_input_files(sc.model_dump(), given),
+        )
     deployment = resolve_deployment(sc)
     if on_deployment is not None:
         on_deployment(deployment)

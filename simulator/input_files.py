@@ -561,14 +561,33 @@ def scenario_input_files(
 def refuse_writing_inputs(
     outputs: list[tuple[str, str | os.PathLike[str] | None]],
     inputs: list[tuple[str, str | os.PathLike[str] | None]],
+    writable_in_folders: tuple[str, ...] = (),
 ) -> None:
     """Refuse an output that names a file the run reads: writing it would destroy the input
     (and what is read after the write, such as a trace export's note, would read the output).
-    `outputs` are (flag or name, path), `inputs` (what the file is, path); None is skipped."""
-    read = {os.path.realpath(path): what for what, path in inputs if path is not None}
+    `outputs` are (flag or name, path), `inputs` (what the file is, path); None is skipped.
+    An input folder stands for every file already in it (a ground-truth or saved-result
+    folder is read whole), except files with a suffix in `writable_in_folders` (a report's
+    own earlier .html); a new file in it is fine."""
+    files: dict[str, str] = {}
+    folders: list[tuple[str, str]] = []
+    for what, path in inputs:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if os.path.isdir(real):
+            folders.append((real + os.sep, what))
+        else:
+            files[real] = what
     for flag, path in outputs:
-        if path is not None and os.path.realpath(path) in read:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        read = files.get(real)
+        if read is None and os.path.isfile(real) and not real.endswith(writable_in_folders or ()):
+            read = next((f"in {what}" for folder, what in folders if real.startswith(folder)), None)
+        if read is not None:
             raise ConfigError(
-                f"{flag}: {str(path)!r} is {read[os.path.realpath(path)]}, which this run "
-                "reads; writing it would replace it, so give the output another path"
+                f"{flag}: {str(path)!r} is {read}, which this run reads; writing it would "
+                "replace it, so give the output another path"
             )

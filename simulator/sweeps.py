@@ -428,6 +428,8 @@ class SweepSpec:
     grid: dict[str, list[Any]]
     seeds: list[int]
     workers: int | None
+    # The base scenario's file, when the sweep file names one rather than holding it inline.
+    base_path: Path | None = None
 
 
 def load_sweep_file(path: str | Path) -> SweepSpec:
@@ -441,12 +443,16 @@ def load_sweep_file(path: str | Path) -> SweepSpec:
     except ValidationError as exc:
         raise ConfigError(format_spec_error(exc, f"sweep {str(p)!r}")) from None
     folder = p.parent
+    base_path = None
     if isinstance(spec.base, str):
         base_path = Path(spec.base)
-        base = load_scenario(base_path if base_path.is_absolute() else folder / base_path)
+        base_path = base_path if base_path.is_absolute() else folder / base_path
+        base = load_scenario(base_path)
     else:
         base = _inline_scenario(spec.base, folder, str(p))
-    return SweepSpec(base=base, grid=spec.grid, seeds=spec.seeds, workers=spec.workers)
+    return SweepSpec(
+        base=base, grid=spec.grid, seeds=spec.seeds, workers=spec.workers, base_path=base_path
+    )
 
 
 def _inline_scenario(data: dict[str, Any], folder: Path, source: str) -> Scenario:

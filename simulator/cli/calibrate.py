@@ -323,6 +323,18 @@ def register(app: typer.Typer) -> None:
                 typer.echo(format_report(report))
                 return
             check_writable("--output", output)
+            from ..input_files import refuse_writing_inputs
+
+            named_starts = (None, cal.START_SHIPPED, cal.START_PHYSICAL)
+            refuse_writing_inputs(
+                [("--output", output)],
+                [
+                    ("the ground-truth folder", folder),
+                    *(("a --trace-header file", h) for h in headers),
+                    *(("a --trace-data file", d) for d in datas),
+                    ("the --start file", None if start in named_starts else start),
+                ],
+            )
             from ..validate import check_warm_up_s
 
             check_warm_up_s(warm_up_s, "--warm-up-s")

@@ -660,6 +660,7 @@ def validate_cmd(
     import time
 
     def go() -> None:
+        from ..input_files import refuse_writing_inputs
         from ..validate import (
             ALL_DATASETS,
             check_warm_up_s,
@@ -672,6 +673,13 @@ def validate_cmd(
         check_warm_up_s(warm_up_s, "--warm-up-s")
         where = folder if folder is not None else default_groundtruth("validate")
         check_writable("--output", output)
+        refuse_writing_inputs(
+            [("--output", output)],
+            [
+                ("the ground-truth folder", where),
+                ("the coefficients file (--latency-coeffs)", latency_coeffs),
+            ],
+        )
 
         def progress(outcome: dict[str, Any]) -> None:
             if quiet:
@@ -850,10 +858,13 @@ def report_cmd(
     """
 
     def go() -> None:
+        from ..input_files import refuse_writing_inputs
         from ..report import default_output, load_input, write_report
 
         target = output if output is not None else default_output(source)
         check_writable("--output", target)
+        # A report over its own data would destroy it; an earlier report in the folder is fine.
+        refuse_writing_inputs([("--output", target)], [("the report's source", source)], (".html",))
         write_report(load_input(source), target)
         typer.echo(str(target))
 

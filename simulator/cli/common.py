@@ -73,6 +73,26 @@ def refuse_shared_outputs(
         claimed[real] = flag
 
 
+def check_figure_format(flag: str, path: str | os.PathLike[str] | None) -> None:
+    """A figure's format comes from its file's extension (none: PNG); refuse one matplotlib
+    cannot write before any work, not after it."""
+    if path is None:
+        return
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = figure_format(path)
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in supported:
+        raise ConfigError(
+            f"{flag}: invalid value {str(path)!r}; the figure's format comes from the "
+            f"extension, one of: {', '.join(sorted(supported))}"
+        )
+
+
+def figure_format(path: str | os.PathLike[str]) -> str:
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
 def check_folder_writable(flag: str, path: str | os.PathLike[str] | None) -> None:
     """The same for an output folder (files are written inside it)."""
     if path is not None:

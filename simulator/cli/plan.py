@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError
-from .common import check_writable, guarded
+from .common import check_figure_format, check_writable, figure_format, guarded
 
 
 def parse_assignments(values: list[str], flag: str, what: str) -> dict[str, float]:
@@ -112,10 +112,17 @@ def register(app: typer.Typer) -> None:
         """Find the fewest instances per GPU type that meet the SLOs (help: above)."""
 
         def go() -> None:
+            from ..api import as_scenario
+            from ..input_files import refuse_writing_inputs, scenario_input_files
             from ..plan import plan
 
             check_writable("--plot", plot)
             check_writable("--report", report)
+            check_figure_format("--plot", plot)
+            refuse_writing_inputs(
+                [("--plot", plot), ("--report", report)],
+                scenario_input_files(as_scenario(scenario).model_dump(), scenario),
+            )
             slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
             prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
 
@@ -143,8 +150,7 @@ def register(app: typer.Typer) -> None:
                 from ..atomic_io import write_with
 
                 figure = result.plot()
-                suffix = plot.suffix.lstrip(".") or "png"
-                write_with(plot, lambda tmp: figure.savefig(tmp, format=suffix))
+                write_with(plot, lambda tmp: figure.savefig(tmp, format=figure_format(plot)))
                 typer.echo(f"wrote {plot}", err=True)
             if report is not None:
                 from ..report import write_report  # plotly loads only for a report

@@ -116,11 +116,21 @@ def register(app: typer.Typer) -> None:
         from ..interruption import interruptible
 
         def go() -> None:
+            from ..input_files import refuse_writing_inputs, scenario_input_files
             from ..sweeps import load_sweep_file, sweep
 
             _check_out_folder(out)
             check_writable("--report", report)
             spec = load_sweep_file(sweep_yaml)
+            refuse_writing_inputs(
+                [("--report", report)],
+                [
+                    ("the sweep file", sweep_yaml),
+                    ("the --out folder", out),
+                    *scenario_input_files(spec.base.model_dump(), spec.base_path),
+                ],
+                (".html",),
+            )
             if check_invariants is not None:
                 spec.base = spec.base.model_copy(update={"check_invariants": check_invariants})
 
