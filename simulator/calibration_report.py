@@ -122,6 +122,12 @@ def join(
         upload_ms = n_in * BYTES_PER_TOKEN / bytes_per_ms if bytes_per_ms else 0.0
         download_ms = n_out * BYTES_PER_TOKEN / bytes_per_ms if bytes_per_ms else 0.0
         sent_us = row.send_time_us or row.arrival_time_us
+        if not sent_us <= row.first_chunk_time_us <= row.last_chunk_time_us:
+            raise ConfigError(
+                f"calibration report: {str(real_data)!r}, request {row.request_id}: sent at "
+                f"{sent_us} µs, first chunk at {row.first_chunk_time_us} µs, last at "
+                f"{row.last_chunk_time_us} µs; a completed request's times must not decrease"
+            )
         real_ttft.append((row.first_chunk_time_us - sent_us) / 1e3)
         real_e2e.append((row.last_chunk_time_us - sent_us) / 1e3)
         sim_ttft.append(ttft_us / 1e3 + rtt_ms + upload_ms)

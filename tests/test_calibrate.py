@@ -233,6 +233,30 @@ def test_cli_report_only_with_a_simulated_trace(real_trace) -> None:
     assert "quality excellent" in result.output
 
 
+def test_cli_report_refuses_a_real_trace_whose_times_go_backwards(real_trace, tmp_path) -> None:
+    """A first chunk before its send printed a negative TTFT MAPE, rated "good"."""
+    import csv
+
+    header, data = real_trace
+    with open(data, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    ok = next(i for i, r in enumerate(rows) if r["status"] == "ok")
+    sent = int(rows[ok]["send_time_us"] or rows[ok]["arrival_time_us"])
+    rows[ok]["first_chunk_time_us"] = str(sent - 1000)
+    broken = tmp_path / "broken.csv"
+    with open(broken, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    args = ["calibrate", "--trace-header", str(header), "--trace-data", str(broken)]
+    result = CliRunner().invoke(app, [*args, "--sim-trace", str(data)])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"request {rows[ok]['request_id']}" in result.output
+        and "must not decrease" in result.output
+    )
+
+
 def test_cli_calibrate_errors_are_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["calibrate", str(tmp_path)])
     assert result.exit_code == 2

@@ -417,14 +417,18 @@ class _Fields:
             raise self.fail(column, raw, f"must be in [{lo}, {hi}]")
         return value
 
-    def optional_float(self, column: str) -> float | None:
+    def optional_duration_s(self, column: str) -> float | None:
+        """A measured duration in seconds: empty (not measured), or a finite number >= 0."""
         raw = self.text(column)
         if not raw:
             return None
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
-            raise self.fail(column, raw, "must be a number") from None
+            raise self.fail(column, raw, "must be a number of seconds >= 0") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise self.fail(column, raw, "must be a finite number of seconds >= 0")
+        return value
 
     def as_bool(self, column: str) -> bool:
         raw = self.text(column)
@@ -1033,9 +1037,15 @@ def read_groundtruth_rows(path: str | Path) -> list[GroundTruthRow]:
             input_tokens=f.bounded_int("input_tokens"),
             output_tokens=f.bounded_int("output_tokens"),
             has_error=f.as_bool("has_error"),
-            ttft_s=f.optional_float("ttft_s"),
-            e2e_s=f.optional_float("e2e_s"),
+            ttft_s=f.optional_duration_s("ttft_s"),
+            e2e_s=f.optional_duration_s("e2e_s"),
         )
+        if row.ttft_s is not None and row.e2e_s is not None and row.e2e_s < row.ttft_s:
+            raise f.fail(
+                "e2e_s",
+                row.e2e_s,
+                f"is below ttft_s {row.ttft_s:g}: a request ends after its first token",
+            )
         # The index names the replayed request (request_<index>), as request_id does.
         seen = first_line.setdefault(row.index, line)
         if seen != line:

@@ -464,6 +464,29 @@ def test_non_integer_groundtruth_arrival(tmp_path):
         read_groundtruth_csv(path)
 
 
+@pytest.mark.parametrize(
+    "column, value, problem",
+    [
+        ("ttft_s", "nan", "finite number of seconds >= 0"),
+        ("ttft_s", "inf", "finite number of seconds >= 0"),
+        ("ttft_s", "-0.5", "finite number of seconds >= 0"),
+        ("e2e_s", "1e400", "finite number of seconds >= 0"),
+        ("e2e_s", "0.001", "below ttft_s"),
+    ],
+)
+def test_measured_times_must_be_durations(tmp_path, column, value, problem):
+    """A NaN TTFT was scored as a NaN error and fitted around silently; a negative one moved
+    the mean. Each is refused at its line and column."""
+    lines = GT_CSV.splitlines()
+    header = lines[0].split(",")
+    row = lines[1].split(",")
+    row[header.index(column)] = value
+    path = tmp_path / "gt.csv"
+    path.write_text("\n".join([lines[0], ",".join(row), *lines[2:]]) + "\n")
+    with pytest.raises(ConfigError, match=rf"line 2: column {column}: .*{problem}"):
+        read_groundtruth_csv(path)
+
+
 def test_bad_row_values(tmp_path):
     _, data_path = _good_v2(tmp_path)
     text = data_path.read_text()
