@@ -97,11 +97,14 @@ def _json_safe(value: Any) -> Any:
 
 def _write_folder(result: Any, folder: Path) -> None:
     empty: dict[str, dict[str, str]] = {}
+    types: dict[str, dict[str, str]] = {}
     for name in FRAME_NAMES:
         frame: pd.DataFrame = getattr(result, name)
+        # Columns and their types: a frame of no rows loads back typed as it was, and a
+        # table changed after saving is caught when loaded (`_check_frame`).
+        types[name] = {str(c): str(t) for c, t in frame.dtypes.items()}
         if len(frame) == 0:
-            # Columns and their types: a frame of no rows loads back typed as it was.
-            empty[name] = {str(c): str(t) for c, t in frame.dtypes.items()}
+            empty[name] = types[name]
             continue
         frame.to_parquet(folder / f"{name}.parquet", engine="pyarrow", index=False)
     document: dict[str, Any] = {
@@ -112,6 +115,7 @@ def _write_folder(result: Any, folder: Path) -> None:
     for name in DICT_NAMES:
         document[name] = getattr(result, name)
     document["empty_frames"] = empty
+    document["frame_types"] = types
     with open(folder / SUMMARY_FILE, "w") as handle:
         json.dump(_json_safe(document), handle, indent=2)
         handle.write("\n")
@@ -185,13 +189,22 @@ def load_result(directory: str | Path) -> SavedResult:
     empty = document.get("empty_frames", {})
     if not isinstance(empty, dict):
         empty = {}
+    types = document.get("frame_types")
     frames: dict[str, pd.DataFrame] = {}
     for name in FRAME_NAMES:
         path = folder / f"{name}.parquet"
         if path.exists():
             frames[name] = _read_frame(path)
+            if isinstance(types, dict) and isinstance(types.get(name), dict):
+                _check_frame(path, frames[name], types[name])
+        elif isinstance(types, dict) and name not in empty:
+            raise ConfigError(
+                f"load_result: {str(path)!r} is missing: the run saved rows there; the folder "
+                "was changed after saving"
+            )
         else:
             frames[name] = _empty_frame(empty.get(name))
+    _check_document(summary_path, document)
     dicts = {name: document.get(name) for name in DICT_NAMES}
     return SavedResult(
         summary=document.get("summary", {}),
@@ -213,6 +226,39 @@ def load_result(directory: str | Path) -> SavedResult:
         scenario=dicts["scenario"] or {},
         path=folder,
     )
+
+
+def _check_document(path: Path, document: dict[str, Any]) -> None:
+    """A summary.json edited or damaged after saving: each entry of the wrong kind is one
+    ConfigError naming it (the report and plots would fail on it deep inside)."""
+    for name in ("summary", *DICT_NAMES):
+        value = document.get(name)
+        if value is None and name != "summary":  # an optional block the run did not have
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"load_result: {str(path)!r}: {name!r} must be a mapping (as save_result "
+                f"writes it), not {type(value).__name__}"
+            )
+    for key, value in document["summary"].items():
+        if value is not None and not isinstance(value, int | float | str | bool | dict | list):
+            raise ConfigError(f"load_result: {str(path)!r}: summary {key!r} is not a value")
+
+
+def _check_frame(path: Path, frame: pd.DataFrame, saved_types: dict[str, Any]) -> None:
+    """The table has the columns, with the types, it was saved with."""
+    found = {str(c): str(t) for c, t in frame.dtypes.items()}
+    missing = [c for c in saved_types if c not in found]
+    if missing:
+        raise ConfigError(
+            f"load_result: {str(path)!r} lacks the column(s) {', '.join(missing)} it was saved "
+            "with; the folder was changed after saving"
+        )
+    changed = [f"{c} ({found[c]}, saved as {t})" for c, t in saved_types.items() if found[c] != t]
+    if changed:
+        raise ConfigError(
+            f"load_result: {str(path)!r}: column type changed since saving: {', '.join(changed)}"
+        )
 
 
 def _empty_frame(columns: Any) -> pd.DataFrame:

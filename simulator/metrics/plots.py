@@ -506,11 +506,13 @@ class PlotAccessor:
 def write_plots(result: Any, directory: str | Path, dpi: int = 100) -> list[Path]:
     """Save every standard plot as `<name>.png` in `directory`; return the paths written."""
     folder = check_output_folder(directory)  # a clear error for a file or a device there
+    makers = (latency_cdfs, instance_timelines, throughput, per_class)
+    # Every figure is drawn before any is written: a result one of them cannot be drawn from
+    # leaves no partial set of plots behind.
+    figures: list[Figure] = [make(result) for make in makers]
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    makers = (latency_cdfs, instance_timelines, throughput, per_class)
-    for name, make in zip(PLOT_NAMES, makers, strict=True):
-        fig: Figure = make(result)
+    for name, fig in zip(PLOT_NAMES, figures, strict=True):
         path = folder / f"{name}.png"
         write_with(path, lambda tmp, f=fig: f.savefig(tmp, dpi=dpi, format="png"))
         paths.append(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shorten
 from . import figures
 from .figures import fmt
 from .page import Section, Table, card, esc, render
@@ -623,7 +623,47 @@ def load_input(path: str | Path) -> Any:
             f"report: {str(p)!r} is not a results file (expected the JSON that --results-path "
             "writes: the summary fields and a 'requests' list)"
         )
+    _check_results_document(p, doc)
     return doc
+
+
+# The --results-path entries the report reads besides the summary's numbers.
+_RESULTS_MAPPINGS = (
+    "slo", "steady_state_detail", "anomalies", "kv_cache", "latency_model", "engine_policies",
+)  # fmt: skip
+_RECORD_NUMBERS = (
+    "arrived_at", "num_prefill_tokens", "num_decode_tokens", "ttft_ms", "itl_ms", "e2e_ms",
+    "scheduling_delay_ms",
+)  # fmt: skip
+
+
+def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
+    """A results JSON edited after it was written: a wrong kind of entry is one ConfigError
+    naming it, not a failure deep inside the page's tables."""
+
+    def refuse(where: str, value: Any, allowed: str) -> ConfigError:
+        return ConfigError(
+            f"report: {str(path)!r}: {where}: invalid value {shorten(repr(value))}; {allowed} "
+            "(as --results-path writes it)"
+        )
+
+    for key in _RESULTS_MAPPINGS:
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise refuse(key, doc[key], "must be a mapping")
+    for key, value in doc.items():
+        if isinstance(value, bool) or key in _RESULTS_MAPPINGS or key == "requests":
+            continue
+        if value is not None and not isinstance(value, int | float | str | dict | list):
+            raise refuse(key, value, "must be a value")
+    for i, record in enumerate(doc["requests"]):
+        if not isinstance(record, dict):
+            raise refuse(f"requests[{i}]", record, "must be a mapping")
+        for field in _RECORD_NUMBERS:
+            value = record.get(field)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float)
+            ):
+                raise refuse(f"requests[{i}].{field}", value, "must be a number")
 
 
 def default_output(path: str | Path) -> Path:

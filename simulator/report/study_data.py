@@ -209,7 +209,13 @@ def sweep_from_folder(folder: Path) -> Any:
                     f"({type(exc).__name__})"
                 ) from None
     elif csv.is_file():
-        runs = pd.read_csv(csv)
+        with open_binary(csv, "report") as handle:
+            try:
+                runs = pd.read_csv(handle)
+            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+                raise ConfigError(
+                    f"report: {str(csv)!r} is not a readable CSV table ({type(exc).__name__})"
+                ) from None
     else:
         raise ConfigError(f"report: {str(folder)!r} has neither runs.parquet nor runs.csv")
     columns = list(runs.columns)

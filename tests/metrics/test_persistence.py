@@ -123,3 +123,55 @@ def test_save_returns_the_path_it_was_given_whether_new_or_replaced(tmp_path, mo
     again = result.save("out/run")  # replaces the saved result
     assert first == again == Path("out/run")
     assert simulator.load_result(again).summary == result.summary
+
+
+def _damaged(result, tmp_path, change) -> Path:
+    folder = save_result(result, tmp_path / "run")
+    change(folder)
+    return folder
+
+
+def _edit_summary(key, value):
+    def change(folder: Path) -> None:
+        doc = json.loads((folder / "summary.json").read_text())
+        doc[key] = value
+        (folder / "summary.json").write_text(json.dumps(doc))
+
+    return change
+
+
+def _retype_e2e(folder: Path) -> None:
+    frame = pd.read_parquet(folder / "requests.parquet")
+    frame["e2e_ms"] = frame["e2e_ms"].astype(str)
+    frame.to_parquet(folder / "requests.parquet")
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (_edit_summary("summary", [1]), "'summary' must be a mapping"),
+        (_edit_summary("scenario", 5), "'scenario' must be a mapping"),
+        (_edit_summary("kv_metrics", "x"), "'kv_metrics' must be a mapping"),
+        (lambda f: pd.DataFrame({"a": [1]}).to_parquet(f / "steps.parquet"), "lacks the column"),
+        (_retype_e2e, "e2e_ms (str, saved as float64)"),
+        (lambda f: (f / "requests.parquet").unlink(), "is missing"),
+    ],
+    ids=["summary", "scenario", "kv_metrics", "steps-columns", "e2e-type", "no-requests"],
+)
+def test_a_folder_changed_after_saving_is_one_error_not_a_traceback(
+    result, tmp_path, change, needle
+):
+    """The report and the plots failed deep inside (AttributeError, KeyError, ValueError)
+    on these; `load_result` names what changed, and `plot` writes nothing."""
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    folder = _damaged(result, tmp_path, change)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_result(folder)
+    for args in (["report", str(folder), "-o", str(tmp_path / "r.html")],
+                 ["plot", str(folder), "--out", str(tmp_path / "png")]):  # fmt: skip
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and needle in res.output, res.output
+    assert not (tmp_path / "png").exists() and not (tmp_path / "r.html").exists()

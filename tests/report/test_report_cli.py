@@ -151,3 +151,33 @@ def test_python_api(tmp_path, chatbot):
     assert chatbot.report(tmp_path / "r.html") == tmp_path / "r.html"
     study = simulator.sweep(CHATBOT, {"workload.num_requests": [50]}, seeds=[1], workers=1)
     assert _is_page(study.report(tmp_path / "s.html"))["kind"] == "sweep"
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (lambda d: d.update(requests=[1, 2]), "requests[0]: invalid value 1; must be a mapping"),
+        (lambda d: d.update(slo=5), "slo: invalid value 5; must be a mapping"),
+        (lambda d: d.update(steady_state_detail="x"), "steady_state_detail: invalid value 'x'"),
+        (lambda d: d["requests"][0].update(ttft_ms="fast"), "requests[0].ttft_ms: invalid value"),
+    ],
+)
+def test_an_edited_results_file_is_one_error(tmp_path, damage, needle):
+    """Each of these raised an AttributeError or ValueError from inside the page's tables."""
+    import json
+
+    results = tmp_path / "r.json"
+    res = invoke("run", "--num-requests", "5", "--rate", "5", "--results-path", str(results))
+    assert res.exit_code == 0, res.output
+    doc = json.loads(results.read_text())
+    damage(doc)
+    results.write_text(json.dumps(doc))
+    res = invoke("report", str(results), "-o", str(tmp_path / "r.html"))
+    assert res.exit_code == 2 and needle in res.output, res.output
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_sweep_folder_with_an_empty_runs_table_is_one_error(tmp_path):
+    (tmp_path / "runs.csv").write_text("")
+    res = invoke("report", str(tmp_path))
+    assert res.exit_code == 2 and "not a readable CSV table" in res.output, res.output
