@@ -27,7 +27,7 @@ from .deployment import (
 from .deployment import resolve_deployment as resolve_scenario_deployment
 from .engine.options import EngineOptions
 from .engine.request import Request
-from .errors import ConfigError, excerpt
+from .errors import ConfigError, excerpt, require_callable, require_path
 from .fleet_plan import deployments_latency, latency_entry, plan_fleet, uses_fleet
 from .latency.kv_capacity import kv_bytes_per_token
 from .limits import MAX_REQUESTS
@@ -203,6 +203,10 @@ def simulate(
     `end_checks=True` checks every end-of-run law once the run ends, each engine's own
     (KV-block conservation) included, which needs the live engines that the result does not
     keep, without the per-step checks of `check_invariants` (docs/python.md)."""
+    require_callable("progress", progress)
+    require_callable("on_deployment", on_deployment)
+    if options is not None and not isinstance(options, EngineOptions):
+        raise ConfigError(f"options: expected an EngineOptions or None; got {_shown(options)}")
     sc = keyword_overrides(as_scenario(scenario), overrides)
     if sc.cluster.trace.path is not None:
         from .input_files import refuse_writing_inputs, scenario_input_files
@@ -287,6 +291,8 @@ def replay(
     docs/workloads.md, "Closed-loop load". Fields that neither `scenario` sets nor
     `overrides` give follow the server that recorded the trace (`recorded_settings`, applied
     by `simulate`)."""
+    require_path("trace_header", trace_header, optional=True)
+    require_path("trace_data", trace_data)
     sc = as_scenario(scenario) if scenario is not None else Scenario()
     sc = sc.model_copy(update={"workload": None, "workload_spec": None})
     header = Path(trace_header) if trace_header is not None else None

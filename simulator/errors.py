@@ -85,6 +85,28 @@ def unknown(kind: str, value: object, valid: Iterable[str]) -> ConfigError:
     return ConfigError(f"unknown {kind} {excerpt(value)}; valid: {names}")
 
 
+def require_path(name: str, value: object, optional: bool = False) -> None:
+    """A public function's file or folder argument is a path (str or os.PathLike, None when
+    `optional`): anything else is a ConfigError naming the argument, not a TypeError from the
+    standard library further down."""
+    import os
+
+    if value is None and optional:
+        return
+    if not isinstance(value, str | os.PathLike) or not isinstance(os.fspath(value), str):
+        given = "None" if value is None else f"{type(value).__name__} {excerpt(value)}"
+        raise ConfigError(
+            f"{name}: expected a path (str or os.PathLike){' or None' if optional else ''}; "
+            f"got {given}"
+        )
+
+
+def require_callable(name: str, value: object) -> None:
+    """An optional callback argument is a callable or None."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"{name}: expected a function or None; got {excerpt(value)}")
+
+
 def is_finite_positive(value: object) -> bool:
     """A real number (not a bool) that is finite and > 0."""
     import math

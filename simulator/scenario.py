@@ -33,7 +33,7 @@ from .cluster.infra_spec import (
     LifecycleSpec,
     NodePoolSpec,
 )
-from .errors import ConfigError, excerpt
+from .errors import ConfigError, excerpt, require_path
 from .input_files import read_yaml_mapping
 from .limits import (
     MAX_INSTANCES,
@@ -583,6 +583,7 @@ def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> "Scena
 
 def load_scenario(path: str | Path) -> "Scenario":
     """Read and validate a scenario YAML file. Relative paths inside resolve from its folder."""
+    require_path("load_scenario", path)
     p = Path(path)
     data = read_yaml_mapping(p, "scenario", empty_ok=True)
     if not data:

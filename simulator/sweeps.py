@@ -28,7 +28,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .atomic_io import write_text_atomically, write_with
-from .errors import ConfigError, excerpt
+from .errors import ConfigError, excerpt, require_callable, require_path
 from .input_files import read_json, read_yaml_mapping
 from .interruption import ignore_interrupts_in_worker
 from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
@@ -270,6 +270,8 @@ def _load_done(runs_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def _seeds(seeds: Sequence[int]) -> list[int]:
+    if isinstance(seeds, str | bytes) or not hasattr(seeds, "__iter__"):
+        raise ConfigError(f"seeds: expected a list of integers; got {excerpt(seeds)}")
     out = list(seeds)
     if not out:
         raise ConfigError("seeds: needs at least one seed")
@@ -308,6 +310,8 @@ def sweep(
         raise ConfigError(f"backend: invalid value {backend!r}; valid: {', '.join(BACKENDS)}")
     ray = _import_ray() if backend == "ray" else None
 
+    require_path("out", out, optional=True)
+    require_callable("progress", progress)
     sc = as_scenario(base)
     if not isinstance(grid, dict):
         raise ConfigError(
@@ -318,6 +322,8 @@ def sweep(
         raise ConfigError(f"workers: invalid value {excerpt(workers)}; must be an integer >= 1")
     params = list(grid)
     for path in params:  # unknown paths first, so a typo is reported as such
+        if not isinstance(path, str):
+            raise ConfigError(f"grid: keys are dotted scenario paths (text); got {excerpt(path)}")
         check_path(sc, path)
     for path, values in grid.items():  # before the product, which needs iterables
         if not isinstance(values, list) or not values:

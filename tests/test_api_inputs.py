@@ -56,3 +56,35 @@ def test_the_accepted_forms_still_work():
     assert as_scenario(scenario) is scenario
     assert as_scenario("scenarios/quickstart.yaml").workload is not None
     assert simulator.simulate({"workload": {"num_requests": 3}}).summary["completed_requests"] == 3
+
+
+def _save_none() -> None:
+    from simulator.metrics.persistence import save_result
+
+    save_result(None, "unused")
+
+
+TINY = {"workload": {"num_requests": 3, "rate": 5}}
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: simulator.replay(None, None), "trace_data: expected a path"),
+        (lambda: simulator.replay(5, "t.csv"), "trace_header: expected a path"),
+        (lambda: simulator.load_scenario(None), "load_scenario: expected a path"),
+        (lambda: simulator.load_result(5), "load_result: expected a path"),
+        (lambda: simulator.sweep(TINY, {"seed": [1]}, seeds=None), "seeds: expected a list"),
+        (lambda: simulator.sweep(TINY, {5: [1]}), "grid: keys are dotted scenario paths"),
+        (lambda: simulator.sweep(TINY, {"seed": [1]}, out=5), "out: expected a path"),
+        (lambda: simulator.simulate(TINY, progress=5), "progress: expected a function"),
+        (lambda: simulator.simulate(TINY, on_deployment=5), "on_deployment: expected a function"),
+        (lambda: simulator.simulate(TINY, options=5), "options: expected an EngineOptions"),
+        (_save_none, "save_result: expected a Result or a SavedResult"),
+    ],
+)
+def test_public_functions_name_a_wrong_argument(call, message):
+    """Each raised a TypeError or AttributeError from inside (some after the run had
+    started); the law is the module's: one ConfigError naming the argument."""
+    with pytest.raises(ConfigError, match=message):
+        call()

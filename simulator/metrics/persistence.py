@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError, ServesimError, one_line, shorten
+from ..errors import ConfigError, ServesimError, excerpt, one_line, require_path, shorten
 from ..input_files import check_path, open_binary, read_json
 from .summary import format_summary
 
@@ -132,6 +132,9 @@ def save_result(result: Any, directory: str | Path) -> Path:
     """
     from ..atomic_io import check_output_folder, write_failed
 
+    require_path("save_result: directory", directory)
+    if not all(hasattr(result, name) for name in ("summary", *FRAME_NAMES)):
+        raise ConfigError(f"save_result: expected a Result or a SavedResult; got {excerpt(result)}")
     given = Path(directory)
     # The same checks as every output (no pseudo file system, a symbolic link to a folder is
     # followed); an OSError while writing is one line naming the folder.
@@ -179,6 +182,7 @@ def _replace_folder(result: Any, target: Path) -> None:
 
 def load_result(directory: str | Path) -> SavedResult:
     """Read a folder written by `save_result`; a folder without summary.json is an error."""
+    require_path("load_result", directory)
     folder = check_path(directory, "load_result")
     summary_path = folder / SUMMARY_FILE
     if not summary_path.exists():
