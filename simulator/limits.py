@@ -284,6 +284,11 @@ PositiveTimeUs = integer(1, MAX_TIME_US, "µs", _WHY["time"])
 WholeSeconds = integer(0, MAX_TIME_S, "s", _WHY["time"])
 PositiveWholeSeconds = integer(1, MAX_TIME_S, "s", _WHY["time"])
 Milliseconds = number(0, MAX_TIME_MS, "ms", _WHY["time"])
+# A latency target: 0 ms would be a target no request meets (a workload spec's
+# goodput_slo_targets reads 0 as "none"); no target is the field left out.
+SloTargetMs = number(
+    0, MAX_TIME_MS, "ms", f"{_WHY['time']}; for no target leave the field out", lo_open=True
+)
 Seconds = number(0, MAX_TIME_S, "s", _WHY["time"])
 IntervalSeconds = number(
     MIN_INTERVAL_S, MAX_TIME_S, "s", f"{_WHY['time']}; a shorter period rounds to 0 µs"

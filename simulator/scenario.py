@@ -55,6 +55,7 @@ from .limits import (
     Rate,
     Requests,
     Seed,
+    SloTargetMs,
     TimeUs,
     TokenAmount,
     TokenBucketTokens,
@@ -391,9 +392,9 @@ class ClusterSpec(_Strict):
 class SloTargetsSpec(_Strict):
     """Latency targets of a request, ms (None = no target on that metric)."""
 
-    ttft_ms: Milliseconds | None = None
-    itl_ms: Milliseconds | None = None
-    e2e_ms: Milliseconds | None = None
+    ttft_ms: SloTargetMs | None = None
+    itl_ms: SloTargetMs | None = None
+    e2e_ms: SloTargetMs | None = None
 
 
 class SloSpec(SloTargetsSpec):
