@@ -47,6 +47,7 @@ from __future__ import annotations
 import inspect
 import math
 import operator
+import re
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
@@ -156,11 +157,24 @@ def _show(bound: float) -> str:
     return f"{bound:g}"
 
 
+# What YAML 1.1 leaves as text though it looks like a number: an exponent without a dot
+# before it or without a sign (1e3, 1e-3, 1.0e3; YAML 1.1 reads only 1.0e+3 as a float).
+_YAML_TEXT_NUMBER = re.compile(r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$")
+
+
 def _what(value: Any) -> str:
     """A value's kind as an error message says it ("a string", "a boolean", ...)."""
     if isinstance(value, bool) or _is_numpy_bool(value):
         return "a boolean"
-    if isinstance(value, str | bytes):
+    if isinstance(value, str):
+        if _YAML_TEXT_NUMBER.match(value.strip()):
+            shown = value.strip()
+            return (
+                f"a string (YAML reads {shown} as text: write the number without an exponent, "
+                "or with a dot and a signed one, as in 1.0e+3)"
+            )
+        return "a string"
+    if isinstance(value, bytes):
         return "a string"
     if value is None:
         return "null"

@@ -459,6 +459,14 @@ class Scenario(_Strict):
             raise ValueError("must name a model")
         return v
 
+    @field_validator("hardware")
+    @classmethod
+    def _hardware_nonempty(cls, v: str | None) -> str | None:
+        # Empty text ran on the default GPU silently; null (the field left out) is the default.
+        if v is not None and not v.strip():
+            raise ValueError("must name a GPU (servesim hardware lists them), or be left out")
+        return v
+
     @model_validator(mode="after")
     def _source(self) -> "Scenario":
         given = [

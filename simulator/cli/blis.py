@@ -324,5 +324,8 @@ def goodput_overrides(flags: dict[str, Any]) -> dict[str, Any]:
             ms = go_duration_ms(value, f"{name}: {slo_class}")
             if ms <= 0:
                 raise ConfigError(f"{name}: {slo_class}: the target must be > 0, got {value}")
-            out[f"slo.classes.{slo_class}.{metric}"] = ms
+            key = f"slo.classes.{slo_class}.{metric}"
+            if key in out:
+                raise ConfigError(f"{name}: class {slo_class!r} is given twice; give each once")
+            out[key] = ms
     return out

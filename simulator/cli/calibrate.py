@@ -340,6 +340,8 @@ def register(app: typer.Typer) -> None:
             check_warm_up_s(warm_up_s, "--warm-up-s")
             if rounds < 0:
                 raise ConfigError(f"--rounds: invalid value {rounds}; must be an integer >= 0")
+            if workers < 1:
+                raise ConfigError(f"--workers: invalid value {workers}; must be an integer >= 1")
             if prior not in cal.PRIOR_CENTRES:
                 raise ConfigError(
                     f"--prior: invalid value {excerpt(prior)}; must be one of "

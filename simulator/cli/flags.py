@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shorten
 from .common import LOG_HELP
 
 _SIM = "Deployment and engine"
@@ -941,13 +941,11 @@ def _coeffs(flag: str, text: str | None) -> list[float] | None:
 
 
 def _json_object(flag: str, text: str) -> dict[str, Any]:
-    """A flag's JSON object (vLLM's --speculative-config style), or a ConfigError."""
-    import json
+    """A flag's JSON object (vLLM's --speculative-config style), or a ConfigError; strict as
+    the files are (a key twice is an error)."""
+    from ..input_files import load_json
 
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{flag}: invalid value {text!r}; not JSON ({exc})") from None
+    value = load_json(text, f"{flag} {shorten(repr(text))}")
     if not isinstance(value, dict):
         raise ConfigError(f"{flag}: invalid value {text!r}; expected a JSON object {{...}}")
     return value

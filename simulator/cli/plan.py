@@ -28,6 +28,10 @@ def parse_assignments(values: list[str], flag: str, what: str) -> dict[str, floa
             ) from None
         if not math.isfinite(value):
             raise ConfigError(f"{flag}: invalid value {item!r}; the number must be finite")
+        if name in out:
+            raise ConfigError(
+                f"{flag}: {name!r} is given twice ({out[name]:g} and {value:g}); once"
+            )
         out[name] = value
     return out
 
