@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from ..errors import ConfigError, excerpt
 from ..input_files import csv_records, read_json
+from ..limits import MAX_TOKENS
 from .arrivals import WEIBULL_CV_RANGE
 from .spec import ClientSpec, CohortSpec, WorkloadSpec, format_spec_error
 
@@ -74,9 +75,21 @@ def parse_pdf_string(text: str, where: str) -> dict[int, float]:
             raise ConfigError(
                 f"{where}: invalid PDF entry {excerpt(pair.strip())}; expected tokens: probability"
             ) from None
+        if not 0 <= tokens <= MAX_TOKENS:
+            raise ConfigError(
+                f"{where}: invalid PDF entry {excerpt(pair.strip())}; the token count must be "
+                f"from 0 to {MAX_TOKENS:,}"
+            )
+        if not (math.isfinite(prob) and prob >= 0):
+            raise ConfigError(
+                f"{where}: invalid PDF entry {excerpt(pair.strip())}; the probability must be a "
+                "finite number >= 0"
+            )
         pdf[tokens] = prob
     if not pdf:
         raise ConfigError(f"{where}: empty PDF {excerpt(text)}; expected '{{tokens: prob, ...}}'")
+    if not any(pdf.values()):
+        raise ConfigError(f"{where}: PDF {excerpt(text, 40)} has no probability above 0")
     return pdf
 
 

@@ -73,6 +73,23 @@ def test_parse_pdf_string() -> None:
         parse_pdf_string("[1, 2]", "x")
 
 
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{100: -1}", "probability must be a finite number >= 0"),
+        ("{100: nan}", "probability must be a finite number >= 0"),
+        ("{1000000000: 1}", "token count must be from 0 to 100,000,000"),
+        ("{-5: 1}", "token count must be from 0"),
+        ("{100: 0, 200: 0}", "no probability above 0"),
+    ],
+)
+def test_a_pdf_the_workload_could_not_use_is_refused_where_it_is_written(text, problem) -> None:
+    """`convert servegen` printed such PDFs into a spec that `run` then refused, naming the
+    spec's client instead of the dataset file."""
+    with pytest.raises(ConfigError, match=f"dataset.json\\[0\\].input_tokens: .*{problem}"):
+        parse_pdf_string(text, "dataset.json[0].input_tokens")
+
+
 def test_bad_folder(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="servegen_data.path"):
         expand_servegen(workload_spec_from_dict(_spec(str(tmp_path / "missing"))))
