@@ -569,20 +569,25 @@ def refuse_writing_inputs(
     An input folder stands for every file already in it (a ground-truth or saved-result
     folder is read whole), except files with a suffix in `writable_in_folders` (a report's
     own earlier .html); a new file in it is fine."""
+
+    def real_path(path: Any) -> str | None:
+        # A path with a NUL byte names no file; the reader refuses it with its own message.
+        return None if path is None or "\x00" in os.fspath(path) else os.path.realpath(path)
+
     files: dict[str, str] = {}
     folders: list[tuple[str, str]] = []
     for what, path in inputs:
-        if path is None:
+        real = real_path(path)
+        if real is None:
             continue
-        real = os.path.realpath(path)
         if os.path.isdir(real):
             folders.append((real + os.sep, what))
         else:
             files[real] = what
     for flag, path in outputs:
-        if path is None:
+        real = real_path(path)
+        if real is None:
             continue
-        real = os.path.realpath(path)
         read = files.get(real)
         if read is None and os.path.isfile(real) and not real.endswith(writable_in_folders or ()):
             read = next((f"in {what}" for folder, what in folders if real.startswith(folder)), None)
