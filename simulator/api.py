@@ -312,19 +312,19 @@ def replay(
     return simulate(sc, **overrides)
 
 
-def _over_the_recording(scenario: Scenario, given: dict[str, Any]) -> dict[str, Any]:
-    """`given` (dotted overrides) over what the recording says of its server, when the run
-    replays a trace (the one `given` sets, else the scenario's): a replay simulates the
-    recorded server where nobody chose (`recorded_settings`)."""
+def _recorded_server(scenario: Scenario, given: dict[str, Any]) -> dict[str, Any]:
+    """What the recording says of its server (dotted paths), where neither the scenario nor
+    `given` chose, when the run replays a trace (the one `given` sets, else the scenario's):
+    a replay simulates the recorded server where nobody chose (`recorded_settings`)."""
     trace = given.get("trace", scenario.trace)
     if trace is not None and not isinstance(trace, dict):
         trace = trace.model_dump()
     if not trace or trace.get("data") is None:  # none, or one the schema will refuse
-        return given
+        return {}
     from .workload.server_settings import recorded_settings
 
     recorded, _, _ = recorded_settings(scenario, given, trace.get("header"), trace["data"])
-    return recorded | given
+    return recorded
 
 
 def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> ClientReplay:
@@ -371,7 +371,10 @@ def with_overrides(
     A trace replay's fields that neither the scenario nor `overrides` set follow the recorded
     server (`recorded_settings`).
     """
-    overrides = _over_the_recording(scenario, overrides)
+    recorded = _recorded_server(scenario, overrides)
+    if recorded:
+        # Applied on their own, so that a bad recorded value is blamed on the trace.
+        scenario = apply_overrides(scenario, recorded, source="the trace header's server section")
     sc = apply_overrides(scenario, overrides, source=source) if overrides else scenario
     workload_overrides = workload_overrides or {}
     v2 = sc.workload_spec is not None or isinstance(sc.workload, V2WorkloadSpec)

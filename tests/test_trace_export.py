@@ -349,3 +349,14 @@ def test_a_header_rtt_must_be_a_non_negative_number(tmp_path, rtt):
     (tmp_path / "h.yaml").write_text(yaml.safe_dump(header))
     with pytest.raises(simulator.ConfigError, match="network.measured_rtt_ms: invalid value"):
         read_header(tmp_path / "h.yaml")
+
+
+def test_a_bad_recorded_server_setting_is_blamed_on_the_trace_header(tmp_path):
+    """A header's `max_num_seqs: -1` was reported as coming from "command-line flags"."""
+    header = tmp_path / "t.yaml"
+    header.write_text("trace_version: 2\nserver: {max_num_seqs: -1}\n")
+    data = "tests/data/blis/r1_fixed512.trace.csv"
+    with pytest.raises(simulator.ConfigError, match=r"^the trace header's server section: "):
+        simulator.replay(header, data)
+    res = invoke("replay", "--trace-header", header, "--trace-data", data)
+    assert res.exit_code == 2 and "trace header's server section" in res.stderr
