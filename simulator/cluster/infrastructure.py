@@ -143,6 +143,8 @@ class Infrastructure:
         self.dropped_on_drain = 0
         self.failed = 0
         self.retried = 0
+        # Scenario events due after the run ended, not applied (`_scenario_events`).
+        self.events_after_end = 0
         self.redirected = 0
         # Why each instance stopped taking work: "immediate" | "redirect" | "wait" | "failure".
         self._end_cause: dict[int, str] = {}
@@ -170,10 +172,20 @@ class Infrastructure:
     def _scenario_events(self):
         """The scenario's `events:` as one process: each applied at its time, in time order
         (config order among equal times)."""
-        for event in sorted(self.plan.events, key=lambda e: e.at_s):
+        events = sorted(self.plan.events, key=lambda e: e.at_s)
+        for k, event in enumerate(events):
             delay = round(event.at_s * US_PER_S) - self.env.now
             yield event_after(self.env, max(0, delay), ROUTER)
+            if self._run_over():
+                # Due after the run ended (no traffic left, every request finished): applied,
+                # it would bill and change a fleet nobody uses any more.
+                self.events_after_end = len(events) - k
+                return
             self._apply(event)
+
+    def _run_over(self) -> bool:
+        exhausted, all_finished = self.is_done()
+        return exhausted and all_finished
 
     def _deployment_of(self, spec: AutoscalerSpec) -> str:
         names = list(dict.fromkeys(s.deployment for s in self.plan.slots))
@@ -600,6 +612,8 @@ class Infrastructure:
         delay_us = round(spec.scrape_delay_s * US_PER_S)
         while not self._nothing_left_to_scale(scaler):
             yield event_after(self.env, interval_us, ROUTER)
+            if self._run_over():  # the run ended during the interval: nothing left to serve
+                return
             value = self.signal(scaler.deployment, spec.signal)
             if delay_us > 0:
                 # The next tick does not wait for this scrape's decision.
@@ -609,7 +623,8 @@ class Infrastructure:
 
     def _scale_after(self, scaler: Autoscaler, value: float, delay_us: int):
         yield event_after(self.env, delay_us, ROUTER)
-        self._scale(scaler, value)
+        if not self._run_over():
+            self._scale(scaler, value)
 
     def _nothing_left_to_scale(self, scaler: Autoscaler) -> bool:
         """Stop ticking once the traffic is over and the fleet is at rest: everything has

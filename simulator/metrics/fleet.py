@@ -48,7 +48,8 @@ def timeline_frame(infra: FleetRecord | None) -> pd.DataFrame:
 
 
 def _end_s(start_us: int, end_us: int, run_end_us: int) -> float:
-    stop = end_us if end_us >= 0 else run_end_us
+    # Billed until it ended or the run did, whichever came first.
+    stop = min(end_us, run_end_us) if end_us >= 0 else run_end_us
     return max(0, stop - start_us) / 1e6
 
 
@@ -137,6 +138,8 @@ def fleet_summary(infra: FleetRecord, run_end_us: int) -> dict[str, Any]:
         "redirected_requests": infra.redirected,
         "requests_waited_for_instance": infra.parked_total,
     }
+    if infra.events_after_end:
+        out["events_after_end"] = infra.events_after_end
     for scaler in infra.autoscalers:
         out[f"autoscaler_{scaler.deployment}_scale_ups"] = scaler.scale_ups
         out[f"autoscaler_{scaler.deployment}_scale_downs"] = scaler.scale_downs

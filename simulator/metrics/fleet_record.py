@@ -97,6 +97,7 @@ class FleetRecord:
     failed: int
     retried: int
     redirected: int
+    events_after_end: int
     # Requests that waited at the router for a routable instance of their model.
     parked_total: int
     _by_node_id: dict[str, NodeRecord] = field(init=False, repr=False, compare=False)

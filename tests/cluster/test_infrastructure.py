@@ -615,8 +615,8 @@ def test_cli_writes_the_timeline(tmp_path):
         [
             "run",
             str(ROOT / "scenarios" / "node_failure.yaml"),
-            "--num-requests",
-            "200",
+            "--horizon",
+            "130000000",  # past the failure at 120 s
             "--timeline-path",
             str(out),
             "--quiet",
@@ -627,6 +627,22 @@ def test_cli_writes_the_timeline(tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0] == "time_us,time_s,kind,id,from_state,to_state,reason"
     assert any("fail_node" in line for line in lines)
+
+
+def test_events_due_after_the_run_ended_are_not_applied_nor_billed():
+    """200 requests at 80/s end in about 3 s; node_failure.yaml's events come at 120 and
+    150 s. Applied, they billed the nodes to 150 s and beyond (a drain at 3,600 s billed an
+    hour) and changed a fleet nobody used; now they are counted and nothing else."""
+    result = simulator.simulate(
+        ROOT / "scenarios" / "node_failure.yaml", workload__num_requests=200
+    )
+    fleet = result.fleet_metrics
+    assert fleet["events_after_end"] == 6  # the failure, the new node and four instances
+    assert not any("event" in reason for reason in result.timeline.reason)
+    run_end_s = result.summary["vllm_estimated_duration_s"]
+    assert (result.nodes.uptime_s <= run_end_s + 1e-9).all()
+    assert fleet["gpu_seconds"] <= fleet["node_seconds"] * 8 + 1e-6  # 8-GPU nodes
+    assert result.summary["completed_requests"] == 200
 
 
 BAD = [
