@@ -525,6 +525,7 @@ def plan(
 
     probes: list[dict[str, Any]] = []
     answers: list[dict[str, Any]] = []
+    not_planned: list[str] = []
     provenance: dict[str, dict[str, Any]] = {}
     layouts: dict[str, str] = {}
     # Each GPU's batch limits: unset ones are a stock vLLM server's on that GPU under physics
@@ -629,11 +630,23 @@ def plan(
                 lo, hi = (mid, hi) if passes(mid) else (lo, mid)
             return lo if lo > 0 else math.nan
 
-        found = (
-            _search(probe, max_instances)
-            if not disaggregated
-            else _search(lambda n: n >= 2 and probe(n), max_instances)
-        )
+        unfit = [d for d in (deployment, *pools.values()) if d.kv_blocks_source == "fallback"]
+        if unfit:
+            # No KV capacity could be computed (the weights do not fit the GPUs of this layout,
+            # or the model lacks what the formula needs): its runs would price a machine that
+            # cannot exist, so the GPU is not planned.
+            found = None
+            not_planned.append(
+                f"{gpu}: not planned: the model does not fit its {_layout_text(unfit[0])} "
+                "layout (no KV capacity; see the KV-capacity warning); a larger TP, or "
+                "engine.total_kv_blocks given explicitly, plans it"
+            )
+        else:
+            found = (
+                _search(probe, max_instances)
+                if not disaggregated
+                else _search(lambda n: n >= 2 and probe(n), max_instances)
+            )
         chosen = passing.get(found) if found is not None else None
         total_gpus = chosen["gpus"] if chosen else math.nan
         uniform = len({per_instance, *pool_gpus.values()}) == 1
@@ -712,7 +725,7 @@ def plan(
         seeds=seed_list,
         max_instances=max_instances,
         prices_usd_per_gpu_hour={g: price_table.get(g.lower(), math.nan) for g in gpu_names},
-        warnings=mixed_evidence(provenance),
+        warnings=not_planned + mixed_evidence(provenance),
         min_attainment=float(min_attainment),
         targets=targets,
         run_requests=run_requests,

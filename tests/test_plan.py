@@ -414,3 +414,25 @@ def test_a_pool_on_its_own_gpu_is_refused_rather_than_priced_as_another():
     label a mixed fleet as one GPU type, so plan refuses it, naming the field."""
     with pytest.raises(ConfigError, match=r"cluster.pd.decode.hardware \(H200\) runs on its own"):
         plan("scenarios/pd_2p2d.yaml", {"ttft_p99_ms": 1_000.0}, seeds=(1,), workers=1)
+
+
+def test_a_gpu_the_model_does_not_fit_is_not_planned() -> None:
+    """Llama-3.1-70B at TP 1 needs 132 GiB; one L40S offers 43. Its KV capacity fell back to
+    1,000,000 blocks and `plan` chose "L40S x 1 instance, $1/h", a machine that cannot
+    exist. Such a GPU is now reported infeasible with a warning, and nothing is simulated."""
+    scenario = {
+        **BASE,
+        "model": "meta-llama/llama-3.1-70b-instruct",
+        "tp": 1,
+        "latency": {"model": "physics"},
+        "engine": {},
+    }
+    res = plan(scenario, {"ttft_p90_ms": 2000.0}, gpus=["H100", "L40S"], seeds=(1,),
+               max_instances=2, workers=1)  # fmt: skip
+    assert res.best is None
+    assert list(res.per_gpu["feasible"]) == [False, False]
+    assert len(res.frontier) == 0  # nothing simulated
+    for gpu in ("H100", "L40S"):
+        assert any(
+            w.startswith(f"{gpu}: not planned: the model does not fit") for w in res.warnings
+        )
