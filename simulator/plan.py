@@ -573,12 +573,13 @@ def plan(
                     overrides["cluster.pd.prefill_instances"] = split[0]
                     overrides["cluster.pd.decode_instances"] = split[1]
                 point = with_overrides(gpu_sc, overrides, source=f"plan: {n} instances")
-                meets, figures, _reasons = judged(point)
+                meets, figures, reasons = judged(point)
                 requests = run_requests
-                # Too close to call: the same probe with more requests, as often as allowed.
+                # Too close to call, or too short to have settled: the same probe with more
+                # requests, as often as allowed.
                 while (
                     run_requests is not None
-                    and undecided(figures, min_attainment)
+                    and (undecided(figures, min_attainment) or _too_short(reasons))
                     and requests * 2 <= run_requests * MAX_EXTENSION
                 ):
                     requests *= 2
@@ -586,7 +587,7 @@ def plan(
                         point, {}, {"workload.num_requests": requests},
                         source="plan: a longer probe",
                     )  # fmt: skip
-                    meets, figures, _reasons = judged(longer)
+                    meets, figures, reasons = judged(longer)
                 row: dict[str, Any] = {"gpu": gpu, "tp": tp, "instances": n}
                 row["requests"] = requests
                 row["gpus"] = n * per_instance
@@ -801,6 +802,11 @@ def _layout_text(deployment: Any) -> str:
     if layout is not None and layout.ep > 1:
         text += f", EP {layout.ep}"
     return text
+
+
+def _too_short(reasons: list[str]) -> bool:
+    """A seed's run ended before it could settle (steady-state verdict `too short`)."""
+    return any(r.startswith("steady-state verdict:") and "too short" in r for r in reasons)
 
 
 def _margin(row: Mapping[str, Any], bounds: Mapping[str, float]) -> float:

@@ -436,3 +436,17 @@ def test_a_gpu_the_model_does_not_fit_is_not_planned() -> None:
         assert any(
             w.startswith(f"{gpu}: not planned: the model does not fit") for w in res.warnings
         )
+
+
+def test_a_batching_server_is_not_passed_at_twice_its_capacity() -> None:
+    """120 req/s of 512 -> 256 tokens on Llama-3.1-8B (one H100 sustains about 33): with
+    1,000-request probes `plan` answered 2 H100, whose probe looked steady (first tokens stay
+    prompt while the batch grows); 5,000-request probes answer 4. Short probes are now judged
+    `too short` and extended, and the answer does not depend on the probe's length."""
+    from tests.metrics.test_slo_steady import BATCHING
+
+    scenario = {**BATCHING, "workload": {**BATCHING["workload"], "rate": 120,
+                                         "num_requests": 1000}}  # fmt: skip
+    res = plan(scenario, {"ttft_p99_ms": 1000.0}, seeds=(42,), max_instances=6, workers=1)
+    assert res.best is not None and res.best.instances == 4
+    assert not res.frontier[res.frontier.instances < 4].meets.any()

@@ -13,15 +13,21 @@ without bound, so a longer run reports a worse TTFT. Every run is therefore judg
   of the window, at its middle and at its end (the last arrival);
 - offered load (arrivals per second over the arrival span) against achieved throughput
   (completions per second from the first arrival to the last completion), for the record;
+- the requests in the system (arrived, not completed) at the same three instants, read only
+  when the window is at least INFLIGHT_E2E_MULTIPLE times the median E2E (a run fills up for
+  about one E2E);
 - what was left at the end: requests still queued or running when the run stopped.
 
 Verdicts: `saturated` when the queue grows — the median TTFT of the second half is at least
 TTFT_GROWTH times the first half's and TTFT_GROWTH_MIN_MS more, or the backlog grew in both
 halves and by more than BACKLOG_GROWTH_MIN (at least BACKLOG_GROWTH_FRACTION of the second
-half's arrivals) in the second; `not steady` when requests were left unfinished at the end
+half's arrivals) in the second, or (in a settled window) the requests in the system grew in
+both halves and by more than INFLIGHT_GROWTH_FRACTION of the second half's arrivals; `not
+steady` when requests were left unfinished at the end
 (a horizon cut the run) or more than LOSS_FRACTION of them timed out or were dropped;
 `empty` when nothing completed; `too short` with fewer than MIN_REQUESTS arrivals in the
-window; `steady` otherwise.
+window, or a window shorter than INFLIGHT_E2E_MULTIPLE median E2Es that showed no growth;
+`steady` otherwise.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ TTFT_GROWTH_MIN_MS = 200.0
 BACKLOG_GROWTH_MIN = 10
 BACKLOG_GROWTH_FRACTION = 0.05
 LOSS_FRACTION = 0.01
+INFLIGHT_E2E_MULTIPLE = 2.0
+INFLIGHT_GROWTH_FRACTION = 0.1
 
 _LOST = (RequestState.DROPPED, RequestState.TIMED_OUT, RequestState.FAILED)
 _UNFINISHED = (RequestState.QUEUED, RequestState.RUNNING, RequestState.CREATED)
@@ -153,7 +161,38 @@ def judge(records: Sequence[Any]) -> SteadyState:
             f"the backlog (arrived, no first token yet) grew {state.backlog_at_start} → "
             f"{state.backlog_at_middle} → {state.backlog_at_end} over the window"
         )
+    # A batching server takes an overload into its batch first: requests get their first
+    # token, the batch and every request's latency grow, and the TTFT backlog stays flat. What
+    # grows is the number in the system (arrived, not completed); but it also grows while a run
+    # fills up, for about one E2E. So the number in the system is read only in a window longer
+    # than twice the median E2E (steady, it levels off at rate x E2E by Little's law), and a
+    # shorter run that shows no growth above cannot be called steady either.
+    e2e_median_s = float(np.median(stats.completion_us[completed] - arrival[completed])) / 1e6
+    window_s = (end - window_start) / 1e6
+    settled = window_s >= INFLIGHT_E2E_MULTIPLE * e2e_median_s
+    if settled and state.verdict != "saturated":
+        completion = np.where(completed, stats.completion_us, np.iinfo(np.int64).max)
+
+        def in_system(at_us: int) -> int:
+            return int(((arrival <= at_us) & (completion > at_us)).sum())
+
+        at_start, at_middle, at_end = in_system(window_start), in_system(middle), in_system(end)
+        threshold = max(BACKLOG_GROWTH_MIN, INFLIGHT_GROWTH_FRACTION * int(second_half.sum()))
+        if at_middle > at_start and at_end - at_middle > threshold:
+            state.verdict = "saturated"
+            state.reasons.append(
+                f"the requests in the system (arrived, not completed) grew {at_start} → "
+                f"{at_middle} → {at_end} over the window"
+            )
     if state.verdict == "saturated":
+        return state
+    if not settled:
+        state.verdict = "too short"
+        state.reasons.append(
+            f"arrivals after the warm-up span {window_s:,.1f} s, less than "
+            f"{INFLIGHT_E2E_MULTIPLE:g} x the median E2E ({e2e_median_s:,.1f} s): the run "
+            "ends before it could settle, so its latencies say nothing of a sustained load"
+        )
         return state
     if unfinished:
         state.verdict = "not steady"

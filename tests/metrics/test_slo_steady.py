@@ -143,3 +143,44 @@ def test_judge_by_hand():
     assert judge(steady[:20]).verdict == "too short"
     rejected = steady + [_req(2_000_000 + i, state=RequestState.REJECTED) for i in range(500)]
     assert judge(rejected).verdict == "steady"  # refusals never queued
+
+
+# A batching server (physics, Llama-3.1-8B on one H100: about 33 requests/s of 512 -> 256
+# tokens, measured by a rate sweep that plateaus at 32.6-33.3) takes an overload into its batch:
+# first tokens stay prompt, so the TTFT trend and backlog show nothing.
+BATCHING = {
+    "model": "meta-llama/llama-3.1-8b-instruct",
+    "hardware": "H100",
+    "tp": 1,
+    "workload": {
+        "arrival": "poisson",
+        "prompt_tokens": {"distribution": "gaussian", "mean": 512, "stdev": 128, "min": 16,
+                          "max": 2048},
+        "output_tokens": {"distribution": "gaussian", "mean": 256, "stdev": 64, "min": 1,
+                          "max": 1024},
+    },
+}  # fmt: skip
+
+
+def _batching(rate: float, n: int, instances: int = 1):
+    workload = {**BATCHING["workload"], "rate": rate, "num_requests": n}
+    scenario = {**BATCHING, "workload": workload, "cluster": {"num_instances": instances}}
+    return simulator.simulate(scenario, warn_unsteady=False).steady_state
+
+
+def test_a_short_run_offered_2x_a_batching_servers_capacity_is_not_steady():
+    """80 req/s on one instance for 337 requests was judged steady (the plan then passed 2.4x
+    overloaded fleets): its window (3.8 s) is shorter than twice its median E2E, so it cannot
+    show a steady state; a shorter run under capacity cannot either."""
+    state = _batching(80, 337)
+    assert state.verdict == "too short" and "median E2E" in state.reasons[0]
+    assert state.achieved_rps < 0.5 * state.offered_rps
+
+
+def test_a_long_overload_shows_in_the_requests_in_the_system():
+    """3 instances (about 100 req/s) offered 120: the number in the system grows in both
+    halves of the window though first tokens stay prompt."""
+    state = _batching(120, 5000, instances=3)
+    assert state.verdict == "saturated"
+    assert any("requests in the system" in r for r in state.reasons)
+    assert _batching(120, 1000, instances=5).verdict == "steady"  # under capacity, settled
