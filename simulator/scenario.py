@@ -558,8 +558,18 @@ def _autoscaled_counts_within_bounds(scenario: Scenario) -> None:
     exceeds the bound (docs/infrastructure.md), and the autoscaler only ever adds instances
     up to it, so a start above it would run over the bound all along."""
     initial, first = _initial_counts(scenario)
+    scaled: dict[str, int] = {}
     for i, a in enumerate(scenario.autoscaler):
         name = a.deployment or first
+        if name in scaled:
+            # Two would fight over the count (each its own bounds) and report one set of
+            # metrics under the same keys.
+            where = f"deployment {name!r}" if name else "the cluster's instances"
+            raise ValueError(
+                f"autoscaler[{i}]: {where} is already scaled by autoscaler[{scaled[name]}]; "
+                "give each deployment one autoscaler"
+            )
+        scaled[name] = i
         if initial.get(name, 0) > a.max_instances:
             where = f"deployment {name!r}" if name else "cluster.num_instances"
             raise ValueError(

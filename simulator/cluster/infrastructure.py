@@ -579,6 +579,14 @@ class Infrastructure:
         elif action in ("drain_node", "fail_node"):
             node = self.node(event.node)
             if node is None or node.state is NodeState.TERMINATED:
+                # Said on the timeline rather than silently, as for an instance slot.
+                why = "no such node yet" if node is None else "already terminated"
+                self.timeline.record(self.env.now, "event", event.node, "", "", f"{reason}: {why}")
+                return
+            if action == "drain_node" and node.state is NodeState.PROVISIONING:
+                # Nothing runs there yet: the request for it is withdrawn (Provisioning →
+                # Terminated), as a failure would.
+                self._retire_node(node, reason)
                 return
             if action == "drain_node" and node.state is NodeState.READY:
                 node.move(NodeState.DRAINING, self.env.now, self.timeline, reason)

@@ -92,6 +92,8 @@ def assert_legal_timeline(result: simulator.Result) -> None:
     timeline = result.timeline
     assert timeline.time_us.is_monotonic_increasing
     for row in timeline.itertuples():
+        if row.kind in ("event", "autoscaler"):
+            continue  # a note (an event with nothing to act on, a refused scale-up): no move
         if row.from_state == "":
             expected = "provisioning" if row.kind == "node" else "scheduling"
             assert row.to_state == expected, row
@@ -648,6 +650,15 @@ def test_events_due_after_the_run_ended_are_not_applied_nor_billed():
 BAD = [
     ({"node_pools": [{"name": "p", "gpu_type": "X9", "max_nodes": 1}]}, "unknown GPU 'X9'"),
     (
+        {
+            "autoscaler": [
+                {"scale_up_threshold": 5, "max_instances": 3},
+                {"scale_up_threshold": 5, "max_instances": 5},
+            ]
+        },
+        "autoscaler[1]: the cluster's instances is already scaled by autoscaler[0]",
+    ),
+    (
         {"node_pools": [{"name": "p", "gpu_type": "A100-80", "max_nodes": 1}]},
         "runs on GPU 'H100', but no node pool it may use has that gpu_type "
         "(the node pools have A100-80)",
@@ -818,3 +829,32 @@ def test_an_event_aimed_at_a_slot_not_created_yet_says_so_on_the_timeline():
     assert len(rows) == 1 and rows.iloc[0]["reason"].endswith("not created yet")
     assert rows.iloc[0]["time_s"] == 1.0
     assert "instance_2" in set(result.fleet_instances.instance_id)  # created later, served
+
+
+def test_node_events_on_a_node_provisioning_missing_or_gone_are_on_the_timeline():
+    """drain_node on a node still provisioning was ignored (the node was billed to the end);
+    events on a node not created yet or already terminated did nothing silently."""
+    scenario = {
+        "node_pools": [{"name": "h100", "gpu_type": "H100", "gpus_per_node": 1,
+                        "initial_nodes": 1, "max_nodes": 3,
+                        "provisioning_delay": {"mean_s": 30}, "cost_per_hour": 18}],
+        "deployments": [{"name": "llama", "num_instances": 2, "pool": "h100"}],
+        "events": [
+            {"at_s": 1, "action": "add_node", "pool": "h100"},
+            {"at_s": 5, "action": "drain_node", "node": "h100-1"},
+            {"at_s": 6, "action": "fail_node", "node": "h100-1"},
+            {"at_s": 7, "action": "fail_node", "node": "h100-9"},
+        ],
+        "workload": {"rate": 10, "num_requests": 300},
+    }  # fmt: skip
+    result = simulator.simulate(scenario)
+    rows = result.timeline
+    withdrawn = rows[(rows.id == "h100-1") & (rows.to_state == "terminated")]
+    assert list(withdrawn.from_state) == ["provisioning"] and list(withdrawn.time_s) == [5.0]
+    reasons = list(rows[rows.kind == "event"].reason)
+    assert reasons == [
+        "event fail_node at 6 s: already terminated",
+        "event fail_node at 7 s: no such node yet",
+    ]
+    node = result.nodes.set_index("node_id").loc["h100-1"]
+    assert node.uptime_s == 4.0  # requested at 1 s, withdrawn at 5 s
