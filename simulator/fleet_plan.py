@@ -5,6 +5,7 @@ node that exists. Each deployment is resolved by `deployment.resolve_deployment`
 
 from __future__ import annotations
 
+import logging
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,8 @@ from .errors import ConfigError, invalid
 from .latency.kv_capacity import model_weight_bytes
 from .latency.parallel import Parallelism
 from .scenario import PDSpec, Scenario, apply_overrides
+
+log = logging.getLogger("servesim")
 
 if TYPE_CHECKING:
     # Imported by the scenarios that have a fleet (start-up of the others).
@@ -246,6 +249,32 @@ def _check_pools(
             raise ConfigError(
                 f"deployments[{d.name}]: {field}: invalid value {dep.gpus} (GPUs per "
                 f"instance); {'; '.join(refusals)}"
+            )
+    _warn_initial_overflow(pools, specs, resolved)
+
+
+def _warn_initial_overflow(
+    pools: list[NodePoolSpec], specs: list[DeploymentSpec], resolved: dict[str, Deployment]
+) -> None:
+    """Say when the initial instances need more GPUs of a type than its pools can ever hold:
+    the rest wait in Scheduling, and their model's requests queue, unless events free GPUs.
+    Legal (a later fail or drain may make room), but otherwise it runs silently short."""
+    demand: dict[str, int] = {}
+    for d in specs:
+        dep = resolved[d.name]
+        demand[dep.gpu.name] = demand.get(dep.gpu.name, 0) + d.num_instances * dep.gpus
+    for gpu, needed in demand.items():
+        held = sum(
+            p.max_nodes * p.gpus_per_node for p in pools if p.gpu_type.lower() == gpu.lower()
+        )
+        if needed > held:
+            log.warning(
+                "the deployments' initial instances need %d %s GPUs, but the node pools of "
+                "that type hold at most %d (max_nodes x gpus_per_node): some instances will "
+                "wait in Scheduling for GPUs that only a drain or failure can free",
+                needed,
+                gpu,
+                held,
             )
 
 

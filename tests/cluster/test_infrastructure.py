@@ -858,3 +858,23 @@ def test_node_events_on_a_node_provisioning_missing_or_gone_are_on_the_timeline(
     ]
     node = result.nodes.set_index("node_id").loc["h100-1"]
     assert node.uptime_s == 4.0  # requested at 1 s, withdrawn at 5 s
+
+
+def test_initial_instances_beyond_what_the_pools_hold_are_warned_about(caplog):
+    """5 one-GPU instances on a pool of at most 2 GPUs: 3 wait in Scheduling all run long,
+    which ran silently (exit 0) before."""
+    import logging
+
+    scenario = {
+        "node_pools": [{"name": "h100", "gpu_type": "H100", "gpus_per_node": 2,
+                        "initial_nodes": 1, "max_nodes": 1, "cost_per_hour": 36}],
+        "deployments": [{"name": "llama", "num_instances": 5, "pool": "h100"}],
+        "workload": {"rate": 5, "num_requests": 40},
+    }  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        result = simulator.simulate(scenario, warn_unsteady=False)
+    assert "initial instances need 5 H100 GPUs, but the node pools of that type hold at most 2" in (
+        caplog.text
+    )
+    waiting = result.fleet_instances[result.fleet_instances.placed_s.isna()]
+    assert len(waiting) == 3
