@@ -701,15 +701,19 @@ class Infrastructure:
 
     def signal(self, deployment: str, name: str) -> float:
         """Mean per routable instance of the deployment; with none routable, the requests
-        waiting for one (so a fleet scaled to zero still sees demand)."""
+        waiting for one (so a fleet scaled to zero still sees demand). Requests waiting at the
+        router for the deployment's model count as demand on its instances too: at the
+        microsecond an instance becomes routable they have not reached it yet, and a tick then
+        read an idle fleet and scaled it down under them."""
         indices = [
             s.index
             for s, r in zip(self.plan.slots, self.records, strict=True)
             if s.deployment == deployment and r.routable
         ]
+        model = next(s.model_key for s in self.plan.slots if s.deployment == deployment)
+        waiting = len(self.router.parked.get(model, ()))
         if not indices:
-            model = next(s.model_key for s in self.plan.slots if s.deployment == deployment)
-            return float(len(self.router.parked.get(model, ())))
+            return float(waiting)
         values = []
         for i in indices:
             engine = self.instances[i].engine
@@ -719,7 +723,9 @@ class Infrastructure:
                 values.append(len(engine.waiting))
             else:
                 values.append(self.router.in_flight[i])
-        return float(np.mean(values))
+        if name == "kv_utilization":
+            return float(np.mean(values))
+        return float(np.mean(values)) + waiting / len(indices)
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self) -> None:

@@ -878,3 +878,26 @@ def test_initial_instances_beyond_what_the_pools_hold_are_warned_about(caplog):
     )
     waiting = result.fleet_instances[result.fleet_instances.placed_s.isna()]
     assert len(waiting) == 3
+
+
+def test_the_autoscaler_does_not_scale_down_under_requests_waiting_at_the_router():
+    """The first instance became routable at 2 s, the very microsecond of a tick; the five
+    requests parked at the router had not reached it yet, the tick read in_flight 0 and
+    drained it, and they waited 9 s for a new node. Waiting requests count as demand."""
+    scenario = {
+        "node_pools": [{"name": "h100", "gpu_type": "H100", "gpus_per_node": 2,
+                        "initial_nodes": 1, "max_nodes": 3,
+                        "provisioning_delay": {"mean_s": 5}, "cost_per_hour": 36}],
+        "deployments": [{"name": "llama", "num_instances": 1, "pool": "h100"}],
+        "instance_lifecycle": {"loading_delay": {"mean_s": 2}},
+        "autoscaler": [{"deployment": "llama", "signal": "in_flight", "scale_up_threshold": 8,
+                        "scale_down_threshold": 2, "min_instances": 0, "max_instances": 4,
+                        "interval_s": 2, "scrape_delay_s": 0,
+                        "scale_down_stabilization_s": 0}],
+        "workload": {"rate": 5, "num_requests": 200},
+    }  # fmt: skip
+    result = simulator.simulate(scenario, warn_unsteady=False)
+    rows = result.timeline
+    first = rows[rows.id == "instance_0"]
+    assert not first[first.time_s == 2.0].to_state.isin(["draining", "terminated"]).any()
+    assert result.requests.first_schedule_us.min() <= 2_000_000 + 100_000
