@@ -6,7 +6,6 @@ resolve_deployment, plan_fleet, ...` keeps working."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable
 from os import PathLike, fspath
 from pathlib import Path
@@ -211,7 +210,7 @@ def simulate(
     if sc.cluster.trace.path is not None:
         from .input_files import refuse_writing_inputs, scenario_input_files
 
-        given = scenario if isinstance(scenario, str | os.PathLike) else None
+        given = scenario if isinstance(scenario, str | PathLike) else None
         refuse_writing_inputs(
             [("cluster.trace.path", sc.cluster.trace.path)],
             scenario_input_files(sc.model_dump(), given),

@@ -589,7 +589,7 @@ def refuse_writing_inputs(
         if real is None:
             continue
         read = files.get(real)
-        if read is None and os.path.isfile(real) and not real.endswith(writable_in_folders or ()):
+        if read is None and os.path.isfile(real) and not real.endswith(writable_in_folders):
             read = next((f"in {what}" for folder, what in folders if real.startswith(folder)), None)
         if read is not None:
             raise ConfigError(

@@ -553,10 +553,11 @@ def plan(
         price = price_table.get(gpu.lower(), math.nan)
         passing: dict[int, dict[str, Any]] = {}
 
-        def judged(point: Scenario) -> tuple[bool, dict[str, Any], list[str]]:
-            """`judge_probe` of `point` simulated at every seed."""
+        def judged(point: Scenario) -> tuple[bool, dict[str, Any], pd.DataFrame]:
+            """`judge_probe` of `point` simulated at every seed, and the runs it judged."""
             runs = sweep(point, {}, seeds=seed_list, workers=workers).runs
-            return judge_probe(runs, bounds, min_attainment, min_goodput)
+            meets, figures, _ = judge_probe(runs, bounds, min_attainment, min_goodput)
+            return meets, figures, runs
 
         def probe(
             n: int,
@@ -573,13 +574,13 @@ def plan(
                     overrides["cluster.pd.prefill_instances"] = split[0]
                     overrides["cluster.pd.decode_instances"] = split[1]
                 point = with_overrides(gpu_sc, overrides, source=f"plan: {n} instances")
-                meets, figures, reasons = judged(point)
+                meets, figures, runs = judged(point)
                 requests = run_requests
                 # Too close to call, or too short to have settled: the same probe with more
                 # requests, as often as allowed.
                 while (
                     run_requests is not None
-                    and (undecided(figures, min_attainment) or _too_short(reasons))
+                    and (undecided(figures, min_attainment) or _too_short(runs))
                     and requests * 2 <= run_requests * MAX_EXTENSION
                 ):
                     requests *= 2
@@ -587,7 +588,7 @@ def plan(
                         point, {}, {"workload.num_requests": requests},
                         source="plan: a longer probe",
                     )  # fmt: skip
-                    meets, figures, reasons = judged(longer)
+                    meets, figures, runs = judged(longer)
                 row: dict[str, Any] = {"gpu": gpu, "tp": tp, "instances": n}
                 row["requests"] = requests
                 row["gpus"] = n * per_instance
@@ -804,9 +805,9 @@ def _layout_text(deployment: Any) -> str:
     return text
 
 
-def _too_short(reasons: list[str]) -> bool:
+def _too_short(runs: pd.DataFrame) -> bool:
     """A seed's run ended before it could settle (steady-state verdict `too short`)."""
-    return any(r.startswith("steady-state verdict:") and "too short" in r for r in reasons)
+    return "too short" in set(runs.get("steady_state", pd.Series(dtype=object)))
 
 
 def _margin(row: Mapping[str, Any], bounds: Mapping[str, float]) -> float:

@@ -123,9 +123,10 @@ def register(app: typer.Typer) -> None:
             check_writable("--plot", plot)
             check_writable("--report", report)
             check_figure_format("--plot", plot)
+            sc = as_scenario(scenario)  # loaded once: for this check and for the plan
             refuse_writing_inputs(
                 [("--plot", plot), ("--report", report)],
-                scenario_input_files(as_scenario(scenario).model_dump(), scenario),
+                scenario_input_files(sc.model_dump(), scenario),
             )
             slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
             prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
@@ -135,7 +136,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"[{row['gpu']}] {row['instances']} instance(s): {verdict}", err=True)
 
             result = plan(
-                scenario,
+                sc,
                 slos,
                 gpus=gpu or None,
                 seeds=parse_seeds(seeds),

@@ -244,9 +244,6 @@ def _check_document(path: Path, document: dict[str, Any]) -> None:
                 f"load_result: {str(path)!r}: {name!r} must be a mapping (as save_result "
                 f"writes it), not {type(value).__name__}"
             )
-    for key, value in document["summary"].items():
-        if value is not None and not isinstance(value, int | float | str | bool | dict | list):
-            raise ConfigError(f"load_result: {str(path)!r}: summary {key!r} is not a value")
 
 
 def _check_frame(path: Path, frame: pd.DataFrame, saved_types: dict[str, Any]) -> None:

@@ -650,11 +650,6 @@ def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
     for key in _RESULTS_MAPPINGS:
         if doc.get(key) is not None and not isinstance(doc[key], dict):
             raise refuse(key, doc[key], "must be a mapping")
-    for key, value in doc.items():
-        if isinstance(value, bool) or key in _RESULTS_MAPPINGS or key == "requests":
-            continue
-        if value is not None and not isinstance(value, int | float | str | dict | list):
-            raise refuse(key, value, "must be a value")
     for i, record in enumerate(doc["requests"]):
         if not isinstance(record, dict):
             raise refuse(f"requests[{i}]", record, "must be a mapping")

@@ -187,11 +187,15 @@ class ClientPlan:
         # Output lengths that only space a closed-loop session's rounds as open loop would,
         # for counting them against num_requests (`WorkloadStream._client_requests`); their
         # own stream, so the requests' draws do not depend on them.
-        self.planned_outputs = _Draws(
-            from_dist_spec(
-                c.output_distribution, self.base_dir, where=f"{where}.output_distribution"
-            ),
-            rng("planned_round_output"),
+        self.planned_outputs = (
+            _Draws(
+                from_dist_spec(
+                    c.output_distribution, self.base_dir, where=f"{where}.output_distribution"
+                ),
+                rng("planned_round_output"),
+            )
+            if c.multi_turn is not None and c.is_closed_loop
+            else None
         )
         self.ratio: _Draws | None = None
         if c.reasoning is not None and c.reasoning.reason_ratio_distribution is not None:
