@@ -13,8 +13,8 @@ the request. Three moments:
   chain (INV-PD-1, INV-PD-4), and no token was generated beyond the request's output;
 - at the end (`check_run`): request conservation for the cluster and every instance (INV-1),
   rejections add up, in-flight counts match the unfinished requests, nothing is left in
-  flight when the run had no horizon, PD pools and transfers (INV-PD-2, INV-PD-3), and the
-  output-token total.
+  flight when the run had no horizon, PD pools and transfers (INV-PD-2, INV-PD-3), the
+  output-token total, and the pooled ITL holding exactly the completed requests' gaps.
 
 The checks cost a pass over each step's queues and KV reference counts: fine for test-size
 runs; large runs leave them off (see docs/robustness.md).
@@ -278,8 +278,39 @@ def check_run(result: Result, engines: list[VLLMEngine] | None = None) -> None:
         end_us,
         f"summary counts {summary['total_output_tokens']} output tokens, requests hold {produced}",
     )
+    _check_itl_pool(result, end_us)
     if result.pd is not None:
         _check_pd_run(result, end_us)
+
+
+def _check_itl_pool(result: Result, end_us: int) -> None:
+    """The pooled ITL holds the gaps of the completed requests and nothing else: one per
+    token after each one's first, adding up to the time from its first token to its last
+    (each gap truncated to a whole µs, so the sum may fall short by under 1 µs a gap)."""
+    from .metrics.summary import pooled_itl_us
+
+    pool = pooled_itl_us(result.instance_records)
+    completed = [
+        r
+        for r in result.request_records
+        if r.state is RequestState.COMPLETED and r.generated_tokens >= 1
+    ]
+    expected = sum(r.generated_tokens - 1 for r in completed)
+    _require(
+        len(pool) == expected,
+        "ITL pool holds the completed requests' gaps",
+        end_us,
+        f"{len(pool)} gaps pooled; the completed requests had {expected}",
+    )
+    span_us = sum(r.last_token_us - r.first_token_us for r in completed)
+    pooled_us = int((pool.values.astype(object) * pool.counts.astype(object)).sum())
+    _require(
+        span_us == pooled_us or 0 < span_us - pooled_us < len(pool),
+        "ITL pool holds the completed requests' gaps",
+        end_us,
+        f"the pooled gaps add up to {pooled_us} µs; the completed requests' first-to-last "
+        f"token times to {span_us} µs",
+    )
 
 
 def _end_us(result: Result) -> int:

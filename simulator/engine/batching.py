@@ -25,6 +25,7 @@ from ..limits import MAX_TIME_US, duration_us
 from ..metrics.recorder import PACK_AFTER_ROWS, StepLog
 from .accelerator import SteadyDecoders
 from .formation import make_batch_formation
+from .itl_pool import WithdrawnGapLog, note_break
 from .kv_cache import KVCache
 from .kv_tiers import CPUTier
 from .options import ACCELERATED, EngineOptions
@@ -33,6 +34,8 @@ from .preemption import make_preemption_policy
 from .request import Request, RequestState
 
 if TYPE_CHECKING:
+    from .itl_pool import WithdrawnGaps
+
     # LoRA and speculative decoding are imported by the engines that use them: a run
     # without them does not pay for their modules at start-up.
     from .lora import LoRAConfig
@@ -144,6 +147,8 @@ class VLLMEngine:
         self.post_decode_us = post_decode_overhead_us
         self.steps = StepLog(cpu is not None, output_token_processing_us)
         self.irregular_itl_us = array("d")  # fractional only with blocking reloads
+        # Requests that left without completing: their gaps leave the pooled ITL (itl_pool.py).
+        self.withdrawn = WithdrawnGapLog(output_token_processing_us)
         # Completed requests, kept only with `keep_completed` (a cluster that compacts finished
         # requests into rows turns it off, so the engine does not hold them all alive).
         self.completed: list[Request] = []
@@ -325,6 +330,7 @@ class VLLMEngine:
             self.kv.release(req)
         else:
             return False
+        self.withdrawn.withdraw(req)
         self.clock_us = now_us
         req.state = RequestState.TIMED_OUT
         req.completion_us = now_us
@@ -341,10 +347,12 @@ class VLLMEngine:
             steady.unsteady_all(in_step=1)  # exact token counts for every running request first
             steady.unsteady = []
         evicted = [*self.running, *self.waiting]
+        withdraw = self.withdrawn.withdraw
         for req in evicted:
             if req.block_ids:
                 self.kv.release(req)
             req.num_new_tokens = 0
+            withdraw(req)
         self.running = []
         self.waiting = deque()
         self._active = []
@@ -678,6 +686,7 @@ class VLLMEngine:
         req.state = RequestState.DROPPED
         req.completion_us = now_us
         self.dropped_unservable += 1
+        self.withdrawn.withdraw(req)
 
     def _reload(self, req: Request, gpu_blocks: int, blocks: int, now_us: int) -> int:
         """Bring `blocks` prefix blocks back from the CPU tier for `req`, whose GPU blocks now
@@ -789,6 +798,13 @@ class VLLMEngine:
         if self.steady is not None:
             self.steady.sync_all()
 
+    @property
+    def withdrawn_gaps(self) -> WithdrawnGaps:
+        """The gaps to leave out of the pooled ITL: of the requests that left this engine
+        without completing, and of those still in it (the run ended before they completed)."""
+        self.sync_lazy_progress()
+        return self.withdrawn.snapshot([*self.running, *self.waiting])
+
     def finish_step(self, step_us: int) -> list[Request]:
         """Apply a step that ran for `step_us`: progress, tokens, completions (docs/behaviour.md
         §1.4 B–C).
@@ -812,6 +828,7 @@ class VLLMEngine:
         produced = 0
         served = 0
         burst_gaps = 0
+        row = -1  # this step's row in the log, looked up when a run of tokens starts
         active = self._active
         for req in active:
             n = req.num_new_tokens
@@ -842,12 +859,18 @@ class VLLMEngine:
                 t = end + (g + 1) * otp
                 if g == 0:
                     req.first_token_us = t
+                    if row < 0:
+                        row = len(self.steps)
+                    req.first_token_row = row
                 else:
                     gap = t - req.last_token_us
                     if gap == regular_gap:
                         regular += 1
                     else:
                         irregular.append(gap)
+                        if row < 0:
+                            row = len(self.steps)
+                        note_break(req, req.last_token_us - g * otp, row, gap)
                 # The burst's later tokens follow its first by the per-token overhead each.
                 burst_gaps += burst - 1
                 g += burst
@@ -870,12 +893,18 @@ class VLLMEngine:
             t = end + g * otp
             if g == 1:
                 req.first_token_us = t
+                if row < 0:
+                    row = len(self.steps)
+                req.first_token_row = row
             else:
                 gap = t - req.last_token_us
                 if gap == regular_gap:
                     regular += 1
                 else:
                     irregular.append(gap)
+                    if row < 0:
+                        row = len(self.steps)
+                    note_break(req, req.last_token_us - (g - 1) * otp, row, gap)
             req.last_token_us = t
             if g >= req.output_tokens:
                 done.append(req)

@@ -82,6 +82,12 @@ class Request:
         "cached_tokens",
         "length_capped",
         "step_tokens_us",
+        # where this request's tokens came from in its engine's step log, so that the gaps of
+        # a request that does not complete can leave the pooled ITL (engine/itl_pool.py): the
+        # step-log row of its first token, and one (last token's step end, row of the next
+        # token, gap) per time it missed a step
+        "first_token_row",
+        "itl_breaks",
         # prefill/decode disaggregation: sub-requests point at their parent, and a parent
         # records where and when its phases ran
         "pd_role",
@@ -188,6 +194,8 @@ class Request:
         self.cached_tokens = 0
         self.length_capped = False
         self.step_tokens_us = 0
+        self.first_token_row = -1
+        self.itl_breaks: list[tuple[float, int, float]] | None = None
         self.pd_role = ""  # "", "prefill" or "decode" (sub-requests only)
         self.parent: Request | None = None
         self.prefill_sub: Request | None = None
@@ -246,6 +254,8 @@ class Request:
         self.first_token_us = -1
         self.last_token_us = -1
         self.completion_us = -1
+        self.first_token_row = -1
+        self.itl_breaks = None
         self.cached_tokens = 0
         self.length_capped = False
         self.reload_pending = False

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ..engine.batching import EngineConfig, VLLMEngine
+    from ..engine.itl_pool import WithdrawnGaps
     from .recorder import StepLog
 
 
@@ -51,6 +52,8 @@ class InstanceRecord:
     config: EngineConfig
     steps: StepLog
     irregular_itl_us: Sequence[float]
+    # The gaps of requests that did not complete, which the pooled ITL leaves out.
+    withdrawn_gaps: WithdrawnGaps
     kv: KVRecord
     clock_us: int
     completed_count: int

@@ -208,6 +208,25 @@ class StepLog:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return distinct_counts(np.concatenate(distinct), np.concatenate(counts))
 
+    def regular_gaps_of_runs(self, start_rows: np.ndarray, last_end_us: np.ndarray) -> np.ndarray:
+        """The regular gaps (int64, one per gap, as `itl_regular_counted` counts them) of runs
+        of consecutive token steps (engine/itl_pool.py): a run that started at row `s` and
+        whose last token came at the step ending at `e` saw the gap of every row after `s` up
+        to the first row from `s` on that ends at `e`."""
+        if not len(start_rows):
+            return np.zeros(0, dtype=np.int64)
+        gaps = np.asarray(self.column("itl_regular_gap_us"), dtype=np.int64)
+        ends_us = self.column("start_us") + self.column("step_us")
+        # Half a microsecond of slack: a step ends a whole number of µs after it starts, and
+        # only a blocking reload makes a time fractional.
+        last_rows = np.maximum(start_rows, np.searchsorted(ends_us, last_end_us - 0.5))
+        lengths = np.minimum(last_rows, len(gaps) - 1) - start_rows
+        lengths = np.maximum(lengths, 0)
+        total = int(lengths.sum())
+        firsts = np.repeat(start_rows + 1, lengths)
+        offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return gaps[firsts + offsets]
+
     def last_values(self, name: str, count: int) -> list:
         """The last `count` values of a written column (fewer if it is shorter), unpacked."""
         tail = getattr(self, f"tail_{name}")

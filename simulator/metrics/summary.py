@@ -79,13 +79,17 @@ class CountedValues:
     the sum, the count and two order statistics per percentile."""
 
     def __init__(self, values: np.ndarray, counts: np.ndarray) -> None:
-        keep = counts > 0
-        distinct, inverse = np.unique(values[keep], return_inverse=True)
-        self.values = distinct
-        self.counts = np.zeros(len(distinct), dtype=np.int64)
-        np.add.at(self.counts, inverse, counts[keep].astype(np.int64))
+        # A negative count takes values back out (the pooled ITL's withdrawn gaps).
+        distinct, inverse = np.unique(values, return_inverse=True)
+        totals = np.zeros(len(distinct), dtype=np.int64)
+        np.add.at(totals, inverse, counts.astype(np.int64))
+        if (totals < 0).any():
+            raise ValueError("counted values: a value taken out more often than it was put in")
+        keep = totals > 0
+        self.values = distinct[keep]
+        self.counts = totals[keep]
         self.cumulative = np.cumsum(self.counts)
-        self.n = int(self.cumulative[-1]) if len(distinct) else 0
+        self.n = int(self.cumulative[-1]) if len(self.values) else 0
 
     def __len__(self) -> int:
         return self.n
@@ -106,7 +110,9 @@ class CountedValues:
 
 
 def pooled_itl_us(instances: Sequence[InstanceRecord]) -> CountedValues:
-    """Every individual inter-token gap (µs) of the run, as counted values."""
+    """Every individual inter-token gap (µs) of the requests that completed, as counted
+    values: what the engines' steps produced less the gaps of the requests they withdrew
+    (engine/itl_pool.py), as vLLM's benchmark and BLIS pool successful requests only."""
     values = []
     counts = []
     for eng in instances:
@@ -118,13 +124,36 @@ def pooled_itl_us(instances: Sequence[InstanceRecord]) -> CountedValues:
         irregular = np.asarray(eng.irregular_itl_us, dtype=np.int64)
         values.append(irregular)
         counts.append(np.ones(len(irregular), dtype=np.int64))
+        lost_regular, lost_irregular = withdrawn_itl_us(eng)
+        for lost in (lost_regular, lost_irregular):
+            values.append(lost)
+            counts.append(np.full(len(lost), -1, dtype=np.int64))
         if eng.speculation is not None:
             # A verification's later tokens follow its first by the per-token overhead.
             values.append(np.array([eng.otp_us], dtype=np.int64))
-            counts.append(np.array([eng.speculation.stats.burst_gaps], dtype=np.int64))
+            counts.append(np.array([completed_burst_gaps(eng)], dtype=np.int64))
     if not values:
         return CountedValues(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     return CountedValues(np.concatenate(values), np.concatenate(counts))
+
+
+def withdrawn_itl_us(eng: InstanceRecord) -> tuple[np.ndarray, np.ndarray]:
+    """The regular and the irregular gaps (µs, int64) of the requests `eng` withdrew."""
+    withdrawn = eng.withdrawn_gaps
+    regular = eng.steps.regular_gaps_of_runs(
+        np.array(withdrawn.run_start_rows, dtype=np.int64),
+        np.array(withdrawn.run_last_end_us, dtype=np.float64),
+    )
+    return regular, np.asarray(withdrawn.irregular_itl_us, dtype=np.int64)
+
+
+def completed_burst_gaps(eng: InstanceRecord) -> int:
+    """The in-burst gaps (tokens after a speculative verification's first) of the requests
+    that completed: every withdrawn gap that was neither regular nor a break was one."""
+    withdrawn = eng.withdrawn_gaps
+    lost_regular, lost_irregular = withdrawn_itl_us(eng)
+    lost_in_burst = withdrawn.gap_count - len(lost_regular) - len(lost_irregular)
+    return eng.speculation.stats.burst_gaps - max(0, lost_in_burst)
 
 
 def stat_mean(values: np.ndarray | CountedValues) -> float:
@@ -220,9 +249,7 @@ def compute_summary(
         step_us = sum(int(np.sum(e.steps.step_us, dtype=np.int64)) for e in speculating)
         spec = summary_fields([e.speculation.stats for e in speculating], step_us)
         spec["spec_in_burst_itl_share"] = (
-            sum(e.speculation.stats.burst_gaps for e in speculating) / len(itl_us)
-            if len(itl_us)
-            else None
+            sum(completed_burst_gaps(e) for e in speculating) / len(itl_us) if len(itl_us) else None
         )
         # Lists: the report block and the results document show them.
         del spec["spec_accepted_length_histogram"], spec["spec_per_position_acceptance"]
