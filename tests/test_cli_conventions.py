@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
+import sys
 from importlib.metadata import version
 from typing import Any
 
@@ -283,3 +285,44 @@ def test_log_help_lists_every_level_it_takes():
         for param in command.params:
             if "--log" in getattr(param, "opts", ()):
                 assert all(level in param.help for level in LOG_LEVELS), path
+
+
+def _servesim_main(argv: list[str]) -> subprocess.CompletedProcess:
+    """The console script as a user runs it: `main` decides how usage errors are told."""
+    return subprocess.run(
+        [sys.executable, "-m", "simulator.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["run", "--rate", "abc"],
+            "error: --rate: invalid value 'abc'; input should be a valid number, unable to "
+            "parse string as a number; see 'servesim run -h'",
+        ),
+        (
+            ["run", "--num-requests", "1.5"],
+            "error: --num-requests: invalid value '1.5'; input should be a valid integer, "
+            "unable to parse string as an integer; see 'servesim run -h'",
+        ),
+        (["runn"], "error: No such command 'runn'. Did you mean 'run'?; see 'servesim -h'"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_value_and_exits_2(argv, line):
+    done = _servesim_main(argv)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    # The program name is what Python was asked to run here; a user sees `servesim`.
+    assert done.stderr.replace("python -m simulator.cli", "servesim") == line + "\n"
+
+
+def test_an_unknown_option_is_one_line_and_exits_2():
+    done = _servesim_main(["run", "--bogus", "1"])
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith("error: No such option: --bogus")

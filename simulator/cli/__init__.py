@@ -67,7 +67,19 @@ def _run_app(stop: Stop) -> int:
         try:
             from .commands import app_for
 
-            app_for(sys.argv[1:])()
+            command_line = app_for(sys.argv[1:])
+            usage_error, abort = _usage_exceptions()
+            try:
+                # Not standalone: a usage error comes back here, to be told in one line
+                # rather than typer's boxed message.
+                returned = command_line(standalone_mode=False)
+            except usage_error as exc:
+                _error_line(usage_error_text(exc))
+                status = exc.exit_code
+            except abort:  # typer's answer to end-of-input at a prompt
+                status = 1
+            else:
+                status = returned if isinstance(returned, int) else 0
         except SystemExit as exc:
             status = _exit_status(exc.code)
         except ServesimError as exc:  # stdout failing outside a command (typer's --help)
@@ -85,6 +97,38 @@ def _run_app(stop: Stop) -> int:
         stop.record(exc)
         stop.closed = True
     return status
+
+
+def _usage_exceptions() -> tuple[type[Exception], type[Exception]]:
+    """The exception types of a usage error (from the click typer uses: its own copy in
+    recent typers, the click package before) and of an abort."""
+    import typer.core
+
+    click = getattr(typer.core, "_click", None) or typer.core.click
+    return click.exceptions.ClickException, typer.Abort
+
+
+def usage_error_text(exc: Any) -> str:
+    """One line for a usage error: a value an option's type refused is named with the
+    value (`--rate: invalid value 'abc'; input should be a valid number, ...`), and every
+    message ends with where the command's help is."""
+    param = getattr(exc, "param", None)
+    errors = getattr(exc.__cause__, "errors", None)  # pydantic's, when typer coerced
+    if param is not None and callable(errors) and errors():
+        first = errors()[0]
+        name = (
+            max(param.opts, key=len)
+            if getattr(param, "param_type_name", "") == "option" and param.opts
+            else param.human_readable_name
+        )
+        reason = first.get("msg", "")
+        text = f"{name}: invalid value {first.get('input')!r}; {reason[:1].lower()}{reason[1:]}"
+    else:
+        text = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and ctx.help_option_names:
+        text += f"; see '{ctx.command_path} {ctx.help_option_names[0]}'"
+    return " ".join(text.split())
 
 
 def _exit_status(code: Any) -> int:
