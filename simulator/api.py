@@ -26,7 +26,14 @@ from .deployment import (
 from .deployment import resolve_deployment as resolve_scenario_deployment
 from .engine.options import EngineOptions
 from .engine.request import Request
-from .errors import ConfigError, excerpt, require_callable, require_path
+from .errors import (
+    ConfigError,
+    excerpt,
+    plain_scalar,
+    require_callable,
+    require_flag,
+    require_path,
+)
 from .fleet_plan import deployments_latency, latency_entry, plan_fleet, uses_fleet
 from .latency.kv_capacity import kv_bytes_per_token
 from .limits import MAX_REQUESTS
@@ -204,6 +211,9 @@ def simulate(
     keep, without the per-step checks of `check_invariants` (docs/python.md)."""
     require_callable("progress", progress)
     require_callable("on_deployment", on_deployment)
+    warn_unsteady = require_flag("warn_unsteady", warn_unsteady)
+    reference = require_flag("reference", reference)
+    end_checks = require_flag("end_checks", end_checks)
     if options is not None and not isinstance(options, EngineOptions):
         raise ConfigError(f"options: expected an EngineOptions or None; got {_shown(options)}")
     sc = keyword_overrides(as_scenario(scenario), overrides)
@@ -351,7 +361,8 @@ def keyword_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario
     sweep's grid apply theirs (`with_overrides`): `workload__rate` and
     `workload__num_requests` also set a v2 workload's aggregate_rate and num_requests, and
     `seed` replaces a v2 workload's own seed too."""
-    dotted = {key.replace("__", "."): value for key, value in overrides.items()}
+    # A NumPy scalar is the plain value it holds, as in a sweep's grid.
+    dotted = {key.replace("__", "."): plain_scalar(value) for key, value in overrides.items()}
     workload = {key: dotted.pop(key) for key in list(dotted) if key in V2_EQUIVALENTS}
     return with_overrides(scenario, dotted, workload, source="keyword arguments")
 

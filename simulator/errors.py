@@ -101,6 +101,24 @@ def require_path(name: str, value: object, optional: bool = False) -> None:
         )
 
 
+def plain_scalar(value: object) -> object:
+    """A NumPy scalar (np.int64, np.float64, np.bool_, a 0-d array) as the Python number or
+    bool it holds, anything else as it is: notebook code passes `np.arange(...)` elements
+    where an int is asked for. Does not import NumPy."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()  # type: ignore[attr-defined]
+    return value
+
+
+def require_flag(name: str, value: object) -> bool:
+    """A public function's on/off argument is a bool (NumPy's included), never any truthy
+    value: `end_checks="no"` must not turn the checks on."""
+    value = plain_scalar(value)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: invalid value {excerpt(value)}; expected True or False")
+    return value
+
+
 def require_callable(name: str, value: object) -> None:
     """An optional callback argument is a callable or None."""
     if value is not None and not callable(value):

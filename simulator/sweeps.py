@@ -27,8 +27,8 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .atomic_io import write_text_atomically, write_with
-from .errors import ConfigError, excerpt, require_callable, require_path
+from .atomic_io import check_output_folder, write_text_atomically, write_with
+from .errors import ConfigError, excerpt, plain_scalar, require_callable, require_path
 from .input_files import read_json, read_yaml_mapping
 from .interruption import ignore_interrupts_in_worker
 from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
@@ -275,9 +275,15 @@ def _seeds(seeds: Sequence[int]) -> list[int]:
     out = list(seeds)
     if not out:
         raise ConfigError("seeds: needs at least one seed")
+    out = [plain_scalar(s) for s in out]
     for s in out:
         if not isinstance(s, int) or isinstance(s, bool):
             raise ConfigError(f"seeds: invalid value {excerpt(s)}; seeds are integers")
+        if not 0 <= s < 2**63:
+            raise ConfigError(
+                f"seeds: invalid value {excerpt(s)}; a seed is from 0 to {2**63 - 1:,} (seeds "
+                "are written as signed 64-bit integers)"
+            )
     if len(set(out)) != len(out):
         raise ConfigError(f"seeds: duplicate seeds in {excerpt(out)}; each seed once")
     return out
@@ -311,6 +317,8 @@ def sweep(
     ray = _import_ray() if backend == "ray" else None
 
     require_path("out", out, optional=True)
+    if out is not None:
+        check_output_folder(out, "out")  # a file there is one clear error, before any run
     require_callable("progress", progress)
     sc = as_scenario(base)
     if not isinstance(grid, dict):
@@ -318,7 +326,10 @@ def sweep(
             f"grid: must be a mapping of scenario paths to value lists, not {excerpt(grid)}"
         )
     seed_list = _seeds(seeds)
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
+    workers = plain_scalar(workers)
+    if workers is not None and (
+        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
+    ):
         raise ConfigError(f"workers: invalid value {excerpt(workers)}; must be an integer >= 1")
     params = list(grid)
     for path in params:  # unknown paths first, so a typo is reported as such
@@ -330,6 +341,8 @@ def sweep(
             raise ConfigError(
                 f"grid: {excerpt(path)} needs a non-empty list of values, got {excerpt(values)}"
             )
+    # A NumPy scalar is the number it holds: the same column type and run key as a plain one.
+    grid = {path: [plain_scalar(v) for v in values] for path, values in grid.items()}
     points = [dict(zip(params, combo, strict=True)) for combo in product(*grid.values())]
     _validate(sc, grid, points, seed_list[0])
 

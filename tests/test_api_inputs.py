@@ -16,6 +16,7 @@ import simulator
 from simulator.api import as_scenario
 from simulator.errors import ConfigError
 
+ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = "scenario: expected a path to a YAML file, a dict or a Scenario; got "
 
 
@@ -88,3 +89,40 @@ def test_public_functions_name_a_wrong_argument(call, message):
     started); the law is the module's: one ConfigError naming the argument."""
     with pytest.raises(ConfigError, match=message):
         call()
+
+
+@pytest.mark.parametrize("flag", ["warn_unsteady", "reference", "end_checks"])
+@pytest.mark.parametrize("value", ["no", "false", 1, None])
+def test_an_on_off_argument_must_be_a_bool(flag, value):
+    # A truthy string must not switch a check on: `end_checks="no"` ran the checks.
+    with pytest.raises(ConfigError, match=f"^{flag}: invalid value .*; expected True or False$"):
+        simulator.simulate("scenarios/quickstart.yaml", **{flag: value})
+
+
+def test_numpy_scalars_are_the_values_they_hold():
+    import numpy as np
+
+    plain = simulator.simulate(
+        "scenarios/quickstart.yaml", workload__num_requests=20, check_invariants=True
+    )
+    numpy_given = simulator.simulate(
+        "scenarios/quickstart.yaml",
+        workload__num_requests=np.int64(20),
+        check_invariants=np.bool_(True),
+        end_checks=np.bool_(False),
+    )
+    assert numpy_given.summary == plain.summary
+
+
+def test_outputs_and_plots_name_a_wrong_argument(tmp_path, monkeypatch):
+    from simulator.metrics import plots
+
+    monkeypatch.chdir(tmp_path)
+    run = simulator.simulate(str(ROOT / "scenarios/quickstart.yaml"), workload__num_requests=5)
+    with pytest.raises(ConfigError, match="^prefix: expected a path"):
+        run.write_trace(None)
+    with pytest.raises(ConfigError, match="^directory: expected a path"):
+        plots.write_plots(run, 6)
+    with pytest.raises(ConfigError, match="^result: expected a Result .*; got str 'x'"):
+        plots.latency_cdfs("x")
+    assert list(tmp_path.iterdir()) == []  # nothing written into the working folder

@@ -391,3 +391,43 @@ def test_a_rate_grid_applies_to_an_inline_v2_workload():
         zip(points["workload.rate"], points["vllm_estimated_duration_s_mean"], strict=True)
     )
     assert 1.5 < durations[5] / durations[10] < 2.5
+
+
+def test_numpy_grid_values_seeds_and_workers_are_plain_numbers(tmp_path: Path) -> None:
+    import numpy as np
+
+    plain = sweep(BASE, {"cluster.num_instances": [1, 2]}, seeds=[1], workers=1, out=tmp_path)
+    numpy_given = sweep(
+        BASE,
+        {"cluster.num_instances": list(np.arange(1, 3))},
+        seeds=np.array([1]),
+        workers=np.int64(1),
+        out=tmp_path,
+    )
+    # The same column type, and the same run keys: the second sweep simulated nothing.
+    assert numpy_given.runs["cluster.num_instances"].tolist() == [1, 2]
+    assert (
+        numpy_given.runs["cluster.num_instances"].dtype == plain.runs["cluster.num_instances"].dtype
+    )
+    assert numpy_given.skipped == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"seeds": [-1]}, "^seeds: invalid value -1; a seed is from 0"),
+        ({"workers": True}, "^workers: invalid value True"),
+    ],
+)
+def test_bad_seeds_and_workers_name_themselves(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        sweep(BASE, {"cluster.num_instances": [1]}, **kwargs)
+
+
+def test_an_out_that_is_a_file_is_one_output_error(tmp_path: Path) -> None:
+    from simulator.errors import OutputError
+
+    (tmp_path / "f").write_text("x")
+    for out in (tmp_path / "f", tmp_path / "f" / "sub"):
+        with pytest.raises(OutputError, match="^out: invalid value"):
+            sweep(BASE, {"cluster.num_instances": [1]}, out=out)

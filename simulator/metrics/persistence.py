@@ -13,7 +13,7 @@ import json
 import math
 import shutil
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..errors import ConfigError, ServesimError, excerpt, one_line, require_path, shorten
 from ..input_files import check_path, open_binary, read_json
+from .steady import SteadyState
 from .summary import format_summary
 
 if TYPE_CHECKING:
@@ -61,6 +62,12 @@ class SavedResult:
     session_metrics: dict[str, Any] | None = field(default=None, repr=False)
     fleet_metrics: dict[str, Any] | None = field(default=None, repr=False)
     scenario: dict[str, Any] = field(default_factory=dict, repr=False)
+    # SLO attainment and goodput, and the steady-state verdict with its reasons, as the run
+    # had them (empty and None in a result saved before 2026-12-07).
+    slo: dict[str, Any] = field(default_factory=dict, repr=False)
+    steady_state: SteadyState | None = field(default=None, repr=False)
+    horizon_us: int | None = None
+    not_arrived: int = 0
     path: Path | None = None
 
     @property
@@ -114,6 +121,11 @@ def _write_folder(result: Any, folder: Path) -> None:
     }
     for name in DICT_NAMES:
         document[name] = getattr(result, name)
+    document["slo"] = result.slo
+    steady = result.steady_state
+    document["steady_state"] = steady.document() if steady is not None else None
+    document["horizon_us"] = result.horizon_us
+    document["not_arrived"] = result.not_arrived
     document["empty_frames"] = empty
     document["frame_types"] = types
     with open(folder / SUMMARY_FILE, "w") as handle:
@@ -228,14 +240,41 @@ def load_result(directory: str | Path) -> SavedResult:
         session_counts=dicts["session_counts"] or {},
         session_metrics=dicts["session_metrics"],
         scenario=dicts["scenario"] or {},
+        slo=document.get("slo") or {},
+        steady_state=_steady_state(summary_path, document.get("steady_state")),
+        horizon_us=_optional_count(summary_path, document, "horizon_us"),
+        not_arrived=_optional_count(summary_path, document, "not_arrived") or 0,
         path=folder,
     )
+
+
+def _steady_state(path: Path, saved: Any) -> SteadyState | None:
+    """The verdict as saved (None in a result saved before verdicts were)."""
+    if saved is None:
+        return None
+    known = {f.name for f in fields(SteadyState)}
+    if not isinstance(saved, dict) or "verdict" not in saved or not set(saved) <= known:
+        raise ConfigError(
+            f"load_result: {str(path)!r}: 'steady_state' is not a verdict as save_result "
+            "writes it; the file was changed after saving"
+        )
+    return SteadyState(**saved)
+
+
+def _optional_count(path: Path, document: dict[str, Any], name: str) -> int | None:
+    value = document.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ConfigError(
+            f"load_result: {str(path)!r}: {name!r} must be a whole number >= 0 or null, not "
+            f"{excerpt(value)}"
+        )
+    return value
 
 
 def _check_document(path: Path, document: dict[str, Any]) -> None:
     """A summary.json edited or damaged after saving: each entry of the wrong kind is one
     ConfigError naming it (the report and plots would fail on it deep inside)."""
-    for name in ("summary", *DICT_NAMES):
+    for name in ("summary", "slo", *DICT_NAMES):
         value = document.get(name)
         if value is None and name != "summary":  # an optional block the run did not have
             continue

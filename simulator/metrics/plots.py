@@ -19,7 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..atomic_io import check_output_folder, write_with
-from ..errors import ConfigError
+from ..errors import ConfigError, excerpt, require_path
 from .views.text import batch_limit
 
 PLOT_NAMES = ("latency_cdfs", "instance_timelines", "throughput", "per_class")
@@ -36,6 +36,19 @@ MIN_THROUGHPUT_BINS = 20
 # Above this many instances the per-bin max bands are left out (they would hide the lines).
 MAX_BANDS = 8
 _NICE_STEPS = (1, 2, 5)
+
+
+def _require_result(result: Any) -> None:
+    """A plot's `result` is a run (`simulate`'s Result or `load_result`'s SavedResult):
+    anything else is a ConfigError naming the argument, not an AttributeError from inside."""
+    kind = type(result)
+    fields = getattr(kind, "__dataclass_fields__", {})  # a SavedResult holds its frames as fields
+    frames = all(hasattr(kind, name) or name in fields for name in ("requests", "steps"))
+    if not (frames and isinstance(getattr(result, "summary", None), dict)):
+        raise ConfigError(
+            "result: expected a Result (simulate) or a SavedResult (load_result); got "
+            f"{type(result).__name__} {excerpt(result)}"
+        )
 
 
 def _figure(width_in: float, height_in: float) -> Figure:
@@ -184,6 +197,7 @@ def _latency_columns(req: pd.DataFrame) -> dict[str, np.ndarray]:
 
 def latency_cdfs(result: Any) -> Figure:
     """CDFs of TTFT, per-request mean ITL (requests with ≥ 2 tokens) and E2E, in ms."""
+    _require_result(result)
     req: pd.DataFrame = result.requests
     fig = _figure(12, 3.8)
     axes = fig.subplots(1, 3)
@@ -311,6 +325,7 @@ def instance_timelines(result: Any, max_points: int = DEFAULT_MAX_POINTS) -> Fig
     is the time-weighted mean per bin, the light band reaches the per-bin max (up to MAX_BANDS
     instances). Dashed lines: `max_num_running_reqs` on the running panel, each instance's KV
     capacity (total GPU blocks) on the KV panel."""
+    _require_result(result)
     steps: pd.DataFrame = result.steps
     fig = _figure(12, 8.5)
     axes = fig.subplots(3, 1, sharex=True)
@@ -383,6 +398,7 @@ def throughput(result: Any, bin_s: float | None = None) -> Figure:
     nice width `choose_bin_s` picks for a target of one bin per ~10 completions, clamped to
     MIN_THROUGHPUT_BINS..MAX_THROUGHPUT_BINS (so 8 to 200 bins).
     """
+    _require_result(result)
     if bin_s is not None and not (
         isinstance(bin_s, int | float) and not isinstance(bin_s, bool) and bin_s > 0
     ):
@@ -456,6 +472,7 @@ def _class_percentiles(req: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def per_class(result: Any, column: str = "slo_class") -> Figure:
     """TTFT and E2E p50 / p99 (ms) per value of `column` (empty → "default"), as bars."""
+    _require_result(result)
     req: pd.DataFrame = result.requests
     if column not in req.columns:
         raise ConfigError(
@@ -505,6 +522,8 @@ class PlotAccessor:
 
 def write_plots(result: Any, directory: str | Path, dpi: int = 100) -> list[Path]:
     """Save every standard plot as `<name>.png` in `directory`; return the paths written."""
+    _require_result(result)
+    require_path("directory", directory)
     folder = check_output_folder(directory)  # a clear error for a file or a device there
     makers = (latency_cdfs, instance_timelines, throughput, per_class)
     # Every figure is drawn before any is written: a result one of them cannot be drawn from

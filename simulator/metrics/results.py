@@ -312,9 +312,11 @@ class Result:
         replay shares the same prefixes: `prefix`.yaml and `prefix`.csv. What a replay of it
         needs besides (the settings BLIS's header has no keys for):
         `simulator.trace_export.export`, which also says so."""
+        from ..errors import require_path
         from ..input_files import refuse_writing_inputs, scenario_input_files
         from ..workload.trace import write_trace
 
+        require_path("prefix", prefix)
         refuse_writing_inputs(
             [
                 (f"trace {kind}", f"{prefix}.{ext}")

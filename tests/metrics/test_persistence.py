@@ -175,3 +175,50 @@ def test_a_folder_changed_after_saving_is_one_error_not_a_traceback(
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and needle in res.output, res.output
     assert not (tmp_path / "png").exists() and not (tmp_path / "r.html").exists()
+
+
+def test_slo_and_steady_state_survive_a_round_trip(tmp_path):
+    run = simulator.simulate(
+        {**TINY, "horizon_us": 1_500_000, "slo": {"ttft_ms": 50, "e2e_ms": 2000}}
+    )
+    loaded = load_result(save_result(run, tmp_path / "run"))
+    assert loaded.slo == run.slo and loaded.slo["slo_attainment"] is not None
+    assert loaded.steady_state == run.steady_state
+    assert (loaded.horizon_us, loaded.not_arrived) == (run.horizon_us, run.not_arrived)
+    assert loaded.horizon_us == 1_500_000  # the run's own, not the default None
+    again = load_result(save_result(loaded, tmp_path / "again"))  # a loaded result saves too
+    assert again.steady_state == run.steady_state and again.slo == run.slo
+
+
+def test_a_result_saved_without_verdicts_loads_with_empty_ones(result, tmp_path):
+    folder = save_result(result, tmp_path / "run")
+    document = json.loads((folder / "summary.json").read_text())
+    for key in ("slo", "steady_state", "horizon_us", "not_arrived"):
+        del document[key]
+    (folder / "summary.json").write_text(json.dumps(document))
+    loaded = load_result(folder)
+    assert (loaded.slo, loaded.steady_state, loaded.horizon_us, loaded.not_arrived) == (
+        {},
+        None,
+        None,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("steady_state", {"verdict": "steady", "bogus": 1}, "'steady_state' is not a verdict"),
+        ("steady_state", [1], "'steady_state' is not a verdict"),
+        ("not_arrived", -1, "'not_arrived' must be a whole number"),
+        ("horizon_us", "x", "'horizon_us' must be a whole number"),
+        ("slo", [1], "'slo' must be a mapping"),
+    ],
+)
+def test_a_damaged_verdict_is_one_error(result, tmp_path, key, value, message):
+    folder = save_result(result, tmp_path / "run")
+    document = json.loads((folder / "summary.json").read_text())
+    document[key] = value
+    (folder / "summary.json").write_text(json.dumps(document))
+    with pytest.raises(ConfigError, match=message):
+        load_result(folder)
