@@ -258,6 +258,11 @@ def _check_slos(slos: Mapping[str, float]) -> dict[str, float]:
             or not math.isfinite(bound)
         ):
             raise invalid(f"SLO {name}", bound, "the upper bound must be a finite number")
+        # A bound no run can meet would simulate the whole search for nothing.
+        if name.endswith("_ms") and bound <= 0:
+            raise invalid(f"SLO {name}", bound, "a latency bound must be > 0 ms")
+        if bound < 0:
+            raise invalid(f"SLO {name}", bound, "a count's bound must be >= 0")
         out[name] = float(bound)
     return out
 

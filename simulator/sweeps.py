@@ -176,6 +176,41 @@ def _jsonable(value: Any) -> Any:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+# Scenario fields naming a file a run reads (input_files.scenario_input_files).
+_FILE_FIELDS = frozenset(
+    {"workload_spec", "trace.header", "trace.data", "latency.coeffs_file", "hardware_file"}
+)
+
+
+def _inputs_digest(base: Scenario, grid: dict[str, list[Any]]) -> dict[str, str]:
+    """What the files the sweep's runs read hold (sha256 per file), and servesim's version:
+    a run key names its inputs by path, and a coefficients file or trace edited between two
+    sweeps into the same `out` must not bring the old runs back."""
+    from .input_files import scenario_input_files
+
+    paths = [Path(p) for _what, p in scenario_input_files(base.model_dump()) if p is not None]
+    folder = base._base_dir or Path.cwd()  # noqa: SLF001 - where a grid's relative path points
+    for path, values in grid.items():
+        if path in _FILE_FIELDS:
+            paths += [folder / v for v in values if isinstance(v, str | os.PathLike)]
+    digest = {"servesim": _version()}
+    for path in paths:
+        try:
+            digest[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except (OSError, ValueError):
+            digest[str(path)] = "unreadable"  # the run reports it
+    return digest
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("servesim")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def _run_key(base_json: str, params: dict[str, Any], seed: int) -> str:
     doc = json.dumps(
         {"base": base_json, "params": params, "seed": seed}, sort_keys=True, default=str
@@ -314,6 +349,11 @@ def sweep(
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend: invalid value {backend!r}; valid: {', '.join(BACKENDS)}")
+    if ray_address is not None and backend != "ray":
+        raise ConfigError(
+            f"ray_address: invalid value {excerpt(ray_address)}; a Ray cluster's address "
+            "means something only with backend 'ray' (--backend ray)"
+        )
     ray = _import_ray() if backend == "ray" else None
 
     require_path("out", out, optional=True)
@@ -343,10 +383,19 @@ def sweep(
             )
     # A NumPy scalar is the number it holds: the same column type and run key as a plain one.
     grid = {path: [plain_scalar(v) for v in values] for path, values in grid.items()}
+    for path, values in grid.items():  # as with seeds: a repeated value is a repeated run
+        shown = [json.dumps(v, sort_keys=True, default=str) for v in values]
+        if len(set(shown)) != len(shown):
+            raise ConfigError(
+                f"grid: {path}: duplicate values in {excerpt(values)}; each value once"
+            )
     points = [dict(zip(params, combo, strict=True)) for combo in product(*grid.values())]
     _validate(sc, grid, points, seed_list[0])
 
-    base_json = json.dumps(sc.model_dump(mode="json"), sort_keys=True)
+    base_json = json.dumps(
+        {"scenario": sc.model_dump(mode="json"), "inputs": _inputs_digest(sc, grid)},
+        sort_keys=True,
+    )
     tasks: list[tuple[int, int, str, dict[str, Any], int]] = []  # point, seed index, key, ...
     for p, point in enumerate(points):
         for si, seed in enumerate(seed_list):

@@ -102,6 +102,10 @@ def test_min_goodput() -> None:
         ({"slos": {"tokens_per_sec": 100}}, "more is better here"),
         ({"slos": {"ttft_p99_ms": "x"}}, "SLO ttft_p99_ms: invalid value 'x'"),
         ({"slos": {}}, "at least one SLO"),
+        # Bounds no run can meet: refused before the search simulates every probe for nothing.
+        ({"slos": {"ttft_mean_ms": -5}}, "SLO ttft_mean_ms: invalid value -5; a latency bound"),
+        ({"slos": {"ttft_p50_ms": 0}}, "SLO ttft_p50_ms: invalid value 0; a latency bound"),
+        ({"slos": {"preemption_count": -1}}, "SLO preemption_count: invalid value -1; a count"),
         ({"slos": SLO, "min_goodput": 1.5}, "min_goodput: invalid value 1.5"),
         ({"slos": SLO, "max_instances": 0}, "max_instances: invalid value 0"),
         ({"slos": SLO, "gpus": ["H1000"]}, "unknown GPU 'H1000'"),

@@ -431,3 +431,42 @@ def test_an_out_that_is_a_file_is_one_output_error(tmp_path: Path) -> None:
     for out in (tmp_path / "f", tmp_path / "f" / "sub"):
         with pytest.raises(OutputError, match="^out: invalid value"):
             sweep(BASE, {"cluster.num_instances": [1]}, out=out)
+
+
+def test_a_changed_input_file_reuses_no_run(tmp_path: Path) -> None:
+    # The run key names the coefficients file by path; its contents decide too, or an edited
+    # file between two sweeps into one `out` would bring back the old figures.
+    from dataclasses import replace as changed
+
+    from simulator.latency.physics import PhysicsCoefficients, coefficients_document
+
+    coeffs = tmp_path / "coeffs.yaml"
+
+    def write(c: PhysicsCoefficients) -> None:
+        coeffs.write_text(yaml.safe_dump(coefficients_document(c)))
+
+    base = {**BASE, "latency": {"model": "physics", "coeffs_file": str(coeffs)}}
+    grid = {"workload.rate": [10]}
+    write(PhysicsCoefficients())
+    first = sweep(base, grid, seeds=[1], workers=1, out=tmp_path / "out")
+    again = sweep(base, grid, seeds=[1], workers=1, out=tmp_path / "out")
+    assert again.skipped == 1  # nothing changed: reused
+    write(changed(PhysicsCoefficients(), per_step_overhead_us=5000.0))
+    edited = sweep(base, grid, seeds=[1], workers=1, out=tmp_path / "out")
+    assert edited.skipped == 0
+    assert edited.runs["e2e_mean_ms"][0] > first.runs["e2e_mean_ms"][0]
+
+
+def test_a_repeated_grid_value_and_a_stray_ray_address_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^grid: workload.rate: duplicate values in \[5, 5\]"):
+        sweep(BASE, {"workload.rate": [5, 5]}, workers=1)
+    with pytest.raises(ConfigError, match="^ray_address: invalid value '1.2.3.4:1'"):
+        sweep(BASE, {"workload.rate": [5]}, ray_address="1.2.3.4:1")
+
+
+def test_the_points_table_shows_a_statistic_of_no_samples_as_a_dash() -> None:
+    # A 1 µs horizon ends the run before any request completes at that point.
+    res = sweep(BASE, {"horizon_us": [1, 100_000_000]}, seeds=[1], workers=1)
+    lines = format_points_table(res).splitlines()
+    assert "nan" not in "\n".join(lines)
+    assert " - " in lines[1] + " "

@@ -32,7 +32,10 @@ COUNT_COLUMNS = ("steady_seeds",)
 
 
 def _num(x: float, digits: int) -> str:
-    """`digits` significant digits, without switching to exponent notation for large values."""
+    """`digits` significant digits, without switching to exponent notation for large values;
+    a statistic of no samples (NaN) as "-", as the plan's tables show it."""
+    if x != x:
+        return "-"
     return f"{x:.0f}" if abs(x) >= 10**digits else f"{x:.{digits}g}"
 
 
