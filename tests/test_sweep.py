@@ -470,3 +470,22 @@ def test_the_points_table_shows_a_statistic_of_no_samples_as_a_dash() -> None:
     lines = format_points_table(res).splitlines()
     assert "nan" not in "\n".join(lines)
     assert " - " in lines[1] + " "
+
+
+def test_an_interrupt_while_writing_the_report_says_what_was_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self, path):  # Ctrl-C while the page is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_mod.SweepResult, "report", interrupted)
+    f = tmp_path / "sweep.yaml"
+    f.write_text(yaml.safe_dump({"base": BASE, "grid": {"workload.rate": [10]}, "seeds": [1]}))
+    out, page = tmp_path / "out", tmp_path / "r.html"
+    argv = ["sweep", str(f), "--workers", "1", "--out", str(out), "--report", str(page), "-q"]
+    res = CliRunner().invoke(_cli(), argv)
+    assert res.exit_code == 130
+    assert f"the sweep finished (its tables are in {out}), but {page} was not written" in (
+        res.stderr
+    )
+    assert (out / "runs.csv").is_file() and not page.exists()

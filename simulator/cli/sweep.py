@@ -165,7 +165,8 @@ def register(app: typer.Typer) -> None:
             if models is not None:
                 typer.echo(models)
             if report is not None:
-                result.report(report)
+                with interruptible(lambda: _report_loss(report, out)):
+                    result.report(report)
                 typer.echo(f"wrote {report}", err=True)
 
         guarded(go)
@@ -195,6 +196,12 @@ def _sweep_loss(out: Path | None) -> str:
         f"{saved} finished run(s) are kept in {out / RUNS_DIR}; runs in progress were lost; "
         "run the same command again to resume"
     )
+
+
+def _report_loss(report: Path, out: Path | None) -> str:
+    """What a sweep interrupted while writing its report keeps: every run finished."""
+    tables = f"its tables are in {out}" if out is not None else "its table was printed"
+    return f"the sweep finished ({tables}), but {report} was not written"
 
 
 def _run_with_progress(run, progress, quiet: bool) -> SweepResult:
