@@ -266,6 +266,35 @@ def test_decode_instance_whose_queued_transfers_hold_every_block_reclaims_them()
     engine.check_invariants()
 
 
+def test_a_request_running_alone_is_not_preempted_while_queued_transfers_hold_blocks():
+    """6 blocks of 16 tokens, one sequence at a time. `a` decodes from a 32-token prompt (2
+    blocks); `b` waits with its 48-token prompt transferred (3 blocks). `a` takes a 3rd block
+    at its 33rd token; at its 49th it needs a 4th and none is free. Evicting itself, the only
+    running request, would free its blocks just for it to take them back chunk by chunk while
+    `b` keeps its 3, forever (a QA fuzz found runs that never ended). So the queue gives them
+    back: `b` is preempted where it stands and will recompute its prompt; `a` keeps running."""
+    from simulator.engine.batching import VLLMEngine
+
+    engine = VLLMEngine(EngineConfig(total_kv_blocks=6, block_size=16, max_num_running_reqs=1))
+    a = Request("a", 0, 32, 40, index=0).sub_request("decode")
+    b = Request("b", 0, 48, 10, index=1).sub_request("decode")
+    engine.enqueue_resident(a, 0)
+    engine.enqueue_resident(b, 0)
+    now_us = 0
+    while a.computed_tokens < 48:  # 16 decode steps: tokens 33..48 on 3 blocks
+        engine.plan_step(now_us)
+        now_us += 1000
+        engine.finish_step(1000)
+        engine.check_invariants()
+    assert engine.kv.used_blocks == 6 and engine.preemption_count == 0
+    engine.plan_step(now_us)  # the 49th token needs a 4th block
+    assert a.state is RequestState.RUNNING and a.preemptions == 0
+    assert list(engine.waiting) == [b] and b.block_ids == [] and b.in_prefill
+    assert b.preemptions == engine.preemption_count == 1
+    assert engine.kv.used_blocks == 4
+    engine.check_invariants()
+
+
 def test_decode_head_that_can_never_take_a_token_is_dropped_as_unservable():
     """A 64-token prompt fills a 4-block cache exactly; its first decode token needs a 5th
     block that the whole cache does not have, and no other request holds anything: it can

@@ -667,18 +667,27 @@ class VLLMEngine:
         (docs/behaviour.md §A2). With none left, a resident head that still cannot take its next
         token can never run on this instance: it is dropped as unservable. Returns True when the
         head should be tried again (something was freed, or the head was dropped)."""
+        if self._evict_newest_queued_holder(keep_head=True):
+            return True
         waiting = self.waiting
-        for i in range(len(waiting) - 1, 0, -1):
-            holder = waiting[i]
-            if holder.block_ids:
-                self._evict_for_recompute(holder)
-                return True
         if head.block_ids:
             waiting.popleft()
             self.kv.release(head)
             self._drop(head, now_us)
             self.dropped_while_planning.append(head)
             return True
+        return False
+
+    def _evict_newest_queued_holder(self, keep_head: bool) -> bool:
+        """Preempt the newest queued request holding KV blocks (a decode sub-request with its
+        transferred prompt), where it stands in the queue, the head too unless `keep_head`.
+        Whether there was one."""
+        waiting = self.waiting
+        for i in range(len(waiting) - 1, 0 if keep_head else -1, -1):
+            holder = waiting[i]
+            if holder.block_ids:
+                self._evict_for_recompute(holder)
+                return True
         return False
 
     def _drop(self, req: Request, now_us: int) -> None:
@@ -742,6 +751,11 @@ class VLLMEngine:
         running = self.running
         if not running:
             return True, cursor, budget
+        if len(running) == 1 and self._evict_newest_queued_holder(keep_head=False):
+            # `serving` runs alone, so it would evict itself, only to take the same blocks back
+            # chunk by chunk while queued decode sub-requests keep theirs, for ever: the queue
+            # gives KV back instead, as when nothing runs (docs/engine.md, PD).
+            return False, cursor, budget
         index = self.preemption.victim_index(running)
         victim = running.pop(index)
         if index < cursor:
