@@ -23,6 +23,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from .request import RequestState
 
 # The linear layers of a decoder layer vLLM can put LoRA on (its `target_modules` names).
 ALL_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -286,32 +289,49 @@ def summary_fields(states: Iterable[LoRAState], step_us_total: int) -> dict:
     }
 
 
-def per_adapter(states: Iterable[LoRAState], duration_s: float) -> dict[str, dict]:
-    """Per adapter, summed over instances, adapters sorted by name: requests (enqueued),
-    completed, cold loads into GPU slots (and of those from disk), evictions from GPU slots,
-    TTFT p50 / p99 and E2E mean (ms) of its completed requests, and their output tokens per
-    second of the run."""
+def per_adapter(
+    states: Iterable[LoRAState], duration_s: float, requests: Iterable[Any]
+) -> dict[str, dict]:
+    """Per adapter, adapters sorted by name: from the run's `requests` (each user-facing
+    request once: a PD request's two sub-requests and a redirected or retried request's
+    attempts are one request, as in the main summary) the requests that asked for it (less
+    admission and routing rejections), those completed, TTFT p50 / p99 and E2E mean (ms) of
+    the completed ones and their output tokens per second of the run; summed over the
+    instances' `states`, cold loads into GPU slots (and of those from disk) and evictions."""
     import numpy as np
 
     merged: dict[str, list[AdapterStats]] = {}
     for state in states:
         for name, s in state.stats.items():
             merged.setdefault(name, []).append(s)
+    asked: dict[str, int] = {}
+    ttft: dict[str, list[int]] = {}
+    e2e: dict[str, list[int]] = {}
+    tokens: dict[str, int] = {}
+    for req in requests:
+        name = req.adapter
+        if not name or req.state is RequestState.REJECTED:
+            continue
+        asked[name] = asked.get(name, 0) + 1
+        if req.state is RequestState.COMPLETED:
+            if req.first_token_us >= 0:
+                ttft.setdefault(name, []).append(req.first_token_us - req.arrival_us)
+            e2e.setdefault(name, []).append(req.completion_us - req.arrival_us)
+            tokens[name] = tokens.get(name, 0) + req.generated_tokens
     out = {}
-    for name in sorted(merged):
-        group = merged[name]
-        ttft = np.array([t for s in group for t in s.ttft_us], dtype=np.int64)
-        e2e = np.array([t for s in group for t in s.e2e_us], dtype=np.int64)
-        tokens = sum(s.output_tokens for s in group)
+    for name in sorted(set(merged) | set(asked)):
+        group = merged.get(name, [])
+        ttft_us = np.array(ttft.get(name, []), dtype=np.int64)
+        e2e_us = np.array(e2e.get(name, []), dtype=np.int64)
         out[name] = {
-            "requests": sum(s.requests for s in group),
-            "completed_requests": sum(s.completed for s in group),
+            "requests": asked.get(name, 0),
+            "completed_requests": len(e2e_us),
             "load_count": sum(s.gpu_loads for s in group),
             "disk_load_count": sum(s.disk_loads for s in group),
             "eviction_count": sum(s.evictions for s in group),
-            "ttft_p50_ms": float(np.percentile(ttft, 50)) / 1000 if len(ttft) else None,
-            "ttft_p99_ms": float(np.percentile(ttft, 99)) / 1000 if len(ttft) else None,
-            "e2e_mean_ms": float(e2e.mean()) / 1000 if len(e2e) else None,
-            "throughput_tok_per_s": tokens / duration_s if duration_s > 0 else 0.0,
+            "ttft_p50_ms": float(np.percentile(ttft_us, 50)) / 1000 if len(ttft_us) else None,
+            "ttft_p99_ms": float(np.percentile(ttft_us, 99)) / 1000 if len(ttft_us) else None,
+            "e2e_mean_ms": float(e2e_us.mean()) / 1000 if len(e2e_us) else None,
+            "throughput_tok_per_s": tokens.get(name, 0) / duration_s if duration_s > 0 else 0.0,
         }
     return out

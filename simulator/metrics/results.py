@@ -241,7 +241,9 @@ class Result:
     @cached_property
     def adapter_metrics(self) -> dict[str, dict[str, Any]] | None:
         """Per LoRA adapter over every instance (docs/lora.md), None without LoRA."""
-        return instance_views.adapter_metrics(self.instance_records, self.duration_s)
+        return instance_views.adapter_metrics(
+            self.instance_records, self.duration_s, self.request_records
+        )
 
     @cached_property
     def speculative_metrics(self) -> dict[str, Any] | None:

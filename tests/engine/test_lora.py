@@ -364,3 +364,67 @@ def test_lora_flags():
     )  # fmt: skip
     assert ok.exit_code == 0, ok.output
     assert '"lora_reserved_kv_blocks"' in ok.output
+
+
+def _one_adapter_run(**extra) -> simulator.Result:
+    client = {
+        "id": "a",
+        "adapter": "ft",
+        "rate_fraction": 1,
+        "arrival": {"process": "poisson"},
+        "input_distribution": {"type": "constant", "params": {"value": 200}},
+        "output_distribution": {"type": "constant", "params": {"value": 50}},
+    }
+    return simulator.simulate(
+        {
+            "model": "meta-llama/llama-3.1-8b-instruct",
+            "hardware": "H100",
+            "lora": {"adapters": [{"name": "ft", "rank": 8}]},
+            "workload": {
+                "version": "2",
+                "aggregate_rate": 20,
+                "num_requests": 60,
+                "clients": [client],
+            },  # fmt: skip
+            **extra,
+        },
+        warn_unsteady=False,
+        check_invariants=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # PD: each request is a prefill and a decode sub-request on two instances.
+        {
+            "cluster": {
+                "num_instances": 2,
+                "pd": {"prefill_instances": 1, "decode_instances": 1, "decider": "always"},
+            }
+        },  # fmt: skip
+        # A redirecting drain enqueues some requests twice, on two instances.
+        {
+            "engine": {"max_num_running_reqs": 2},
+            "deployments": [{"name": "llama", "num_instances": 2}],
+            "instance_lifecycle": {"initial_instances_loaded": True},
+            "events": [
+                {
+                    "at_s": 1,
+                    "action": "drain_instance",
+                    "target": "instance_0",
+                    "drain_policy": "redirect",
+                }
+            ],  # fmt: skip
+        },
+    ],
+    ids=["pd", "redirect"],
+)
+def test_per_adapter_figures_count_each_request_once(extra):
+    # With one adapter, its figures are the run's: each user-facing request counts once,
+    # whatever sub-requests or attempts served it.
+    run = _one_adapter_run(**extra)
+    ft, s = run.adapter_metrics["ft"], run.summary
+    assert ft["requests"] == s["offered_requests"] == 60
+    assert ft["completed_requests"] == s["completed_requests"]
+    assert ft["e2e_mean_ms"] == pytest.approx(s["e2e_mean_ms"])

@@ -114,16 +114,17 @@ def anomaly_counters(
 
 
 def adapter_metrics(
-    instances: Sequence[InstanceRecord], duration_s: float
+    instances: Sequence[InstanceRecord], duration_s: float, requests: Sequence[Any]
 ) -> dict[str, dict[str, Any]] | None:
-    """Per LoRA adapter over every instance (docs/lora.md), None without LoRA: requests,
-    completions, cold loads and evictions, TTFT and E2E, output throughput."""
+    """Per LoRA adapter (docs/lora.md), None without LoRA: requests, completions, TTFT and
+    E2E, output throughput from the run's requests; cold loads and evictions over every
+    instance."""
     states = [e.lora for e in instances if e.lora is not None]
     if not states:
         return None
     from ...engine.lora import per_adapter
 
-    return per_adapter(states, duration_s)
+    return per_adapter(states, duration_s, requests)
 
 
 def speculative_metrics(
