@@ -162,6 +162,28 @@ def stalled(engine: VLLMEngine, instance_id: str, now_us: int, empty_steps: int)
     """Stop the run: `instance_id` stepped `empty_steps` times in a row without giving any
     request a token while it had work. Checked in every run, not only with invariants on,
     because a stuck instance would otherwise step (and log) forever."""
+    raise InvariantViolation(
+        "progress (INV-PROGRESS)",
+        now_us,
+        f"{instance_id} ran {empty_steps} consecutive steps in which no request got a token: "
+        + _engine_state(engine),
+    )
+
+
+def thrashing(engine: VLLMEngine, instance_id: str, now_us: int, preemptions: int) -> None:
+    """Stop the run: `instance_id` preempted `preemptions` times without producing an output
+    token or completing a request. Its steps compute (prefill chunks re-computing what the
+    preemptions threw away), so the step watchdog does not see it, but the run would never
+    end. Checked in every run."""
+    raise InvariantViolation(
+        "progress (INV-PROGRESS)",
+        now_us,
+        f"{instance_id} preempted {preemptions} times without producing an output token or "
+        "completing a request (re-computing the same prompts forever): " + _engine_state(engine),
+    )
+
+
+def _engine_state(engine: VLLMEngine) -> str:
     kv = engine.kv
     waiting = engine.waiting
     held_by_queued = sum(len(r.block_ids) for r in waiting)
@@ -173,12 +195,9 @@ def stalled(engine: VLLMEngine, instance_id: str, now_us: int, empty_steps: int)
             f"{r.generated_tokens}/{r.output_tokens} output tokens, {len(r.block_ids)} KV "
             f"blocks held, prefill target {r.prefill_target})"
         )
-    raise InvariantViolation(
-        "progress (INV-PROGRESS)",
-        now_us,
-        f"{instance_id} ran {empty_steps} consecutive steps in which no request got a token: "
+    return (
         f"{len(waiting)} queued, {len(engine.running)} running, KV {kv.used_blocks} of "
-        f"{kv.total_blocks} blocks in use ({held_by_queued} held by queued requests){head}",
+        f"{kv.total_blocks} blocks in use ({held_by_queued} held by queued requests){head}"
     )
 
 

@@ -458,3 +458,40 @@ def test_the_progress_watchdog_stops_a_stuck_engine():
     assert "queue head r0" in message
     # 1,000 empty steps of 1,000 µs each (the model's constant term; the batch is empty).
     assert env.now == (STALLED_STEPS_LIMIT - 1) * 1000
+
+
+def test_an_instance_preempting_forever_without_output_stops_the_run(tmp_path, monkeypatch):
+    """The thrashing watchdog: the livelock the engine no longer has (a request running alone
+    evicting itself while queued decode sub-requests hold blocks), put back by hand. Its
+    steps compute re-prefill chunks, so the empty-step watchdog never fires; 1,000
+    preemptions without an output token or a completion stop the run instead of letting it
+    run forever."""
+    from simulator.engine.batching import VLLMEngine
+    from simulator.invariants import InvariantViolation
+
+    monkeypatch.setattr(VLLMEngine, "_evict_newest_queued_holder", lambda self, keep_head: False)
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "index,arrival_time_us,input_tokens,output_tokens\n0,0,400,300\n1,100000,1040,10\n"
+    )
+    scenario = {
+        "model": "meta-llama/llama-3.1-8b-instruct",
+        "hardware": "H100",
+        "engine": {
+            "max_num_scheduled_tokens": 256,
+            "enable_prefix_caching": False,
+            "max_num_running_reqs": 1,
+        },
+        "cluster": {
+            "num_instances": 2,
+            "pd": {
+                "prefill_instances": 1,
+                "decode_instances": 1,
+                "decider": "always",
+                "decode": {"total_kv_blocks": 100},
+            },
+        },
+        "trace": {"data": str(trace), "timing": "schedule"},
+    }
+    with pytest.raises(InvariantViolation, match="preempted 1000 times without producing"):
+        simulator.simulate(scenario)

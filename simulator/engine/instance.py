@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from ..invariants import STALLED_STEPS_LIMIT, check_step, stalled
+from ..invariants import STALLED_STEPS_LIMIT, check_step, stalled, thrashing
 from ..latency.base import StepBatch, StepTimeModel
 from ..limits import MAX_TIME_US, duration_us
 from .accelerator import finish_quiet_steps
@@ -353,6 +353,10 @@ class Instance:
         # (`SteadyDecoders.finish_and_plan`); 0 when the next step is still to plan.
         planned_us = 0
         empty_steps = 0  # consecutive steps that gave no request a token (the watchdog)
+        # The thrashing watchdog: every STALLED_STEPS_LIMIT preemptions, the output produced
+        # and the requests completed must have moved since the last such checkpoint.
+        checkpoint_preemptions = 0
+        checkpoint_progress = (-1, -1)
         while True:
             if planned_us:
                 step_us = planned_us
@@ -400,6 +404,17 @@ class Instance:
                         empty_steps += 1
                         if empty_steps >= STALLED_STEPS_LIMIT:
                             stalled(engine, self.instance_id, env.now, empty_steps)
+                    if engine.preemption_count - checkpoint_preemptions >= STALLED_STEPS_LIMIT:
+                        progress = (engine.total_output_tokens, engine.completed_count)
+                        if progress == checkpoint_progress:
+                            thrashing(
+                                engine,
+                                self.instance_id,
+                                env.now,
+                                engine.preemption_count - checkpoint_preemptions,
+                            )
+                        checkpoint_preemptions = engine.preemption_count
+                        checkpoint_progress = progress
                     step_us = step_time(batch) + batch.extra_us
                     if self.warm_requests:
                         step_us += self._warm_up_extra_us(batch)
