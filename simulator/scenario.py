@@ -597,7 +597,7 @@ def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> "Scena
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_spec_error(exc, source)) from None
+        raise ConfigError(format_spec_error(exc, source, Scenario)) from None
 
 
 def load_scenario(path: str | Path) -> "Scenario":

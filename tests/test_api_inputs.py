@@ -126,3 +126,15 @@ def test_outputs_and_plots_name_a_wrong_argument(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="^result: expected a Result .*; got str 'x'"):
         plots.latency_cdfs("x")
     assert list(tmp_path.iterdir()) == []  # nothing written into the working folder
+
+
+def test_an_unknown_key_is_told_with_the_nearest_allowed_one_and_the_allowed_keys():
+    with pytest.raises(ConfigError) as caught:
+        simulator.simulate("scenarios/quickstart.yaml", engine__max_num_seq=3)
+    text = str(caught.value)
+    assert text.startswith(
+        "keyword arguments: engine: unknown key 'max_num_seq' (did you mean "
+        "'max_num_running_reqs'?); valid: batch_formation, block_size_tokens, "
+    )
+    with pytest.raises(ConfigError, match=r"\(top level\): unknown key 'worklaod' \(did you mean"):
+        simulator.simulate({"worklaod": {"rate": 1}})

@@ -590,9 +590,40 @@ def _location(loc: tuple) -> str:
     return out
 
 
-def format_spec_error(exc: ValidationError, source: str) -> str:
+def _known_keys(model: type, loc: tuple) -> list[str]:
+    """The keys the schema allows at `loc`'s last step, walking from `model` through nested
+    models (list items and union members included); [] where the walk cannot follow (a
+    free-form mapping, a tagged union's member it cannot tell)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    def models_in(annotation: object) -> list[type]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in typing.get_args(annotation) for m in models_in(arg)]
+
+    classes = [model]
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # a list's item: the classes already are the item's models
+        classes = [
+            m
+            for c in classes
+            for name, f in c.model_fields.items()
+            if part in (name, f.alias)
+            for m in models_in(f.annotation)
+        ]
+        if not classes:
+            return []
+    return sorted({f.alias or name for c in classes for name, f in c.model_fields.items()})
+
+
+def format_spec_error(exc: ValidationError, source: str, model: type | None = None) -> str:
     """Pydantic's errors as one line: each problem's place, message and the value (excerpted),
-    the first few of them (a list of a million bad items must not make a million-item line)."""
+    the first few of them (a list of a million bad items must not make a million-item line).
+    With the validated `model`, an unknown key is told with the keys allowed there and the
+    nearest of them."""
     from ..errors import excerpt, one_line, shorten
 
     most = 8
@@ -604,7 +635,15 @@ def format_spec_error(exc: ValidationError, source: str) -> str:
         )
         if err["type"] == "extra_forbidden" and loc:
             parent = shorten(_location(loc[:-1]) or "(top level)", 120)
-            parts.append(f"{parent}: unknown key {excerpt(loc[-1], 60)}")
+            known = _known_keys(model, loc) if model is not None else []
+            hint = ""
+            if known:
+                import difflib
+
+                near = difflib.get_close_matches(str(loc[-1]), known, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                hint += "; valid: " + shorten(", ".join(known), 400)
+            parts.append(f"{parent}: unknown key {excerpt(loc[-1], 60)}{hint}")
             continue
         text = str(err["msg"]).removeprefix("Value error, ")
         field, sep, rest = text.partition(": ")
@@ -626,7 +665,7 @@ def workload_spec_from_dict(data: dict, source: str = "workload spec") -> "Workl
     try:
         return WorkloadSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_spec_error(exc, source)) from None
+        raise ConfigError(format_spec_error(exc, source, WorkloadSpec)) from None
 
 
 def load_workload_spec(path: str | Path) -> "WorkloadSpec":
