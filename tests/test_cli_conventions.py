@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -326,3 +327,37 @@ def test_an_unknown_option_is_one_line_and_exits_2():
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1
     assert done.stderr.startswith("error: No such option: --bogus")
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["sweep", "SWEEP", "--out", "", "-q"], "--out"),
+        (["sweep", "SWEEP", "--out=", "-q"], "--out"),
+        (["run", "SCENARIO", "--results-path", "", "-q"], "--results-path"),
+    ],
+)
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(argv, option, tmp_path):
+    # The command line turns '' into Path('.'): a sweep's tables landed in the working folder.
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text("base: {workload: {num_requests: 5, rate: 10}}\ngrid: {}\n")
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
+    given = {"SWEEP": str(sweep_file), "SCENARIO": str(scenario)}
+    argv = [given.get(a, a) for a in argv]
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: {option}: invalid value ''; give a path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.yaml"]  # nothing written
+
+
+def test_an_empty_value_of_an_option_that_is_no_path_is_left_to_the_command():
+    from simulator.cli import empty_path_option
+
+    argv = ["run", "x.yaml", "--routing-scorers", "", "--results-path", "r.json"]
+    assert empty_path_option(app_for(argv), argv) is None

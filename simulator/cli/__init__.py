@@ -68,6 +68,13 @@ def _run_app(stop: Stop) -> int:
             from .commands import app_for
 
             command_line = app_for(sys.argv[1:])
+            empty = empty_path_option(command_line, sys.argv[1:])
+            if empty is not None:
+                _error_line(
+                    f"{empty}: invalid value ''; give a path (an empty value names no file or "
+                    "folder, and would mean the current folder)"
+                )
+                return 2
             usage_error, abort = _usage_exceptions()
             try:
                 # Not standalone: a usage error comes back here, to be told in one line
@@ -97,6 +104,41 @@ def _run_app(stop: Stop) -> int:
         stop.record(exc)
         stop.closed = True
     return status
+
+
+def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
+    """The path option given an empty value (`--out ''`, `--out=`), None if none is: the
+    command line turns '' into the path '.', the current folder, so an output would land there
+    unasked. Looked up only when an empty value is on the line (building the command's
+    options again costs start-up)."""
+    if "" not in argv and not any(a.startswith("--") and a.endswith("=") for a in argv):
+        return None
+    from pathlib import PurePath
+
+    import typer.main
+
+    command = typer.main.get_command(command_line)
+    words = iter(argv)
+    for word in words:  # down the command groups named on the line (`convert preset`)
+        sub = getattr(command, "commands", {}).get(word)
+        if sub is None:
+            break
+        command = sub
+    path_options = set()
+    for param in getattr(command, "params", []):
+        descriptor = getattr(param, "type_descriptor", None)  # typer's own click
+        annotation = getattr(descriptor, "annotation", None)
+        click_path = type(getattr(param, "type", None)).__name__ == "Path"  # the click package
+        is_path = isinstance(annotation, type) and issubclass(annotation, PurePath)
+        if getattr(param, "param_type_name", "") == "option" and (is_path or click_path):
+            path_options.update(param.opts)
+    for i, word in enumerate(argv):
+        name, equals, value = word.partition("=")
+        if equals and not value and name in path_options:
+            return name
+        if word == "" and i > 0 and argv[i - 1] in path_options:
+            return argv[i - 1]
+    return None
 
 
 def _usage_exceptions() -> tuple[type[Exception], type[Exception]]:
