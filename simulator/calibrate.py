@@ -274,7 +274,7 @@ def trace_case(
     The case is named `case_name`, else after the data file (after its folder when the file
     is just `trace.csv`)."""
     from .api import as_scenario
-    from .validate import measured_trace
+    from .validate import NothingToScore, measured_trace
     from .workload.server_settings import recorded_server
     from .workload.trace import client_of, read_header, trace_spans
 
@@ -294,7 +294,7 @@ def trace_case(
     warm_up = int(header.get("warm_up_requests") or 0)
     try:
         chosen = measured_trace(Path(trace_data), warm_up).after_warm_up(warm_up_s, "")
-    except ConfigError:
+    except NothingToScore:  # a damaged row is its own error, naming the row
         after = f" and {warm_up_s:g} s" if warm_up_s > 0 else ""
         raise ConfigError(
             f"calibrate: {str(trace_data)!r} has no successful request after the "

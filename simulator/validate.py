@@ -545,11 +545,15 @@ class MeasuredRun:
         keep = self.arrival_s >= warm_up_s
         if not keep.any():
             last = float(self.arrival_s.max()) if self.arrival_s.size else 0.0
-            raise invalid(
-                "warm_up_s",
-                warm_up_s,
-                f"run {run!r} has no successful request that arrived that late: must be below "
-                f"its last one's {last:.1f} s",
+            raise NothingToScore(
+                str(
+                    invalid(
+                        "warm_up_s",
+                        warm_up_s,
+                        f"run {run!r} has no successful request that arrived that late: must "
+                        f"be below its last one's {last:.1f} s",
+                    )
+                )
             )
         return replace(
             self,
@@ -579,7 +583,7 @@ def measured_requests(run: RunSpec) -> MeasuredRun:
     from .workload.trace import read_groundtruth_rows
 
     path = run.requests_csv
-    rows = read_groundtruth_rows(path)
+    rows = read_groundtruth_rows(path, measured=True)
     ok = [i for i, r in enumerate(rows) if not r.has_error and r.ttft_s is not None and r.e2e_s]
     if not ok:
         raise ConfigError(f"ground truth: {str(path)!r} has no successful request to score")
@@ -595,6 +599,10 @@ def measured_requests(run: RunSpec) -> MeasuredRun:
         requests=len(rows),
         arrival_s=np.asarray([(rows[i].arrival_time_us - start_us) / 1e6 for i in ok]),
     )
+
+
+class NothingToScore(ConfigError):
+    """A measured run without a successful request (after its warm-up) to score or fit."""
 
 
 def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
@@ -616,10 +624,18 @@ def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
     ]
     if not ok:
         after = f" after its {warm_up_requests} warm-up requests" if warm_up_requests else ""
-        raise ConfigError(
+        raise NothingToScore(
             f"ground truth: {str(path)!r} has no successful (ok) request{after} to score"
         )
     sent = [r.injection_basis_us for r in rows]
+    for i in ok:  # before anything is fitted or scored on a negative latency
+        row = rows[i]
+        if not sent[i] <= row.first_chunk_time_us <= row.last_chunk_time_us:
+            raise ConfigError(
+                f"ground truth: {str(path)!r}, request {row.request_id}: sent at {sent[i]} µs, "
+                f"first chunk at {row.first_chunk_time_us} µs, last at "
+                f"{row.last_chunk_time_us} µs; a completed request's times must not decrease"
+            )
     ends = [r.last_chunk_time_us for r in rows if r.last_chunk_time_us > 0]
     return MeasuredRun(
         positions=ok,

@@ -1005,3 +1005,38 @@ def test_prompt_reuse_leaves_observe_cells_as_recorded(both_layouts: Path) -> No
         reuse_trace(cell)
     frame = validate_folder(both_layouts / V23, runs=["agg2"], prompt_reuse=True)
     assert set(frame["run"]) == {"sweep-agg2", "sweep-agg20"}
+
+
+@pytest.mark.parametrize("column", ["has_error", "ttft_s", "e2e_s"])
+def test_a_measurement_column_missing_is_named_not_scored_around(
+    fake_groundtruth: Path, column: str
+) -> None:
+    # Without has_error every row scored as a success; without e2e_s none, and the message
+    # blamed the run ("no successful request") rather than the column.
+    from simulator.validate import measured_requests
+
+    run = discover_runs(fake_groundtruth)[0]
+    frame = pd.read_csv(run.requests_csv)
+    frame.drop(columns=[column]).to_csv(run.requests_csv, index=False)
+    with pytest.raises(ConfigError, match=f"missing column\\(s\\) {column}; expected columns"):
+        measured_requests(run)
+
+
+def test_a_recorded_request_whose_times_decrease_is_refused_before_any_fit(tmp_path: Path) -> None:
+    # A first chunk before the send is a negative TTFT: calibrate fitted on it, wrote its
+    # coefficients file, and only then failed in its report.
+    from simulator.validate import measured_trace
+    from simulator.workload.trace import TRACE_V3_COLUMNS
+
+    lines = [",".join(TRACE_V3_COLUMNS)]
+    for i, (send, first, last) in enumerate([(0, 50, 90), (100, 90, 300)]):
+        row = {c: "" for c in TRACE_V3_COLUMNS}
+        row.update(request_id=i, client_id="c", streaming="true", input_tokens=10,
+                   output_tokens=5, arrival_time_us=send, send_time_us=send,
+                   first_chunk_time_us=first, last_chunk_time_us=last, num_chunks=5,
+                   status="ok", server_input_tokens=10)  # fmt: skip
+        lines.append(",".join(str(row[c]) for c in TRACE_V3_COLUMNS))
+    data = tmp_path / "t.csv"
+    data.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match="request 1: sent at 100 µs, first chunk at 90 µs"):
+        measured_trace(data)

@@ -149,6 +149,7 @@ GROUNDTRUTH_COLUMNS = [
     "e2e_s",
 ]
 _GROUNDTRUTH_REQUIRED = ("index", "arrival_time_us", "input_tokens", "output_tokens")
+_GROUNDTRUTH_MEASURED = ("has_error", "ttft_s", "e2e_s")
 # A ground-truth index only names its request; it must fit the int64 columns of results.
 _MAX_INDEX = 2**63 - 1
 # vllm_priority is a Go int in BLIS: any int64.
@@ -1015,12 +1016,15 @@ def load_trace(header_path: str | Path, data_path: str | Path) -> tuple[dict, li
     return header, requests_from_rows(read_rows(data_path))
 
 
-def read_groundtruth_rows(path: str | Path) -> list[GroundTruthRow]:
-    """Rows of a ground-truth request CSV (groundtruth/*/requests/*.requests.csv)."""
+def read_groundtruth_rows(path: str | Path, measured: bool = False) -> list[GroundTruthRow]:
+    """Rows of a ground-truth request CSV (groundtruth/*/requests/*.requests.csv). With
+    `measured` (scoring against it) the measurement columns are required too: without
+    `has_error` every row would count as a success, without `ttft_s`/`e2e_s` none."""
     p = Path(path)
     kind = "ground-truth data"
     header = _csv_header(p, kind)
-    missing = [name for name in _GROUNDTRUTH_REQUIRED if name not in header]
+    required = (*_GROUNDTRUTH_REQUIRED, *(_GROUNDTRUTH_MEASURED if measured else ()))
+    missing = [name for name in required if name not in header]
     if missing:
         raise ConfigError(
             f"{kind}: {str(p)!r}: missing column(s) {', '.join(missing)}; expected columns "

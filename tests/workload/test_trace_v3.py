@@ -488,7 +488,11 @@ def _stretched_trace(tmp_path: Path, factor: float) -> Path:
     first_arrival = min(int(r["arrival_time_us"]) for r in rows)
     for r in rows:
         offset = int(r["arrival_time_us"]) - first_arrival
-        r["send_time_us"] = str(first_send + int(offset * factor))
+        sent_later_us = first_send + int(offset * factor) - int(r["send_time_us"])
+        r["send_time_us"] = str(int(r["send_time_us"]) + sent_later_us)
+        for chunk in ("first_chunk_time_us", "last_chunk_time_us"):  # same latencies
+            if int(r[chunk] or 0) > 0:
+                r[chunk] = str(int(r[chunk]) + sent_later_us)
     out = tmp_path / "trace.csv"
     with out.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
