@@ -696,7 +696,7 @@ def _rows_by_column(
 def injection_origin_shift(rows: list[TraceRow]) -> int:
     """What replay subtracts from every row's injection basis (send_time_us when positive,
     else arrival_time_us): min(basis) − min(arrival_time_us), BLIS's `injectionOriginShift`
-    (inference-sim #1606).
+    (inference-sim #1606); both minima over the rows that were sent when some were not.
 
     `blis observe` writes send_time_us as Unix-epoch µs but arrival_time_us and deadline_us
     on a clock that starts with the run; the shift puts injection back on that clock (the
@@ -705,13 +705,14 @@ def injection_origin_shift(rows: list[TraceRow]) -> int:
     shift is 0 and its requests arrive exactly when they did."""
     if not rows:
         return 0
-    first_arrival = min(r.arrival_time_us for r in rows)
     if _mixes_clocks([r.send_time_us for r in rows]):
         # Over the rows that record a send: a row with send_time_us 0 among wall-clock sends
         # (a request that never went out) is on the arrival clock, and mixing it in would put
-        # every other row decades late (BLIS's formula does).
-        return min(r.send_time_us for r in rows if r.send_time_us > 0) - first_arrival
-    return min(r.injection_basis_us for r in rows) - first_arrival
+        # every other row decades late (BLIS's formula does), or, if it was scheduled first,
+        # every sent row before its own scheduled arrival.
+        sent = [r for r in rows if r.send_time_us > 0]
+        return min(r.send_time_us for r in sent) - min(r.arrival_time_us for r in sent)
+    return min(r.injection_basis_us for r in rows) - min(r.arrival_time_us for r in rows)
 
 
 def _mixes_clocks(sends: Sequence[int]) -> bool:

@@ -310,6 +310,19 @@ def test_input_length_rule_is_blis_effective_input_token_count():
     assert requests[2].segments == [(prefix_key("g"), 64), (("req", "request_c"), 40)]
 
 
+def test_an_unsent_first_row_does_not_move_the_sent_rows_before_their_schedule():
+    # Wall-clock sends beside a row that never went out (send 0), scheduled first: the first
+    # sent row lands at its own scheduled arrival, not at the unsent row's.
+    rows = [
+        tr.TraceRow("unsent", 500_000, 5, 1, send_time_us=0),
+        tr.TraceRow("a", 780_000, 5, 1, send_time_us=1_782_000_000_000_000),
+        tr.TraceRow("b", 900_000, 5, 1, send_time_us=1_782_000_000_150_000),
+    ]
+    shift = injection_origin_shift(rows)
+    assert rows[1].send_time_us - shift == 780_000
+    assert rows[2].send_time_us - shift == 930_000  # the sends' spacing kept: 150 ms
+
+
 def test_injection_shift_is_zero_for_simulated_traces_and_keeps_deadlines():
     generated = [tr.TraceRow("a", 100, 5, 1, send_time_us=100), tr.TraceRow("b", 300, 5, 1)]
     assert injection_origin_shift(generated) == 0
