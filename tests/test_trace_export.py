@@ -360,3 +360,23 @@ def test_a_bad_recorded_server_setting_is_blamed_on_the_trace_header(tmp_path):
         simulator.replay(header, data)
     res = invoke("replay", "--trace-header", header, "--trace-data", data)
     assert res.exit_code == 2 and "trace header's server section" in res.stderr
+
+
+def test_replaying_with_a_scenario_that_replaces_the_recorded_server_says_so(tmp_path):
+    """`--scenario` outranks what the trace header records: its tp and block size are
+    simulated instead of the recording's, and the replay says which and what they were."""
+    scenario = Path("scenarios/quickstart.yaml").resolve()
+    run = simulator.simulate(
+        scenario, tp=2, engine__block_size_tokens=32, workload__num_requests=20
+    )
+    header, data = run.write_trace(tmp_path / "t")
+    res = invoke(
+        "replay", "--trace-header", header, "--trace-data", data, "--scenario", scenario, "-q"
+    )
+    assert res.exit_code == 0, res.output
+    assert (
+        "note: the scenario's tp 1, block_size_tokens 16 replace the recorded server's 2, 32"
+        in res.stderr
+    )
+    plain = invoke("replay", "--trace-header", header, "--trace-data", data, "-q")
+    assert "replace the recorded server's" not in plain.stderr

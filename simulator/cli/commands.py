@@ -451,6 +451,9 @@ def replay(
                 f"model: the recording's {unfollowed!r} is not in servesim's catalog "
                 f"(servesim models); simulating {base.model} (--model chooses)"
             )
+        replaced = server.replaced_line(base, overrides, followed)
+        if replaced:
+            notes_first.append(replaced)
         notes = notes_first + trace_notes(
             trace_header, trace_data, closed_loop=bool(sessions), spans=client.spans
         )

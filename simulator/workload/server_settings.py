@@ -272,6 +272,29 @@ class RecordedServer:
         shown = [f"{', '.join(items)} ({source})" for source, items in by_source.items()]
         return f"recorded server: {'; '.join(shown)}" if shown else ""
 
+    def replaced_line(self, scenario: Any, given: Iterable[str], followed: Iterable[str]) -> str:
+        """The recorded settings the scenario file replaced with values of its own (`--scenario`
+        outranks the recording, flags outrank both), e.g. `the scenario's tp 1, block_size_tokens
+        16 replace the recorded server's 2, 32`; empty when it replaced none. Said because the
+        replay then simulates another server than the one that recorded the trace."""
+        skipped = {*given, *followed, "engine.enable_prefix_caching"}
+        mine, theirs = [], []
+        for path, recorded in self.settings.items():
+            if path in skipped:
+                continue
+            value: Any = scenario
+            for key in path.split("."):
+                value = getattr(value, key, None)
+            if value is not None and value != recorded:
+                mine.append(f"{path.rsplit('.', 1)[-1]} {_shown(value)}")
+                theirs.append(_shown(recorded))
+        if not mine:
+            return ""
+        return (
+            f"the scenario's {', '.join(mine)} replace the recorded server's "
+            f"{', '.join(theirs)} (give them as flags to simulate the recorded server)"
+        )
+
 
 def _shown(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
