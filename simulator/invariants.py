@@ -322,7 +322,7 @@ def _check_itl_pool(result: Result, end_us: int) -> None:
         f"{len(pool)} gaps pooled; the completed requests had {expected}",
     )
     span_us = sum(r.last_token_us - r.first_token_us for r in completed)
-    pooled_us = int((pool.values.astype(object) * pool.counts.astype(object)).sum())
+    pooled_us = pool.total()
     _require(
         span_us == pooled_us or 0 < span_us - pooled_us < len(pool),
         "ITL pool holds the completed requests' gaps",

@@ -47,9 +47,6 @@ class WithdrawnGaps:
     irregular_itl_us: array
     gap_count: int
 
-    def __len__(self) -> int:
-        return self.gap_count
-
 
 class WithdrawnGapLog:
     """An engine's record of the requests that left it without completing."""

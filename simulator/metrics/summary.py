@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -94,12 +94,15 @@ class CountedValues:
     def __len__(self) -> int:
         return self.n
 
+    def total(self) -> int:
+        """The exact sum of the expanded array (Python integers: no int64 overflow)."""
+        return int((self.values.astype(object) * self.counts.astype(object)).sum())
+
     def mean(self) -> float:
         """As `mean` of the expanded array: the exact integer sum over n."""
         if not self.n:
             return 0.0
-        total = np.int64(int((self.values.astype(object) * self.counts.astype(object)).sum()))
-        return float(total / self.n)
+        return float(np.int64(self.total()) / self.n)
 
     def _at(self, index: int) -> np.int64:
         return self.values[int(np.searchsorted(self.cumulative, index, side="right"))]
@@ -109,13 +112,18 @@ class CountedValues:
         return linear_percentile(self.n, p, self._at) if self.n else 0.0
 
 
-def pooled_itl_us(instances: Sequence[InstanceRecord]) -> CountedValues:
+def pooled_itl_us(
+    instances: Sequence[InstanceRecord], withdrawn: Sequence[WithdrawnItl] | None = None
+) -> CountedValues:
     """Every individual inter-token gap (µs) of the requests that completed, as counted
     values: what the engines' steps produced less the gaps of the requests they withdrew
-    (engine/itl_pool.py), as vLLM's benchmark and BLIS pool successful requests only."""
+    (engine/itl_pool.py), as vLLM's benchmark and BLIS pool successful requests only.
+    `withdrawn` is each instance's `withdrawn_itl_us`, when the caller has them already."""
+    if withdrawn is None:
+        withdrawn = [withdrawn_itl_us(eng) for eng in instances]
     values = []
     counts = []
-    for eng in instances:
+    for eng, lost in zip(instances, withdrawn, strict=True):
         # Reduced log by log, chunk by chunk: the expanded columns of a million-request run
         # are tens of MB each, and sorting them all at once took several hundred MB.
         regular_us, regular_counts = eng.steps.itl_regular_counted()
@@ -124,36 +132,44 @@ def pooled_itl_us(instances: Sequence[InstanceRecord]) -> CountedValues:
         irregular = np.asarray(eng.irregular_itl_us, dtype=np.int64)
         values.append(irregular)
         counts.append(np.ones(len(irregular), dtype=np.int64))
-        lost_regular, lost_irregular = withdrawn_itl_us(eng)
-        for lost in (lost_regular, lost_irregular):
-            values.append(lost)
-            counts.append(np.full(len(lost), -1, dtype=np.int64))
+        for gaps_us in (lost.regular_us, lost.irregular_us):
+            values.append(gaps_us)
+            counts.append(np.full(len(gaps_us), -1, dtype=np.int64))
         if eng.speculation is not None:
             # A verification's later tokens follow its first by the per-token overhead.
             values.append(np.array([eng.otp_us], dtype=np.int64))
-            counts.append(np.array([completed_burst_gaps(eng)], dtype=np.int64))
+            counts.append(np.array([completed_burst_gaps(eng, lost)], dtype=np.int64))
     if not values:
         return CountedValues(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     return CountedValues(np.concatenate(values), np.concatenate(counts))
 
 
-def withdrawn_itl_us(eng: InstanceRecord) -> tuple[np.ndarray, np.ndarray]:
-    """The regular and the irregular gaps (µs, int64) of the requests `eng` withdrew."""
+class WithdrawnItl(NamedTuple):
+    """The gaps of the requests an instance withdrew: regular and irregular ones (µs, int64)
+    and how many were in-burst gaps of speculative verifications."""
+
+    regular_us: np.ndarray
+    irregular_us: np.ndarray
+    in_burst: int
+
+
+def withdrawn_itl_us(eng: InstanceRecord) -> WithdrawnItl:
+    """The gaps of the requests `eng` withdrew: every withdrawn gap that was neither regular
+    nor a break was a gap inside a speculative burst."""
     withdrawn = eng.withdrawn_gaps
     regular = eng.steps.regular_gaps_of_runs(
         np.array(withdrawn.run_start_rows, dtype=np.int64),
         np.array(withdrawn.run_last_end_us, dtype=np.float64),
     )
-    return regular, np.asarray(withdrawn.irregular_itl_us, dtype=np.int64)
+    irregular = np.asarray(withdrawn.irregular_itl_us, dtype=np.int64)
+    in_burst = max(0, withdrawn.gap_count - len(regular) - len(irregular))
+    return WithdrawnItl(regular, irregular, in_burst)
 
 
-def completed_burst_gaps(eng: InstanceRecord) -> int:
+def completed_burst_gaps(eng: InstanceRecord, withdrawn: WithdrawnItl) -> int:
     """The in-burst gaps (tokens after a speculative verification's first) of the requests
-    that completed: every withdrawn gap that was neither regular nor a break was one."""
-    withdrawn = eng.withdrawn_gaps
-    lost_regular, lost_irregular = withdrawn_itl_us(eng)
-    lost_in_burst = withdrawn.gap_count - len(lost_regular) - len(lost_irregular)
-    return eng.speculation.stats.burst_gaps - max(0, lost_in_burst)
+    that completed."""
+    return eng.speculation.stats.burst_gaps - withdrawn.in_burst
 
 
 def stat_mean(values: np.ndarray | CountedValues) -> float:
@@ -210,7 +226,8 @@ def compute_summary(
             [r.schedule_us - r.arrival_us for r in requests if r.schedule_us >= 0],
             dtype=np.int64,
         )
-    itl_us = pooled_itl_us(engines)
+    withdrawn = [withdrawn_itl_us(e) for e in engines]
+    itl_us = pooled_itl_us(engines, withdrawn)
     n_completed = len(e2e_us)
     still_queued = counts[RequestState.QUEUED] + counts[RequestState.CREATED]
     still_running = counts[RequestState.RUNNING]
@@ -248,9 +265,12 @@ def compute_summary(
 
         step_us = sum(int(np.sum(e.steps.step_us, dtype=np.int64)) for e in speculating)
         spec = summary_fields([e.speculation.stats for e in speculating], step_us)
-        spec["spec_in_burst_itl_share"] = (
-            sum(completed_burst_gaps(e) for e in speculating) / len(itl_us) if len(itl_us) else None
+        in_burst = sum(
+            completed_burst_gaps(e, w)
+            for e, w in zip(engines, withdrawn, strict=True)
+            if e.speculation is not None
         )
+        spec["spec_in_burst_itl_share"] = in_burst / len(itl_us) if len(itl_us) else None
         # Lists: the report block and the results document show them.
         del spec["spec_accepted_length_histogram"], spec["spec_per_position_acceptance"]
         summary.update(spec)
