@@ -539,23 +539,28 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
     return load_json(read_text(path, what), what, path)
 
 
+# The scenario fields (dotted paths) naming a file a run reads, and what each file is.
+SCENARIO_INPUT_FIELDS = {
+    "workload_spec": "the workload spec",
+    "trace.header": "the trace header",
+    "trace.data": "the trace data",
+    "latency.coeffs_file": "the coefficients file",
+    "hardware_file": "the hardware file",
+}
+
+
 def scenario_input_files(
     scenario: dict[str, Any], scenario_path: str | os.PathLike[str] | None = None
 ) -> list[tuple[str, Any]]:
     """The files a run of `scenario` (a Scenario's dump) reads, as (what, path), None for one
     it does not have."""
-    trace = scenario.get("trace") or {}
-    return [
-        ("the scenario file", scenario_path),
-        ("the workload spec (workload_spec)", scenario.get("workload_spec")),
-        ("the trace header (trace.header)", trace.get("header")),
-        ("the trace data (trace.data)", trace.get("data")),
-        (
-            "the coefficients file (latency.coeffs_file)",
-            (scenario.get("latency") or {}).get("coeffs_file"),
-        ),
-        ("the hardware file (hardware_file)", scenario.get("hardware_file")),
-    ]
+    files: list[tuple[str, Any]] = [("the scenario file", scenario_path)]
+    for dotted, what in SCENARIO_INPUT_FIELDS.items():
+        value: Any = scenario
+        for key in dotted.split("."):
+            value = (value or {}).get(key)
+        files.append((f"{what} ({dotted})", value))
+    return files
 
 
 def refuse_writing_inputs(

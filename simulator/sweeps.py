@@ -29,10 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .atomic_io import check_output_folder, write_text_atomically, write_with
 from .errors import ConfigError, excerpt, plain_scalar, require_callable, require_path
-from .input_files import read_json, read_yaml_mapping
+from .input_files import SCENARIO_INPUT_FIELDS, read_json, read_yaml_mapping
 from .interruption import ignore_interrupts_in_worker
+from .limits import MAX_SEED
 from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
 from .scenario import Scenario, TraceSpec, scenario_from_dict
+from .version import package_version
 from .workload.spec import format_spec_error
 from .workload.synthetic import V2_EQUIVALENTS
 
@@ -176,12 +178,6 @@ def _jsonable(value: Any) -> Any:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-# Scenario fields naming a file a run reads (input_files.scenario_input_files).
-_FILE_FIELDS = frozenset(
-    {"workload_spec", "trace.header", "trace.data", "latency.coeffs_file", "hardware_file"}
-)
-
-
 def _inputs_digest(base: Scenario, grid: dict[str, list[Any]]) -> dict[str, str]:
     """What the files the sweep's runs read hold (sha256 per file), and servesim's version:
     a run key names its inputs by path, and a coefficients file or trace edited between two
@@ -191,24 +187,15 @@ def _inputs_digest(base: Scenario, grid: dict[str, list[Any]]) -> dict[str, str]
     paths = [Path(p) for _what, p in scenario_input_files(base.model_dump()) if p is not None]
     folder = base._base_dir or Path.cwd()  # noqa: SLF001 - where a grid's relative path points
     for path, values in grid.items():
-        if path in _FILE_FIELDS:
+        if path in SCENARIO_INPUT_FIELDS:
             paths += [folder / v for v in values if isinstance(v, str | os.PathLike)]
-    digest = {"servesim": _version()}
+    digest = {"servesim": package_version()}
     for path in paths:
         try:
             digest[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
         except (OSError, ValueError):
             digest[str(path)] = "unreadable"  # the run reports it
     return digest
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("servesim")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
 
 
 def _run_key(base_json: str, params: dict[str, Any], seed: int) -> str:
@@ -314,9 +301,9 @@ def _seeds(seeds: Sequence[int]) -> list[int]:
     for s in out:
         if not isinstance(s, int) or isinstance(s, bool):
             raise ConfigError(f"seeds: invalid value {excerpt(s)}; seeds are integers")
-        if not 0 <= s < 2**63:
+        if not 0 <= s <= MAX_SEED:
             raise ConfigError(
-                f"seeds: invalid value {excerpt(s)}; a seed is from 0 to {2**63 - 1:,} (seeds "
+                f"seeds: invalid value {excerpt(s)}; a seed is from 0 to {MAX_SEED:,} (seeds "
                 "are written as signed 64-bit integers)"
             )
     if len(set(out)) != len(out):

@@ -30,6 +30,7 @@ from typer.main import get_command_name
 from ..atomic_io import atomic_open, write_json_atomically, write_with
 from ..errors import ConfigError, ServesimError, counted
 from ..interruption import interruptible
+from ..version import package_version
 from .blis import closed_loop_flags, goodput_flags
 from .common import (
     CONTEXT_SETTINGS,
@@ -55,16 +56,6 @@ app = typer.Typer(
     context_settings=CONTEXT_SETTINGS,
     help="servesim: discrete-event simulator of LLM inference serving (BLIS-compatible flags).",
 )
-
-
-def package_version() -> str:
-    """servesim's version from the installed package's metadata ("unknown" if not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("servesim")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _print_version(value: bool) -> None:

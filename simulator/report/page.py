@@ -19,6 +19,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
+from ..version import package_version
 from .figures import Chart, fmt
 
 
@@ -157,15 +158,6 @@ def _asset(name: str) -> str:
     return files("simulator.report").joinpath("assets", name).read_text(encoding="utf-8")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("servesim")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def render(title: str, subtitle: list[str], sections: list[Section], data: dict[str, Any]) -> str:
     """The whole page as one string."""
     import plotly
@@ -183,7 +175,7 @@ def render(title: str, subtitle: list[str], sections: list[Section], data: dict[
             '<html lang="en"><head><meta charset="utf-8">',
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
             '<meta name="color-scheme" content="light dark">',
-            f'<meta name="generator" content="servesim {esc(_version())}, '
+            f'<meta name="generator" content="servesim {esc(package_version())}, '
             f'plotly.js via plotly {esc(plotly.__version__)}">',
             f"<title>{esc(title)}</title>",
             f"<style>{_asset('report.css')}</style>",
@@ -193,7 +185,7 @@ def render(title: str, subtitle: list[str], sections: list[Section], data: dict[
             "<main>",
             *(section_html(s) for s in sections),
             "</main>",
-            f"<footer>servesim {esc(_version())}. Every chart is interactive (hover, zoom, "
+            f"<footer>servesim {esc(package_version())}. Every chart is interactive (hover, zoom, "
             "double-click to reset; the camera icon saves a PNG). The numbers behind the "
             "page are in the <code>servesim-data</code> JSON block of its source.</footer>",
             f'<script type="application/json" id="servesim-data">{script_json(data)}</script>',
