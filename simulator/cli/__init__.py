@@ -156,8 +156,9 @@ def usage_error_text(exc: Any) -> str:
     message ends with where the command's help is."""
     param = getattr(exc, "param", None)
     errors = getattr(exc.__cause__, "errors", None)  # pydantic's, when typer coerced
-    if param is not None and callable(errors) and errors():
-        first = errors()[0]
+    errors = errors() if param is not None and callable(errors) else []
+    if errors:
+        first = errors[0]
         name = (
             max(param.opts, key=len)
             if getattr(param, "param_type_name", "") == "option" and param.opts

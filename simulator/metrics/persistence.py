@@ -37,7 +37,7 @@ FRAME_NAMES = (
 )  # fmt: skip
 DICT_NAMES = (
     "per_slo", "kv_metrics", "anomalies", "pd_metrics", "session_counts", "scenario",
-    "fleet_metrics", "session_metrics",
+    "fleet_metrics", "session_metrics", "slo",
 )  # fmt: skip
 
 
@@ -121,7 +121,6 @@ def _write_folder(result: Any, folder: Path) -> None:
     }
     for name in DICT_NAMES:
         document[name] = getattr(result, name)
-    document["slo"] = result.slo
     steady = result.steady_state
     document["steady_state"] = steady.document() if steady is not None else None
     document["horizon_us"] = result.horizon_us
@@ -240,7 +239,7 @@ def load_result(directory: str | Path) -> SavedResult:
         session_counts=dicts["session_counts"] or {},
         session_metrics=dicts["session_metrics"],
         scenario=dicts["scenario"] or {},
-        slo=document.get("slo") or {},
+        slo=dicts["slo"] or {},
         steady_state=_steady_state(summary_path, document.get("steady_state")),
         horizon_us=_optional_count(summary_path, document, "horizon_us"),
         not_arrived=_optional_count(summary_path, document, "not_arrived") or 0,
@@ -274,7 +273,7 @@ def _optional_count(path: Path, document: dict[str, Any], name: str) -> int | No
 def _check_document(path: Path, document: dict[str, Any]) -> None:
     """A summary.json edited or damaged after saving: each entry of the wrong kind is one
     ConfigError naming it (the report and plots would fail on it deep inside)."""
-    for name in ("summary", "slo", *DICT_NAMES):
+    for name in ("summary", *DICT_NAMES):
         value = document.get(name)
         if value is None and name != "summary":  # an optional block the run did not have
             continue
