@@ -380,3 +380,12 @@ def test_replaying_with_a_scenario_that_replaces_the_recorded_server_says_so(tmp
     )
     plain = invoke("replay", "--trace-header", header, "--trace-data", data, "-q")
     assert "replace the recorded server's" not in plain.stderr
+    # A recorded model servesim lacks is simulated by the default one: its own note says so,
+    # and the default replaced nothing the user chose.
+    unknown = tmp_path / "u.yaml"
+    unknown.write_text(
+        header.read_text().replace("meta-llama/llama-3.1-8b-instruct", "foo/unknown-model")
+    )
+    stand_in = invoke("replay", "--trace-header", unknown, "--trace-data", data, "-q")
+    assert "is not in servesim's catalog" in stand_in.stderr
+    assert "replace the recorded server's" not in stand_in.stderr

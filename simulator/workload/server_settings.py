@@ -277,10 +277,14 @@ class RecordedServer:
         outranks the recording, flags outrank both), e.g. `the scenario's tp 1, block_size_tokens
         16 replace the recorded server's 2, 32`; empty when it replaced none. Said because the
         replay then simulates another server than the one that recorded the trace."""
+        from ..scenario import explicitly_set
+
         skipped = {*given, *followed, "engine.enable_prefix_caching"}
         mine, theirs = [], []
         for path, recorded in self.settings.items():
-            if path in skipped:
+            # Only what the file set: a default (or the stand-in for a recorded model servesim
+            # lacks, which has its own note) replaced nothing the user chose.
+            if path in skipped or not explicitly_set(scenario, path):
                 continue
             value: Any = scenario
             for key in path.split("."):
