@@ -74,9 +74,12 @@ def key_text(key: object) -> str:
     return name
 
 
-def invalid(field: str, value: object, allowed: str) -> ConfigError:
-    """Build the standard message: `<field>: invalid value <value>; <allowed>`."""
-    return ConfigError(f"{field}: invalid value {excerpt(value)}; {allowed}")
+def invalid(
+    field: str, value: object, allowed: str, error: type[ConfigError] = ConfigError
+) -> ConfigError:
+    """Build the standard message: `<field>: invalid value <value>; <allowed>` (as `error`, a
+    ConfigError or a kind of it)."""
+    return error(f"{field}: invalid value {excerpt(value)}; {allowed}")
 
 
 def unknown(kind: str, value: object, valid: Iterable[str]) -> ConfigError:

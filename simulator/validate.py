@@ -545,15 +545,12 @@ class MeasuredRun:
         keep = self.arrival_s >= warm_up_s
         if not keep.any():
             last = float(self.arrival_s.max()) if self.arrival_s.size else 0.0
-            raise NothingToScore(
-                str(
-                    invalid(
-                        "warm_up_s",
-                        warm_up_s,
-                        f"run {run!r} has no successful request that arrived that late: must "
-                        f"be below its last one's {last:.1f} s",
-                    )
-                )
+            raise invalid(
+                "warm_up_s",
+                warm_up_s,
+                f"run {run!r} has no successful request that arrived that late: must be below "
+                f"its last one's {last:.1f} s",
+                NothingToScore,
             )
         return replace(
             self,
@@ -611,7 +608,7 @@ def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
     warm-up, which the header counts), TTFT = first chunk − send and E2E = last chunk − send
     (send_time_us; arrival_time_us when it is 0); the window runs from the first send to the
     last chunk of any request. `validate` scores and `calibrate` fits these requests."""
-    from .workload.trace import read_rows
+    from .workload.trace import read_rows, refuse_decreasing_times
 
     rows = read_rows(path)
     ok = [
@@ -629,13 +626,7 @@ def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
         )
     sent = [r.injection_basis_us for r in rows]
     for i in ok:  # before anything is fitted or scored on a negative latency
-        row = rows[i]
-        if not sent[i] <= row.first_chunk_time_us <= row.last_chunk_time_us:
-            raise ConfigError(
-                f"ground truth: {str(path)!r}, request {row.request_id}: sent at {sent[i]} µs, "
-                f"first chunk at {row.first_chunk_time_us} µs, last at "
-                f"{row.last_chunk_time_us} µs; a completed request's times must not decrease"
-            )
+        refuse_decreasing_times(rows[i], sent[i], f"ground truth: {str(path)!r}")
     ends = [r.last_chunk_time_us for r in rows if r.last_chunk_time_us > 0]
     return MeasuredRun(
         positions=ok,

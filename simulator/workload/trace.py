@@ -715,6 +715,17 @@ def injection_origin_shift(rows: list[TraceRow]) -> int:
     return min(r.injection_basis_us for r in rows) - min(r.arrival_time_us for r in rows)
 
 
+def refuse_decreasing_times(row: TraceRow, sent_us: int, where: str) -> None:
+    """A completed request's recorded times run forward (sent, first chunk, last chunk);
+    anything else is a damaged row, refused before it becomes a negative latency."""
+    if not sent_us <= row.first_chunk_time_us <= row.last_chunk_time_us:
+        raise ConfigError(
+            f"{where}, request {row.request_id}: sent at {sent_us} µs, first chunk at "
+            f"{row.first_chunk_time_us} µs, last at {row.last_chunk_time_us} µs; a completed "
+            "request's times must not decrease"
+        )
+
+
 def _mixes_clocks(sends: Sequence[int]) -> bool:
     """Wall-clock sends (`observe`) beside rows without a send. (On a run's own clock a send
     of 0 is simply the run's first instant, as in BLIS's own traces.)"""
