@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import os
-import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from .limits import MAX_SEED
 from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
 from .scenario import Scenario, TraceSpec, scenario_from_dict
 from .version import package_version
-from .workload.spec import format_spec_error
+from .workload.spec import format_spec_error, model_classes
 from .workload.synthetic import V2_EQUIVALENTS
 
 RUNS_DIR = "runs.d"
@@ -57,13 +56,6 @@ class SweepResult(SweepTables):
 
 
 # --- validation -----------------------------------------------------------------------------
-
-
-def _model_classes(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic model classes inside a field annotation (unions, Annotated, Optional)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [c for arg in typing.get_args(annotation) for c in _model_classes(arg)]
 
 
 def check_path(base: Scenario, path: str) -> None:
@@ -107,7 +99,7 @@ def check_path(base: Scenario, path: str) -> None:
         elif isinstance(node, dict):
             return  # a free-form mapping: its keys are checked when the value is validated
         elif node is None:  # an unset section: any model its annotation allows
-            classes = [c for o in owners for c in _model_classes(o.model_fields[key].annotation)]
+            classes = [c for o in owners for c in model_classes(o.model_fields[key].annotation)]
         else:
             classes = []
         if not classes:

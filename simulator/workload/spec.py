@@ -590,19 +590,20 @@ def _location(loc: tuple) -> str:
     return out
 
 
+def model_classes(annotation: object) -> list[type[BaseModel]]:
+    """The pydantic model classes inside a field annotation (unions, lists, Annotated,
+    Optional)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [c for arg in typing.get_args(annotation) for c in model_classes(arg)]
+
+
 def _known_keys(model: type, loc: tuple) -> list[str]:
     """The keys the schema allows at `loc`'s last step, walking from `model` through nested
     models (list items and union members included); [] where the walk cannot follow (a
     free-form mapping, a tagged union's member it cannot tell)."""
-    import typing
-
-    from pydantic import BaseModel
-
-    def models_in(annotation: object) -> list[type]:
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            return [annotation]
-        return [m for arg in typing.get_args(annotation) for m in models_in(arg)]
-
     classes = [model]
     for part in loc[:-1]:
         if isinstance(part, int):
@@ -612,7 +613,7 @@ def _known_keys(model: type, loc: tuple) -> list[str]:
             for c in classes
             for name, f in c.model_fields.items()
             if part in (name, f.alias)
-            for m in models_in(f.annotation)
+            for m in model_classes(f.annotation)
         ]
         if not classes:
             return []
