@@ -73,11 +73,20 @@ def unrecorded_settings(
 def unexported_traffic(scenario: Scenario) -> list[str]:
     """What of the run's traffic a trace cannot carry, one sentence each (empty when the
     trace replays it as it ran): today, sessions whose rounds accumulate their context (a
-    row holds each round's whole prompt, not that it repeats the round before)."""
+    row holds each round's whole prompt, not that it repeats the round before); and, for a
+    replay through a client cap, that a replay of the export needs the cap again."""
     from .workload.spec import WorkloadSpec, load_workload_spec
 
     if scenario.trace is not None:
-        return []
+        cap = scenario.trace.max_in_flight
+        if cap is None:
+            return []
+        return [
+            f"this replay sent its requests through a client cap of {cap} outstanding; each "
+            "row records its scheduled time (arrival_time_us) and its send (send_time_us), "
+            f"and a replay of it with --max-in-flight {cap} (Python: max_in_flight={cap}) "
+            "applies the same cap (docs/traces.md)"
+        ]
     if scenario.workload_spec is not None:
         spec = load_workload_spec(scenario.workload_spec)
     elif isinstance(scenario.workload, WorkloadSpec):

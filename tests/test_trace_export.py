@@ -389,3 +389,38 @@ def test_replaying_with_a_scenario_that_replaces_the_recorded_server_says_so(tmp
     stand_in = invoke("replay", "--trace-header", unknown, "--trace-data", data, "-q")
     assert "is not in servesim's catalog" in stand_in.stderr
     assert "replace the recorded server's" not in stand_in.stderr
+
+
+def test_a_capped_replays_export_keeps_the_schedule_so_the_same_cap_reproduces_it(tmp_path):
+    """A replay through a client cap sends a request late when the cap is full; latency counts
+    from the send. Its export records both times, as a load generator does: arrival_time_us
+    the schedule, send_time_us the send (and the deadline as scheduled). Replaying the export
+    through the same cap, or with `auto` (the client fell far behind), is the replay again,
+    request by request. Before, the rows held the sends as their schedule, and a replay
+    of them let each late request into the step that started at its send, a step earlier
+    than the capped replay did (TTFT about one decode step lower)."""
+    source = tmp_path / "source"
+    run = invoke(
+        "run", "--rate", 60, "--num-requests", 120, "--latency-model", "roofline",
+        "--trace-output", source, "-q",
+    )  # fmt: skip
+    assert run.exit_code == 0, run.output
+    capped = tmp_path / "capped"
+    first = _replay(source, "--latency-model", "roofline", "--max-in-flight", 6, "-q",
+                    "--trace-output", capped)  # fmt: skip
+    assert first.exit_code == 0, first.output
+    assert "client cap of 6 outstanding" in first.stderr
+    assert "--max-in-flight 6" in first.stderr
+    rows = list(csv.DictReader((tmp_path / "capped.csv").read_text().splitlines()))
+    late = [r for r in rows if int(r["send_time_us"]) > int(r["arrival_time_us"])]
+    assert len(late) > len(rows) // 2  # 60 req/s through 6 slots: most wait
+    source_rows = {
+        r["request_id"]: r
+        for r in csv.DictReader((tmp_path / "source.csv").read_text().splitlines())
+    }
+    for row in rows:  # the schedule is the source trace's, untouched by the cap
+        assert row["arrival_time_us"] == source_rows[row["request_id"]]["arrival_time_us"]
+    for cap in ("6", "auto"):
+        again = _replay(capped, "--latency-model", "roofline", "--max-in-flight", cap, "-q")
+        assert again.exit_code == 0, again.output
+        assert again.stdout == first.stdout, cap

@@ -118,6 +118,7 @@ class _Source:
         if req.deadline_us:
             req.deadline_us += wait_us
         req.arrival_us = now_us
+        req.client_wait_us = wait_us
 
     def release_slot(self, req: Request) -> None:
         """A user-facing request left the system: its client slot is free again."""

@@ -104,6 +104,9 @@ class Request:
         "kv_reload_us",
         # fleet changes: times this request was re-routed after a redirect or a failure
         "reroutes",
+        # a capped client (a trace replayed with max_in_flight) sent it this long after its
+        # scheduled time; arrival_us is the send
+        "client_wait_us",
         # the engine's decode fast path (see VLLMEngine): a "steady" decoder's progress
         # counters are brought up to date lazily, from the step they were last exact at
         "steady",
@@ -208,6 +211,7 @@ class Request:
         self.reload_ticket = 0
         self.kv_reload_us = 0
         self.reroutes = 0
+        self.client_wait_us = 0
         self.steady = False
         self.sync_step = 0
         self.wake_step = 0

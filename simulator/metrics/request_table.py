@@ -48,6 +48,7 @@ NUMERIC_FIELDS: dict[str, str] = {
     "round_index": "q",
     "deadline_us": "q",
     "reroutes": "q",
+    "client_wait_us": "q",
     "transfer_start_us": "q",
     "transfer_end_us": "q",
     "text_tokens": "q",

@@ -1168,6 +1168,11 @@ def _trace_row(
     num_chunks = req.generated_tokens if req.streaming else int(status == "ok")
     input_tokens = req.input_tokens
     group = req.prefix_group if keep_prefix_groups else ""
+    # A capped client (a replay with max_in_flight) sent the request `wait_us` after its
+    # scheduled time: the row keeps both, as a load generator records them, and the
+    # deadline as scheduled (a replay through the same cap moves it with the send again).
+    wait_us = req.client_wait_us
+    deadline_us = req.deadline_us - wait_us if req.deadline_us else 0
     row = [
         req.request_id.removeprefix(REPLAYED_ID_PREFIX) if keep_request_ids else str(row_index),
         req.client_id,
@@ -1192,9 +1197,9 @@ def _trace_row(
         str(req.video_tokens),
         format_float(req.reason_ratio),
         req.model,
-        str(req.deadline_us),
+        str(deadline_us),
         str(req.input_tokens),
-        str(req.arrival_us),
+        str(req.arrival_us - wait_us),
         str(req.arrival_us),
         str(first_chunk_us),
         str(last_chunk_us),
