@@ -208,7 +208,8 @@ def expand_inference_perf(spec: WorkloadSpec) -> WorkloadSpec:
       ceil(R·D/N) rounds spaced N/R s apart, fixed-length prompts; category "reasoning".
 
     Cohorts of the spec are passed through untouched. The horizon, unless the spec gives one,
-    is the end of the last stage. BLIS's single-stage "normalized exponential" arrivals
+    is the end of the last stage, and none with multi-turn (the sessions' rounds end it).
+    BLIS's single-stage "normalized exponential" arrivals
     (exactly R·D requests spread over the stage) are replaced by Poisson arrivals at the same
     rate.
     """
@@ -270,7 +271,14 @@ def _expand_inference_perf(spec: WorkloadSpec) -> WorkloadSpec:
                     )
                 )
     aggregate_rate = sum(s.rate for s in ip.stages) if multi_stage else ip.stages[0].rate
-    horizon_us = spec.horizon or sum(s.duration for s in ip.stages) * US_PER_S
+    # Independent requests stop at the end of the last stage. Multi-turn sessions need no
+    # horizon: their rounds (rate x duration requests in all) end the workload, and a
+    # session's last rounds, sent after the stages' end when it ran late, are still sent
+    # (inference-perf and BLIS send them all).
+    if spec.horizon or sp.enable_multi_turn_chat:
+        horizon_us = spec.horizon
+    else:
+        horizon_us = sum(s.duration for s in ip.stages) * US_PER_S
     return WorkloadSpec(
         version="2",
         seed=spec.seed,

@@ -229,6 +229,14 @@ class ClientPlan:
             ends += [end for _, end in self.windows]
         return max(ends, default=0)
 
+    @property
+    def ends_by_itself(self) -> bool:
+        """Does the client's traffic end without a horizon or num_requests? A client of one
+        session (`single_session`) sends its max_rounds rounds and stops, at a time its
+        closed loop decides."""
+        mt = self.multi_turn
+        return (mt is not None and mt.single_session) or self.last_active_us is not None
+
     def new_request(
         self, arrival_us: int, context: list | None = None, period: Period | None = None
     ) -> Request:
@@ -596,8 +604,8 @@ class WorkloadStream:
                     ],
                 )
             )
-        ends = [p.last_active_us for p in self.plans]
-        if self.num_requests is None and self.horizon_us is None and None in ends:
+        endless = not all(p.ends_by_itself for p in self.plans)
+        if self.num_requests is None and self.horizon_us is None and endless:
             raise ConfigError(
                 "workload: neither num_requests (0 or unset: no limit, as in BLIS) nor a "
                 "horizon is set, so the traffic never ends; set workload num_requests >= 1 or "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import simulator
 from simulator.errors import ConfigError
 from simulator.workload.cohorts import (
     US_PER_HOUR,
@@ -220,6 +221,25 @@ def test_inference_perf_multi_turn() -> None:
     assert mt.think_time_us == 3_000_000  # 6 sessions / 2 per s
     assert mt.single_session and mt.context_growth == ""
     assert out.clients[0].is_closed_loop
+    # The sessions' rounds end the workload: no horizon at the stage's end to cut them.
+    assert out.horizon is None
+
+
+def test_inference_perf_multi_turn_sends_every_round_even_when_late() -> None:
+    """Six sessions of ceil(10 · 12 / 6) = 20 rounds, each sent 0.6 s (6 sessions / 10 per s)
+    after the one before completed; a round's 400 output tokens take over a second, so most
+    rounds come after the stage's 12 s end (the stage's end cut all but 41 of them until
+    2026-12-07); inference-perf and BLIS send them all. Law: 6 · 20 = 120 requests, all
+    completed; num_requests is not needed to end the traffic (nor, given 60, does it cut the
+    sessions' rounds, as in BLIS)."""
+    shared = {"output_len": 400, "enable_multi_turn_chat": True}
+    for extra in ({}, {"num_requests": 60}):
+        spec = {**_ip([{"rate": 10, "duration": 12}], **shared), **extra}
+        result = simulator.simulate({"workload": spec, "latency": {"model": "roofline"}})
+        assert result.summary["injected_requests"] == 120, extra
+        assert result.summary["completed_requests"] == 120, extra
+        arrivals_s = result.requests.arrival_us.to_numpy() / 1e6
+        assert arrivals_s.max() > 12.0  # late rounds were sent, not cut at the stage's end
 
 
 def test_inference_perf_missing_section() -> None:
