@@ -335,6 +335,11 @@ def test_an_unknown_option_is_one_line_and_exits_2():
         (["sweep", "SWEEP", "--out", "", "-q"], "--out"),
         (["sweep", "SWEEP", "--out=", "-q"], "--out"),
         (["run", "SCENARIO", "--results-path", "", "-q"], "--results-path"),
+        # Positional paths too: `run ''` looked for a scenario in '.' ("it is a directory").
+        (["run", "-q", ""], "SCENARIO"),
+        (["run", "--seed", "3", ""], "SCENARIO"),
+        (["report", ""], "SOURCE"),
+        (["plot", ""], "RESULT_DIR"),
     ],
 )
 def test_an_empty_path_is_refused_not_taken_for_the_current_folder(argv, option, tmp_path):
@@ -360,4 +365,7 @@ def test_an_empty_value_of_an_option_that_is_no_path_is_left_to_the_command():
     from simulator.cli import empty_path_option
 
     argv = ["run", "x.yaml", "--routing-scorers", "", "--results-path", "r.json"]
+    assert empty_path_option(app_for(argv), argv) is None
+    # An empty value of a valued option is that option's, not a positional argument.
+    argv = ["run", "--routing-scorers", "", "x.yaml"]
     assert empty_path_option(app_for(argv), argv) is None

@@ -107,9 +107,10 @@ def _run_app(stop: Stop) -> int:
 
 
 def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
-    """The path option given an empty value (`--out ''`, `--out=`), None if none is: the
-    command line turns '' into the path '.', the current folder, so an output would land there
-    unasked. Looked up only when an empty value is on the line (building the command's
+    """The path option or positional path argument given an empty value (`--out ''`,
+    `--out=`, `servesim run ''`), None if none is: the command line turns '' into the path
+    '.', the current folder, so an output would land there unasked (or an input be looked
+    for there). Looked up only when an empty value is on the line (building the command's
     options again costs start-up)."""
     if "" not in argv and not any(a.startswith("--") and a.endswith("=") for a in argv):
         return None
@@ -118,27 +119,53 @@ def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
     import typer.main
 
     command = typer.main.get_command(command_line)
-    words = iter(argv)
-    for word in words:  # down the command groups named on the line (`convert preset`)
-        sub = getattr(command, "commands", {}).get(word)
+    depth = 0  # down the command groups named on the line (`convert preset`)
+    while depth < len(argv):
+        sub = getattr(command, "commands", {}).get(argv[depth])
         if sub is None:
             break
         command = sub
-    path_options = set()
+        depth += 1
+    path_options: set[str] = set()
+    valued_options: set[str] = set()  # options that take the next word as their value
+    path_arguments: list[bool] = []  # per positional argument, in order: is it a path?
     for param in getattr(command, "params", []):
         descriptor = getattr(param, "type_descriptor", None)  # typer's own click
         annotation = getattr(descriptor, "annotation", None)
         click_path = type(getattr(param, "type", None)).__name__ == "Path"  # the click package
-        is_path = isinstance(annotation, type) and issubclass(annotation, PurePath)
-        if getattr(param, "param_type_name", "") == "option" and (is_path or click_path):
-            path_options.update(param.opts)
-    for i, word in enumerate(argv):
+        is_path = (isinstance(annotation, type) and issubclass(annotation, PurePath)) or click_path
+        kind = getattr(param, "param_type_name", "")
+        if kind == "option":
+            if is_path:
+                path_options.update(param.opts)
+            if not getattr(param, "is_flag", False) and not getattr(param, "count", False):
+                valued_options.update(param.opts)
+        elif kind == "argument":
+            path_arguments.append(is_path)
+    positional = 0
+    after_valued = False
+    for i, word in enumerate(argv[depth:], start=depth):
         name, equals, value = word.partition("=")
         if equals and not value and name in path_options:
             return name
         if word == "" and i > 0 and argv[i - 1] in path_options:
             return argv[i - 1]
+        if after_valued:
+            after_valued = False
+            continue
+        if word.startswith("-") and word != "-":
+            after_valued = word in valued_options
+            continue
+        if word == "" and positional < len(path_arguments) and path_arguments[positional]:
+            return _argument_name(command, positional)
+        positional += 1
     return None
+
+
+def _argument_name(command: Any, index: int) -> str:
+    """The name a command's usage line gives its `index`-th positional argument."""
+    arguments = [p for p in command.params if getattr(p, "param_type_name", "") == "argument"]
+    return str(arguments[index].name).upper()
 
 
 def _usage_exceptions() -> tuple[type[Exception], type[Exception]]:
