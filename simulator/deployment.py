@@ -281,7 +281,15 @@ def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, De
             {k: v for k, v in changes.items() if v is not None},
             source=f"cluster.pd.{role}",
         )
-        out[role] = resolve_deployment(pool_scenario)
+        try:
+            out[role] = resolve_deployment(pool_scenario)
+        except ConfigError as exc:
+            # Name the pool: the bare field (`tp`, `dp`, a GPU) reads as the top level's.
+            message = str(exc).replace(
+                "give cluster.num_instances (--num-instances) instead",
+                f"give cluster.pd.{role}_instances (--{role}-instances) instead",
+            )
+            raise ConfigError(f"cluster.pd.{role}: {message}") from None
     return out
 
 

@@ -120,7 +120,7 @@ def build_speculation(
             load_model(spec.draft_model), gpu, "auto", scenario.engine.kv_cache_dtype
         )
         draft_tp = spec.draft_tp or tp
-        validate_tp(draft, draft_tp)
+        validate_tp(draft, draft_tp, "speculative.draft_tp" if spec.draft_tp else "tp")
         lat = scenario.latency
         draft_step = build_step_time_model(
             spec.draft_latency_model or lat.model, draft, gpu, draft_tp, None, None,

@@ -387,13 +387,14 @@ def validate_model(model: ModelConfig) -> None:
             )
 
 
-def validate_tp(model: ModelConfig, tp: int) -> None:
-    """Tensor parallelism must shard attention heads evenly (docs/behaviour.md §2.5 step 1)."""
+def validate_tp(model: ModelConfig, tp: int, field: str = "tp") -> None:
+    """Tensor parallelism must shard attention heads evenly (docs/behaviour.md §2.5 step 1).
+    `field` names the setting in an error (a draft model's `speculative.draft_tp`)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise invalid("tp", tp, "must be an integer >= 1")
+        raise invalid(field, tp, "must be an integer >= 1")
     if model.num_heads % tp != 0:
         raise invalid(
-            "tp",
+            field,
             tp,
             f"must divide num_attention_heads={model.num_heads} of model {model.name!r}",
         )
@@ -401,7 +402,7 @@ def validate_tp(model: ModelConfig, tp: int) -> None:
     # kv_heads < tp is allowed: vLLM replicates KV heads across the extra ranks.
     if kv_heads >= tp and kv_heads % tp != 0:
         raise invalid(
-            "tp",
+            field,
             tp,
             f"must divide num_key_value_heads={kv_heads} of model {model.name!r} "
             "(or exceed it, in which case KV heads are replicated)",

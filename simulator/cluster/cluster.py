@@ -37,7 +37,7 @@ from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
 from .prefix_index import CacheSignalView
 from .router import Router, ServedModels
-from .routing import RoutingPolicy, make_routing_policy
+from .routing import SCORERS_FIELD, RoutingPolicy, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
 
 if TYPE_CHECKING:
@@ -558,15 +558,18 @@ def _build_pd(
 
     pools = Pools.from_roles(env, roles)
 
-    def pool_policy(pool_scorers: str | None, rng_name: str) -> RoutingPolicy:
+    def pool_policy(pool_scorers: str | None, role: str) -> RoutingPolicy:
         if pool_scorers:
             name, scorers = "weighted", pool_scorers
+            field = f"cluster.pd.{role}.routing_scorers (--{role}-routing-scorers)"
         else:
             name, scorers = cluster.routing.policy, cluster.routing.scorers
+            field = SCORERS_FIELD
         return make_routing_policy(
             name,
             scorers=scorers,
-            rng=subsystem_rng(seed, rng_name),
+            scorers_field=field,
+            rng=subsystem_rng(seed, f"{role}-router"),
             block_size=block_size,
             kv_probe=kv_probe,
             private_blocks_by_count=options.private_blocks_by_count,
@@ -575,8 +578,8 @@ def _build_pd(
     return Disaggregator(
         pools,
         decider_for(spec, block_size),
-        pool_policy(spec.prefill.routing_scorers, "prefill-router"),
-        pool_policy(spec.decode.routing_scorers, "decode-router"),
+        pool_policy(spec.prefill.routing_scorers, "prefill"),
+        pool_policy(spec.decode.routing_scorers, "decode"),
         KVTransferLink(
             env,
             spec.transfer_bandwidth_gb_per_s,

@@ -404,6 +404,13 @@ def test_one_transfer_slot_makes_the_second_transfer_wait_its_turn(contention, t
     assert simulator.simulate(path).transfers.equals(result.transfers)
 
 
+def _pools(**pools) -> dict:
+    """One prefill and one decode instance, disaggregating every request, with `pools`
+    (prefill=..., decode=...) as the pools' own settings."""
+    pd = {"prefill_instances": 1, "decode_instances": 1, "decider": "always", **pools}
+    return {"num_instances": 2, "pd": pd}
+
+
 @pytest.mark.parametrize(
     "cluster, needle",
     [
@@ -423,6 +430,19 @@ def test_one_transfer_slot_makes_the_second_transfer_wait_its_turn(contention, t
                 "pd": {"prefill_instances": 1, "decode_instances": 1, "decider": "x"},
             },
             "unknown PD decider 'x'",
+        ),
+        # A pool's own setting is named by its path, not as the top level's field.
+        (_pools(prefill={"tp": 3}), r"^cluster\.pd\.prefill: tp: invalid value 3"),
+        (_pools(prefill={"hardware": "H900"}), r"^cluster\.pd\.prefill: unknown GPU 'H900'"),
+        (
+            _pools(decode={"dp": 2}),
+            r"^cluster\.pd\.decode: dp: .*give cluster\.pd\.decode_instances "
+            r"\(--decode-instances\) instead",
+        ),
+        (
+            _pools(decode={"routing_scorers": "foo:1"}),
+            r"^cluster\.pd\.decode\.routing_scorers \(--decode-routing-scorers\): unknown "
+            "scorer 'foo'",
         ),
     ],
 )

@@ -402,6 +402,10 @@ def test_the_drafter_takes_kv_capacity_from_an_auto_sized_cache():
           "draft_layers": 2}, "draft_layers applies to methods eagle and mtp"),
         ({"method": "medusa", "num_speculative_tokens": 2, "acceptance_rate": 0.5},
          "speculative.method"),
+        # The draft's TP, not the target's `tp` (which is fine).
+        ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5,
+          "draft_model": "meta-llama/llama-3.1-8b-instruct", "draft_tp": 3},
+         r"^speculative\.draft_tp: invalid value 3; must divide num_attention_heads=32"),
     ],
 )  # fmt: skip
 def test_bad_speculative_sections_name_the_field(spec, message):
