@@ -44,7 +44,8 @@ def unrecorded_settings(
 ) -> dict[str, Any]:
     """The scenario fields (dotted paths, with the run's values) a replay of the run's exported
     trace does not take from it: those the run set to something other than a default
-    scenario's, less what the header records; and the token budget, when a replay would
+    scenario's, less what a replay takes from the recording as the run had it (the header's server
+    keys, the prefix caching default); and the token budget, when a replay would
     default to another one (`deployment.unrecorded_token_budget`). Given these, the replay
     simulates the run's deployment."""
     from .deployment import resolve_deployment, unrecorded_token_budget
@@ -59,7 +60,10 @@ def unrecorded_settings(
         path: value
         for path, value in ran.items()
         if value != stock.get(path, missing)
-        and path not in recorded
+        # What the replay takes from the recording (the header's server keys, its prefix
+        # caching default) counts only where it is what the run had: a run without prefix
+        # caching is replayed with vLLM's default, on, unless told.
+        and recorded.get(path, missing) != value
         # Inside a section the default scenario leaves unset, an unset field is the section's
         # own default.
         and not (path not in stock and value in (None, {}, []))

@@ -424,3 +424,35 @@ def test_a_capped_replays_export_keeps_the_schedule_so_the_same_cap_reproduces_i
         again = _replay(capped, "--latency-model", "roofline", "--max-in-flight", cap, "-q")
         assert again.exit_code == 0, again.output
         assert again.stdout == first.stdout, cap
+
+
+def test_a_run_without_prefix_caching_says_so_for_its_replay(tmp_path):
+    """A replay takes prefix caching from the recording (vLLM's default, on, for an exported
+    trace). A run with it off must say so, or its replay of shared-prefix traffic finds
+    cached prompts the run never had (TTFT 82 ms against 1,104 ms in the QA's case)."""
+    (tmp_path / "w.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "version": "2", "seed": 11, "aggregate_rate": 30, "num_requests": 60,
+                "clients": [{
+                    "id": "a", "rate_fraction": 1, "prefix_group": "sys",
+                    "prefix_length": 400, "arrival": {"process": "poisson"},
+                    "input_distribution": {"type": "constant", "params": {"value": 300}},
+                    "output_distribution": {"type": "constant", "params": {"value": 20}},
+                }],
+            }
+        )
+    )  # fmt: skip
+    scenario = tmp_path / "off.yaml"
+    scenario.write_text(
+        "latency: {model: roofline}\nengine: {enable_prefix_caching: false}\n"
+        f"workload_spec: {tmp_path / 'w.yaml'}\n"
+    )
+    prefix = tmp_path / "t"
+    run = invoke("run", scenario, "--trace-output", prefix)
+    assert run.exit_code == 0, run.output
+    flags = _suggested_flags(run.stderr)
+    assert "--no-prefix-caching" in flags, flags
+    replay = _replay(prefix, *flags)
+    assert replay.exit_code == 0, replay.output
+    assert replay.stdout == run.stdout

@@ -168,6 +168,10 @@ def _execute(
             logging.getLogger("servesim").info("wrote %s", report_path)
 
 
+# Fields `replay` sets with a switch of its own (no shared flag sets them).
+REPLAY_SWITCHES = {"engine.enable_prefix_caching": ("--prefix-caching", "--no-prefix-caching")}
+
+
 def _note_unrecorded_settings(settings: dict[str, Any], scenario: Path | None) -> None:
     """Say on stderr what a replay of the exported trace needs besides it to simulate this
     run's deployment: flags where one sets the field, else scenario fields."""
@@ -176,6 +180,8 @@ def _note_unrecorded_settings(settings: dict[str, Any], scenario: Path | None) -
     from .flags import flag_for_field
 
     def as_flag(path: str, value: Any) -> str | None:
+        if path in REPLAY_SWITCHES and isinstance(value, bool):
+            return REPLAY_SWITCHES[path][0 if value else 1]
         flag = flag_for_field(path)
         scalar = isinstance(value, int | float | str) and not isinstance(value, bool)
         return f"{flag} {value}" if flag is not None and scalar else None
