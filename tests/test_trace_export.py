@@ -456,3 +456,39 @@ def test_a_run_without_prefix_caching_says_so_for_its_replay(tmp_path):
     replay = _replay(prefix, *flags)
     assert replay.exit_code == 0, replay.output
     assert replay.stdout == run.stdout
+
+
+def test_a_closed_loop_replays_export_names_each_round_by_its_trace_row(tmp_path):
+    """A closed-loop replay names a session's later rounds as BLIS does
+    (session_<id>_round_<r>_<k>); its export still writes each row's own request_id, so
+    `calibrate --sim-trace` pairs every round, not only the first ones (40 of 160 before)."""
+    (tmp_path / "sess.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "version": "2", "seed": 5, "aggregate_rate": 4, "num_requests": 40,
+                "clients": [{
+                    "id": "agent", "rate_fraction": 1, "arrival": {"process": "poisson"},
+                    "input_distribution": {"type": "constant", "params": {"value": 200}},
+                    "output_distribution": {"type": "constant", "params": {"value": 30}},
+                    "reasoning": {"multi_turn": {"max_rounds": 4, "think_time_us": 500000}},
+                }],
+            }
+        )
+    )  # fmt: skip
+    real = tmp_path / "real"
+    run = invoke("run", "--latency-model", "roofline", "--workload-spec", tmp_path / "sess.yaml",
+                 "--trace-output", real, "-q")  # fmt: skip
+    assert run.exit_code == 0, run.output
+    sim = tmp_path / "sim"
+    replay = _replay(real, "--latency-model", "roofline", "--session-mode", "closed-loop",
+                     "--trace-output", sim, "-q")  # fmt: skip
+    assert replay.exit_code == 0, replay.output
+    real_rows = list(csv.DictReader((tmp_path / "real.csv").read_text().splitlines()))
+    sim_rows = list(csv.DictReader((tmp_path / "sim.csv").read_text().splitlines()))
+    assert any(int(r["round_index"]) > 0 for r in sim_rows)
+    by_id = {r["request_id"]: r for r in real_rows}
+    assert sorted(by_id) == sorted(r["request_id"] for r in sim_rows)
+    for row in sim_rows:  # the same request: same session, round and lengths
+        mate = by_id[row["request_id"]]
+        for column in ("session_id", "round_index", "input_tokens", "output_tokens"):
+            assert row[column] == mate[column], (row["request_id"], column)

@@ -337,6 +337,12 @@ class Result:
             "gpu_memory_utilization": engine.get("gpu_memory_utilization", 0.0),
             "max_model_len": resolved.get("max_model_len", 0),
         }
+        trace = self.scenario.get("trace")
+        row_ids = None
+        if trace is not None and trace.get("session_mode") == "closed-loop":
+            from ..workload.trace import read_rows, session_row_ids
+
+            row_ids = session_row_ids(read_rows(trace["data"]))
         return write_trace(
             prefix,
             self.request_records,
@@ -344,7 +350,8 @@ class Result:
             keep_prefix_groups=True,
             # A replay's export keeps the replayed rows' request_ids: `calibrate --sim-trace`
             # joins it with the real trace by them.
-            keep_request_ids=self.scenario.get("trace") is not None,
+            keep_request_ids=trace is not None,
+            session_row_ids=row_ids,
         )
 
     def blis_request_records(self) -> list[dict[str, Any]]:

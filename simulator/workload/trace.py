@@ -1153,7 +1153,11 @@ def format_float(value: float) -> str:
 
 
 def _trace_row(
-    row_index: int, req: Request, keep_prefix_groups: bool, keep_request_ids: bool = False
+    row_index: int,
+    req: Request,
+    keep_prefix_groups: bool,
+    keep_request_ids: bool = False,
+    session_row_ids: dict[tuple[str, int], str] | None = None,
 ) -> list[str]:
     status, error_message, finish_reason = trace_status(req)
     first_chunk_us = last_chunk_us = 0
@@ -1174,7 +1178,7 @@ def _trace_row(
     wait_us = req.client_wait_us
     deadline_us = req.deadline_us - wait_us if req.deadline_us else 0
     row = [
-        req.request_id.removeprefix(REPLAYED_ID_PREFIX) if keep_request_ids else str(row_index),
+        _replayed_row_id(req, session_row_ids) if keep_request_ids else str(row_index),
         req.client_id,
         req.tenant_id,
         req.slo_class,
@@ -1211,6 +1215,22 @@ def _trace_row(
     return row
 
 
+def _replayed_row_id(req: Request, session_row_ids: dict[tuple[str, int], str] | None) -> str:
+    """The request_id of the trace row `req` replayed. A closed-loop replay names a session's
+    later rounds as BLIS does (`session_<id>_round_<r>_<k>`); their row is found by session
+    and round."""
+    if req.request_id.startswith(REPLAYED_ID_PREFIX):
+        return req.request_id.removeprefix(REPLAYED_ID_PREFIX)
+    if session_row_ids:
+        return session_row_ids.get((req.session_id, req.round_index), req.request_id)
+    return req.request_id
+
+
+def session_row_ids(rows: Iterable[TraceRow]) -> dict[tuple[str, int], str]:
+    """(session_id, round_index) -> request_id of a trace's session rows."""
+    return {(r.session_id, r.round_index): r.request_id for r in rows if r.session_id}
+
+
 def write_trace_files(
     header_path: Path, data_path: Path, header_text: str, columns: list[str], rows: Iterable
 ) -> None:
@@ -1234,16 +1254,18 @@ def write_trace(
     created_at: str | None = None,
     keep_prefix_groups: bool = False,
     keep_request_ids: bool = False,
+    session_row_ids: dict[tuple[str, int], str] | None = None,
 ) -> tuple[Path, Path]:
     """Write `<prefix>.yaml` and `<prefix>.csv`, a TraceV2 of simulated requests (docs/behaviour.md
     §9.5).
 
     Rows are in arrival order (ties by request index) with request_id = row number, or, with
     `keep_request_ids` (a replay's export), the request_id of the trace row each request
-    replayed, so that a comparison with that trace joins the same requests. By
-    default the file is what BLIS writes: prefix_group empty and input_tokens the whole
-    prompt. `keep_prefix_groups=True` writes a v3 trace instead (prefix_group, prefix_length
-    and the suffix-only input_tokens) so that replaying it shares the same prefixes again.
+    replayed (a closed-loop replay's later rounds found in `session_row_ids`), so that a
+    comparison with that trace joins the same requests. By default the file is what BLIS
+    writes: prefix_group empty and input_tokens the whole prompt. `keep_prefix_groups=True`
+    writes a v3 trace instead (prefix_group, prefix_length and the suffix-only input_tokens)
+    so that replaying it shares the same prefixes again.
     Both files are written to temporary files first and renamed into place, so a failure
     leaves any previous trace untouched and never half a new one.
     """
@@ -1274,7 +1296,8 @@ def write_trace(
     ordered = sorted(requests, key=lambda r: (r.arrival_us, r.index))
     columns = TRACE_V3_COLUMNS if keep_prefix_groups else TRACE_COLUMNS
     rows = (
-        _trace_row(i, req, keep_prefix_groups, keep_request_ids) for i, req in enumerate(ordered)
+        _trace_row(i, req, keep_prefix_groups, keep_request_ids, session_row_ids)
+        for i, req in enumerate(ordered)
     )
     if any(req.adapter for req in ordered):
         # BLIS's optional trailing column, written (as BLIS does) only when it says something:
