@@ -436,6 +436,11 @@ def test_unusable_server_is_one_error_line_and_exit_2(stub, tmp_path, case, expe
         (["--warmup-requests", -1], "--warmup-requests: invalid value -1"),
         (["--rtt-ms", -2], "--rtt-ms: invalid value -2.0"),
         (["--server-url", "localhost:8000"], "--server-url: invalid value 'localhost:8000'"),
+        # Refused before any connection: these raised from the HTTP client mid-run.
+        (["--server-url", "http://127.0.0.1:abc"], "not a valid URL (Port could not be cast"),
+        (["--server-url", "http://127.0.0.1:99999"], "not a valid URL (Port out of range"),
+        (["--server-url", "http://[::1"], "not a valid URL (Invalid IPv6 URL)"),
+        (["--server-url", "http://:80"], "--server-url: invalid value 'http://:80'; names no host"),
     ],
 )
 def test_bad_flags_are_one_error_line(stub, tmp_path, extra, expected):

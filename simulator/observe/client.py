@@ -67,6 +67,17 @@ def normalize_server_url(url: str) -> str:
         base = base[: -len("/v1")]
     if not base.startswith(("http://", "https://")) or len(base.split("://", 1)[1]) == 0:
         raise invalid("--server-url", url, "must be an http:// or https:// URL")
+    from urllib.parse import urlsplit
+
+    # A port out of range or not a number, or a broken IPv6 host, fails here rather than
+    # in the HTTP client's connection pool, mid-run, as a traceback.
+    try:
+        parts = urlsplit(base)
+        parts.port  # noqa: B018 - reading it validates it
+    except ValueError as exc:
+        raise invalid("--server-url", url, f"not a valid URL ({exc})") from None
+    if not parts.hostname:
+        raise invalid("--server-url", url, "names no host")
     return base
 
 
