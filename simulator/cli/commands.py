@@ -541,10 +541,11 @@ def compose(
     """Merge v2 workload specs into one (aggregate rate = sum) and print it on stdout."""
 
     def go() -> None:
-        from ..workload.presets import compose_specs, spec_to_yaml
+        from ..workload.presets import compose_specs, spec_to_yaml, with_absolute_files
         from ..workload.spec import load_workload_spec
 
-        typer.echo(spec_to_yaml(compose_specs([load_workload_spec(p) for p in sources])), nl=False)
+        specs = [with_absolute_files(load_workload_spec(p), Path(p).parent) for p in sources]
+        typer.echo(spec_to_yaml(compose_specs(specs)), nl=False)
 
     guarded(go)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -182,6 +183,54 @@ def _unused(name: str, index: int, taken: set[str]) -> str:
     return candidate
 
 
+def with_absolute_files(spec: WorkloadSpec, base_dir: Path | None) -> WorkloadSpec:
+    """`spec` with every relative empirical `file` made absolute against `base_dir` (the
+    folder of the file the spec came from), so that it reads the same tables from anywhere,
+    as a composed spec printed elsewhere must."""
+    if base_dir is None:
+        return spec
+    changed = False
+
+    def walk(value: Any) -> Any:
+        nonlocal changed
+        if isinstance(value, dict):
+            out = {k: walk(v) for k, v in value.items()}
+            name = out.get("file")
+            if isinstance(name, str) and name and "type" in out and not Path(name).is_absolute():
+                out["file"] = str((Path(base_dir) / name).resolve())
+                changed = True
+            return out
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    data = walk(spec.model_dump(mode="json", exclude_none=True))
+    return WorkloadSpec.model_validate(data) if changed else spec
+
+
+def _merged_slo_targets(specs: list[WorkloadSpec]) -> dict[str, Any]:
+    """The specs' goodput_slo_targets together; a class two specs give different targets is
+    an error (which would the merged run judge by?)."""
+    merged: dict[str, Any] = {}
+    for index, spec in enumerate(specs):
+        for slo_class, targets in spec.goodput_slo_targets.items():
+            if slo_class in merged and merged[slo_class] != targets:
+                raise ConfigError(
+                    f"compose: goodput_slo_targets[{slo_class!r}]: spec {index} gives "
+                    f"{targets.model_dump(exclude_none=True)}, an earlier spec "
+                    f"{merged[slo_class].model_dump(exclude_none=True)}; give one class one set "
+                    "of targets"
+                )
+            merged[slo_class] = targets
+    return merged
+
+
+def _absolute_rate_mode(spec: WorkloadSpec) -> bool:
+    """Does the spec give its rates absolutely (no aggregate_rate; every window's trace_rate
+    is req/s), as `convert servegen` writes them?"""
+    return not spec.aggregate_rate and spec.absolute_rates
+
+
 def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
     """Merge specs into one whose traffic is the sum of theirs (docs/behaviour.md §12.2).
 
@@ -198,6 +247,18 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
     if not specs:
         raise ConfigError("compose: no specs given; need at least one")
     flat = [_as_clients(s) for s in specs]
+    absolute = [_absolute_rate_mode(s) for s in flat]
+    if any(absolute) and not all(absolute):
+        first = absolute.index(True)
+        other = absolute.index(False)
+        raise ConfigError(
+            f"compose: spec {first} gives absolute rates (no aggregate_rate; each window's "
+            f"trace_rate in req/s, as `convert servegen` writes them) and spec {other} an "
+            "aggregate_rate shared by rate fractions; one spec cannot hold both: compose specs "
+            "of one kind"
+        )
+    if all(absolute):
+        return _compose_absolute(flat)
     total_rate = sum(s.aggregate_rate or 0.0 for s in flat)
     open_loop = any(not c.concurrency_users for s in flat for c in s.clients)
     if open_loop and not (math.isfinite(total_rate) and total_rate > 0):
@@ -224,6 +285,12 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
             if not client.concurrency_users:  # closed-loop users have no rate to share
                 update["rate_fraction"] = client.rate_fraction / fraction_sum * weight
             clients.append(client.model_copy(update=update))
+    return _merged(flat, clients, total_rate or None)
+
+
+def _merged(flat: list[WorkloadSpec], clients: list, aggregate_rate: float | None) -> WorkloadSpec:
+    """The composed spec of `flat`'s `clients`: seed and category of the first spec, the
+    longest horizon, the summed num_requests (when every spec sets one), the SLO targets."""
     horizons = [s.horizon for s in flat if s.horizon]
     counts = [s.num_requests for s in flat]
     try:
@@ -231,14 +298,28 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
             version="2",
             seed=flat[0].seed,
             category=flat[0].category,
-            aggregate_rate=total_rate or None,
+            aggregate_rate=aggregate_rate,
             horizon=max(horizons) if horizons else None,
             num_requests=sum(counts) if all(c for c in counts) else None,
             clients=clients,
+            goodput_slo_targets=_merged_slo_targets(flat),
         )
     except ValidationError as exc:
         # Each spec is within bounds; their sums (rate, request count) may not be.
         raise ConfigError(format_spec_error(exc, "compose (the merged spec)")) from None
+
+
+def _compose_absolute(flat: list[WorkloadSpec]) -> WorkloadSpec:
+    """Specs whose every rate is absolute: their clients side by side (ids made unique), each
+    window keeping its own req/s; no fractions to rescale."""
+    seen: set[str] = set()
+    clients = []
+    for index, spec in enumerate(flat):
+        for client in spec.clients:
+            cid = client.id if client.id not in seen else _unused(client.id, index, seen)
+            seen.add(cid)
+            clients.append(client.model_copy(update={"id": cid}))
+    return _merged(flat, clients, None)
 
 
 # --- YAML -------------------------------------------------------------------------------------

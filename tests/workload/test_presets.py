@@ -12,6 +12,7 @@ from simulator.workload.presets import (
     distribution_spec,
     preset_spec,
     spec_to_yaml,
+    with_absolute_files,
 )
 from simulator.workload.spec import workload_spec_from_dict
 
@@ -169,6 +170,65 @@ def test_compose_expands_cohorts() -> None:
     assert [c.id for c in merged.clients] == ["co-0", "co-1", "co-2", "co-3", "c0"]
     assert merged.cohorts == []
     assert sum(c.rate_fraction for c in merged.clients[:4]) == pytest.approx(0.5)
+
+
+def _absolute(client_id: str, rate: float, start_s: int, end_s: int) -> dict:
+    """A spec in absolute-rate mode (as `convert servegen` writes): no aggregate_rate; the
+    client's one window sends `rate` req/s."""
+    window = {"start_us": start_s * 10**6, "end_us": end_s * 10**6, "trace_rate": rate}
+    return {
+        "version": "2",
+        "clients": [{
+            "id": client_id, "rate_fraction": 1.0, "arrival": {"process": "poisson"},
+            "input_distribution": {"type": "constant", "params": {"value": 100}},
+            "output_distribution": {"type": "constant", "params": {"value": 10}},
+            "lifecycle": {"windows": [window]},
+        }],
+    }  # fmt: skip
+
+
+def test_compose_adds_absolute_rate_specs_side_by_side() -> None:
+    """Two absolute-rate specs: each client keeps its window's own req/s (their sum is the
+    traffic); composing one with itself doubles it. (It was refused: 'composed rate 0'.)"""
+    a = workload_spec_from_dict(_absolute("x", 2.0, 0, 10))
+    b = workload_spec_from_dict(_absolute("y", 3.0, 5, 15))
+    merged = compose_specs([a, b])
+    assert merged.aggregate_rate is None and merged.absolute_rates
+    assert [(c.id, c.lifecycle.windows[0].trace_rate) for c in merged.clients] == [
+        ("x", 2.0),
+        ("y", 3.0),
+    ]
+    assert [c.id for c in compose_specs([a, a]).clients] == ["x", "x-1"]
+
+
+def test_compose_refuses_to_mix_absolute_and_shared_rates() -> None:
+    absolute = workload_spec_from_dict(_absolute("x", 2.0, 0, 10))
+    with pytest.raises(ConfigError, match=r"^compose: spec 1 gives absolute rates .* spec 0 an"):
+        compose_specs([distribution_spec(4.0, 10), absolute])
+
+
+def test_compose_keeps_the_slo_targets_and_refuses_two_for_one_class() -> None:
+    def spec(ttft_ms: float) -> dict:
+        data = preset_spec("chatbot", 1.0, 5).model_dump(mode="json", exclude_none=True)
+        return {**data, "goodput_slo_targets": {"critical": {"ttft_ms": ttft_ms}}}
+
+    merged = compose_specs([workload_spec_from_dict(spec(50)), distribution_spec(2.0, 5)])
+    assert merged.goodput_slo_targets["critical"].ttft_ms == 50
+    same = compose_specs([workload_spec_from_dict(spec(50))] * 2)
+    assert same.goodput_slo_targets["critical"].ttft_ms == 50
+    with pytest.raises(ConfigError, match=r"goodput_slo_targets\['critical'\]: spec 1"):
+        compose_specs([workload_spec_from_dict(spec(50)), workload_spec_from_dict(spec(80))])
+
+
+def test_a_composed_spec_reads_its_length_tables_from_anywhere(tmp_path) -> None:
+    (tmp_path / "lengths").mkdir()
+    (tmp_path / "lengths" / "in.csv").write_text("64,1\n128,1\n")
+    data = preset_spec("chatbot", 1.0, 5).model_dump(mode="json", exclude_none=True)
+    data["clients"][0]["input_distribution"] = {"type": "empirical", "file": "lengths/in.csv"}
+    spec = with_absolute_files(workload_spec_from_dict(data), tmp_path)
+    path = spec.clients[0].input_distribution.file
+    assert path == str((tmp_path / "lengths" / "in.csv").resolve())
+    assert with_absolute_files(spec, tmp_path / "elsewhere") == spec  # absolute stays
 
 
 def test_compose_needs_specs() -> None:
