@@ -22,7 +22,9 @@ Verdicts: `saturated` when the queue grows — the median TTFT of the second hal
 TTFT_GROWTH times the first half's and TTFT_GROWTH_MIN_MS more, or the backlog grew in both
 halves and by more than BACKLOG_GROWTH_MIN (at least BACKLOG_GROWTH_FRACTION of the second
 half's arrivals) in the second, or (in a settled window) the requests in the system grew in
-both halves and by more than INFLIGHT_GROWTH_FRACTION of the second half's arrivals; `not
+the first half and, beyond the arrivals of the last median E2E (which a burst of arrivals
+raises without any queue), in the second by more than INFLIGHT_GROWTH_FRACTION of its arrivals
+and INFLIGHT_NOISE_SIGMAS square roots of the number in the system; `not
 steady` when requests were left unfinished at the end
 (a horizon cut the run) or more than LOSS_FRACTION of them timed out or were dropped;
 `empty` when nothing completed; `too short` with fewer than MIN_REQUESTS arrivals in the
@@ -51,6 +53,7 @@ BACKLOG_GROWTH_FRACTION = 0.05
 LOSS_FRACTION = 0.01
 INFLIGHT_E2E_MULTIPLE = 2.0
 INFLIGHT_GROWTH_FRACTION = 0.1
+INFLIGHT_NOISE_SIGMAS = 3.0
 
 _LOST = (RequestState.DROPPED, RequestState.TIMED_OUT, RequestState.FAILED)
 _UNFINISHED = (RequestState.QUEUED, RequestState.RUNNING, RequestState.CREATED)
@@ -173,16 +176,32 @@ def judge(records: Sequence[Any]) -> SteadyState:
     if settled and state.verdict != "saturated":
         completion = np.where(completed, stats.completion_us, np.iinfo(np.int64).max)
 
+        e2e_median_us = int(e2e_median_s * 1e6)
+
         def in_system(at_us: int) -> int:
             return int(((arrival <= at_us) & (completion > at_us)).sum())
 
-        at_start, at_middle, at_end = in_system(window_start), in_system(middle), in_system(end)
-        threshold = max(BACKLOG_GROWTH_MIN, INFLIGHT_GROWTH_FRACTION * int(second_half.sum()))
-        if at_middle > at_start and at_end - at_middle > threshold:
+        def beyond_arrivals(at_us: int) -> int:
+            # Steady, the number in the system is about the arrivals of the last median E2E
+            # (Little's law), and follows their bursts; what a queue adds is the excess.
+            recent = (arrival <= at_us) & (arrival > at_us - e2e_median_us)
+            return in_system(at_us) - int(recent.sum())
+
+        counts = [in_system(at) for at in (window_start, middle, end)]
+        excess = [beyond_arrivals(at) for at in (window_start, middle, end)]
+        # The excess still carries the spread of E2E around its median: a growth must stand
+        # out of that noise (about the square root of the number in the system) too.
+        threshold = max(
+            BACKLOG_GROWTH_MIN,
+            INFLIGHT_GROWTH_FRACTION * int(second_half.sum()),
+            INFLIGHT_NOISE_SIGMAS * math.sqrt(counts[1]),
+        )
+        if counts[1] > counts[0] and excess[2] - excess[1] > threshold:
             state.verdict = "saturated"
             state.reasons.append(
-                f"the requests in the system (arrived, not completed) grew {at_start} → "
-                f"{at_middle} → {at_end} over the window"
+                f"the requests in the system (arrived, not completed) grew {counts[0]} → "
+                f"{counts[1]} → {counts[2]} over the window, {excess[1]} → {excess[2]} beyond "
+                f"the arrivals of the last median E2E ({e2e_median_s:,.1f} s) in its second half"
             )
     if state.verdict == "saturated":
         return state

@@ -145,6 +145,26 @@ def test_judge_by_hand():
     assert judge(rejected).verdict == "steady"  # refusals never queued
 
 
+def test_a_burst_of_arrivals_at_the_end_is_not_a_growing_queue():
+    """Every request takes 100 ms (no queue: E2E constant). 60 arrivals 12 ms apart, 250 10 ms
+    apart, then the last 40 in a burst 2 ms apart (3.298 s in all). The window starts at
+    0.3298 s (10 % warm-up), its middle is 1.8139 s; the number in the system (arrivals of the
+    last 100 ms) is 8 → 10 → 42 there and at the last arrival: a growth of 32 in the second
+    half, over 10 % of its 180 arrivals, which the rule took for a queue until 2026-12-07 (a
+    400-request quickstart run at 60 % load was called saturated so, and `plan` doubled its
+    fleet). All 42 arrived within the last median E2E (100 ms): beyond those arrivals the
+    excess is 0 → 0 → 0, so the run is steady. A queue that grows beyond its arrivals (each
+    request after the 150th 5 ms slower than the one before) is still saturated."""
+    times = [i * 12_000 for i in range(60)] + [720_000 + i * 10_000 for i in range(250)]
+    times += [times[-1] + 10_000 + i * 2_000 for i in range(40)]
+    verdict = judge([_req(t, 20_000, 100_000) for t in times])
+    assert verdict.verdict == "steady", verdict.reasons
+    slower = [_req(i * 10_000, 20_000, 100_000 + max(0, i - 150) * 5_000) for i in range(300)]
+    verdict = judge(slower)
+    assert verdict.verdict == "saturated", verdict.reasons
+    assert "beyond the arrivals of the last median E2E" in verdict.reasons[-1]
+
+
 # A batching server (physics, Llama-3.1-8B on one H100: about 33 requests/s of 512 -> 256
 # tokens, measured by a rate sweep that plateaus at 32.6-33.3) takes an overload into its batch:
 # first tokens stay prompt, so the TTFT trend and backlog show nothing.
@@ -184,3 +204,16 @@ def test_a_long_overload_shows_in_the_requests_in_the_system():
     assert state.verdict == "saturated"
     assert any("requests in the system" in r for r in state.reasons)
     assert _batching(120, 1000, instances=5).verdict == "steady"  # under capacity, settled
+
+
+@pytest.mark.parametrize("seed", [9, 12])
+def test_a_short_run_at_60_percent_load_is_not_called_saturated(seed):
+    """400 requests at 20 req/s (about 60 % of the ~33 req/s above): seeds 9 and 12 end with a
+    burst of arrivals (the number in the system went 46 -> 47 -> 80 for seed 9, 37 -> 47 -> 74
+    for 12), which the in-system rule took for a queue until it counted what the burst
+    explains."""
+    workload = {**BATCHING["workload"], "rate": 20, "num_requests": 400}
+    state = simulator.simulate(
+        {**BATCHING, "seed": seed, "workload": workload}, warn_unsteady=False
+    ).steady_state
+    assert state.verdict == "steady", state.reasons
