@@ -487,6 +487,23 @@ def plan(
 
     notes: list[str] = []
     targets = per_request_targets(bounds, min_attainment)
+    # The scenario's own per-request targets are judged as well (SLO attainment counts them):
+    # shown with the plan's, so that a probe failing on one of them says why.
+    own = {
+        key: value
+        for key in ("ttft_ms", "itl_ms", "e2e_ms")
+        if (value := getattr(sc.slo, key)) is not None and key not in targets
+    }
+    if own or sc.slo.classes:
+        shown = ", ".join(f"{k} <= {_fmt(v)}" for k, v in own.items())
+        per_class = "; ".join(
+            f"{name}: " + ", ".join(f"{k} <= {_fmt(v)}" for k, v in t.model_dump().items() if v)
+            for name, t in sc.slo.classes.items()
+        )
+        parts = [p for p in (shown, f"per SLO class {per_class}" if per_class else "") if p]
+        notes.append(
+            "the scenario's own SLO targets count towards the attainment too: " + "; ".join(parts)
+        )
     if targets:
         sc = with_overrides(
             sc, {f"slo.{k}": v for k, v in targets.items()}, source="plan: SLO targets"
@@ -734,7 +751,7 @@ def plan(
         prices_usd_per_gpu_hour={g: price_table.get(g.lower(), math.nan) for g in gpu_names},
         warnings=not_planned + mixed_evidence(provenance),
         min_attainment=float(min_attainment),
-        targets=targets,
+        targets={**own, **targets},
         run_requests=run_requests,
         notes=notes,
         layouts=layouts,

@@ -278,6 +278,23 @@ def test_timeouts_fail_on_attainment_not_latency() -> None:
     assert res.best is None
 
 
+def test_the_scenarios_own_slo_targets_are_shown_with_the_plans() -> None:
+    """The scenario's `slo.itl_ms` of 5 ms (every request's ITL is 10 ms here: one step a
+    token) fails every probe on attainment while the plan's TTFT p99 bound holds; the
+    criterion printed must name that target, not only the plan's own (it did not)."""
+    base = {**BASE, "slo": {"itl_ms": 5.0, "classes": {"gold": {"ttft_ms": 30.0}}}}
+    res = plan(base, {"ttft_p99_ms": 1_000.0}, seeds=(1,), max_instances=1, workers=1)
+    assert res.targets == {"itl_ms": 5.0, "ttft_ms": 1_000.0}
+    row = res.frontier.iloc[0]
+    assert not row["meets"] and "SLO attainment" in row["reason"]
+    text = res.table()
+    assert "(per request: itl_ms <= 5, ttft_ms <= 1000)" in text
+    assert (
+        "note: the scenario's own SLO targets count towards the attainment too: itl_ms <= 5; "
+        "per SLO class gold: ttft_ms <= 30"
+    ) in text
+
+
 def test_no_completions_never_pass() -> None:
     """Prompts beyond the KV cache are dropped: nothing completes, latencies are unknown (not
     0 ms), and the probe fails for that reason."""
