@@ -488,7 +488,7 @@ def load_sweep_file(path: str | Path) -> SweepSpec:
     try:
         spec = SweepFile.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_spec_error(exc, f"sweep {str(p)!r}")) from None
+        raise ConfigError(format_spec_error(exc, f"sweep {str(p)!r}", SweepFile)) from None
     folder = p.parent
     base_path = None
     if isinstance(spec.base, str):

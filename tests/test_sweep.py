@@ -213,7 +213,12 @@ def test_sweep_file(tmp_path: Path) -> None:
     assert spec.base.workload.rate == 10 and spec.seeds == [42] and spec.workers is None
 
     f.write_text(yaml.safe_dump({"base": BASE, "grid": GRID, "seed": [1]}))
-    with pytest.raises(ConfigError, match="seed"):
+    # An unknown key is told with the nearest known one and the keys allowed, as a
+    # scenario's is.
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key 'seed' \(did you mean 'seeds'\?\); valid: base, grid, seeds, workers",
+    ):
         load_sweep_file(f)
     f.write_text(yaml.safe_dump({"base": "missing.yaml", "grid": GRID}))
     with pytest.raises(ConfigError, match="missing.yaml"):
