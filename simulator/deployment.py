@@ -308,6 +308,16 @@ def _validate_cluster(scenario: Scenario) -> None:
     for option in ("prefix_threshold", "prompt_length_threshold"):
         if getattr(pd, option) is not None and option not in reads:
             log.warning("pd.%s is set but the decider %r does not read it", option, pd.decider)
+    admission = c.admission
+    if admission.policy != "token-bucket":
+        for option in ("token_bucket_capacity", "token_bucket_refill_rate"):
+            if getattr(admission, option) is not None:
+                log.warning(
+                    "admission.%s is set but the admission policy %r does not read it "
+                    "(token-bucket does)",
+                    option,
+                    admission.policy,
+                )
     build_policies(c, np.random.default_rng(0), scenario.engine.block_size_tokens, lambda _i, _r: 0)
     if c.fitness_weights:
         parse_fitness_weights(c.fitness_weights)

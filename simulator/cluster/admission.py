@@ -7,6 +7,7 @@ Policies never read the request's output length (INV-9): only `input_tokens` is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..engine.request import Request
@@ -70,7 +71,9 @@ class TokenBucket(AdmissionPolicy):
         if self.tokens >= cost:
             self.tokens -= cost
             return True, "token-bucket"
-        return False, f"token-bucket: insufficient tokens ({self.tokens:.1f} < {cost})"
+        # Rounded down: 99.9985 tokens shown as "100.0 < 100" read as a contradiction.
+        shown = math.floor(self.tokens * 10) / 10
+        return False, f"token-bucket: insufficient tokens ({shown:.1f} < {cost})"
 
 
 class RejectAll(AdmissionPolicy):

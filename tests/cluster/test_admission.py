@@ -58,6 +58,34 @@ def test_token_bucket_admits_exact_balance():
     assert tb.tokens == 0
 
 
+def test_a_refusal_never_shows_the_balance_at_the_cost():
+    """Capacity 250, refill 500 tokens/s, 100-token prompts: two admitted at 0 leave 50; at
+    99.997 ms the bucket holds 50 + 500 x 0.099997 = 99.9985 < 100. The reason showed that
+    rounded to 100.0 ('100.0 < 100'); rounded down it reads 99.9."""
+    tb = TokenBucket(250, 500)
+    assert tb.admit(req(100), 0, [])[0] and tb.admit(req(100), 0, [])[0]
+    admitted, reason = tb.admit(req(100), 99_997, [])
+    assert not admitted
+    assert reason == "token-bucket: insufficient tokens (99.9 < 100)"
+
+
+def test_token_bucket_settings_without_its_policy_are_warned_about(caplog):
+    import logging
+
+    import simulator
+
+    scenario = {
+        "workload": {"num_requests": 3, "rate": 10},
+        "cluster": {"admission": {"token_bucket_capacity": 10, "token_bucket_refill_rate": 1}},
+    }
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        simulator.simulate(scenario)
+    assert (
+        "admission.token_bucket_capacity is set but the admission policy 'always-admit' does "
+        "not read it"
+    ) in caplog.text
+
+
 def test_token_bucket_must_be_sized_explicitly():
     """servesim decision: no silent 10,000 / 1,000 defaults (BLIS's) for the bucket."""
     with pytest.raises(ConfigError, match="token_bucket_capacity.*needs it"):
