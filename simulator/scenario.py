@@ -478,6 +478,31 @@ class Scenario(_Strict):
             raise ValueError(f"give one traffic source, not {' and '.join(given)}")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pd_pools_from_one_place(cls, data: Any) -> Any:
+        """Deployments with PD roles size the pools themselves; pool sizes in cluster.pd as
+        well would be checked against cluster.num_instances (1 with deployments) and refused
+        with a message about a count the user never set. Said here, before that check."""
+        if not isinstance(data, dict):
+            return data
+        deployments = data.get("deployments")
+        cluster = data.get("cluster")
+        pd = cluster.get("pd") if isinstance(cluster, dict) else None
+        roles = isinstance(deployments, list) and any(
+            isinstance(d, dict) and d.get("role") in ("prefill", "decode") for d in deployments
+        )
+        sizes = isinstance(pd, dict) and any(
+            pd.get(k) for k in ("prefill_instances", "decode_instances")
+        )
+        if roles and sizes:
+            raise ValueError(
+                "cluster.pd.prefill_instances/decode_instances: deployments with role prefill "
+                "and decode size the PD pools (each its num_instances); remove the pool sizes "
+                "from cluster.pd (keep its decider and link settings)"
+            )
+        return data
+
     @model_validator(mode="after")
     def _fleet(self) -> "Scenario":
         """Names the fleet refers to must exist; checks that need the resolved fleet (GPU

@@ -241,3 +241,27 @@ def test_the_study_scenario_conserves_and_is_causal(deepseek) -> None:
     assert len(done) == 600
     assert (done["arrival_us"] <= done["first_token_us"]).all()
     assert (done["first_token_us"] <= done["completion_us"]).all()
+
+
+def test_pd_roles_and_pool_sizes_in_cluster_pd_are_refused_for_what_they_are() -> None:
+    """Deployments with roles size the pools; pool sizes in cluster.pd too were refused as
+    'prefill_instances + decode_instances = 2 exceeds num_instances (1)', a count the user
+    never set (the fleet has two instances)."""
+    scenario = {
+        "model": LLAMA,
+        "hardware": "H100",
+        "deployments": [
+            {"name": "p", "num_instances": 1, "role": "prefill"},
+            {"name": "d", "num_instances": 1, "role": "decode"},
+        ],
+        "cluster": {"pd": {"prefill_instances": 1, "decode_instances": 1, "decider": "always"}},
+        "workload": FEW,
+    }
+    with pytest.raises(ConfigError, match="deployments with role prefill and decode size the"):
+        _fleet(scenario)
+    del (
+        scenario["cluster"]["pd"]["prefill_instances"],
+        scenario["cluster"]["pd"]["decode_instances"],
+    )
+    setups, fleet = _fleet(scenario)  # the decider alone stays
+    assert [s.role for s in setups] == ["prefill", "decode"]
