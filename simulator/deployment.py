@@ -364,5 +364,8 @@ def _total_kv_blocks(
         blocks = compute_kv_blocks(model, gpu, tp, **capacity_settings(scenario, layout))
         return blocks, "auto"
     except ConfigError as exc:
-        log.warning("KV capacity auto-calculation failed (%s); using %d blocks", exc, 1_000_000)
+        # With `deployments`, this is the scenario's top-level layout, which no instance need
+        # run (each deployment is resolved on its own, with its own warning): not a warning.
+        level = logging.INFO if scenario.deployments else logging.WARNING
+        log.log(level, "KV capacity auto-calculation failed (%s); using %d blocks", exc, 1_000_000)
         return FALLBACK_KV_BLOCKS, "fallback"

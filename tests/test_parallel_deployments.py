@@ -265,3 +265,19 @@ def test_pd_roles_and_pool_sizes_in_cluster_pd_are_refused_for_what_they_are() -
     )
     setups, fleet = _fleet(scenario)  # the decider alone stays
     assert [s.role for s in setups] == ["prefill", "decode"]
+
+
+def test_a_top_level_layout_no_deployment_runs_is_not_warned_about(caplog) -> None:
+    """Llama-3.1-70B on one H100 does not fit (132 GiB of weights against 72 GiB): with
+    deployments only the top-level fields still name that layout, which no instance runs, and
+    its failed KV sizing was a WARNING before every run. A deployment that runs it still warns."""
+    import logging
+
+    seventy = "meta-llama/llama-3.1-70b-instruct"
+    scenario = {"model": seventy, "hardware": "H100", "workload": FEW}
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        _fleet({**scenario, "deployments": [{"name": "big", "tp": 8}]})
+    assert "KV capacity auto-calculation failed" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        _fleet({**scenario, "deployments": [{"name": "small", "tp": 1}]})
+    assert "KV capacity auto-calculation failed" in caplog.text
