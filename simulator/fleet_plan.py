@@ -250,23 +250,42 @@ def _check_pools(
                 f"deployments[{d.name}]: {field}: invalid value {dep.gpus} (GPUs per "
                 f"instance); {'; '.join(refusals)}"
             )
-    _warn_initial_overflow(pools, specs, resolved)
+    # Nodes beyond a pool's initial ones come from an add_node event or an autoscaler's
+    # scale-up only.
+    growing = {p.name for p in pools} if scenario.autoscaler else set()
+    growing |= {e.pool for e in scenario.events if e.action == "add_node" and e.pool}
+    _warn_initial_overflow(pools, specs, resolved, growing)
 
 
 def _warn_initial_overflow(
-    pools: list[NodePoolSpec], specs: list[DeploymentSpec], resolved: dict[str, Deployment]
+    pools: list[NodePoolSpec],
+    specs: list[DeploymentSpec],
+    resolved: dict[str, Deployment],
+    growing: set[str],
 ) -> None:
-    """Say when the initial instances need more GPUs of a type than its pools can ever hold:
-    the rest wait in Scheduling, and their model's requests queue, unless events free GPUs.
-    Legal (a later fail or drain may make room), but otherwise it runs silently short."""
+    """Say when the initial instances need more GPUs of a type than its pools can ever hold,
+    or than they start with when nothing adds a node (no add_node event for them, no
+    autoscaler): the rest wait in Scheduling, and their model's requests queue, unless events
+    free GPUs. Legal (a later fail or drain may make room), but otherwise it runs silently
+    short."""
     demand: dict[str, int] = {}
     for d in specs:
         dep = resolved[d.name]
         demand[dep.gpu.name] = demand.get(dep.gpu.name, 0) + d.num_instances * dep.gpus
     for gpu, needed in demand.items():
-        held = sum(
-            p.max_nodes * p.gpus_per_node for p in pools if p.gpu_type.lower() == gpu.lower()
-        )
+        of_type = [p for p in pools if p.gpu_type.lower() == gpu.lower()]
+        held = sum(p.max_nodes * p.gpus_per_node for p in of_type)
+        start = sum(p.initial_nodes * p.gpus_per_node for p in of_type)
+        if needed <= held and needed > start and not any(p.name in growing for p in of_type):
+            log.warning(
+                "the deployments' initial instances need %d %s GPUs, but the node pools of "
+                "that type start with %d (initial_nodes x gpus_per_node) and nothing adds a "
+                "node (no add_node event for them, no autoscaler): some instances will never "
+                "be placed, and their model's requests wait",
+                needed,
+                gpu,
+                start,
+            )
         if needed > held:
             log.warning(
                 "the deployments' initial instances need %d %s GPUs, but the node pools of "

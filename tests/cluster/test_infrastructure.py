@@ -880,6 +880,41 @@ def test_initial_instances_beyond_what_the_pools_hold_are_warned_about(caplog):
     assert len(waiting) == 3
 
 
+@pytest.mark.parametrize(
+    ("pool", "deployment", "needed", "start"),
+    [
+        # No node at the start and nothing adds one: the one instance is never placed.
+        ({"gpus_per_node": 8, "initial_nodes": 0, "max_nodes": 2}, {}, 1, 0),
+        # A TP16 instance needs two 8-GPU nodes; the pool starts with one.
+        ({"gpus_per_node": 8, "initial_nodes": 1, "max_nodes": 2}, {"tp": 16}, 16, 8),
+    ],
+)
+def test_instances_no_node_will_ever_hold_are_warned_about(pool, deployment, needed, start, caplog):
+    """Without an add_node event or an autoscaler a pool never grows past its initial nodes:
+    the run used to end with every request queued, exit 0, no word of why. An add_node event
+    for the pool (or an autoscaler) can grow it, and then nothing is said."""
+    import logging
+
+    scenario = {
+        "node_pools": [{"name": "h100", "gpu_type": "H100", "cost_per_hour": 36, **pool}],
+        "deployments": [{"name": "llama", "num_instances": 1, **deployment}],
+        "workload": {"rate": 5, "num_requests": 10},
+    }
+    text = (
+        f"initial instances need {needed} H100 GPUs, but the node pools of that type start "
+        f"with {start} (initial_nodes x gpus_per_node) and nothing adds a node"
+    )
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        result = simulator.simulate(scenario, warn_unsteady=False)
+    assert text in caplog.text
+    assert result.summary["completed_requests"] == 0
+    caplog.clear()
+    grown = {**scenario, "events": [{"at_s": 1, "action": "add_node", "pool": "h100"}]}
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        simulator.simulate(grown, warn_unsteady=False)
+    assert "nothing adds a node" not in caplog.text
+
+
 def test_the_autoscaler_does_not_scale_down_under_requests_waiting_at_the_router():
     """The first instance became routable at 2 s, the very microsecond of a tick; the five
     requests parked at the router had not reached it yet, the tick read in_flight 0 and
