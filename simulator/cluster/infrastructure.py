@@ -575,7 +575,12 @@ class Infrastructure:
             deployment = event.deployment or self.plan.slots[0].deployment
             self.add_instance(deployment, reason)
         elif action == "add_node":
-            self.add_node(event.pool, reason)
+            if self.add_node(event.pool, reason) is None:
+                # The pool is at max_nodes: said on the timeline rather than silently.
+                limit = self.pools[event.pool].max_nodes
+                self.timeline.record(
+                    self.env.now, "event", event.pool, "", "", f"{reason}: at max_nodes {limit}"
+                )
         elif action in ("drain_node", "fail_node"):
             node = self.node(event.node)
             if node is None or node.state is NodeState.TERMINATED:

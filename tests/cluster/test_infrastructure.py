@@ -860,6 +860,24 @@ def test_node_events_on_a_node_provisioning_missing_or_gone_are_on_the_timeline(
     assert node.uptime_s == 4.0  # requested at 1 s, withdrawn at 5 s
 
 
+def test_an_add_node_at_max_nodes_is_on_the_timeline():
+    """max_nodes 2 with one node to start: the first add_node provisions h100-1, the next two
+    find the pool full; they did nothing silently."""
+    scenario = {
+        "node_pools": [{"name": "h100", "gpu_type": "H100", "gpus_per_node": 1,
+                        "initial_nodes": 1, "max_nodes": 2, "cost_per_hour": 18}],
+        "deployments": [{"name": "llama", "num_instances": 1, "pool": "h100"}],
+        "events": [{"at_s": t, "action": "add_node", "pool": "h100"} for t in (1, 1, 2)],
+        "workload": {"rate": 10, "num_requests": 50},
+    }  # fmt: skip
+    rows = simulator.simulate(scenario).timeline
+    assert list(rows[rows.kind == "event"].reason) == [
+        "event add_node at 1 s: at max_nodes 2",
+        "event add_node at 2 s: at max_nodes 2",
+    ]
+    assert set(rows[rows.kind == "node"].id) == {"h100-0", "h100-1"}
+
+
 def test_initial_instances_beyond_what_the_pools_hold_are_warned_about(caplog):
     """5 one-GPU instances on a pool of at most 2 GPUs: 3 wait in Scheduling all run long,
     which ran silently (exit 0) before."""
