@@ -6,6 +6,7 @@ node that exists. Each deployment is resolved by `deployment.resolve_deployment`
 from __future__ import annotations
 
 import logging
+import math
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -249,6 +250,22 @@ def _check_pools(
             raise ConfigError(
                 f"deployments[{d.name}]: {field}: invalid value {dep.gpus} (GPUs per "
                 f"instance); {'; '.join(refusals)}"
+            )
+    for pool in pools:
+        gpu = next(
+            (dep.gpu for dep in resolved.values() if dep.gpu.name.lower() == pool.gpu_type.lower()),
+            None,
+        )
+        given = "gpu_memory_gib" in pool.model_fields_set
+        if gpu is not None and given and not math.isclose(pool.gpu_memory_gib, gpu.memory_gib):
+            log.warning(
+                "node_pools[%s].gpu_memory_gib %g differs from %s's %g GiB in the GPU catalog; "
+                "servesim sizes KV caches from the catalog's GPU (the field is kept for BLIS's "
+                "schema): give --hardware-config a GPU with that memory to simulate it",
+                pool.name,
+                pool.gpu_memory_gib,
+                gpu.name,
+                gpu.memory_gib,
             )
     # Nodes beyond a pool's initial ones come from an add_node event or an autoscaler's
     # scale-up only.

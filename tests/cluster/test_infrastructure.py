@@ -860,6 +860,33 @@ def test_node_events_on_a_node_provisioning_missing_or_gone_are_on_the_timeline(
     assert node.uptime_s == 4.0  # requested at 1 s, withdrawn at 5 s
 
 
+def test_a_pools_gpu_memory_that_is_not_its_gpus_is_warned_about(caplog):
+    """gpu_memory_gib is BLIS's schema field; KV caches are sized from the GPU catalog, so a
+    pool of 1 GiB 'H100s' ran exactly as one of 80 GiB, silently. Given equal to the
+    catalog's (or not given) it says nothing."""
+    import logging
+
+    def run(memory: dict) -> None:
+        pool = {"name": "h100", "gpu_type": "H100", "gpus_per_node": 8, "initial_nodes": 1,
+                "max_nodes": 1, **memory}  # fmt: skip
+        simulator.simulate(
+            {
+                "node_pools": [pool],
+                "deployments": [{"name": "llama"}],
+                "workload": {"rate": 10, "num_requests": 5},
+            }  # fmt: skip
+        )
+
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        run({"gpu_memory_gib": 1})
+    assert "node_pools[h100].gpu_memory_gib 1 differs from H100's 80 GiB" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="servesim"):
+        run({"gpu_memory_gib": 80})
+        run({})
+    assert "gpu_memory_gib" not in caplog.text
+
+
 def test_an_add_node_at_max_nodes_is_on_the_timeline():
     """max_nodes 2 with one node to start: the first add_node provisions h100-1, the next two
     find the pool full; they did nothing silently."""
