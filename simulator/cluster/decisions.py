@@ -135,7 +135,11 @@ class DecisionTrace:
         for r in self.routings:
             counts[r["chosen"]] = counts.get(r["chosen"], 0) + 1
         regrets = [r["regret"] for r in self.routings]
-        return {
+        decode: dict[str, int] = {}
+        for e in self.events:
+            if e["kind"] == "decode_routing":
+                decode[e["chosen"]] = decode.get(e["chosen"], 0) + 1
+        out = {
             "total_decisions": len(self.admissions),
             "admitted": admitted,
             "rejected": len(self.admissions) - admitted,
@@ -145,6 +149,13 @@ class DecisionTrace:
             "mean_regret": sum(regrets) / len(regrets) if regrets else 0.0,
             "max_regret": max(regrets) if regrets else 0.0,
         }
+        if decode:
+            # Disaggregated requests: the decode pool's choices (the targets above are their
+            # prefill instances).
+            out["decode_target_distribution"] = {
+                k: decode[k] for k in sorted(decode, key=natural_key)
+            }
+        return out
 
     def summary_text(self) -> str:
         s = self.summary()
@@ -159,6 +170,11 @@ class DecisionTrace:
             f"Mean Regret: {s['mean_regret']:.6f}",
             f"Max Regret: {s['max_regret']:.6f}",
         ]
+        if "decode_target_distribution" in s:
+            lines += [
+                "Decode Target Distribution:",
+                *(f"  {iid}: {n}" for iid, n in s["decode_target_distribution"].items()),
+            ]
         return "\n".join(lines)
 
     def admissions_frame(self) -> pd.DataFrame:

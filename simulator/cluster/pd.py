@@ -126,9 +126,20 @@ class Disaggregator:
         if disaggregate:
             # The decode choice is committed here (its sub-request reaches it after the
             # transfer): stateful scorers learn it now, as after any routing decision.
-            self.decode_routing.observe(
-                req, next(c for c in decode_candidates if c.index == decode_choice.target)
-            )
+            decode_chosen = next(c for c in decode_candidates if c.index == decode_choice.target)
+            self.decode_routing.observe(req, decode_chosen)
+            if self.trace.enabled:
+                # The decode pool's choice, made now though its sub-request arrives after the
+                # transfer; not a "routing" record, which counts a request's one target.
+                scores = decode_choice.scores
+                self.trace.record_event(
+                    "decode_routing",
+                    req,
+                    now_us,
+                    chosen=decode_chosen.instance_id,
+                    reason=decode_choice.reason,
+                    scores=dict(scores) if scores is not None else None,
+                )
             prefill_candidates = snapshots(self.pools.prefill.members)
             decision = self.prefill_routing.route(req, prefill_candidates, now_us)
             chosen = next(c for c in prefill_candidates if c.index == decision.target)

@@ -129,3 +129,35 @@ def test_write_jsonl_atomically(tmp_path):
     assert records[1]["scores"] == {"instance_0": 1.0}
     assert records[3]["blocks"] == 3
     assert sorted(p.name for p in out.parent.iterdir()) == ["decisions.jsonl"]
+
+
+def test_a_disaggregated_requests_decode_choice_is_recorded():
+    """PD 1P + 2D, every request disaggregated: each one has a routing record (its prefill
+    instance) and a decode_routing record (the decode instance chosen at the same instant,
+    the one its transfer goes to); the summary counts the decode targets apart. The decode
+    choice was seen only as an index in the kv_transfer record, after the transfer."""
+    import simulator
+
+    result = simulator.simulate(
+        {
+            "cluster": {
+                "num_instances": 3,
+                "trace": {"level": "decisions"},
+                "pd": {"prefill_instances": 1, "decode_instances": 2, "decider": "always"},
+            },
+            "workload": {"num_requests": 8, "rate": 5},
+        }
+    )
+    records = result.decisions.records()
+    routing = {r["request_id"]: r for r in records if r["kind"] == "routing"}
+    decode = {r["request_id"]: r for r in records if r["kind"] == "decode_routing"}
+    transfers = {r["request_id"]: r for r in records if r["kind"] == "kv_transfer"}
+    assert len(routing) == len(decode) == len(transfers) == 8
+    for rid, choice in decode.items():
+        assert routing[rid]["chosen"] == "instance_0"  # the one prefill instance
+        assert choice["clock_us"] == routing[rid]["clock_us"]
+        assert choice["chosen"] == f"instance_{transfers[rid]['decode_index']}"
+    summary = result.decisions.summary()
+    assert summary["target_distribution"] == {"instance_0": 8}
+    assert sum(summary["decode_target_distribution"].values()) == 8
+    assert "Decode Target Distribution:" in result.decisions.summary_text()
