@@ -98,9 +98,11 @@ def distribution_spec(
     prefix_tokens: int = 0,
     arrival: str = "poisson",
     *,
-    client_id: str = "c0",
+    client_id: str = "distribution",
 ) -> WorkloadSpec:
-    """The CLI distribution mode as a one-client v2 spec (rate in req/s)."""
+    """The CLI distribution mode as a one-client v2 spec (rate in req/s). The client is named
+    as `run`'s own (and BLIS's) is, `distribution`: a client's random streams are seeded by
+    its id, so the same id draws the same requests."""
     if not (math.isfinite(rate) and MIN_RATE_PER_S <= rate <= MAX_RATE_PER_S):
         raise invalid(
             "rate",

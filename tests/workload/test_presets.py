@@ -58,7 +58,7 @@ def test_unknown_preset_lists_names() -> None:
 def test_distribution_defaults_and_prefix() -> None:
     spec = distribution_spec(2.0, 100)
     [c] = spec.clients
-    assert c.id == "c0"
+    assert c.id == "distribution"
     assert _params(c.input_distribution) == (512, 256, 2, 7000)
     assert _params(c.output_distribution) == (512, 256, 2, 7000)
     assert c.prefix_group == ""
@@ -84,6 +84,22 @@ def test_distribution_bad_input(kwargs: dict, field: str) -> None:
         distribution_spec(**args)
 
 
+def test_distribution_spec_is_runs_traffic_from_the_length_flags() -> None:
+    """docs/workloads.md: `distribution_spec` builds `run`'s length-flag traffic as a v2 spec.
+    Its client was named c0, which seeds other random streams: other requests."""
+    import simulator
+
+    common = {"latency": {"model": "roofline"}, "seed": 3}
+    spec = distribution_spec(20.0, 50, prompt_tokens=512, output_tokens=64)
+    via_spec = simulator.simulate({**common, "workload": spec.model_dump(exclude_none=True)})
+    gaussian = {"distribution": "gaussian", "stdev": 256, "min": 2, "max": 7000}
+    flags = {"rate": 20, "num_requests": 50, "prompt_tokens": {**gaussian, "mean": 512},
+             "output_tokens": {**gaussian, "mean": 64}}  # fmt: skip
+    via_flags = simulator.simulate({**common, "workload": flags})
+    columns = ["arrival_us", "input_tokens", "output_tokens"]
+    assert via_spec.requests[columns].equals(via_flags.requests[columns])
+
+
 def test_compose_rates_add_up() -> None:
     a = preset_spec("chatbot", 10.0, 100)
     b = distribution_spec(5.0, 50, prefix_tokens=8)
@@ -91,7 +107,7 @@ def test_compose_rates_add_up() -> None:
     assert merged.aggregate_rate == 15.0
     assert merged.num_requests == 150
     rates = {c.id: merged.aggregate_rate * c.rate_fraction for c in merged.clients}
-    assert rates == pytest.approx({"preset-chatbot": 10.0, "c0": 5.0})
+    assert rates == pytest.approx({"preset-chatbot": 10.0, "distribution": 5.0})
 
 
 def test_compose_normalises_fractions_within_each_spec_and_renames_collisions() -> None:
@@ -129,11 +145,14 @@ def test_compose_keeps_each_specs_prompts_when_prefix_groups_collide() -> None:
     merged = compose_specs([a, b, distribution_spec(5.0, 100, prefix_tokens=16)])
     assert [c.prefix_group for c in merged.clients] == ["shared", "shared-1", "shared-2"]
     requests = list(WorkloadStream(merged, seed=1))
-    alone = {cid: list(WorkloadStream(spec, seed=1)) for cid, spec in (("c0", a), ("c0-1", b))}
+    alone = {
+        cid: list(WorkloadStream(spec, seed=1))
+        for cid, spec in (("distribution", a), ("distribution-1", b))
+    }
     for cid, own in alone.items():
         mine = [r for r in requests if r.client_id == cid]
         prefix = own[0].segments[0][1]
-        assert prefix == {"c0": 128, "c0-1": 16}[cid]
+        assert prefix == {"distribution": 128, "distribution-1": 16}[cid]
         assert all(r.segments[0][1] == prefix for r in mine)
         assert min(r.input_tokens for r in mine) >= prefix
     # Within one spec, clients of one group still share it.
@@ -167,7 +186,7 @@ def test_compose_expands_cohorts() -> None:
         }
     )
     merged = compose_specs([with_cohort, distribution_spec(4.0, 10)])
-    assert [c.id for c in merged.clients] == ["co-0", "co-1", "co-2", "co-3", "c0"]
+    assert [c.id for c in merged.clients] == ["co-0", "co-1", "co-2", "co-3", "distribution"]
     assert merged.cohorts == []
     assert sum(c.rate_fraction for c in merged.clients[:4]) == pytest.approx(0.5)
 
