@@ -977,6 +977,8 @@ IGNORED_COLUMNS = {
     "slo_target_us": "per-request TTFT targets are not used",
     "vllm_priority": "the priority sent to vLLM is not used (servesim's priority comes from "
     "the scheduler and priority policy)",
+    "x_request_id": "the HTTP request ids observe recorded are not used (requests are named "
+    "by request_id)",
 }
 
 

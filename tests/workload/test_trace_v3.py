@@ -260,7 +260,8 @@ def test_each_optional_column_is_read_by_name(tmp_path):
     # Accepted and replayed; servesim has no place for these on a request yet.
     assert len(requests_from_rows(rows)) == 3
     notes = " ".join(trace_notes(HEADER, path))
-    for column in ("vllm_priority", "slo_target_us", "adapter", "think_time_us"):
+    # Every optional column present gets its note (x_request_id had none).
+    for column in ("vllm_priority", "slo_target_us", "adapter", "think_time_us", "x_request_id"):
         assert f"{column}:" in notes
 
 
