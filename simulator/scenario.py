@@ -72,8 +72,12 @@ from .workload.spec import format_spec_error
 
 
 class _Strict(BaseModel):
-    # Schemas are built on first use: a run validates only the models it uses.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
+    # Schemas are built on first use: a run validates only the models it uses. No protected
+    # namespaces: `model_config_folder` is BLIS's name, and pydantic before 2.10 warns on
+    # every run about fields starting with "model_".
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, defer_build=True, protected_namespaces=()
+    )
 
 
 _MemoryFraction = number(0, 1, "", "a fraction of the GPU's memory", lo_open=True)
