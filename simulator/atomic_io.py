@@ -40,6 +40,7 @@ shows for a program stopped by a closed pipe).
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import json
@@ -413,10 +414,33 @@ class StdoutGuard:
         return self._raw is not None and self._raw.reader_gone
 
 
+class _ClosedStdout(io.RawIOBase):
+    """Standard output of a process started with it closed (`>&-`, where Python sets
+    `sys.stdout` to None): the first write is the same error as any other failure to write
+    there; what follows is dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._told = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if not self._told:
+            self._told = True
+            raise OutputError("cannot write to standard output: it is closed")
+        return memoryview(data).nbytes
+
+
 def guard_stdout() -> StdoutGuard:
     """Replace `sys.stdout` by a text stream on the same descriptor whose failures are told
     apart (see `_StdoutFile`). For a program's entry point: the stream stays for the process.
-    A stdout without a file descriptor (a test's capture) is left alone."""
+    A stdout without a file descriptor (a test's capture) is left alone; a closed one (None)
+    becomes `_ClosedStdout`."""
+    if sys.stdout is None:
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(_ClosedStdout()), encoding="utf-8")
+        return StdoutGuard(None)
     current = sys.stdout
     try:
         fd = current.fileno()
@@ -424,10 +448,13 @@ def guard_stdout() -> StdoutGuard:
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
         return StdoutGuard(None)
     raw = _StdoutFile(fd, "w", closefd=False)
+    # A locale whose encoding lacks "µ" or "…" (LC_ALL=C without Python's UTF-8 mode) gets
+    # them escaped, as stderr does, rather than an encoding error halfway through the output.
+    utf = codecs.lookup(current.encoding).name.startswith("utf")
     sys.stdout = io.TextIOWrapper(
         io.BufferedWriter(raw),
         encoding=current.encoding,
-        errors=current.errors,
+        errors=current.errors if utf else "backslashreplace",
         line_buffering=current.line_buffering,
     )
     return StdoutGuard(raw)

@@ -61,7 +61,11 @@ def _default_prices() -> dict[str, float]:
     specialised GPU clouds, each GPU's sources and their dates in the file's comments)."""
     from .input_files import bundled_yaml
 
-    text = resources.files("simulator.catalog").joinpath("data/prices.yaml").read_text()
+    text = (
+        resources.files("simulator.catalog")
+        .joinpath("data/prices.yaml")
+        .read_text(encoding="utf-8")
+    )
     table = bundled_yaml(text)["usd_per_gpu_hour"]
     return {str(gpu): float(price) for gpu, price in table.items()}
 

@@ -6,6 +6,7 @@ as `--x/--no-x`, renamed flags keep their old name, and `run`'s progress bar kno
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 import sys
@@ -312,6 +313,12 @@ def _servesim_main(argv: list[str]) -> subprocess.CompletedProcess:
             "unable to parse string as an integer; see 'servesim run -h'",
         ),
         (["runn"], "error: No such command 'runn'. Did you mean 'run'?; see 'servesim -h'"),
+        # Raised without the command's context: the pointer comes from the command line.
+        (["run", "--rate"], "error: Option '--rate' requires an argument; see 'servesim run -h'"),
+        (
+            ["run", "--check-invariants=true"],
+            "error: Option '--check-invariants' does not take a value; see 'servesim run -h'",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_naming_the_value_and_exits_2(argv, line):
@@ -320,6 +327,54 @@ def test_a_usage_error_is_one_line_naming_the_value_and_exits_2(argv, line):
     assert done.stdout == ""
     # The program name is what Python was asked to run here; a user sees `servesim`.
     assert done.stderr.replace("python -m simulator.cli", "servesim") == line + "\n"
+
+
+@pytest.mark.parametrize(("argv", "path"), [([], "servesim"), (["convert"], "servesim convert")])
+def test_a_group_without_its_command_shows_its_help_and_says_so(argv, path):
+    """Bare `servesim` printed the help and `error: ; see 'servesim -h'`."""
+    done = _servesim_main(argv)
+    assert done.returncode == 2
+    assert "Usage:" in done.stdout
+    stderr = done.stderr.replace("python -m simulator.cli", "servesim")
+    assert stderr == f"error: missing command; see '{path} -h'\n"
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["models"], ["-h"], ["run", "-q"]])
+def test_a_closed_stdout_is_one_error_line_and_exit_2(argv, tmp_path):
+    """Started with stdout closed (`>&-`), Python has no sys.stdout: every command ended in a
+    traceback (AttributeError at the final flush), exit 1. Now it is the same error as any
+    other failure to write there, and a run writes no results file."""
+    results = tmp_path / "r.json"
+    extra = ["--num-requests", "5", "--results-path", str(results)] if argv[0] == "run" else []
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", *argv, *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),  # as `>&-` leaves it
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "error: cannot write to standard output: it is closed\n"
+    assert not results.exists()
+
+
+def test_an_ascii_locale_runs_and_escapes_what_it_cannot_print(tmp_path):
+    """Under LC_ALL=C without Python's UTF-8 mode the bundled data (read with the locale's
+    encoding) crashed every run, and `run -h` could not print "µs"."""
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
+    env.pop("LANG", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", "-q", "--num-requests", "5"],
+        capture_output=True, text=True, timeout=120, env=env, encoding="utf-8",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert '"completed_requests": 5' in run.stdout
+    helped = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", "-h"],
+        capture_output=True, text=True, timeout=120, env=env, encoding="utf-8",
+    )  # fmt: skip
+    assert helped.returncode == 0, helped.stderr
+    assert "\\xb5s" in helped.stdout  # µ escaped, not an encoding error
 
 
 def test_an_unknown_option_is_one_line_and_exits_2():

@@ -222,7 +222,11 @@ def load_defaults_file(path: str | Path) -> DefaultsFile:
 
 @functools.cache
 def _bundled_text() -> str:
-    return resources.files("simulator.catalog").joinpath("data/defaults.yaml").read_text()
+    return (
+        resources.files("simulator.catalog")
+        .joinpath("data/defaults.yaml")
+        .read_text(encoding="utf-8")
+    )
 
 
 @functools.cache

@@ -81,7 +81,7 @@ def _run_app(stop: Stop) -> int:
                 # rather than typer's boxed message.
                 returned = command_line(standalone_mode=False)
             except usage_error as exc:
-                _error_line(usage_error_text(exc))
+                _error_line(usage_error_text(exc, sys.argv[1:]))
                 status = exc.exit_code
             except abort:  # typer's answer to end-of-input at a prompt
                 status = 1
@@ -177,10 +177,11 @@ def _usage_exceptions() -> tuple[type[Exception], type[Exception]]:
     return click.exceptions.ClickException, typer.Abort
 
 
-def usage_error_text(exc: Any) -> str:
+def usage_error_text(exc: Any, argv: list[str] | None = None) -> str:
     """One line for a usage error: a value an option's type refused is named with the
     value (`--rate: invalid value 'abc'; input should be a valid number, ...`), and every
-    message ends with where the command's help is."""
+    message ends with where the command's help is (for an error raised without the
+    command's context, the command named first on `argv`)."""
     param = getattr(exc, "param", None)
     errors = getattr(exc.__cause__, "errors", None)  # pydantic's, when typer coerced
     errors = errors() if param is not None and callable(errors) else []
@@ -194,10 +195,15 @@ def usage_error_text(exc: Any) -> str:
         reason = first.get("msg", "")
         text = f"{name}: invalid value {first.get('input')!r}; {reason[:1].lower()}{reason[1:]}"
     else:
-        text = exc.format_message()
+        # A command group called without its command prints its help and raises with no
+        # message (bare `servesim`, `servesim convert`).
+        text = exc.format_message().rstrip(".") or "missing command"
     ctx = getattr(exc, "ctx", None)
     if ctx is not None and ctx.help_option_names:
         text += f"; see '{ctx.command_path} {ctx.help_option_names[0]}'"
+    else:  # e.g. an option missing its value, or given one it does not take
+        words = [w for w in (argv or [])[:1] if not w.startswith("-")]
+        text += f"; see '{' '.join(['servesim', *words])} -h'"
     return " ".join(text.split())
 
 
@@ -215,8 +221,8 @@ def _error_line(text: str) -> None:
     try:
         sys.stderr.write(f"error: {text}\n")
         sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed: nothing left to tell
-        pass
+    except (AttributeError, OSError, ValueError):  # stderr closed (None, or gone): nothing
+        pass  # left to tell
 
 
 def __getattr__(name: str) -> Any:

@@ -141,7 +141,7 @@ def stage_layer_ranges(num_layers: int, pp: int) -> list[range]:
 def _tables() -> dict[str, Any]:
     from simulator.input_files import bundled_yaml
 
-    return bundled_yaml(_DATA.read_text())
+    return bundled_yaml(_DATA.read_text(encoding="utf-8"))
 
 
 def _lookup(table: str, gpu: GPUSpec) -> Any:

@@ -482,7 +482,7 @@ def causal_pairs(context_tokens: int, new_tokens: int) -> int:
 def _hardware_table() -> dict[str, Any]:
     from simulator.input_files import bundled_yaml
 
-    return bundled_yaml(_DATA.read_text())
+    return bundled_yaml(_DATA.read_text(encoding="utf-8"))
 
 
 def interconnect_gb_per_s(gpu: GPUSpec) -> float:

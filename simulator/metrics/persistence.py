@@ -127,7 +127,7 @@ def _write_folder(result: Any, folder: Path) -> None:
     document["not_arrived"] = result.not_arrived
     document["empty_frames"] = empty
     document["frame_types"] = types
-    with open(folder / SUMMARY_FILE, "w") as handle:
+    with open(folder / SUMMARY_FILE, "w", encoding="utf-8") as handle:
         json.dump(_json_safe(document), handle, indent=2)
         handle.write("\n")
 
