@@ -93,6 +93,10 @@ MIN_INTERVAL_S = 1e-6
 # Warm-up TTFT factor: a cold request a million times slower than a warm one; any step that
 # takes under 285 years / 10^6 (about 100 days) keeps the slowed step on the clock.
 MAX_WARM_UP_FACTOR = 1e6
+# A sweep's runs (grid points x seeds): each is a whole simulation, so 100,000 is weeks of a
+# laptop's time already; above it the grid is a mistake, and listing its points alone would
+# exhaust memory.
+MAX_SWEEP_RUNS = 100_000
 # GPU memory: its byte count (GiB · 2^30) stays an exact integer in float64 (<= 2^53 bytes).
 MAX_GPU_MEMORY_GIB = 2**23
 # Node price per hour: a million dollars, thousands of times any GPU node's, keeps a fleet's

@@ -30,7 +30,7 @@ from .atomic_io import check_output_folder, write_text_atomically, write_with
 from .errors import ConfigError, excerpt, plain_scalar, require_callable, require_path
 from .input_files import SCENARIO_INPUT_FIELDS, read_json, read_yaml_mapping
 from .interruption import ignore_interrupts_in_worker
-from .limits import MAX_SEED
+from .limits import MAX_SEED, MAX_SWEEP_RUNS
 from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
 from .scenario import Scenario, TraceSpec, scenario_from_dict
 from .version import package_version
@@ -368,6 +368,13 @@ def sweep(
             raise ConfigError(
                 f"grid: {path}: duplicate values in {excerpt(values)}; each value once"
             )
+    runs = math.prod(len(values) for values in grid.values()) * len(seed_list)
+    if runs > MAX_SWEEP_RUNS:
+        sizes = " x ".join(str(len(v)) for v in grid.values()) or "1"
+        raise ConfigError(
+            f"grid: {sizes} point(s) x {len(seed_list):,} seed(s) = {runs:,} runs; a sweep is "
+            f"at most {MAX_SWEEP_RUNS:,} runs (each is a whole simulation)"
+        )
     points = [dict(zip(params, combo, strict=True)) for combo in product(*grid.values())]
     _validate(sc, grid, points, seed_list[0])
 

@@ -93,6 +93,17 @@ def test_ray_backend_without_ray_is_a_clear_error(
     assert "Traceback" not in res.output
 
 
+def test_a_grid_of_more_runs_than_a_sweep_holds_is_refused_before_listing_it() -> None:
+    """1,000 x 1,000 x 1,000 values built every point in a list first: MemoryError (exit 1)
+    under a memory cap, and no end without one. 10^9 runs > 100,000: one error, at once."""
+    grid = {"workload.rate": list(range(1, 1001)), "workload.num_requests": list(range(1, 1001)),
+            "seed": list(range(1000))}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"1000 x 1000 x 1000 point\(s\) x 1 seed\(s\) = "):
+        sweep(BASE, grid, seeds=[1])
+    with pytest.raises(ConfigError, match="= 200,000 runs; a sweep is at most 100,000 runs"):
+        sweep(BASE, {"workload.rate": [1, 2]}, seeds=range(100_000))
+
+
 def test_unknown_backend_is_rejected() -> None:
     with pytest.raises(ConfigError, match="backend: invalid value 'spark'"):
         sweep(BASE, GRID, seeds=SEEDS, backend="spark")
