@@ -478,7 +478,10 @@ class SessionManager:
             session.outcome = "completed"
             return None
         plan = session.plan
-        arrival = now_us + plan.multi_turn.think_time_us
+        # From the end of the step that finished the round, as closed-loop users do and as
+        # BLIS does (its completion tick, without a latency model's post-decode overheads).
+        tick_us = now_us if step_end_us is None else step_end_us
+        arrival = tick_us + plan.multi_turn.think_time_us
         if self.horizon_us is not None and arrival > self.horizon_us:
             session.outcome = "horizon_interrupted"
             return None
@@ -487,7 +490,7 @@ class SessionManager:
                 arrival,
                 f"client {plan.key!r}: think_time_us "
                 f"({plan.multi_turn.think_time_us}): round {session.rounds_done} of "
-                f"{session.session_id}, after {now_us} µs, arrives",
+                f"{session.session_id}, after {tick_us} µs, arrives",
             )
         nxt = plan.new_request(arrival, plan.next_round_context(req, req.generated_tokens))
         if nxt.deadline_us > MAX_TIME_US:

@@ -465,3 +465,32 @@ def test_concurrency_32_keeps_at_most_32_in_flight(tmp_path):
     ends = arrivals + np.array([round(r["e2e_ms"] * 1e3) for r in requests])
     # With no think time every user is always busy: exactly 32 in flight, never more.
     assert _max_in_flight(arrivals, ends) == 32
+
+
+def test_a_sessions_next_round_counts_its_think_time_from_the_step_end_as_blis():
+    """Blackbox with α2 = 20 µs per output token: a round of 40 tokens completes for its
+    client 40 x 20 = 800 µs after the engine step that produced its last token. The next
+    round arrives think_time_us (50 ms) after that step's end, as closed-loop users do and
+    as BLIS does (its completion tick): 49,200 µs after the previous round's completion. It
+    counted from the completion (800 µs later than BLIS-Mar on every follow-up)."""
+    import simulator
+
+    spec = {
+        "version": "2", "seed": 1, "aggregate_rate": 8, "num_requests": 30,
+        "clients": [{
+            "id": "s", "rate_fraction": 1.0, "arrival": {"process": "constant"}, "timeout": 0,
+            "input_distribution": {"type": "constant", "params": {"value": 400}},
+            "output_distribution": {"type": "constant", "params": {"value": 40}},
+            "reasoning": {"multi_turn": {"max_rounds": 3, "think_time_us": 50_000}},
+        }],
+    }  # fmt: skip
+    latency = {"model": "blackbox", "alpha_coeffs": [1000, 0.5, 20], "beta_coeffs": [3000, 3, 10]}
+    frame = simulator.simulate({"latency": latency, "workload": spec}).requests
+    follow_ups = 0
+    for _session, rounds in frame.sort_values("round_index").groupby("session_id"):
+        completions = rounds.completion_us.tolist()
+        arrivals = rounds.arrival_us.tolist()
+        for before, after in zip(completions, arrivals[1:], strict=False):
+            assert after - before == 50_000 - 40 * 20
+            follow_ups += 1
+    assert follow_ups > 10
