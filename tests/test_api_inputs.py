@@ -121,6 +121,11 @@ def test_outputs_and_plots_name_a_wrong_argument(tmp_path, monkeypatch):
     run = simulator.simulate(str(ROOT / "scenarios/quickstart.yaml"), workload__num_requests=5)
     with pytest.raises(ConfigError, match="^prefix: expected a path"):
         run.write_trace(None)
+    # As the CLI's --trace-output: a prefix without a file name wrote `.yaml`/`.csv` (hidden),
+    # `out/.yaml` or `..yaml`.
+    for prefix in ("", "out/", "."):
+        with pytest.raises(ConfigError, match="^prefix: invalid value .*; expected a path prefix"):
+            run.write_trace(prefix)
     with pytest.raises(ConfigError, match="^directory: expected a path"):
         plots.write_plots(run, 6)
     with pytest.raises(ConfigError, match="^result: expected a Result .*; got str 'x'"):

@@ -40,13 +40,10 @@ def check_writable(flag: str, path: str | os.PathLike[str] | None) -> None:
 
 
 def check_trace_prefix(prefix: str) -> None:
-    """A trace export's prefix names its two files (PREFIX.yaml, PREFIX.csv): it needs a file
-    name of its own, or the files would be hidden dot-files such as `.yaml`."""
-    if not prefix.strip() or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
-        raise ConfigError(
-            f"--trace-output: invalid value {prefix!r}; expected a path prefix with a file "
-            "name, e.g. out/run (writes out/run.yaml and out/run.csv)"
-        )
+    """`--trace-output`'s prefix (`workload.trace.check_trace_prefix`)."""
+    from ..workload.trace import check_trace_prefix as check
+
+    check(prefix, "--trace-output")
 
 
 def refuse_shared_outputs(

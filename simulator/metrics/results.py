@@ -316,9 +316,10 @@ class Result:
         `simulator.trace_export.export`, which also says so."""
         from ..errors import require_path
         from ..input_files import refuse_writing_inputs, scenario_input_files
-        from ..workload.trace import write_trace
+        from ..workload.trace import check_trace_prefix, write_trace
 
         require_path("prefix", prefix)
+        check_trace_prefix(prefix)
         refuse_writing_inputs(
             [
                 (f"trace {kind}", f"{prefix}.{ext}")

@@ -14,6 +14,7 @@ import contextlib
 import csv
 import dataclasses
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -1231,6 +1232,18 @@ def _replayed_row_id(req: Request, session_row_ids: dict[tuple[str, int], str] |
 def session_row_ids(rows: Iterable[TraceRow]) -> dict[tuple[str, int], str]:
     """(session_id, round_index) -> request_id of a trace's session rows."""
     return {(r.session_id, r.round_index): r.request_id for r in rows if r.session_id}
+
+
+def check_trace_prefix(prefix: str | os.PathLike[str], field: str = "prefix") -> None:
+    """A trace export's prefix names its two files (PREFIX.yaml, PREFIX.csv): it needs a file
+    name of its own, or the files would be hidden dot-files such as `.yaml` (`out/`, `.`,
+    '')."""
+    text = os.fspath(prefix)
+    if not text.strip() or text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
+        raise ConfigError(
+            f"{field}: invalid value {text!r}; expected a path prefix with a file name, e.g. "
+            "out/run (writes out/run.yaml and out/run.csv)"
+        )
 
 
 def write_trace_files(
