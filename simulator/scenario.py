@@ -160,6 +160,16 @@ class TraceSpec(_Strict):
     session_mode: Literal["fixed", "closed-loop"] = "fixed"
     think_time: str | None = Field(None, max_length=200)
 
+    @model_validator(mode="after")
+    def _think_time_needs_closed_loop(self) -> "TraceSpec":
+        # The fixed mode sends every row at its recorded time: a think time would be ignored.
+        if self.think_time is not None and self.session_mode != "closed-loop":
+            raise ValueError(
+                f"think_time: invalid value {self.think_time!r}; it applies to session_mode "
+                "closed-loop (the fixed mode sends every row at its recorded time)"
+            )
+        return self
+
 
 # The step-time model of a run that names none: physics with the shipped fit for its GPU and
 # vLLM version (docs/latency-models.md); BLIS's own backends are chosen by name.

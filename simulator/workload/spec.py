@@ -573,7 +573,7 @@ class WorkloadSpec(_Strict):
 
 # Fields that a model-level check names at the start of its message ("rate_fraction: ..."):
 # the error's place then ends with that field, as a field check's would.
-FIELD_MESSAGES = frozenset({"rate_fraction", "arrival"})
+FIELD_MESSAGES = frozenset({"rate_fraction", "arrival", "think_time"})
 
 # Names pydantic inserts into error locations for tagged unions (the scenario's workload).
 _UNION_TAGS = frozenset({"synthetic", "v2"})

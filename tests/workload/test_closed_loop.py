@@ -396,6 +396,18 @@ def test_replay_rounds_follow_completions(tmp_path, think_time, think, expected)
     assert list(session["request_id"][1:]) == ["session_s_round_1_1", "session_s_round_2_2"]
 
 
+def test_a_think_time_without_closed_loop_is_refused(tmp_path):
+    """The CLI refuses --think-time-* without --session-mode closed-loop; from Python or a
+    scenario file the think time was accepted and silently unused (the fixed mode sends
+    every row at its recorded time)."""
+    header, data = _write_trace(tmp_path, ROWS, None, False)
+    with pytest.raises(ConfigError, match=r"^replay: think_time: invalid value 'garbage'; it "):
+        simulator.replay(header, data, think_time="garbage")
+    with pytest.raises(ConfigError, match=r"trace\.think_time: invalid value 'constant:"):
+        simulator.simulate({"trace": {"header": str(header), "data": str(data),
+                                      "think_time": "constant:value=5ms"}})  # fmt: skip
+
+
 def test_replay_accumulates_context_when_the_trace_says_so(tmp_path):
     _, session = _replay(tmp_path, accumulate=True)
     # Round r's prompt: round r-1's prompt + its 3 (then 2) generated tokens + its own tokens.
