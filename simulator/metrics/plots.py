@@ -7,6 +7,7 @@ window. Display one in a notebook by evaluating it, or save it with `fig.savefig
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..atomic_io import check_output_folder, write_with
+from ..atomic_io import check_output_folder, replacing
 from ..errors import ConfigError, excerpt, require_path
 from .views.text import batch_limit
 
@@ -529,10 +530,18 @@ def write_plots(result: Any, directory: str | Path, dpi: int = 100) -> list[Path
     # Every figure is drawn before any is written: a result one of them cannot be drawn from
     # leaves no partial set of plots behind.
     figures: list[Figure] = [make(result) for make in makers]
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fig in zip(PLOT_NAMES, figures, strict=True):
-        path = folder / f"{name}.png"
-        write_with(path, lambda tmp, f=fig: f.savefig(tmp, dpi=dpi, format="png"))
-        paths.append(path)
+    paths = [folder / f"{name}.png" for name in PLOT_NAMES]
+    # Every file is written to its temporary name before any is renamed into place: a full
+    # disk halfway leaves neither a partial set nor earlier plots half replaced.
+    try:
+        with contextlib.ExitStack() as stack:
+            for path, fig in zip(paths, figures, strict=True):
+                fig.savefig(stack.enter_context(replacing(path)), dpi=dpi, format="png")
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if nothing else is in it
+        raise
     return paths

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import simulator
 from simulator.cli.plot import register
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, OutputError
 from simulator.metrics import plots
 from simulator.metrics.persistence import load_result, save_result
 from simulator.plan import PlanResult
@@ -259,3 +259,32 @@ def test_plot_command_missing_folder(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("error:") and str(missing) in lines[0]
+
+
+def test_a_write_that_fails_halfway_leaves_no_partial_set(result, tmp_path, monkeypatch):
+    """A full disk at the third plot left the first two (a new folder with 1 of 4 plots, or
+    earlier plots half replaced). Every file is written before any is renamed into place:
+    a failure leaves the folder as it was (a new one removed), and earlier plots untouched."""
+    import errno
+
+    real = Figure.savefig
+    calls = []
+
+    def full_disk_at_the_third(self, fname, *args, **kwargs):
+        calls.append(fname)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", full_disk_at_the_third)
+    with pytest.raises(OutputError, match="No space left on device"):
+        plots.write_plots(result, tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    monkeypatch.setattr(Figure, "savefig", real)
+    before = {p.name: p.read_bytes() for p in plots.write_plots(result, kept)}
+    calls.clear()
+    monkeypatch.setattr(Figure, "savefig", full_disk_at_the_third)
+    with pytest.raises(OutputError):
+        plots.write_plots(result, kept)
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
