@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, shorten
+from ..limits import MAX_TIME_MS, MAX_TIME_S, MAX_TOKENS
 from . import figures
 from .figures import fmt
 from .page import Section, Table, card, esc, render
@@ -631,10 +632,13 @@ def load_input(path: str | Path) -> Any:
 _RESULTS_MAPPINGS = (
     "slo", "steady_state_detail", "anomalies", "kv_cache", "latency_model", "engine_policies",
 )  # fmt: skip
-_RECORD_NUMBERS = (
-    "arrived_at", "num_prefill_tokens", "num_decode_tokens", "ttft_ms", "itl_ms", "e2e_ms",
-    "scheduling_delay_ms",
-)  # fmt: skip
+# Each per-request number and its largest value: times within the simulator's clock (s or
+# ms), token counts within its prompt size.
+_RECORD_NUMBERS = {
+    "arrived_at": MAX_TIME_S, "num_prefill_tokens": MAX_TOKENS, "num_decode_tokens": MAX_TOKENS,
+    "ttft_ms": MAX_TIME_MS, "itl_ms": MAX_TIME_MS, "e2e_ms": MAX_TIME_MS,
+    "scheduling_delay_ms": MAX_TIME_MS,
+}  # fmt: skip
 
 
 def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
@@ -653,12 +657,15 @@ def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
     for i, record in enumerate(doc["requests"]):
         if not isinstance(record, dict):
             raise refuse(f"requests[{i}]", record, "must be a mapping")
-        for field in _RECORD_NUMBERS:
+        for field, limit in _RECORD_NUMBERS.items():
             value = record.get(field)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float)
-            ):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
                 raise refuse(f"requests[{i}].{field}", value, "must be a number")
+            # NaN (JSON's non-standard NaN), or a time past the clock: a page of nonsense.
+            if not 0 <= value <= limit:
+                raise refuse(f"requests[{i}].{field}", value, f"must be from 0 to {limit:,}")
 
 
 def default_output(path: str | Path) -> Path:

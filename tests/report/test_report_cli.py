@@ -160,6 +160,16 @@ def test_python_api(tmp_path, chatbot):
         (lambda d: d.update(slo=5), "slo: invalid value 5; must be a mapping"),
         (lambda d: d.update(steady_state_detail="x"), "steady_state_detail: invalid value 'x'"),
         (lambda d: d["requests"][0].update(ttft_ms="fast"), "requests[0].ttft_ms: invalid value"),
+        # NaN and a time past the clock drew a page of nonsense (numpy cast warnings, exit 0).
+        (
+            lambda d: d["requests"][0].update(arrived_at=float("nan")),
+            "requests[0].arrived_at: invalid value nan; must be from 0 to 9,007,199,254",
+        ),
+        (
+            lambda d: d["requests"][1].update(ttft_ms=1e308),
+            "requests[1].ttft_ms: invalid value 1e+308; must be from 0 to",
+        ),
+        (lambda d: d["requests"][0].update(e2e_ms=-1), "requests[0].e2e_ms: invalid value -1"),
     ],
 )
 def test_an_edited_results_file_is_one_error(tmp_path, damage, needle):
