@@ -116,6 +116,18 @@ EventAction = Literal[
 ]
 
 
+# The fields each event action reads (besides `at_s` and `action`).
+_EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "drain_instance": ("target", "drain_policy"),
+    "fail_instance": ("target",),
+    "drain_node": ("node", "drain_policy"),
+    "fail_node": ("node",),
+    "add_node": ("pool",),
+    "add_instance": ("deployment",),
+}
+_EVENT_OPTIONAL = ("target", "node", "pool", "deployment", "drain_policy")
+
+
 class EventSpec(_Strict):
     """One scheduled change to the fleet."""
 
@@ -138,6 +150,15 @@ class EventSpec(_Strict):
         }.get(self.action)
         if needed is not None and getattr(self, needed) is None:
             raise ValueError(f"action {self.action!r} needs `{needed}`")
+        # A field the action does not read would be silently ignored (a drain policy on a
+        # failure, a node on an instance drain): refused, naming what the action takes.
+        takes = _EVENT_FIELDS[self.action]
+        given = [f for f in _EVENT_OPTIONAL if getattr(self, f) is not None and f not in takes]
+        if given:
+            raise ValueError(
+                f"action {self.action!r} does not take {', '.join(f'`{f}`' for f in given)}; "
+                f"it takes {', '.join(f'`{f}`' for f in takes)}"
+            )
         return self
 
 
@@ -161,6 +182,12 @@ class AutoscalerSpec(_Strict):
             raise ValueError(
                 f"min_instances ({self.min_instances}) must be <= max_instances "
                 f"({self.max_instances})"
+            )
+        if self.signal == "kv_utilization" and self.scale_up_threshold > 1:
+            # A utilisation is a fraction: such a threshold could never be crossed.
+            raise ValueError(
+                f"scale_up_threshold: invalid value {self.scale_up_threshold:g}; the "
+                "kv_utilization signal is a fraction of the KV cache, so it must be at most 1"
             )
         if self.scale_down_threshold >= self.scale_up_threshold:
             raise ValueError(

@@ -547,14 +547,14 @@ def fleet_event(
     e: dict = {"at_s": at_s, "action": action}
     if action in ("drain_instance", "fail_instance"):
         e["target"] = f"instance_{k % instances}"
-        e["drain_policy"] = policy
     elif action == "add_node":
         e["pool"] = "p"
     elif action in ("fail_node", "drain_node"):
         e["node"] = f"p-{k % 2}"
-        e["drain_policy"] = policy
     else:
         e["deployment"] = deployment
+    if action.startswith("drain_"):  # only drains take a policy
+        e["drain_policy"] = policy
     return e
 
 
@@ -712,6 +712,44 @@ BAD = [
     (
         {"deployments": [{"name": "a"}], "cluster": {"num_instances": 3}},
         "cluster.num_instances: 3, but with `deployments`",
+    ),
+    # A field the action does not read was silently ignored (QA 2026-12-07).
+    (
+        {
+            "cluster": {"num_instances": 2},
+            "events": [
+                {
+                    "at_s": 1,
+                    "action": "fail_instance",
+                    "target": "instance_1",
+                    "drain_policy": "redirect",
+                }
+            ],
+        },  # fmt: skip
+        "action 'fail_instance' does not take `drain_policy`; it takes `target`",
+    ),
+    (
+        {
+            "cluster": {"num_instances": 2},
+            "events": [
+                {"at_s": 1, "action": "drain_instance", "target": "instance_1", "node": "h100-0"}
+            ],
+        },  # fmt: skip
+        "action 'drain_instance' does not take `node`; it takes `target`, `drain_policy`",
+    ),
+    # A KV utilisation is a fraction: a threshold above 1 could never fire.
+    (
+        {
+            "autoscaler": [
+                {
+                    "signal": "kv_utilization",
+                    "scale_up_threshold": 5,
+                    "scale_down_threshold": 2,
+                    "max_instances": 3,
+                }
+            ]
+        },  # fmt: skip
+        "scale_up_threshold: invalid value 5; the kv_utilization signal is a fraction",
     ),
 ]
 
