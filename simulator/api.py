@@ -321,19 +321,28 @@ def replay(
     return simulate(sc, **overrides)
 
 
-def _recorded_server(scenario: Scenario, given: dict[str, Any]) -> dict[str, Any]:
+def _recorded_server(scenario: Scenario, given: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """What the recording says of its server (dotted paths), where neither the scenario nor
     `given` chose, when the run replays a trace (the one `given` sets, else the scenario's):
-    a replay simulates the recorded server where nobody chose (`recorded_settings`)."""
+    a replay simulates the recorded server where nobody chose (`recorded_settings`). With
+    it, the name an error about one of those values gives their source: the files read."""
     trace = given.get("trace", scenario.trace)
     if trace is not None and not isinstance(trace, dict):
         trace = trace.model_dump()
     if not trace or trace.get("data") is None:  # none, or one the schema will refuse
-        return {}
+        return {}, ""
     from .workload.server_settings import recorded_settings
 
-    recorded, _, _ = recorded_settings(scenario, given, trace.get("header"), trace["data"])
-    return recorded
+    recorded, server, _ = recorded_settings(scenario, given, trace.get("header"), trace["data"])
+    # The files read (a vLLM default the recording implies is no file to look at).
+    places = sorted(
+        {w for w in (server.sources.get(p, "") for p in recorded) if w and "default" not in w}
+    )
+    header = trace.get("header")
+    named = [
+        f"trace header {str(header)!r}" if p == "trace header" and header else p for p in places
+    ]
+    return recorded, f"the recorded server ({', '.join(named) or 'the trace'})"
 
 
 def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> ClientReplay:
@@ -381,10 +390,10 @@ def with_overrides(
     A trace replay's fields that neither the scenario nor `overrides` set follow the recorded
     server (`recorded_settings`).
     """
-    recorded = _recorded_server(scenario, overrides)
+    recorded, label = _recorded_server(scenario, overrides)
     if recorded:
         # Applied on their own, so that a bad recorded value is blamed on the trace.
-        scenario = apply_overrides(scenario, recorded, source="the trace header's server section")
+        scenario = apply_overrides(scenario, recorded, source=label)
     sc = apply_overrides(scenario, overrides, source=source) if overrides else scenario
     workload_overrides = workload_overrides or {}
     v2 = sc.workload_spec is not None or isinstance(sc.workload, V2WorkloadSpec)

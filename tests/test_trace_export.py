@@ -352,14 +352,17 @@ def test_a_header_rtt_must_be_a_non_negative_number(tmp_path, rtt):
 
 
 def test_a_bad_recorded_server_setting_is_blamed_on_the_trace_header(tmp_path):
-    """A header's `max_num_seqs: -1` was reported as coming from "command-line flags"."""
+    """A header's `max_num_seqs: -1` was reported as coming from "command-line flags", then
+    from "the trace header's server section" without saying which file."""
     header = tmp_path / "t.yaml"
     header.write_text("trace_version: 2\nserver: {max_num_seqs: -1}\n")
     data = "tests/data/blis/r1_fixed512.trace.csv"
-    with pytest.raises(simulator.ConfigError, match=r"^the trace header's server section: "):
+    named = f"the recorded server (trace header {str(header)!r}): engine.max_num_running_reqs"
+    with pytest.raises(simulator.ConfigError) as caught:
         simulator.replay(header, data)
+    assert str(caught.value).startswith(named)
     res = invoke("replay", "--trace-header", header, "--trace-data", data)
-    assert res.exit_code == 2 and "trace header's server section" in res.stderr
+    assert res.exit_code == 2 and named in res.stderr
 
 
 def test_replaying_with_a_scenario_that_replaces_the_recorded_server_says_so(tmp_path):
