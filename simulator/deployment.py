@@ -88,8 +88,11 @@ class Deployment:
         return described
 
 
-def resolve_deployment(scenario: Scenario) -> Deployment:
-    """Model, GPU, TP, step-time model and engine settings, with BLIS's precedence rules."""
+def resolve_deployment(
+    scenario: Scenario, instances_field: str = "cluster.num_instances (--num-instances)"
+) -> Deployment:
+    """Model, GPU, TP, step-time model and engine settings, with BLIS's precedence rules.
+    `instances_field` names where more replicas are asked for (a PD pool's own count)."""
     if scenario.model_config_folder is not None:
         if not Path(scenario.model_config_folder).exists():
             raise invalid(
@@ -125,7 +128,7 @@ def resolve_deployment(scenario: Scenario) -> Deployment:
             "dp",
             layout.dp,
             f"{model.name!r} is dense: its data-parallel ranks are independent replicas, not "
-            "ranks stepping together; give cluster.num_instances (--num-instances) instead",
+            f"ranks stepping together; give {instances_field} instead",
         )
     lat = scenario.latency
     step_model = build_step_time_model(
@@ -282,14 +285,12 @@ def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, De
             source=f"cluster.pd.{role}",
         )
         try:
-            out[role] = resolve_deployment(pool_scenario)
+            out[role] = resolve_deployment(
+                pool_scenario, f"cluster.pd.{role}_instances (--{role}-instances)"
+            )
         except ConfigError as exc:
             # Name the pool: the bare field (`tp`, `dp`, a GPU) reads as the top level's.
-            message = str(exc).replace(
-                "give cluster.num_instances (--num-instances) instead",
-                f"give cluster.pd.{role}_instances (--{role}-instances) instead",
-            )
-            raise ConfigError(f"cluster.pd.{role}: {message}") from None
+            raise ConfigError(f"cluster.pd.{role}: {exc}") from None
     return out
 
 

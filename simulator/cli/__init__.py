@@ -128,7 +128,8 @@ def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
         depth += 1
     path_options: set[str] = set()
     valued_options: set[str] = set()  # options that take the next word as their value
-    path_arguments: list[bool] = []  # per positional argument, in order: is it a path?
+    # Per positional argument, in order: its name as the usage line gives it, if a path.
+    path_arguments: list[str | None] = []
     for param in getattr(command, "params", []):
         descriptor = getattr(param, "type_descriptor", None)  # typer's own click
         annotation = getattr(descriptor, "annotation", None)
@@ -141,7 +142,7 @@ def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
             if not getattr(param, "is_flag", False) and not getattr(param, "count", False):
                 valued_options.update(param.opts)
         elif kind == "argument":
-            path_arguments.append(is_path)
+            path_arguments.append(str(param.name).upper() if is_path else None)
     positional = 0
     after_valued = False
     for i, word in enumerate(argv[depth:], start=depth):
@@ -157,15 +158,9 @@ def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
             after_valued = word in valued_options
             continue
         if word == "" and positional < len(path_arguments) and path_arguments[positional]:
-            return _argument_name(command, positional)
+            return path_arguments[positional]
         positional += 1
     return None
-
-
-def _argument_name(command: Any, index: int) -> str:
-    """The name a command's usage line gives its `index`-th positional argument."""
-    arguments = [p for p in command.params if getattr(p, "param_type_name", "") == "argument"]
-    return str(arguments[index].name).upper()
 
 
 def _usage_exceptions() -> tuple[type[Exception], type[Exception]]:

@@ -34,7 +34,6 @@ from ..version import package_version
 from .blis import closed_loop_flags, goodput_flags
 from .common import (
     CONTEXT_SETTINGS,
-    check_trace_prefix,
     check_writable,
     guarded,
     refuse_shared_outputs,
@@ -101,7 +100,9 @@ def _execute(
     check_writable("--decisions-path", overrides.get("cluster.trace.path"))
     trace_files = []
     if trace_output is not None:
-        check_trace_prefix(trace_output)
+        from ..workload.trace import check_trace_prefix  # loads only for an export
+
+        check_trace_prefix(trace_output, "--trace-output")
         trace_files = [f"{trace_output}.{ext}" for ext in ("yaml", "csv")]
     for trace_file in trace_files:
         check_writable("--trace-output", trace_file)

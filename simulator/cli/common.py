@@ -39,13 +39,6 @@ def check_writable(flag: str, path: str | os.PathLike[str] | None) -> None:
         check_output(path, flag)
 
 
-def check_trace_prefix(prefix: str) -> None:
-    """`--trace-output`'s prefix (`workload.trace.check_trace_prefix`)."""
-    from ..workload.trace import check_trace_prefix as check
-
-    check(prefix, "--trace-output")
-
-
 def refuse_shared_outputs(
     outputs: list[tuple[str, str | os.PathLike[str] | None]],
     inputs: list[tuple[str, str | os.PathLike[str] | None]] = (),

@@ -181,14 +181,14 @@ def judge(records: Sequence[Any]) -> SteadyState:
         def in_system(at_us: int) -> int:
             return int(((arrival <= at_us) & (completion > at_us)).sum())
 
-        def beyond_arrivals(at_us: int) -> int:
-            # Steady, the number in the system is about the arrivals of the last median E2E
-            # (Little's law), and follows their bursts; what a queue adds is the excess.
-            recent = (arrival <= at_us) & (arrival > at_us - e2e_median_us)
-            return in_system(at_us) - int(recent.sum())
+        def recent_arrivals(at_us: int) -> int:
+            return int(((arrival <= at_us) & (arrival > at_us - e2e_median_us)).sum())
 
-        counts = [in_system(at) for at in (window_start, middle, end)]
-        excess = [beyond_arrivals(at) for at in (window_start, middle, end)]
+        instants = (window_start, middle, end)
+        counts = [in_system(at) for at in instants]
+        # Steady, the number in the system is about the arrivals of the last median E2E
+        # (Little's law), and follows their bursts; what a queue adds is the excess.
+        excess = [n - recent_arrivals(at) for n, at in zip(counts, instants, strict=True)]
         # The excess still carries the spread of E2E around its median: a growth must stand
         # out of that noise (about the square root of the number in the system) too.
         threshold = max(
