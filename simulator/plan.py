@@ -190,10 +190,10 @@ class PlanResult:
 
     def table(self) -> str:
         """The probes, the per-GPU answers and the winner, as plain text."""
-        bounds = [f"{m} <= {_fmt(v)}" for m, v in self.slos.items()]
+        bounds = [_at_most(self.slos)] if self.slos else []
         if self.min_goodput is not None:
             bounds.append(f"goodput >= {_fmt(self.min_goodput)}")
-        targets = ", ".join(f"{k} <= {_fmt(v)}" for k, v in self.targets.items())
+        targets = _at_most(self.targets)
         lines = [
             f"SLOs: {', '.join(bounds)} (worst of seeds {self.seeds})",
             f"a probe passes when every seed is steady, has SLO attainment >= "
@@ -228,6 +228,11 @@ def _fmt(x: Any) -> str:
             return "-"
         return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.0f}"
     return str(x)
+
+
+def _at_most(bounds: Mapping[str, Any]) -> str:
+    """`ttft_ms <= 500, itl_ms <= 5`: bounds by name, as the plan's text shows them."""
+    return ", ".join(f"{name} <= {_fmt(value)}" for name, value in bounds.items())
 
 
 def _text_table(frame: pd.DataFrame) -> str:
@@ -499,9 +504,9 @@ def plan(
         if (value := getattr(sc.slo, key)) is not None and key not in targets
     }
     if own or sc.slo.classes:
-        shown = ", ".join(f"{k} <= {_fmt(v)}" for k, v in own.items())
+        shown = _at_most(own)
         per_class = "; ".join(
-            f"{name}: " + ", ".join(f"{k} <= {_fmt(v)}" for k, v in t.model_dump().items() if v)
+            f"{name}: " + _at_most({k: v for k, v in t.model_dump().items() if v})
             for name, t in sc.slo.classes.items()
         )
         parts = [p for p in (shown, f"per SLO class {per_class}" if per_class else "") if p]

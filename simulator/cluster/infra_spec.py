@@ -116,14 +116,14 @@ EventAction = Literal[
 ]
 
 
-# The fields each event action reads (besides `at_s` and `action`).
-_EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "drain_instance": ("target", "drain_policy"),
-    "fail_instance": ("target",),
-    "drain_node": ("node", "drain_policy"),
-    "fail_node": ("node",),
-    "add_node": ("pool",),
-    "add_instance": ("deployment",),
+# Per event action (besides `at_s` and `action`): the field it needs, and the fields it reads.
+_EVENT_FIELDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "drain_instance": ("target", ("target", "drain_policy")),
+    "fail_instance": ("target", ("target",)),
+    "drain_node": ("node", ("node", "drain_policy")),
+    "fail_node": ("node", ("node",)),
+    "add_node": ("pool", ("pool",)),
+    "add_instance": (None, ("deployment",)),  # none: the first deployment
 }
 _EVENT_OPTIONAL = ("target", "node", "pool", "deployment", "drain_policy")
 
@@ -141,18 +141,11 @@ class EventSpec(_Strict):
 
     @model_validator(mode="after")
     def _needs(self) -> "EventSpec":
-        needed = {
-            "drain_instance": "target",
-            "fail_instance": "target",
-            "drain_node": "node",
-            "fail_node": "node",
-            "add_node": "pool",
-        }.get(self.action)
+        needed, takes = _EVENT_FIELDS[self.action]
         if needed is not None and getattr(self, needed) is None:
             raise ValueError(f"action {self.action!r} needs `{needed}`")
         # A field the action does not read would be silently ignored (a drain policy on a
         # failure, a node on an instance drain): refused, naming what the action takes.
-        takes = _EVENT_FIELDS[self.action]
         given = [f for f in _EVENT_OPTIONAL if getattr(self, f) is not None and f not in takes]
         if given:
             raise ValueError(

@@ -244,7 +244,9 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
     spec also uses, so that each spec's clients share prefixes with their own spec's alone
     (BLIS keeps the name, and the later spec's clients take the earlier prefix, its length
     included: their traffic would change). Seed and category come from the first
-    spec; horizon is the longest given; num_requests is the sum when every spec sets one.
+    spec; horizon is the longest given; num_requests is the sum when every spec sets one;
+    goodput_slo_targets are merged. Specs whose rates are all absolute (windows in req/s, no
+    aggregate_rate) keep them as given; one cannot be merged with a spec of shared rates.
     """
     if not specs:
         raise ConfigError("compose: no specs given; need at least one")
@@ -259,11 +261,12 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
             "aggregate_rate shared by rate fractions; one spec cannot hold both: compose specs "
             "of one kind"
         )
-    if all(absolute):
-        return _compose_absolute(flat)
-    total_rate = sum(s.aggregate_rate or 0.0 for s in flat)
+    # Absolute rates (every window its own req/s) are kept as given: no fractions to rescale
+    # and no aggregate rate.
+    rescale = not all(absolute)
+    total_rate = sum(s.aggregate_rate or 0.0 for s in flat) if rescale else 0.0
     open_loop = any(not c.concurrency_users for s in flat for c in s.clients)
-    if open_loop and not (math.isfinite(total_rate) and total_rate > 0):
+    if rescale and open_loop and not (math.isfinite(total_rate) and total_rate > 0):
         raise invalid("aggregate_rate", total_rate, "the composed rate must be finite and > 0")
     seen: set[str] = set()
     groups: set[str] = set()  # prefix groups of the specs before this one
@@ -284,15 +287,9 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
             update: dict[str, Any] = {"id": cid}
             if client.prefix_group in renamed:
                 update["prefix_group"] = renamed[client.prefix_group]
-            if not client.concurrency_users:  # closed-loop users have no rate to share
+            if rescale and not client.concurrency_users:  # users have no rate to share
                 update["rate_fraction"] = client.rate_fraction / fraction_sum * weight
             clients.append(client.model_copy(update=update))
-    return _merged(flat, clients, total_rate or None)
-
-
-def _merged(flat: list[WorkloadSpec], clients: list, aggregate_rate: float | None) -> WorkloadSpec:
-    """The composed spec of `flat`'s `clients`: seed and category of the first spec, the
-    longest horizon, the summed num_requests (when every spec sets one), the SLO targets."""
     horizons = [s.horizon for s in flat if s.horizon]
     counts = [s.num_requests for s in flat]
     try:
@@ -300,7 +297,7 @@ def _merged(flat: list[WorkloadSpec], clients: list, aggregate_rate: float | Non
             version="2",
             seed=flat[0].seed,
             category=flat[0].category,
-            aggregate_rate=aggregate_rate,
+            aggregate_rate=total_rate or None,
             horizon=max(horizons) if horizons else None,
             num_requests=sum(counts) if all(c for c in counts) else None,
             clients=clients,
@@ -309,19 +306,6 @@ def _merged(flat: list[WorkloadSpec], clients: list, aggregate_rate: float | Non
     except ValidationError as exc:
         # Each spec is within bounds; their sums (rate, request count) may not be.
         raise ConfigError(format_spec_error(exc, "compose (the merged spec)")) from None
-
-
-def _compose_absolute(flat: list[WorkloadSpec]) -> WorkloadSpec:
-    """Specs whose every rate is absolute: their clients side by side (ids made unique), each
-    window keeping its own req/s; no fractions to rescale."""
-    seen: set[str] = set()
-    clients = []
-    for index, spec in enumerate(flat):
-        for client in spec.clients:
-            cid = client.id if client.id not in seen else _unused(client.id, index, seen)
-            seen.add(cid)
-            clients.append(client.model_copy(update={"id": cid}))
-    return _merged(flat, clients, None)
 
 
 # --- YAML -------------------------------------------------------------------------------------
