@@ -65,3 +65,10 @@ CAPACITY_25_RPS = {
     "engine": {"max_num_running_reqs": 1, "total_kv_blocks": 10_000},
     "workload": evenly_spaced(rate=5, num_requests=300, prompt=16, output=4),
 }
+
+
+def one_prefill_one_decode(**pools) -> dict:
+    """A scenario's `cluster`: one prefill and one decode instance, every request
+    disaggregated, with `pools` (prefill=..., decode=...) as the pools' own settings."""
+    pd = {"prefill_instances": 1, "decode_instances": 1, "decider": "always", **pools}
+    return {"num_instances": 2, "pd": pd}

@@ -15,6 +15,7 @@ from simulator.engine.batching import EngineConfig
 from simulator.engine.request import Request, RequestState
 from simulator.latency.blackbox import BlackboxModel
 from tests.fuzzing import finishes_within
+from tests.specs import one_prefill_one_decode
 
 # step = 1000 µs + 10 µs per prefill token + 5 µs per decode request: easy to reason about.
 STEP_MODEL = BlackboxModel([0, 0, 0], [1000, 10.0, 5.0])
@@ -482,15 +483,7 @@ def test_an_instance_preempting_forever_without_output_stops_the_run(tmp_path, m
             "enable_prefix_caching": False,
             "max_num_running_reqs": 1,
         },
-        "cluster": {
-            "num_instances": 2,
-            "pd": {
-                "prefill_instances": 1,
-                "decode_instances": 1,
-                "decider": "always",
-                "decode": {"total_kv_blocks": 100},
-            },
-        },
+        "cluster": one_prefill_one_decode(decode={"total_kv_blocks": 100}),
         "trace": {"data": str(trace), "timing": "schedule"},
     }
     with pytest.raises(InvariantViolation, match="preempted 1000 times without producing"):

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from simulator.cli.plan import register
 from simulator.errors import ConfigError
 from simulator.plan import _search, plan
-from tests.specs import CAPACITY_25_RPS
+from tests.specs import CAPACITY_25_RPS, one_prefill_one_decode
 
 STEP_MS = 10
 # tests/specs.py: every step 10 ms, 40 ms per request, one at a time: 25 req/s per instance.
@@ -391,15 +391,7 @@ def test_pd_pools_count_at_their_own_size() -> None:
     p x 1 + d x 2 GPUs (the first probe, 1 + 1, takes 3)."""
     pd_scenario = {
         **LIGHT,
-        "cluster": {
-            "num_instances": 2,
-            "pd": {
-                "prefill_instances": 1,
-                "decode_instances": 1,
-                "decider": "always",
-                "decode": {"tp": 2},
-            },
-        },
+        "cluster": one_prefill_one_decode(decode={"tp": 2}),
     }
     res = plan(pd_scenario, GENEROUS, seeds=(1,), max_instances=3, workers=1)
     f = res.frontier

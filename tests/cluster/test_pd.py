@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import simulator
 from simulator.engine.request import RequestState
 from simulator.metrics.views import pd as pd_views
+from tests.specs import one_prefill_one_decode
 
 
 def _pd_scenario(workload: dict, n_prefill: int = 2, n_decode: int = 2, **pd):
@@ -404,13 +405,6 @@ def test_one_transfer_slot_makes_the_second_transfer_wait_its_turn(contention, t
     assert simulator.simulate(path).transfers.equals(result.transfers)
 
 
-def _pools(**pools) -> dict:
-    """One prefill and one decode instance, disaggregating every request, with `pools`
-    (prefill=..., decode=...) as the pools' own settings."""
-    pd = {"prefill_instances": 1, "decode_instances": 1, "decider": "always", **pools}
-    return {"num_instances": 2, "pd": pd}
-
-
 @pytest.mark.parametrize(
     "cluster, needle",
     [
@@ -432,15 +426,18 @@ def _pools(**pools) -> dict:
             "unknown PD decider 'x'",
         ),
         # A pool's own setting is named by its path, not as the top level's field.
-        (_pools(prefill={"tp": 3}), r"^cluster\.pd\.prefill: tp: invalid value 3"),
-        (_pools(prefill={"hardware": "H900"}), r"^cluster\.pd\.prefill: unknown GPU 'H900'"),
+        (one_prefill_one_decode(prefill={"tp": 3}), r"^cluster\.pd\.prefill: tp: invalid value 3"),
         (
-            _pools(decode={"dp": 2}),
+            one_prefill_one_decode(prefill={"hardware": "H900"}),
+            r"^cluster\.pd\.prefill: unknown GPU 'H900'",
+        ),
+        (
+            one_prefill_one_decode(decode={"dp": 2}),
             r"^cluster\.pd\.decode: dp: .*give cluster\.pd\.decode_instances "
             r"\(--decode-instances\) instead",
         ),
         (
-            _pools(decode={"routing_scorers": "foo:1"}),
+            one_prefill_one_decode(decode={"routing_scorers": "foo:1"}),
             r"^cluster\.pd\.decode\.routing_scorers \(--decode-routing-scorers\): unknown "
             "scorer 'foo'",
         ),
@@ -554,7 +551,7 @@ def test_sub_requests_inherit_the_private_mark_and_each_instance_sees_one_phase(
     assert sum(p.decode_sub.private_from_token == 0 for p in parents) > 50
 
 
-def test_lifecycle_settings_that_change_nothing_keep_the_pd_pools():
+def test_lifecycle_settings_that_change_nothing_keep_the_pdone_prefill_one_decode():
     """Found by the random-configuration fuzzer: a lifecycle field (here retry_on_failure,
     which no failure exercises) sent the scenario down the fleet path, which built every
     instance as unified, so prefill sub-requests ran outside the prefill pool (INV-PD-2)."""

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import simulator
 from simulator.cli import app
+from tests.specs import one_prefill_one_decode
 
 runner = CliRunner()
 SMALL = ["--num-requests", "8", "--rate", "4", "--quiet"]
@@ -126,15 +127,7 @@ def test_pd_pools_take_their_own_layout():
         {
             "model": "qwen/qwen3-30b-a3b",
             "tp": 2,
-            "cluster": {
-                "num_instances": 2,
-                "pd": {
-                    "prefill_instances": 1,
-                    "decode_instances": 1,
-                    "decider": "always",
-                    "decode": {"pp": 2, "ep": 2},
-                },
-            },
+            "cluster": one_prefill_one_decode(decode={"pp": 2, "ep": 2}),
             "workload": {"rate": 4, "num_requests": 8},
         },
         warn_unsteady=False,
