@@ -228,7 +228,11 @@ class LoRAState:
         cfg = self.config
         for name in batch:
             if name in self.gpu:
+                # vLLM's worker re-adds every adapter of the batch each step, which refreshes
+                # it in the host cache too (LRUCacheWorkerLoRAManager.add_adapter): a hot
+                # adapter that never leaves its GPU slot never ages out of host memory.
                 self.gpu.touch(name)
+                self.cpu.touch(name)
                 continue
             from_disk = name not in self.cpu
             if from_disk:

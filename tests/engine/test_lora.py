@@ -162,6 +162,24 @@ def test_eviction_and_the_cpu_cache_by_hand():
     assert [s[n].completed for n in "abc"] == [3, 1, 1]
 
 
+def test_an_adapter_used_on_the_gpu_stays_fresh_in_the_host_cache():
+    # Two GPU slots, two CPU slots. Requests one after another: a, b, a, c, a.
+    #   a: disk load.  b: disk load.  a: already in a GPU slot; vLLM's worker re-adds it,
+    #   which refreshes it in the host cache too (least recent there is now b).
+    #   c: disk load; the host cache drops b (not a), and b leaves its GPU slot with it.
+    #   a: still in its GPU slot, nothing to load.
+    # Refreshing only the GPU slot would drop a instead and read it from disk a second time.
+    engine = VLLMEngine(EngineConfig(lora=_lora(max_loras=2, max_cpu_loras=2)))
+    names = ["a", "b", "a", "c", "a"]
+    reqs = [Request(f"r{i}", 0, 10, 1, adapter=n) for i, n in enumerate(names)]
+    _run(engine, reqs, arrive_at={r.request_id: 100_000 * i for i, r in enumerate(reqs)})
+    s = engine.lora.stats
+    assert (s["a"].gpu_loads, s["a"].disk_loads, s["a"].evictions) == (1, 1, 0)
+    assert (s["b"].gpu_loads, s["b"].disk_loads, s["b"].evictions) == (1, 1, 1)
+    assert (s["c"].gpu_loads, s["c"].disk_loads, s["c"].evictions) == (1, 1, 0)
+    assert engine.lora.cpu_evictions == 1
+
+
 def test_unknown_adapters_are_dropped():
     engine = VLLMEngine(EngineConfig(lora=_lora()))
     r = Request("x", 0, 10, 3, adapter="nope")
