@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,6 +213,27 @@ def test_prefix_affinity_beats_round_robin_on_shared_prefixes():
     pa = _prefix_heavy("weighted", "prefix-affinity:3,queue-depth:2,kv-utilization:2")
     assert pa.kv_metrics["cache_hit_rate"] > rr.kv_metrics["cache_hit_rate"] + 0.2
     assert pa.summary["ttft_mean_ms"] < 0.6 * rr.summary["ttft_mean_ms"]
+
+
+def test_pooled_hit_rate_counts_blocks_and_blis_rate_averages_instances():
+    """Every request goes to one instance (always-busiest), so adding idle instances changes
+    no request: the pooled rate (hits / lookups over all instances) stays put, while BLIS's
+    unweighted mean of per-instance rates is the busy instance's rate divided by n."""
+    rates = {}
+    for n in (1, 2, 4):
+        result = simulator.simulate(
+            Path(__file__).parents[2] / "scenarios" / "rag_shared_prefix.yaml",
+            workload__num_requests=120,
+            cluster__num_instances=n,
+            cluster__routing__policy="always-busiest",
+        )
+        rates[n] = result.kv_metrics
+        assert list(result.instances["routed"]).count(0) == n - 1
+    busy = rates[1]["cache_hit_rate"]
+    assert busy > 0.3
+    for n in (1, 2, 4):
+        assert rates[n]["pooled_cache_hit_rate"] == pytest.approx(busy)
+        assert rates[n]["cache_hit_rate"] == pytest.approx(busy / n)
 
 
 def _least_loaded(interval_us: int, seed: int):

@@ -60,20 +60,24 @@ def kv_metrics(summary: dict[str, Any], instances: Sequence[InstanceRecord]) -> 
     preemptions = summary["preemption_count"]
     hit_rates = [e.kv.hit_rate for e in instances]
     tiers = [e.kv.cpu for e in instances if e.kv.cpu is not None]
+    hits = sum(e.kv.cache_hits for e in instances)
+    lookups = hits + sum(e.kv.cache_misses for e in instances)
     metrics = {
         "preemption_rate": preemptions / completed if completed else 0.0,
+        # BLIS's figure: the unweighted mean of the instances' rates, so an idle instance
+        # (an unused pool member, a rank nobody routed to) pulls it toward 0.
         "cache_hit_rate": float(np.mean(hit_rates)) if hit_rates else 0.0,
+        # The fleet's own rate: blocks found cached over blocks looked up, on every instance.
+        "pooled_cache_hit_rate": hits / lookups if lookups else 0.0,
         "kv_thrashing_rate": 0.0,
     }
     if tiers:
         # Block-level hit rate over both tiers: (GPU hits + CPU reloads) / blocks looked at.
-        gpu_hits = sum(e.kv.cache_hits for e in instances)
-        misses = sum(e.kv.cache_misses for e in instances)
         reloaded = sum(t.reloaded_blocks for t in tiers)
         offloaded = sum(t.offloaded_blocks for t in tiers)
-        looked = gpu_hits + reloaded + misses
+        looked = lookups + reloaded
         metrics["cpu_hit_rate"] = reloaded / looked if looked else 0.0
-        metrics["combined_hit_rate"] = (gpu_hits + reloaded) / looked if looked else 0.0
+        metrics["combined_hit_rate"] = (hits + reloaded) / looked if looked else 0.0
         metrics["offloaded_blocks"] = offloaded
         metrics["reloaded_blocks"] = reloaded
         evicted = sum(t.evicted_blocks for t in tiers)
