@@ -24,7 +24,12 @@ from .engine.preemption import make_preemption_policy
 from .errors import ConfigError, invalid
 from .latency import build_step_time_model
 from .latency.base import StepTimeModel
-from .latency.kv_capacity import compute_kv_blocks, derive_max_model_len, kv_bytes_per_token
+from .latency.kv_capacity import (
+    compute_kv_blocks,
+    derive_max_model_len,
+    kv_bytes_per_token,
+    model_context_limit,
+)
 from .latency.parallel import Parallelism
 from .scenario import Scenario, apply_overrides
 
@@ -173,6 +178,9 @@ def resolve_deployment(
             else 0
         )
     max_tokens, max_running, limits_source = batch_limits(scenario, gpu)
+    _warn_what_vllm_refuses(
+        model, eng.max_model_len, total_blocks * eng.block_size_tokens, max_tokens, max_running
+    )
     engine = EngineConfig(
         total_kv_blocks=total_blocks,
         block_size=eng.block_size_tokens,
@@ -195,6 +203,45 @@ def resolve_deployment(
         lora=lora,
     )
     return Deployment(model, gpu, tp, step_model, engine, source, layout, limits_source)
+
+
+def _warn_what_vllm_refuses(
+    model: ModelConfig,
+    max_model_len: int | None,
+    kv_tokens: int,
+    max_tokens: int,
+    max_running: int,
+) -> None:
+    """Settings a vLLM server refuses at start-up, which servesim runs as given (BLIS does):
+    said once per run, so that a figure from a server that could not exist is not read as
+    one that could."""
+    if max_model_len:
+        own = model_context_limit(model)
+        if own and max_model_len > own:
+            log.warning(
+                "engine.max_model_len %d is above %s's own context limit %d "
+                "(max_position_embeddings, times its rope factor); vLLM refuses to start with "
+                "it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); servesim runs it as given",
+                max_model_len,
+                model.name,
+                own,
+            )
+        if max_model_len > kv_tokens:
+            log.warning(
+                "engine.max_model_len %d is more than the KV cache holds (%d tokens); vLLM "
+                "refuses to start with it; servesim runs it as given, and a request that "
+                "outgrows the cache ends dropped_unservable",
+                max_model_len,
+                kv_tokens,
+            )
+    if max_tokens < max_running:
+        log.warning(
+            "engine.max_num_scheduled_tokens %d is below engine.max_num_running_reqs %d; vLLM "
+            "refuses to start with it (max_num_batched_tokens must be >= max_num_seqs); "
+            "servesim runs it as given",
+            max_tokens,
+            max_running,
+        )
 
 
 # BLIS's batch limits (its --max-num-scheduled-tokens and --max-num-running-reqs defaults).

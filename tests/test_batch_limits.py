@@ -157,3 +157,29 @@ def test_an_exported_trace_says_when_its_replay_would_take_another_token_budget(
     assert rep.stdout == run.stdout
     stock = invoke("run", *common, "--trace-output", tmp_path / "s")
     assert "note: --trace-output" not in stock.stderr
+
+
+@pytest.mark.parametrize(
+    ("engine", "warned"),
+    [
+        # Llama-3.1-8B: max_position_embeddings 131,072, rope_type llama3 (not scaled).
+        ({"max_model_len": 200_000}, "above meta-llama/llama-3.1-8b-instruct's own context"),
+        # 10 blocks x 16 tokens = 160 tokens of KV cache.
+        ({"max_model_len": 1_000, "total_kv_blocks": 10}, "more than the KV cache holds (160"),
+        # vLLM: max_num_batched_tokens must be >= max_num_seqs.
+        ({"max_num_scheduled_tokens": 10, "max_num_running_reqs": 64}, "below engine.max_num_run"),
+    ],
+)
+def test_settings_vllm_refuses_at_start_up_run_with_a_warning(engine, warned, caplog):
+    with caplog.at_level("WARNING", logger="servesim"):
+        resolve_deployment(scenario_from_dict({**SMALL, "engine": engine}))
+    messages = [r.getMessage() for r in caplog.records if "vLLM refuses" in r.getMessage()]
+    assert len(messages) == 1 and warned in messages[0]
+
+
+def test_settings_vllm_accepts_are_not_warned_about(caplog):
+    # 131,072 tokens is the model's own limit and 8,192 >= 1,024: vLLM starts.
+    engine = {"max_model_len": 131_072, "max_num_scheduled_tokens": 1024}
+    with caplog.at_level("WARNING", logger="servesim"):
+        resolve_deployment(scenario_from_dict({**SMALL, "engine": engine}))
+    assert not [r for r in caplog.records if "vLLM refuses" in r.getMessage()]

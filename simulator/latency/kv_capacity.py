@@ -324,6 +324,13 @@ def derive_max_model_len(model: ModelConfig, total_blocks: int, block_size: int)
     """Context limit: max_position_embeddings (times the rope factor where it applies), capped
     at what the KV cache can hold. 0 when the config gives no max_position_embeddings.
     """
+    own = model_context_limit(model)
+    return min(own, total_blocks * block_size) if own else 0
+
+
+def model_context_limit(model: ModelConfig) -> int:
+    """The model's own context limit: max_position_embeddings, times the rope factor where it
+    applies (0 when the config gives no max_position_embeddings)."""
     if model.max_position_embeddings <= 0:
         return 0
     max_len = model.max_position_embeddings
@@ -344,4 +351,4 @@ def derive_max_model_len(model: ModelConfig, total_blocks: int, block_size: int)
                 if isinstance(original, int) and not isinstance(original, bool) and original > 0:
                     base = original
             max_len = int(base * factor)
-    return min(max_len, total_blocks * block_size)
+    return max_len
