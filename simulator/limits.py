@@ -217,7 +217,10 @@ _VALUE_ONLY = inspect.Signature(
 def integer(lo: int, hi: int, unit: str, why: str) -> Any:
     """An int field in [lo, hi]: refuses strings, booleans and fractions; the error states the
     range, the unit and why the bound is what it is."""
-    text = f"{_range_text(lo, hi, unit, False, False)}: {why}"
+    # Why the bound is what it is explains the upper bound; a value below the range gets the
+    # range alone.
+    below = _range_text(lo, hi, unit, False, False)
+    above = f"{below}: {why}"
 
     def check(value: Any) -> int:
         if isinstance(value, bool | str | bytes) or _is_numpy_bool(value):
@@ -231,8 +234,10 @@ def integer(lo: int, hi: int, unit: str, why: str) -> Any:
                 value = operator.index(value)  # numpy integers
             except TypeError:
                 raise ValueError(f"expected an integer, not {_what(value)}") from None
-        if not lo <= value <= hi:
-            raise ValueError(text)
+        if value < lo:
+            raise ValueError(below)
+        if value > hi:
+            raise ValueError(above)
         return value
 
     check.__signature__ = _VALUE_ONLY  # type: ignore[attr-defined]
@@ -244,7 +249,8 @@ def number(
 ) -> Any:
     """A float field in [lo, hi] ((lo, hi] with `lo_open`; also exactly 0 with `zero_off`):
     refuses strings, booleans, NaN and infinities; integers are welcome."""
-    text = f"{_range_text(lo, hi, unit, lo_open, zero_off)}: {why}"
+    below = _range_text(lo, hi, unit, lo_open, zero_off)
+    above = f"{below}: {why}"
 
     def check(value: Any) -> float:
         if isinstance(value, bool | str | bytes) or _is_numpy_bool(value):
@@ -252,14 +258,16 @@ def number(
         try:
             value = float(value)
         except OverflowError:  # an int beyond float64
-            raise ValueError(text) from None
+            raise ValueError(above) from None
         except (TypeError, ValueError):
             raise ValueError(f"expected a number, not {_what(value)}") from None
         if zero_off and value == 0:
             return value
+        if value > hi:
+            raise ValueError(above)
         inside = lo < value <= hi if lo_open else lo <= value <= hi
         if not inside:  # NaN included
-            raise ValueError(text)
+            raise ValueError(below)
         return value
 
     check.__signature__ = _VALUE_ONLY  # type: ignore[attr-defined]
