@@ -29,6 +29,7 @@ class Autoscaler:
         self.scale_ups = 0
         self.scale_downs = 0
         self.refused_scale_ups = 0  # asked for while every instance slot had been used
+        self.refusing = False  # refused since the fleet last changed
         self.last_step: int | None = None
 
     def decide(self, now_us: int, value: float, live: int) -> int:

@@ -467,6 +467,8 @@ def run_simulation(
         _run_reporting(env, horizon_us, lambda: source.finished, progress)
     for engine in engines:
         engine.sync_lazy_progress()
+    if infra is not None:
+        infra.warn_refused_scale_ups()
     if pd is not None:
         if horizon_us is not None:
             pd.link.settle(horizon_us)  # joins wait for the link's next wake-up to be applied

@@ -29,6 +29,7 @@ would see another fleet), while the scan places it within the event that freed t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ from .lifecycle import InstanceRecord, InstanceState, Node, NodeState, Timeline,
 from .router import Router
 
 US_PER_S = 1_000_000
+log = logging.getLogger("servesim")
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,9 @@ class Infrastructure:
             return
         node.move(NodeState.READY, self.env.now, self.timeline, "provisioned")
         self._place_pending()
+        # Ordered for an instance that was cancelled (scaled down, drained) while it waited:
+        # empty, it goes as any idle node would, not billed to the end of the run.
+        self._maybe_release_node(node)
         if self.check:
             self.check_invariants()
 
@@ -354,6 +359,13 @@ class Infrastructure:
             waiting = sum(r.gpus_needed for r in self._pending if self._fits_pool(r, pool.name))
             if coming >= waiting or self.add_node(pool.name, "scale-up") is not None:
                 return
+
+    def _reprovision_pending(self) -> None:
+        """A node on its way was withdrawn (drained or failed while provisioning): the
+        instances that were waiting for it order another, as their scale-up did."""
+        if self.autoscalers:
+            for rec in list(self._pending):
+                self._provision_for(rec)
 
     def _place_pending(self) -> None:
         if not self.plan.node_pools:
@@ -592,6 +604,7 @@ class Infrastructure:
                 # Nothing runs there yet: the request for it is withdrawn (Provisioning →
                 # Terminated), as a failure would.
                 self._retire_node(node, reason)
+                self._reprovision_pending()
                 return
             if action == "drain_node" and node.state is NodeState.READY:
                 node.move(NodeState.DRAINING, self.env.now, self.timeline, reason)
@@ -608,6 +621,8 @@ class Infrastructure:
                         self.drain(rec, policy, reason)
             if action == "drain_node":
                 self._maybe_release_node(node)
+            else:
+                self._reprovision_pending()
 
     def record(self, instance_id: str) -> InstanceRecord:
         for rec in self.records:
@@ -677,14 +692,20 @@ class Infrastructure:
                 )
         scaler.samples.append((now, value, len(live)))
         if step > 0:
-            why = f"scale-up: {scaler.spec.signal}={value:.3g}"
+            if len(live) < scaler.spec.min_instances:
+                why = f"scale-up: {len(live)} live < min_instances {scaler.spec.min_instances}"
+            else:
+                why = f"scale-up: {scaler.spec.signal}={value:.3g}"
             if self.add_instance(scaler.deployment, why) is None:
                 # Every instance slot of the deployment has been used (instances that failed
                 # or were drained are not brought back): the ask changes nothing.
                 step = 0
                 scaler.scale_ups -= 1
                 scaler.refused_scale_ups += 1
-                if scaler.refused_scale_ups == 1:
+                if not scaler.refusing:
+                    # One row per spell of refusals (until the fleet next changes), not one
+                    # per tick: the count is in fleet_metrics.
+                    scaler.refusing = True
                     slots = sum(1 for s in self.plan.slots if s.deployment == scaler.deployment)
                     self.timeline.record(
                         now,
@@ -695,7 +716,10 @@ class Infrastructure:
                         f"{why} refused: all {slots} instance slots of the deployment have "
                         "been used (ended instances are not replaced)",
                     )
+            else:
+                scaler.refusing = False
         elif step < 0:
+            scaler.refusing = False
             # The newest serving instance goes first (of instances created together, the
             # highest slot); one still coming up is cancelled first.
             victim = max(
@@ -703,6 +727,22 @@ class Infrastructure:
             )
             self.drain(victim, self.lifecycle.drain_policy, f"scale-down: {scaler.spec.signal}")
         scaler.last_step = step
+
+    def warn_refused_scale_ups(self) -> None:
+        """Said once at the end of a run whose autoscaler ran out of instance slots: the
+        timeline and fleet_metrics have the details, but a run that served its spike on fewer
+        instances than asked for should not look like one that did not need them."""
+        for scaler in self.autoscalers:
+            if scaler.refused_scale_ups:
+                slots = sum(1 for s in self.plan.slots if s.deployment == scaler.deployment)
+                log.warning(
+                    "autoscaler of deployment %s: %d scale-ups refused, all %d instance slots "
+                    "having been used (ended instances are not replaced); give max_instances "
+                    "headroom for the replacements the run needs",
+                    scaler.deployment,
+                    scaler.refused_scale_ups,
+                    slots,
+                )
 
     def signal(self, deployment: str, name: str) -> float:
         """Mean per routable instance of the deployment; with none routable, the requests

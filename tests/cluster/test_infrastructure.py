@@ -1019,3 +1019,118 @@ def test_the_autoscaler_does_not_scale_down_under_requests_waiting_at_the_router
     first = rows[rows.id == "instance_0"]
     assert not first[first.time_s == 2.0].to_state.isin(["draining", "terminated"]).any()
     assert result.requests.first_schedule_us.min() <= 2_000_000 + 100_000
+
+
+def _v2_client(
+    client_id: str, fraction: float, prompt: int, output: int, windows: list | None = None
+) -> dict:
+    spec = {"id": client_id, "rate_fraction": fraction, "arrival": {"process": "poisson"},
+            "input_distribution": {"type": "constant", "params": {"value": prompt}},
+            "output_distribution": {"type": "constant", "params": {"value": output}}}  # fmt: skip
+    if windows:
+        spec["lifecycle"] = {"windows": windows}
+    return spec
+
+
+def _one_gpu_pool(provisioning_s: float) -> dict:
+    return {"name": "h100", "gpu_type": "H100", "gpus_per_node": 1, "initial_nodes": 1,
+            "min_nodes": 1, "max_nodes": 4, "provisioning_delay": {"mean_s": provisioning_s},
+            "cost_per_hour": 100.0}  # fmt: skip
+
+
+def _scaler(**settings) -> dict:
+    return {"deployment": "llama", "signal": "in_flight", "interval_s": 1, "scrape_delay_s": 0,
+            "scale_up_stabilization_s": 0, "min_instances": 1, **settings}  # fmt: skip
+
+
+def test_a_node_ordered_for_an_instance_cancelled_while_it_waited_is_released():
+    """A 3 s spike: the autoscaler adds two instances at 6 s and 7 s and orders a node for
+    each (30 s away); the spike is over and both are scaled down while still Scheduling.
+    The nodes come up empty at 36 s and 37 s and go at once, as any idle node above
+    min_nodes would, instead of being billed to the end of the run."""
+    windows = [{"start_us": 5_000_000, "end_us": 8_000_000}]
+    scenario = {
+        "node_pools": [_one_gpu_pool(30)],
+        "deployments": [{"name": "llama", "num_instances": 1, "pool": "h100"}],
+        "instance_lifecycle": {"initial_instances_loaded": True, "loading_delay": {"mean_s": 5}},
+        "autoscaler": [_scaler(scale_up_threshold=10, scale_down_threshold=5, max_instances=3,
+                               scale_down_stabilization_s=2)],
+        "workload": {"version": "2", "seed": 3, "aggregate_rate": 30, "horizon": 120_000_000,
+                     "clients": [_v2_client("steady", 0.05, 256, 64),
+                                 _v2_client("spike", 0.95, 512, 100, windows)]},
+    }  # fmt: skip
+    result = run_checked(scenario)
+    assert_conserved(result)
+    nodes = result.timeline[result.timeline.kind == "node"]
+    ordered = nodes[nodes.reason == "scale-up"].id.tolist()
+    assert ordered == ["h100-1", "h100-2"]
+    for node_id in ordered:
+        moves = nodes[nodes.id == node_id]
+        ready = moves[moves.to_state == "ready"].time_s.item()
+        gone = moves[moves.to_state == "terminated"]
+        assert gone.reason.item() == "scale-down: idle node" and gone.time_s.item() == ready
+
+
+def test_instances_waiting_for_a_withdrawn_node_order_another():
+    """The autoscaler adds an instance at 1 s and orders h100-1 for it (10 s away); an event
+    fails h100-1 at 8 s, before it is up. The waiting instance orders another node at once
+    (ready at 18 s) instead of waiting in Scheduling to the end of the run."""
+    scenario = {
+        "node_pools": [_one_gpu_pool(10)],
+        "deployments": [{"name": "llama", "num_instances": 1, "pool": "h100"}],
+        "instance_lifecycle": {"initial_instances_loaded": True, "loading_delay": {"mean_s": 5}},
+        "autoscaler": [_scaler(scale_up_threshold=10, scale_down_threshold=1, max_instances=2,
+                               scale_down_stabilization_s=60)],
+        "events": [{"at_s": 8, "action": "fail_node", "node": "h100-1"}],
+        "workload": {"version": "2", "seed": 3, "aggregate_rate": 40, "horizon": 40_000_000,
+                     "clients": [_v2_client("c", 1, 512, 100)]},
+    }  # fmt: skip
+    result = run_checked(scenario)
+    assert_conserved(result)
+    rows = result.timeline
+    second = rows[rows.id == "instance_1"]
+    assert second.to_state.tolist() == ["scheduling", "loading", "active"]
+    assert second[second.to_state == "loading"].reason.item() == "placed on h100-2"
+    assert rows[(rows.id == "h100-2") & (rows.to_state == "provisioning")].time_s.item() == 8.0
+
+
+def test_refused_scale_ups_are_one_row_per_spell_counted_and_warned_about(caplog):
+    """max_instances 3 and two spikes: the first uses all three slots, the fleet scales
+    down between them, and every ask during the second spike is refused. One timeline row
+    says so (the fleet did not change between the refusals), fleet_metrics counts each, and
+    the run ends with a warning."""
+    windows = [{"start_us": 10_000_000, "end_us": 25_000_000},
+               {"start_us": 60_000_000, "end_us": 75_000_000}]  # fmt: skip
+    scenario = {
+        "node_pools": [_one_gpu_pool(5) | {"cost_per_hour": 10.0}],
+        "deployments": [{"name": "llama", "num_instances": 1, "pool": "h100"}],
+        "instance_lifecycle": {"initial_instances_loaded": True, "loading_delay": {"mean_s": 5}},
+        "autoscaler": [_scaler(scale_up_threshold=20, scale_down_threshold=5, max_instances=3,
+                               interval_s=2, scale_down_stabilization_s=6)],
+        "workload": {"version": "2", "seed": 3, "aggregate_rate": 24, "horizon": 100_000_000,
+                     "clients": [_v2_client("steady", 0.05, 256, 64),
+                                 _v2_client("spike", 0.95, 1024, 200, windows)]},
+    }  # fmt: skip
+    with caplog.at_level("WARNING", logger="servesim"):
+        result = simulator.simulate(scenario, warn_unsteady=False)
+    refused = result.fleet_metrics["autoscaler_llama_refused_scale_ups"]
+    rows = result.timeline[result.timeline.kind == "autoscaler"]
+    assert refused > 1 and len(rows) == 1 and rows.time_s.item() > 60
+    warned = [r.getMessage() for r in caplog.records if "scale-ups refused" in r.getMessage()]
+    assert len(warned) == 1 and f"{refused} scale-ups refused" in warned[0]
+
+
+def test_a_scale_up_to_restore_min_instances_says_so():
+    """The only instance is drained at 3 s; the next tick adds one because the deployment is
+    below min_instances, whatever the signal reads, and the timeline's reason says that."""
+    scenario = {
+        "deployments": [{"name": "llama", "num_instances": 1}],
+        "instance_lifecycle": {"initial_instances_loaded": True},
+        "autoscaler": [_scaler(scale_up_threshold=50, scale_down_threshold=0, max_instances=3)],
+        "events": [{"at_s": 3, "action": "drain_instance", "target": "instance_0"}],
+        "workload": constant_workload(2, 20, 128, 16),
+    }  # fmt: skip
+    result = simulator.simulate(scenario, warn_unsteady=False)
+    rows = result.timeline
+    added = rows[(rows.id == "instance_1") & (rows.to_state == "scheduling")]
+    assert added.reason.item() == "scale-up: 0 live < min_instances 1"
