@@ -67,8 +67,8 @@ from .limits import (
 )
 from .lora_setup import LoRASpec
 from .speculative_setup import SpeculativeSpec
+from .workload.spec import V2_ONLY_KEYS, format_spec_error
 from .workload.spec import WorkloadSpec as V2WorkloadSpec
-from .workload.spec import format_spec_error
 
 
 class _Strict(BaseModel):
@@ -120,13 +120,6 @@ class SyntheticWorkload(_Strict):
     # think_time_us after its previous one finished; `rate` and `arrival` then do not apply.
     concurrency: Requests = Field(0, description="virtual users; 0 = open loop at `rate`")
     think_time_us: TimeUs = 0
-
-
-# Keys that only a v2 workload spec has: their presence selects the v2 schema.
-V2_ONLY_KEYS = frozenset(
-    {"version", "clients", "cohorts", "aggregate_rate", "inference_perf", "servegen_data",
-     "category", "horizon", "seed"}
-)  # fmt: skip
 
 
 def _workload_kind(value: Any) -> str:

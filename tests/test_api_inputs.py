@@ -143,3 +143,21 @@ def test_an_unknown_key_is_told_with_the_nearest_allowed_one_and_the_allowed_key
     )
     with pytest.raises(ConfigError, match=r"\(top level\): unknown key 'worklaod' \(did you mean"):
         simulator.simulate({"worklaod": {"rate": 1}})
+
+
+def test_a_key_of_the_other_workload_form_is_told_as_such():
+    """A workload is synthetic (rate, prompt_tokens, ...) or a v2 spec (clients, horizon,
+    ...); `horizon` makes it a v2 spec, where `rate` is no key. It was told as "unknown key
+    'rate' (did you mean 'rate'?)", listing both forms' keys, rate among them."""
+    with pytest.raises(ConfigError) as caught:
+        simulator.simulate({"workload": {"rate": 5, "num_requests": 10, "horizon": 10**6}})
+    text = str(caught.value)
+    assert "did you mean 'rate'" not in text
+    assert "workload: key 'rate' belongs to the other form of workload" in text
+    assert "read as a v2 workload (it has one of " in text and "horizon" in text
+    # A misspelt key of the form given is offered that form's keys only.
+    with pytest.raises(ConfigError) as caught:
+        simulator.simulate({"workload": {"rate": 5, "rte": 3}})
+    text = str(caught.value)
+    assert "unknown key 'rte' (did you mean 'rate'?); valid: arrival, " in text
+    assert "clients" not in text

@@ -578,6 +578,13 @@ FIELD_MESSAGES = frozenset({"rate_fraction", "arrival", "think_time"})
 # Names pydantic inserts into error locations for tagged unions (the scenario's workload).
 _UNION_TAGS = frozenset({"synthetic", "v2"})
 
+# Keys that only a v2 workload spec has: in a scenario's workload, their presence selects the
+# v2 schema over the synthetic one.
+V2_ONLY_KEYS = frozenset(
+    {"version", "clients", "cohorts", "aggregate_rate", "inference_perf", "servegen_data",
+     "category", "horizon", "seed"}
+)  # fmt: skip
+
 
 def _location(loc: tuple) -> str:
     out = ""
@@ -600,8 +607,8 @@ def model_classes(annotation: object) -> list[type[BaseModel]]:
     return [c for arg in typing.get_args(annotation) for c in model_classes(arg)]
 
 
-def _known_keys(model: type, loc: tuple) -> list[str]:
-    """The keys the schema allows at `loc`'s last step, walking from `model` through nested
+def _classes_at(model: type, loc: tuple) -> list[type[BaseModel]]:
+    """The models that may hold `loc`'s last step, walking from `model` through nested
     models (list items and union members included); [] where the walk cannot follow (a
     free-form mapping, a tagged union's member it cannot tell)."""
     classes = [model]
@@ -617,6 +624,10 @@ def _known_keys(model: type, loc: tuple) -> list[str]:
         ]
         if not classes:
             return []
+    return classes
+
+
+def _keys_of(classes: list[type[BaseModel]]) -> list[str]:
     return sorted({f.alias or name for c in classes for name, f in c.model_fields.items()})
 
 
@@ -636,7 +647,17 @@ def format_spec_error(exc: ValidationError, source: str, model: type | None = No
         )
         if err["type"] == "extra_forbidden" and loc:
             parent = shorten(_location(loc[:-1]) or "(top level)", 120)
-            known = _known_keys(model, loc) if model is not None else []
+            classes = _classes_at(model, loc) if model is not None else []
+            form = next((p for p in err["loc"] if p in _UNION_TAGS), None)
+            if form is not None:
+                # The workload's two forms: the keys of the one it was read as.
+                read_as = [c for c in classes if (c is WorkloadSpec) == (form == "v2")]
+                if loc[-1] in _keys_of(classes):
+                    # A key of the other form: said as such, not as a typo of itself.
+                    parts.append(_other_form_key(parent, loc[-1], form, read_as))
+                    continue
+                classes = read_as
+            known = _keys_of(classes)
             hint = ""
             if known:
                 import difflib
@@ -660,6 +681,18 @@ def format_spec_error(exc: ValidationError, source: str, model: type | None = No
     if len(errors) > most:
         parts.append(f"… and {len(errors) - most} more problem(s)")
     return f"{one_line(str(source))}: " + "; ".join(parts)
+
+
+def _other_form_key(parent: str, key: str, form: str, read_as: list) -> str:
+    """The message for a key of the other form of a scenario's workload (synthetic or v2)."""
+    from ..errors import excerpt, shorten
+
+    why = f" (it has one of {', '.join(sorted(V2_ONLY_KEYS))})" if form == "v2" else ""
+    return (
+        f"{parent}: key {excerpt(key, 60)} belongs to the other form of workload and cannot "
+        f"be combined with the keys given; read as a {form} workload{why}, its keys are "
+        + shorten(", ".join(_keys_of(read_as)), 400)
+    )
 
 
 def workload_spec_from_dict(data: dict, source: str = "workload spec") -> "WorkloadSpec":
