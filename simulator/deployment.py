@@ -21,8 +21,8 @@ from .engine.batching import EngineConfig
 from .engine.formation import make_batch_formation
 from .engine.policies import make_priority_policy, make_scheduler
 from .engine.preemption import make_preemption_policy
-from .errors import ConfigError, invalid
-from .latency import build_step_time_model
+from .errors import ConfigError, in_field, invalid
+from .latency import build_step_time_model, latency_model_class
 from .latency.base import StepTimeModel
 from .latency.kv_capacity import (
     compute_kv_blocks,
@@ -107,11 +107,13 @@ def resolve_deployment(
             )
         model = load_model(str(scenario.model_config_folder), name=scenario.model)
     else:
-        model = load_model(scenario.model)
+        with in_field("model"):
+            model = load_model(scenario.model)
     defaults = model_defaults(model.name) or {}
     hardware = scenario.hardware or defaults.get("GPU") or "H100"
     extra = load_gpu_file(scenario.hardware_file) if scenario.hardware_file else None
-    gpu = get_gpu(hardware, extra)
+    with in_field("hardware"):
+        gpu = get_gpu(hardware, extra)
     tp = scenario.tp or int(defaults.get("tensor_parallelism") or 1)
     validate_tp(model, tp)
     model = apply_precision(model, gpu, scenario.weight_dtype, scenario.engine.kv_cache_dtype)
@@ -136,6 +138,8 @@ def resolve_deployment(
             f"ranks stepping together; give {instances_field} instead",
         )
     lat = scenario.latency
+    with in_field("latency.model"):
+        latency_model_class(lat.model)
     step_model = build_step_time_model(
         lat.model,
         model,
@@ -148,10 +152,14 @@ def resolve_deployment(
         parallelism=layout,
     )
     eng = scenario.engine
-    make_scheduler(eng.scheduler)
-    make_priority_policy(eng.priority_policy)
-    make_preemption_policy(eng.preemption_policy)
-    make_batch_formation(eng.batch_formation)
+    with in_field("engine.scheduler"):
+        make_scheduler(eng.scheduler)
+    with in_field("engine.priority_policy"):
+        make_priority_policy(eng.priority_policy)
+    with in_field("engine.preemption_policy"):
+        make_preemption_policy(eng.preemption_policy)
+    with in_field("engine.batch_formation"):
+        make_batch_formation(eng.batch_formation)
     _validate_cluster(scenario)
     total_blocks, source = _total_kv_blocks(scenario, model, gpu, tp, layout)
     speculative = None

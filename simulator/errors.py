@@ -6,7 +6,8 @@ it as one line and exit with status 2.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 
 class ServesimError(Exception):
@@ -82,10 +83,25 @@ def invalid(
     return error(f"{field}: invalid value {excerpt(value)}; {allowed}")
 
 
+class UnknownName(ConfigError):
+    """A name that is not in a registry or catalog (`unknown`): the registry does not know
+    which field the name came from, its caller does (`in_field`)."""
+
+
 def unknown(kind: str, value: object, valid: Iterable[str]) -> ConfigError:
     """Build the standard message for a name that is not in a registry or catalog."""
     names = ", ".join(sorted(valid))
-    return ConfigError(f"unknown {kind} {excerpt(value)}; valid: {names}")
+    return UnknownName(f"unknown {kind} {excerpt(value)}; valid: {names}")
+
+
+@contextmanager
+def in_field(field: str) -> Iterator[None]:
+    """An unknown name raised inside is told with the field it came from
+    (`engine.scheduler: unknown scheduler 'x'; valid: ...`)."""
+    try:
+        yield
+    except UnknownName as exc:
+        raise UnknownName(f"{field}: {exc}") from None
 
 
 def require_path(name: str, value: object, optional: bool = False) -> None:

@@ -161,3 +161,23 @@ def test_a_key_of_the_other_workload_form_is_told_as_such():
     text = str(caught.value)
     assert "unknown key 'rte' (did you mean 'rate'?); valid: arrival, " in text
     assert "clients" not in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "starts"),
+    [
+        ({"engine__scheduler": "bogus"}, "engine.scheduler: unknown scheduler 'bogus'; valid: "),
+        ({"engine__priority_policy": "x"}, "engine.priority_policy: unknown priority policy"),
+        ({"engine__preemption_policy": "x"}, "engine.preemption_policy: unknown preemption"),
+        ({"engine__batch_formation": "x"}, "engine.batch_formation: unknown batch formation"),
+        ({"hardware": "H999"}, "hardware: unknown GPU 'H999'; valid: "),
+        ({"latency__model": "foo"}, "latency.model: unknown latency model 'foo'; valid: "),
+        ({"model": "nope/nope"}, "model: unknown model 'nope/nope'; valid: "),
+        ({"cluster__routing__policy": "x"}, "cluster.routing.policy: unknown routing policy"),
+        ({"cluster__admission__policy": "x"}, "cluster.admission.policy: unknown admission"),
+    ],
+)
+def test_an_unknown_name_is_told_with_the_field_it_came_from(overrides, starts):
+    with pytest.raises(ConfigError) as caught:
+        simulator.simulate({"workload": {"num_requests": 2}}, **overrides)
+    assert str(caught.value).startswith(starts), str(caught.value)

@@ -21,6 +21,7 @@ from ..engine.events import INSTANCE_PRIORITY_STRIDE, ROUTER, STEP, Environment,
 from ..engine.instance import Instance
 from ..engine.options import ACCELERATED, EngineOptions
 from ..engine.request import Request, RequestState
+from ..errors import in_field
 from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
@@ -37,7 +38,7 @@ from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
 from .prefix_index import CacheSignalView
 from .router import Router, ServedModels
-from .routing import SCORERS_FIELD, RoutingPolicy, make_routing_policy
+from .routing import SCORERS_FIELD, RoutingPolicy, check_routing_policy_name, make_routing_policy
 from .snapshot import InstanceSnapshot, SnapshotCache
 
 if TYPE_CHECKING:
@@ -155,11 +156,14 @@ def build_policies(
     options: EngineOptions = ACCELERATED,
 ) -> tuple[AdmissionPolicy, RoutingPolicy]:
     """The admission and routing policies a cluster spec names (raises ConfigError)."""
-    admission = make_admission_policy(
-        cluster.admission.policy,
-        token_bucket_capacity=cluster.admission.token_bucket_capacity,
-        token_bucket_refill_rate=cluster.admission.token_bucket_refill_rate,
-    )
+    with in_field("cluster.admission.policy"):
+        admission = make_admission_policy(
+            cluster.admission.policy,
+            token_bucket_capacity=cluster.admission.token_bucket_capacity,
+            token_bucket_refill_rate=cluster.admission.token_bucket_refill_rate,
+        )
+    with in_field("cluster.routing.policy"):
+        check_routing_policy_name(cluster.routing.policy)
     routing = make_routing_policy(
         cluster.routing.policy,
         scorers=cluster.routing.scorers,

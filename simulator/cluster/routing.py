@@ -491,6 +491,11 @@ SCORERS["queue-depth@mar"] = QueueDepthScorer
 SCORERS["precise-prefix-cache@mar"] = PrecisePrefixCacheScorer
 
 
+def check_routing_policy_name(name: str) -> None:
+    if name not in ROUTING_POLICIES:
+        raise unknown("routing policy", name, ROUTING_POLICIES)
+
+
 def make_scorer(name: str, *, block_size: int = 16, kv_probe: KVProbe | None = None) -> Scorer:
     if name not in SCORERS:
         raise unknown("scorer", name, SCORERS)
@@ -846,8 +851,7 @@ def make_routing_policy(
     it is validated for every policy so that a typo is reported even where it is unused.
     `private_blocks_by_count` is the accelerated prefix-affinity bookkeeping
     (engine/options.py); off, every block is hashed."""
-    if name not in ROUTING_POLICIES:
-        raise unknown("routing policy", name, ROUTING_POLICIES)
+    check_routing_policy_name(name)
     if scorers is None or (isinstance(scorers, str) and not scorers.strip()):
         parsed = parse_scorers(DEFAULT_SCORERS, scorers_field)
     elif isinstance(scorers, str):

@@ -114,5 +114,5 @@ BATCH_FORMATIONS: dict[str, type[BatchFormation]] = {
 
 def make_batch_formation(name: str) -> BatchFormation:
     if name not in BATCH_FORMATIONS:
-        raise unknown("batch formation (engine.batch_formation)", name, BATCH_FORMATIONS)
+        raise unknown("batch formation", name, BATCH_FORMATIONS)
     return BATCH_FORMATIONS[name]()

@@ -429,7 +429,7 @@ def test_one_transfer_slot_makes_the_second_transfer_wait_its_turn(contention, t
         (one_prefill_one_decode(prefill={"tp": 3}), r"^cluster\.pd\.prefill: tp: invalid value 3"),
         (
             one_prefill_one_decode(prefill={"hardware": "H900"}),
-            r"^cluster\.pd\.prefill: unknown GPU 'H900'",
+            r"^cluster\.pd\.prefill: hardware: unknown GPU 'H900'",
         ),
         (
             one_prefill_one_decode(decode={"dp": 2}),

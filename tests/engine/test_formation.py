@@ -83,7 +83,8 @@ def test_policies_are_registered_by_name_and_unknown_names_are_refused():
     with pytest.raises(ConfigError) as err:
         make_batch_formation("orca")
     message = str(err.value)
-    assert "engine.batch_formation" in message and "'orca'" in message
+    # The registry names the kind; a scenario's resolution names the field (CLI test below).
+    assert message.startswith("unknown batch formation 'orca'")
     assert "chunked, prefill-first, whole-prompt" in message
     with pytest.raises(ConfigError, match="batch formation"):
         VLLMEngine(EngineConfig(batch_formation="orca"))
@@ -486,6 +487,6 @@ def test_cli_flag_selects_the_policy_and_refuses_unknown_names():
     assert bad.exit_code == 2
     lines = bad.output.strip().splitlines()
     assert lines == [
-        "error: unknown batch formation (engine.batch_formation) 'orca'; "
+        "error: engine.batch_formation: unknown batch formation 'orca'; "
         "valid: chunked, prefill-first, whole-prompt"
     ]
