@@ -424,3 +424,18 @@ def test_an_empty_value_of_an_option_that_is_no_path_is_left_to_the_command():
     # An empty value of a valued option is that option's, not a positional argument.
     argv = ["run", "--routing-scorers", "", "x.yaml"]
     assert empty_path_option(app_for(argv), argv) is None
+
+
+def test_an_empty_value_after_an_unknown_option_is_the_unknown_option_s_error():
+    """`run --out ''`: run has no --out; the empty value was taken for the scenario path
+    and blamed on SCENARIO. The command line now says the option is unknown."""
+    from simulator.cli import empty_path_option
+
+    argv = ["run", "--out", ""]
+    assert empty_path_option(app_for(argv), argv) is None
+    done = _servesim_main(argv)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: No such option: --out")
+    # A known flag before the empty positional keeps it the scenario's error.
+    argv = ["run", "--quiet", ""]
+    assert empty_path_option(app_for(argv), argv) == "SCENARIO"

@@ -128,6 +128,7 @@ def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
         depth += 1
     path_options: set[str] = set()
     valued_options: set[str] = set()  # options that take the next word as their value
+    known_options: set[str] = {"--help", "-h"}
     # Per positional argument, in order: its name as the usage line gives it, if a path.
     path_arguments: list[str | None] = []
     for param in getattr(command, "params", []):
@@ -137,6 +138,7 @@ def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
         is_path = (isinstance(annotation, type) and issubclass(annotation, PurePath)) or click_path
         kind = getattr(param, "param_type_name", "")
         if kind == "option":
+            known_options.update(param.opts, getattr(param, "secondary_opts", ()))
             if is_path:
                 path_options.update(param.opts)
             if not getattr(param, "is_flag", False) and not getattr(param, "count", False):
@@ -155,6 +157,8 @@ def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
             after_valued = False
             continue
         if word.startswith("-") and word != "-":
+            if name not in known_options:
+                return None  # an unknown option: the command line tells that first
             after_valued = word in valued_options
             continue
         if word == "" and positional < len(path_arguments) and path_arguments[positional]:

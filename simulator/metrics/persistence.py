@@ -196,6 +196,8 @@ def load_result(directory: str | Path) -> SavedResult:
     require_path("load_result", directory)
     folder = check_path(directory, "load_result")
     summary_path = folder / SUMMARY_FILE
+    if not folder.exists():
+        raise ConfigError(f"load_result: {str(folder)!r}: no such folder")
     if not summary_path.exists():
         raise ConfigError(f"load_result: {str(folder)!r} is not a saved result (no {SUMMARY_FILE})")
     document = read_json(summary_path, "load_result")

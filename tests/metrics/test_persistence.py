@@ -77,10 +77,12 @@ def test_save_refuses_foreign_folder(result, tmp_path):
 
 
 def test_load_without_summary_names_folder(tmp_path):
-    with pytest.raises(ConfigError, match=re.escape(str(tmp_path / "nothing"))):
+    with pytest.raises(
+        ConfigError, match=re.escape(str(tmp_path / "nothing")) + "': no such folder"
+    ):
         load_result(tmp_path / "nothing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="empty"):
+    with pytest.raises(ConfigError, match="empty'? is not a saved result"):
         load_result(tmp_path / "empty")
 
 
