@@ -280,8 +280,10 @@ def batch_limits(scenario: Scenario, gpu: GPUSpec) -> tuple[int, int, str]:
         return tokens, running, kind
     if not tokens_default and not running_default:
         return tokens, running, "set"
-    default_name = "max_num_scheduled_tokens" if tokens_default else "max_num_running_reqs"
-    return tokens, running, f"{default_name}: {kind}; the other set"
+    default_name, set_name = ("max_num_scheduled_tokens", "max_num_running_reqs")[
+        :: 1 if tokens_default else -1
+    ]
+    return tokens, running, f"{set_name} set; {default_name}: {kind}"
 
 
 def unrecorded_token_budget(scenario: Scenario, deployment: Deployment) -> int | None:

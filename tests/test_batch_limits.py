@@ -59,7 +59,7 @@ def test_a_set_limit_wins_and_the_description_says_what_the_values_are():
     assert _limits({**SMALL, "engine": {"max_num_running_reqs": 64}}) == (
         8192,
         64,
-        "max_num_scheduled_tokens: vLLM's default on H100; the other set",
+        "max_num_running_reqs set; max_num_scheduled_tokens: vLLM's default on H100",
     )
     both = {"max_num_running_reqs": 64, "max_num_scheduled_tokens": 512}
     assert _limits({**SMALL, "engine": both}) == (512, 64, "set")
