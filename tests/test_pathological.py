@@ -375,11 +375,8 @@ def test_an_empty_prompt_is_dropped_as_unservable(tmp_path, extra):
     assert result.summary["completed_requests"] == 5
 
 
-def test_autoscaler_whose_instances_all_failed_stops_asking():
-    """Both instances fail at 3 s; the autoscaler's two slots are used up, so its +1 asks are
-    refused (timeline, counter) instead of being repeated forever. Requests arriving after
-    the failure wait at the router to the end of the run, counted as still queued."""
-    scenario = {
+def _all_fail_at_3_s() -> dict:
+    return {
         "cluster": {"num_instances": 2},
         "instance_lifecycle": {"initial_instances_loaded": True},
         "autoscaler": [{"max_instances": 2, "scale_up_threshold": 4, "interval_s": 1}],
@@ -389,8 +386,38 @@ def test_autoscaler_whose_instances_all_failed_stops_asking():
         ],
         "workload": {"rate": 20, "num_requests": 200},
     }
+
+
+def test_autoscaler_replaces_instances_that_all_failed():
+    """Both instances fail at 3 s; the autoscaler, below min_instances, makes new ones (its
+    planned slots are used up, so the fleet grows) and the requests that waited at the
+    router meanwhile are served: every request ends completed or failed."""
     with finishes_within(WALL_LIMIT_S):
-        result = simulator.simulate(scenario)
+        result = simulator.simulate(_all_fail_at_3_s())
+    s = result.summary
+    states = _states(result.request_records)
+    assert s["failed_requests"] == states[RequestState.FAILED] > 0
+    assert s["completed_requests"] + s["failed_requests"] == 200
+    assert s["still_queued"] == result.parked_at_end == 0
+    fleet = result.fleet_metrics
+    assert fleet["autoscaler_default_scale_ups"] >= 1
+    assert "autoscaler_default_refused_scale_ups" not in fleet
+    made = result.timeline[
+        (result.timeline.kind == "instance") & (result.timeline.to_state == "scheduling")
+    ]
+    assert set(made.id) >= {"instance_2"}  # beyond the two planned slots
+
+
+def test_autoscaler_that_can_make_no_more_instances_stops_asking(monkeypatch):
+    """The same with the run's instance limit at 2 (limits.MAX_INSTANCES, patched): the +1
+    asks are refused (one timeline row, the counter, a warning) instead of being repeated
+    forever. Requests arriving after the failure wait at the router to the end of the run,
+    counted as still queued."""
+    import simulator.cluster.cluster as cluster_module
+
+    monkeypatch.setattr(cluster_module, "MAX_INSTANCES", 2)
+    with finishes_within(WALL_LIMIT_S):
+        result = simulator.simulate(_all_fail_at_3_s())
     s = result.summary
     states = _states(result.request_records)
     assert s["failed_requests"] == states[RequestState.FAILED]
@@ -400,7 +427,7 @@ def test_autoscaler_whose_instances_all_failed_stops_asking():
     assert fleet["autoscaler_default_refused_scale_ups"] >= 1
     assert fleet["autoscaler_default_scale_ups"] == 0
     refusals = result.timeline[result.timeline.kind == "autoscaler"]
-    assert len(refusals) == 1 and "refused" in refusals.reason.iloc[0]
+    assert len(refusals) == 1 and "refused: the run has made 2 instances" in refusals.reason.iloc[0]
 
 
 def test_a_failed_node_is_not_labelled_an_idle_scale_down():

@@ -28,7 +28,7 @@ class Autoscaler:
         self.samples: list[tuple[int, float, int]] = []  # (time µs, signal, live instances)
         self.scale_ups = 0
         self.scale_downs = 0
-        self.refused_scale_ups = 0  # asked for while every instance slot had been used
+        self.refused_scale_ups = 0  # asked for once the run could make no more instances
         self.refusing = False  # refused since the fleet last changed
         self.last_step: int | None = None
 

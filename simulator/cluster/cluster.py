@@ -8,7 +8,7 @@ source --(router inbox Store)--> router --(instance inbox Store)--> instance ste
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +25,7 @@ from ..errors import in_field
 from ..invariants import check_finished, check_run
 from ..invariants import requested as invariants_requested
 from ..latency.base import StepTimeModel
+from ..limits import MAX_INSTANCES
 from ..metrics.instance_record import InstanceRecord, capture_instance
 from ..metrics.request_table import RequestRecords, RequestTable, request_stats, served_stats
 from ..metrics.results import Result
@@ -327,18 +328,19 @@ def run_simulation(
         n = len(setups)
         served = ServedModels.fixed(model_name, n)
         instance_models = [model_name] * n
-    engines = [
-        VLLMEngine(
-            s.engine,
-            s.step_model.output_token_processing_us(),
-            s.step_model.post_decode_overhead_us(),
+
+    def new_engine(setup: InstanceSetup, instance_id: str) -> VLLMEngine:
+        engine = VLLMEngine(
+            setup.engine,
+            setup.step_model.output_token_processing_us(),
+            setup.step_model.post_decode_overhead_us(),
             options,
         )
-        for s in setups
-    ]
-    for engine, instance_id in zip(engines, instance_ids, strict=True):
         if engine.speculation is not None:  # each instance draws acceptances from its own stream
             engine.seed_speculation(subsystem_rng(seed, f"speculative/{instance_id}"))
+        return engine
+
+    engines = [new_engine(s, iid) for s, iid in zip(setups, instance_ids, strict=True)]
     block_size = setups[0].engine.block_size
     # Finished requests become compact rows (PD parents with their sub-requests' fields).
     compact = options.compact_finished_requests
@@ -348,11 +350,13 @@ def run_simulation(
     finished = _on_finished(env, sessions, source, check_invariants)
 
     signal_delay_us = cluster.routing.cache_signal_delay_us or 0
+    cache_view: CacheSignalView | None = None
     if signal_delay_us > 0:
         # The router's view of the prefix caches lags them (BLIS's --cache-signal-delay).
-        kv_probe = CacheSignalView(
+        cache_view = CacheSignalView(
             lambda i: engines[i].kv.hash_index, n, block_size, signal_delay_us, lambda: env.now
-        ).probe
+        )
+        kv_probe = cache_view.probe
     else:
 
         def kv_probe(index: int, req: Request) -> int:
@@ -408,7 +412,9 @@ def run_simulation(
 
     infra: Infrastructure | None = None
     groups: dict[int, LockstepGroup] = {}
-    for i, (engine, setup) in enumerate(zip(engines, setups, strict=True)):
+
+    def make_instance(i: int) -> Instance:
+        engine, setup = engines[i], setups[i]
         group = None
         if setup.dp > 1:
             group = groups.get(owners[i])
@@ -429,20 +435,45 @@ def run_simulation(
             else:
                 finished(req)
 
-        instances.append(
-            Instance(
-                env,
-                instance_ids[i],
-                engine,
-                setup.step_model,
-                on_instance_finished,
-                horizon_us,
-                check_invariants,
-                index=i,
-                coalesce_steps=options.coalesce_steps,
-                lockstep=group,
-            )  # fmt: skip
-        )
+        return Instance(
+            env,
+            instance_ids[i],
+            engine,
+            setup.step_model,
+            on_instance_finished,
+            horizon_us,
+            check_invariants,
+            index=i,
+            coalesce_steps=options.coalesce_steps,
+            lockstep=group,
+        )  # fmt: skip
+
+    instances.extend(make_instance(i) for i in range(n))
+
+    def grow(deployment: str) -> int | None:
+        """One more instance of `deployment`, made while the run goes on (its planned slots
+        all used): a copy of the deployment's first slot at the next index, with its own
+        engine, inbox and router bookkeeping. None once the run has made MAX_INSTANCES
+        (a changing fleet has no data-parallel ranks: they are refused before the run)."""
+        i = len(instances)
+        if i >= MAX_INSTANCES:
+            return None
+        template = next(slot for slot in fleet.slots if slot.deployment == deployment)
+        setup = setups[template.index]
+        slot = replace(template, index=i, instance_id=f"instance_{i}", initial=False)
+        fleet.slots.append(slot)
+        setups.append(setup)
+        instance_ids.append(slot.instance_id)
+        instance_models.append(slot.model_key)
+        engine = new_engine(setup, slot.instance_id)
+        engine.keep_completed = source.table is None
+        engines.append(engine)
+        router.add_target(lambda r: instances[i].inbox.put(r), slot.instance_id, slot.model_key)
+        if cache_view is not None:
+            cache_view.add_instance()
+        instances.append(make_instance(i))
+        return i
+
     if fleet is not None and fleet.dynamic:
         from .infrastructure import Infrastructure
 
@@ -455,6 +486,7 @@ def run_simulation(
             lambda inst, req: inst.on_finished(req),
             lambda: (source.exhausted, source.finished == source.injected_count),
             check_invariants,
+            grow=grow,
         )
         infra.start()
     elif fleet is not None:
@@ -503,7 +535,7 @@ def run_simulation(
         steady_state=steady_state.verdict,
     )
     per_instance = []
-    if n > 1:
+    if len(engines) > 1:
         # Instance-level views count what each engine served: sub-requests, not parents.
         by_instance = served_stats(arrived, pd.parents if pd is not None else (), instance_ids)
         for i, (iid, record) in enumerate(zip(instance_ids, records, strict=True)):

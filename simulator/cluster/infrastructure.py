@@ -108,6 +108,12 @@ def _sample_delay_us(delay: DelaySpec, rng: np.random.Generator, what: str) -> i
     return max(0, round(drawn_us))
 
 
+def _record(slot: SlotPlan) -> InstanceRecord:
+    return InstanceRecord(
+        slot.index, slot.instance_id, slot.deployment, slot.model_key, slot.gpus_needed, slot.pool
+    )
+
+
 class Infrastructure:
     def __init__(
         self,
@@ -119,6 +125,7 @@ class Infrastructure:
         settle: Callable[[Instance, Request], None],
         is_done: Callable[[], tuple[bool, bool]],
         check_invariants: bool = False,
+        grow: Callable[[str], int | None] | None = None,
     ) -> None:
         self.env = env
         self.plan = plan
@@ -127,12 +134,12 @@ class Infrastructure:
         self.router = router
         self.settle = settle  # ends a request's life at its instance (counts, sessions)
         self.is_done = is_done
+        # Makes one more instance of a deployment whose planned slots are all used (its index;
+        # None when the deployment cannot grow during the run).
+        self.grow = grow
         self.check = check_invariants
         self.timeline = Timeline()
-        self.records = [
-            InstanceRecord(s.index, s.instance_id, s.deployment, s.model_key, s.gpus_needed, s.pool)
-            for s in plan.slots
-        ]
+        self.records = [_record(s) for s in plan.slots]
         self.pools = {p.name: p for p in plan.node_pools}
         self.nodes: list[Node] = []
         # Instance index -> the nodes its GPUs are on (one, or several whole nodes). Kept after
@@ -154,7 +161,7 @@ class Infrastructure:
             Autoscaler(spec, self._deployment_of(spec)) for spec in plan.autoscalers
         ]
         for inst in instances:
-            inst.on_orphan = lambda req, i=inst: self._orphan(i, req)
+            self._adopt(inst)
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -456,12 +463,23 @@ class Infrastructure:
         return self.instances[rec.index]
 
     def add_instance(self, deployment: str, reason: str) -> InstanceRecord | None:
-        """Bring up the next unused slot of `deployment` (None when none is left)."""
+        """Bring up the next unused slot of `deployment`, or a new one when every planned slot
+        has been used (None when the deployment cannot grow)."""
         for slot, rec in zip(self.plan.slots, self.records, strict=True):
             if slot.deployment == deployment and rec.state is None:
                 self._create(rec, reason)
                 return rec
-        return None
+        index = self.grow(deployment) if self.grow is not None else None
+        if index is None:
+            return None
+        rec = _record(self.plan.slots[index])
+        self.records.append(rec)
+        self._adopt(self.instances[index])
+        self._create(rec, reason)
+        return rec
+
+    def _adopt(self, inst: Instance) -> None:
+        inst.on_orphan = lambda req: self._orphan(inst, req)
 
     # ------------------------------------------------------------------ going away
     def drain(self, rec: InstanceRecord, policy: str, reason: str) -> None:
@@ -697,8 +715,8 @@ class Infrastructure:
             else:
                 why = f"scale-up: {scaler.spec.signal}={value:.3g}"
             if self.add_instance(scaler.deployment, why) is None:
-                # Every instance slot of the deployment has been used (instances that failed
-                # or were drained are not brought back): the ask changes nothing.
+                # The run has made as many instances as one run may (limits.MAX_INSTANCES):
+                # the ask changes nothing.
                 step = 0
                 scaler.scale_ups -= 1
                 scaler.refused_scale_ups += 1
@@ -706,15 +724,14 @@ class Infrastructure:
                     # One row per spell of refusals (until the fleet next changes), not one
                     # per tick: the count is in fleet_metrics.
                     scaler.refusing = True
-                    slots = sum(1 for s in self.plan.slots if s.deployment == scaler.deployment)
                     self.timeline.record(
                         now,
                         "autoscaler",
                         scaler.deployment,
                         "",
                         "",
-                        f"{why} refused: all {slots} instance slots of the deployment have "
-                        "been used (ended instances are not replaced)",
+                        f"{why} refused: the run has made {len(self.records)} instances, the "
+                        "most one run may",
                     )
             else:
                 scaler.refusing = False
@@ -729,19 +746,17 @@ class Infrastructure:
         scaler.last_step = step
 
     def warn_refused_scale_ups(self) -> None:
-        """Said once at the end of a run whose autoscaler ran out of instance slots: the
-        timeline and fleet_metrics have the details, but a run that served its spike on fewer
+        """Said once at the end of a run whose autoscaler could not add instances: the
+        timeline and fleet_metrics have the details, but a run that served its load on fewer
         instances than asked for should not look like one that did not need them."""
         for scaler in self.autoscalers:
             if scaler.refused_scale_ups:
-                slots = sum(1 for s in self.plan.slots if s.deployment == scaler.deployment)
                 log.warning(
-                    "autoscaler of deployment %s: %d scale-ups refused, all %d instance slots "
-                    "having been used (ended instances are not replaced); give max_instances "
-                    "headroom for the replacements the run needs",
+                    "autoscaler of deployment %s: %d scale-ups refused, the run having made "
+                    "%d instances, the most one run may",
                     scaler.deployment,
                     scaler.refused_scale_ups,
-                    slots,
+                    len(self.records),
                 )
 
     def signal(self, deployment: str, name: str) -> float:

@@ -231,6 +231,12 @@ class CacheSignalView:
         self.copied_us = 0
         self.copies_taken = 0
 
+    def add_instance(self) -> None:
+        """An instance made during the run: its copy is empty (so is its cache) until the
+        next refresh copies it."""
+        self.num_instances += 1
+        self._copies.append({})
+
     def refresh(self, now_us: int) -> None:
         """Re-take every copy if `delay_us` has passed since the last (no-op for delay 0).
         `probe` calls it; a router may also call it whenever it builds its view of the

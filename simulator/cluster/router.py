@@ -112,6 +112,14 @@ class Router:
         self.admission_rejections = 0
         self.routing_rejections = 0
 
+    def add_target(self, deliver: Callable[[Request], None], instance_id: str, model: str) -> None:
+        """An instance made while the run goes on (the cluster appends its id to the shared
+        `instance_ids`): its delivery, counters and snapshot, at the next index."""
+        self.deliver.append(deliver)
+        self.in_flight.append(0)
+        self.routed.append(0)
+        self.snapshots.add(instance_id, model)
+
     def _intake(self):
         inbox = self.inbox
         while True:

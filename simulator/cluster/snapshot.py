@@ -60,6 +60,11 @@ class SnapshotCache:
         ]
         self._refreshed_us = [0] * len(instances)
 
+    def add(self, instance_id: str, model: str) -> None:
+        """An instance made during the run, at the next index: all-zero until first read."""
+        self._cached.append(InstanceSnapshot(instance_id, len(self._cached), model=model))
+        self._refreshed_us.append(0)
+
     def get(self, index: int, now_us: int) -> InstanceSnapshot:
         if self.interval_us <= 0:
             return self.read_live(index, self.read_in_flight(index))

@@ -73,7 +73,7 @@ class FleetInstanceRecord:
 @dataclass(frozen=True, slots=True)
 class AutoscalerRecord:
     """One autoscaler's decisions: its spec, the scale-ups and -downs it made, the scale-ups
-    refused for want of an unused instance slot, and every sample (time µs, signal, live
+    refused once the run could make no more instances, and every sample (time µs, signal, live
     instances) it decided on."""
 
     deployment: str

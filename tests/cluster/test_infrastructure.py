@@ -1094,14 +1094,10 @@ def test_instances_waiting_for_a_withdrawn_node_order_another():
     assert rows[(rows.id == "h100-2") & (rows.to_state == "provisioning")].time_s.item() == 8.0
 
 
-def test_refused_scale_ups_are_one_row_per_spell_counted_and_warned_about(caplog):
-    """max_instances 3 and two spikes: the first uses all three slots, the fleet scales
-    down between them, and every ask during the second spike is refused. One timeline row
-    says so (the fleet did not change between the refusals), fleet_metrics counts each, and
-    the run ends with a warning."""
+def _two_spikes() -> dict:
     windows = [{"start_us": 10_000_000, "end_us": 25_000_000},
                {"start_us": 60_000_000, "end_us": 75_000_000}]  # fmt: skip
-    scenario = {
+    return {
         "node_pools": [_one_gpu_pool(5) | {"cost_per_hour": 10.0}],
         "deployments": [{"name": "llama", "num_instances": 1, "pool": "h100"}],
         "instance_lifecycle": {"initial_instances_loaded": True, "loading_delay": {"mean_s": 5}},
@@ -1111,8 +1107,36 @@ def test_refused_scale_ups_are_one_row_per_spell_counted_and_warned_about(caplog
                      "clients": [_v2_client("steady", 0.05, 256, 64),
                                  _v2_client("spike", 0.95, 1024, 200, windows)]},
     }  # fmt: skip
+
+
+def test_a_second_spike_gets_new_instances_after_the_first_ones_ended():
+    """max_instances 3 and two spikes with scale-downs between them: the first spike uses
+    the deployment's three planned slots, and the second gets instances made during the run
+    (instance_3 on), never more than three live at once."""
+    result = run_checked(_two_spikes())
+    assert_conserved(result)
+    assert_legal_timeline(result)
+    rows = result.timeline
+    made = rows[(rows.kind == "instance") & (rows.to_state == "scheduling")]
+    late = made[made.time_s > 60]
+    assert len(late) >= 1 and all(int(i.split("_")[1]) >= 3 for i in late.id)
+    assert "autoscaler_llama_refused_scale_ups" not in result.fleet_metrics
+    live = 0
+    for row in rows[rows.kind == "instance"].itertuples():
+        live += (row.to_state == "scheduling") - (row.to_state == "terminated")
+        assert live <= 3
+
+
+def test_refused_scale_ups_are_one_row_per_spell_counted_and_warned_about(caplog, monkeypatch):
+    """The same run where one run may make only three instances (limits.MAX_INSTANCES,
+    patched): every ask of the second spike is refused. One timeline row says so (the
+    fleet did not change between the refusals), fleet_metrics counts each, and the run ends
+    with a warning."""
+    import simulator.cluster.cluster as cluster_module
+
+    monkeypatch.setattr(cluster_module, "MAX_INSTANCES", 3)
     with caplog.at_level("WARNING", logger="servesim"):
-        result = simulator.simulate(scenario, warn_unsteady=False)
+        result = simulator.simulate(_two_spikes(), warn_unsteady=False)
     refused = result.fleet_metrics["autoscaler_llama_refused_scale_ups"]
     rows = result.timeline[result.timeline.kind == "autoscaler"]
     assert refused > 1 and len(rows) == 1 and rows.time_s.item() > 60
