@@ -118,8 +118,9 @@ class PlanResult:
     # Said before any answer: GPUs whose latencies rest on different evidence.
     warnings: list[str] = field(default_factory=list)
     min_attainment: float = DEFAULT_MIN_ATTAINMENT
-    # Per-request targets derived from the SLOs (ttft_ms, itl_ms, e2e_ms) and the requests
-    # each probe ran (None: the scenario's own, a trace or a horizon-bounded workload).
+    # Per-request targets derived from the SLOs (ttft_ms, itl_ms, e2e_ms) and the requests a
+    # one-instance probe runs (a probe of n instances: n x required_requests, at least this;
+    # None: the scenario's own, a trace or a horizon-bounded workload).
     targets: dict[str, float] = field(default_factory=dict)
     run_requests: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -363,7 +364,9 @@ def wilson_interval(fraction: float, n: int, z: float = 1.96) -> tuple[float, fl
         return 0.0, 1.0
     centre = (fraction + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(fraction * (1 - fraction) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval holds the fraction observed; at 0 or 1 rounding can leave its bound a hair
+    # inside (1,000 of 1,000 gave 1.0, 4,000 of 4,000 gives 0.99999...).
+    return max(0.0, min(centre - half, fraction)), min(1.0, max(centre + half, fraction))
 
 
 def undecided(row: Mapping[str, Any], min_attainment: float) -> bool:
@@ -527,6 +530,24 @@ def plan(
             f"each probe runs {needed:,} requests (the scenario has {have:,}): the strictest "
             f"percentile judged needs {SAMPLES_BEYOND_PERCENTILE} samples beyond it"
         )
+    if run_requests is not None:
+        floor = f" (at least the scenario's {run_requests:,})" if run_requests > needed else ""
+        notes.append(
+            f"a probe of n instances runs n x {needed:,} requests{floor}, so that each "
+            "instance serves as many as a one-instance probe's does"
+        )
+
+    def probe_requests(instances: int) -> int | None:
+        """A probe's planned length: the run length (`run_requests`), and `needed` requests
+        per instance. A fixed length spread over more instances gives each fewer: at 5
+        instances and 1,000 requests each served 200 (4 s), the batch was still filling
+        when the run ended, and the judge called 5 H100 at 240 req/s saturated (plan
+        answered 6 where 5 hold the load). None for a trace or a horizon-bounded workload,
+        which keep their own length."""
+        if run_requests is None:
+            return None
+        return max(run_requests, needed * instances)
+
     disaggregated = sc.cluster.pd.enabled
     if disaggregated and max_instances < 2:
         raise invalid("max_instances", max_instances, "a disaggregated plan needs at least 2")
@@ -604,16 +625,26 @@ def plan(
                 if split is not None:
                     overrides["cluster.pd.prefill_instances"] = split[0]
                     overrides["cluster.pd.decode_instances"] = split[1]
-                point = with_overrides(gpu_sc, overrides, source=f"plan: {n} instances")
+                planned = probe_requests(n)
+                length = {} if planned is None else {"workload.num_requests": planned}
+                point = with_overrides(
+                    gpu_sc, overrides, length, source=f"plan: {n} instances"
+                )  # fmt: skip
                 meets, figures, runs = judged(point)
-                requests = run_requests
+                requests = planned
+                rechecked_saturation = False
                 # Too close to call, or too short to have settled: the same probe with more
-                # requests, as often as allowed.
-                while (
-                    run_requests is not None
-                    and (undecided(figures, min_attainment) or _too_short(runs))
-                    and requests * 2 <= run_requests * MAX_EXTENSION
-                ):
+                # requests, as often as allowed. A saturated verdict that alone fails a probe
+                # is checked once on a run twice as long: a batching server near its capacity
+                # fills its batch for several E2Es, which a short run's judge can read as a
+                # queue growing; a real overload stays saturated when run longer.
+                while requests is not None and requests * 2 <= planned * MAX_EXTENSION:
+                    if not (undecided(figures, min_attainment) or _too_short(runs)):
+                        if rechecked_saturation or not fails_only_as_saturated(
+                            runs, bounds, min_attainment, min_goodput
+                        ):
+                            break
+                        rechecked_saturation = True
                     requests *= 2
                     longer = with_overrides(
                         point, {}, {"workload.num_requests": requests},
@@ -839,6 +870,20 @@ def _layout_text(deployment: Any) -> str:
 def _too_short(runs: pd.DataFrame) -> bool:
     """A seed's run ended before it could settle (steady-state verdict `too short`)."""
     return "too short" in set(runs.get("steady_state", pd.Series(dtype=object)))
+
+
+def fails_only_as_saturated(
+    runs: pd.DataFrame,
+    bounds: Mapping[str, float],
+    min_attainment: float,
+    min_goodput: float | None,
+) -> bool:
+    """Does a probe fail on a seed's `saturated` verdict alone: would it pass were every
+    verdict `steady`?"""
+    if "saturated" not in set(runs.get("steady_state", pd.Series(dtype=object))):
+        return False
+    as_if_steady = runs.assign(steady_state="steady")
+    return judge_probe(as_if_steady, bounds, min_attainment, min_goodput)[0]
 
 
 def _margin(row: Mapping[str, Any], bounds: Mapping[str, float]) -> float:

@@ -203,9 +203,10 @@ def test_plan_says_when_gpus_rest_on_different_evidence() -> None:
     # An unset token budget is a stock vLLM server's on each GPU (>= 70 GiB and not an A100:
     # 8,192; an A100: 2,048); BASE sets one sequence. Each GPU's row says what it ran with.
     assert list(res.per_gpu["batch_limits"]) == [
-        "1 seqs, 8,192 tokens (max_num_scheduled_tokens: vLLM's default on H100; the other set)",
-        "1 seqs, 2,048 tokens (max_num_scheduled_tokens: vLLM's default on A100-SXM; the "
-        "other set)",
+        "1 seqs, 8,192 tokens (max_num_running_reqs set; max_num_scheduled_tokens: "
+        "vLLM's default on H100)",
+        "1 seqs, 2,048 tokens (max_num_running_reqs set; max_num_scheduled_tokens: "
+        "vLLM's default on A100-SXM)",
     ]
     assert len(res.warnings) == 1
     assert "H100: calibrated; A100-SXM: transferred" in res.warnings[0]
@@ -463,3 +464,42 @@ def test_a_batching_server_is_not_passed_at_twice_its_capacity() -> None:
     res = plan(scenario, {"ttft_p99_ms": 1000.0}, seeds=(42,), max_instances=6, workers=1)
     assert res.best is not None and res.best.instances == 4
     assert not res.frontier[res.frontier.instances < 4].meets.any()
+
+
+# --- the probe length grows with the instance count ----------------------------------------
+
+# Llama-3.1-8B on H100 (vLLM's default batch limits: 1,024 sequences), Poisson arrivals: a
+# batching server whose batch takes several seconds to fill near its capacity.
+BATCHING = {
+    "model": "meta-llama/llama-3.1-8b-instruct",
+    "hardware": "H100",
+    "workload": {
+        "arrival": "poisson",
+        "rate": 48,
+        "num_requests": 1000,
+        "prompt_tokens": {"distribution": "gaussian", "mean": 512, "stdev": 128,
+                          "min": 16, "max": 2048},
+        "output_tokens": {"distribution": "gaussian", "mean": 128, "stdev": 32,
+                          "min": 1, "max": 512},
+    },
+}  # fmt: skip
+
+
+def test_k_times_the_load_needs_at_most_k_times_the_instances() -> None:
+    """Law: if n instances serve rate r within the SLO, k x n serve k x r (round-robin hands
+    each the same share, arriving more regularly than Poisson), so the answer at k x r is at
+    most k times the answer at r, and no less than the answer at r. One H100 holds 48 req/s;
+    at 240 req/s a probe of 5 instances once ran 1,000 requests, 200 per instance, judged the
+    filling batch saturated and the plan answered 6 (here, with at most 5: infeasible)."""
+    answers = {}
+    for rate in (48, 96, 240):
+        base = {**BATCHING, "workload": {**BATCHING["workload"], "rate": rate}}
+        res = plan(base, {"ttft_p99_ms": 500.0}, seeds=(1, 2), max_instances=5, workers=1)
+        assert res.best is not None, f"{rate} req/s: {res.table()}"
+        answers[rate] = res.best.instances
+    assert answers[48] == 1
+    for rate in (96, 240):
+        k = rate // 48
+        assert answers[48] <= answers[rate] <= k * answers[48], answers
+    probes = res.frontier  # at 240 req/s: each instance of a probe serves >= 1,000 requests
+    assert (probes["requests"] >= 1000 * probes["instances"]).all()
