@@ -38,8 +38,13 @@ from .workload.spec import format_spec_error, model_classes
 from .workload.synthetic import V2_EQUIVALENTS
 
 RUNS_DIR = "runs.d"
-# Summary fields BLIS prints only when non-zero: a missing one means 0, not unknown.
-_ZERO_WHEN_ABSENT = ("kv_allocation_failures",)
+# The counts `metrics.summary.compute_summary` leaves out of a run's summary when they are 0
+# (BLIS prints kv_allocation_failures only when non-zero; a fixed fleet's summary keeps BLIS's
+# field list): in a sweep row a missing one is 0, not unknown, or a point's mean and CI would
+# skip its seeds that lost nothing. tests/test_sweep.py checks this list against
+# compute_summary, so a new such field cannot be missed. (The spec_* and lora_* fields are
+# absent when the run does not speculate or serve adapters: not applicable, so NaN.)
+ZERO_WHEN_ABSENT = ("kv_allocation_failures", "dropped_on_drain", "failed_requests")
 
 Progress = Callable[[int, int, dict[str, Any]], None]
 
@@ -102,6 +107,15 @@ def check_path(base: Scenario, path: str) -> None:
             classes = [c for o in owners for c in model_classes(o.model_fields[key].annotation)]
         else:
             classes = []
+        if isinstance(node, list):
+            # A known field holding a list (`autoscaler.0.max_instances`): no typo, so say
+            # what `simulate`'s keyword overrides say of it (scenario.apply_overrides).
+            inside = ".".join(keys[: i + 1])
+            shown = [v.model_dump() if isinstance(v, BaseModel) else v for v in node]
+            raise ConfigError(
+                f"grid: {excerpt(path)}: {inside} is not a section (it is {excerpt(shown)}); "
+                f"a dotted override cannot reach inside it (set {inside} whole)"
+            )
         if not classes:
             raise unknown
 
@@ -145,6 +159,7 @@ def _validate(
     """Every path, then every combination (values are checked together: PD pool sizes, for
     one, are only valid in pairs). The error names the point's paths and values."""
     from .deployment import resolve_deployment
+    from .fleet_plan import plan_fleet
 
     for path in grid:
         if path == "seed":
@@ -153,7 +168,10 @@ def _validate(
     for params in points:
         label = "grid: " + (", ".join(f"{k} = {v!r}" for k, v in params.items()) or "(base)")
         try:
-            resolve_deployment(_point_scenario(base, params, seed, source=label))
+            scenario = _point_scenario(base, params, seed, source=label)
+            # The fleet plan checks what the deployment does not: event targets (an unknown
+            # instance or node), pools, deployments' roles.
+            plan_fleet(scenario, resolve_deployment(scenario))
         except (TypeError, AttributeError) as exc:  # e.g. a value below a leaf
             raise ConfigError(f"{label}: {exc}") from None
         except ConfigError as exc:
@@ -217,7 +235,7 @@ def _simulate_row(scenario: Scenario) -> dict[str, Any]:
     for name in TEXT_COLUMNS:
         if name in summary:
             row[name] = summary[name]
-    for name in _ZERO_WHEN_ABSENT:
+    for name in ZERO_WHEN_ABSENT:
         row.setdefault(name, 0)
     return row
 
@@ -434,6 +452,8 @@ def sweep(
         row.update({k: _jsonable(v) for k, v in point.items()})
         row["seed"] = seed
         row.update(metrics_by_key[key])
+        for name in ZERO_WHEN_ABSENT:  # a resumed run may predate a field's listing here
+            row.setdefault(name, 0)
         rows.append(row)
     runs = pd.DataFrame(rows)
     metric_names = [c for c in runs.columns if c not in {"point", "seed", *params, *TEXT_COLUMNS}]

@@ -355,7 +355,7 @@ def test_latency_vs_load_marks_the_saturation_point(by_rate: sweep_mod.SweepResu
     assert list(curve.get_ydata()) == list(pts["ttft_p99_ms_mean"])
     (saturation,) = [line for line in ax.lines if line.get_gid() == "saturation"]
     assert list(saturation.get_xdata()) == [100, 100]
-    assert "workload.rate = 100 (0/2 seeds steady)" in saturation.get_label()
+    assert "workload.rate = 100 (0/2 seeds steady; 2 saturated)" in saturation.get_label()
     (slo,) = [line for line in ax.lines if line.get_gid() == "slo"]
     assert list(slo.get_ydata()) == [500, 500] and slo.get_linestyle() == "--"
     band = ax.collections[0]  # the 95% CI band
@@ -373,6 +373,34 @@ def test_latency_vs_load_without_saturation_says_so(by_rate: sweep_mod.SweepResu
     assert not [line for line in ax.lines if line.get_gid() == "saturation"]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "no saturation: every seed steady up to workload.rate = 5" in legend
+
+
+def test_only_a_saturated_verdict_is_called_saturation(by_rate: sweep_mod.SweepResult) -> None:
+    """A line says saturation only at a load where some seed was judged `saturated`. 20
+    requests are too few to judge at any rate (`too short`): the first unsteady load gets a
+    `not steady` line naming its verdicts instead, in the figure and in the report's charts.
+    Over 300 requests every seed at 100 req/s saturates."""
+    from simulator.report.figures import sweep_charts
+    from simulator.report.study_data import sweep_data
+
+    base = {**SATURATING, "workload": {**SATURATING["workload"], "num_requests": 20}}
+    short = sweep(base, {"workload.rate": [5, 100]}, seeds=[1, 2], workers=1)
+    assert set(short.runs["steady_state"]) == {"too short"}
+    for res in (short, by_rate):
+        lines = res.plot_latency_vs_load().axes[0].lines
+        marked = {line.get_gid(): line for line in lines if line.get_gid() is not None}
+        saturated = res.runs.loc[res.runs["steady_state"] == "saturated", "workload.rate"]
+        kind = "not steady" if saturated.empty else "saturation"
+        if saturated.empty:
+            assert "saturation" not in marked
+            assert marked["not-steady"].get_label() == (
+                "not steady: workload.rate = 5 (0/2 seeds steady; 2 too short)"
+            )
+        else:
+            assert list(marked["saturation"].get_xdata()) == [saturated.min()] * 2
+        for chart in sweep_charts(sweep_data(res)):
+            notes = [a.text for a in chart.figure.layout.annotations]
+            assert any(t.startswith(f"{kind}: ") for t in notes), notes
 
 
 def test_latency_vs_load_rejects_unknown_names(by_rate: sweep_mod.SweepResult) -> None:
@@ -505,3 +533,110 @@ def test_an_interrupt_while_writing_the_report_says_what_was_not_written(
         res.stderr
     )
     assert (out / "runs.csv").is_file() and not page.exists()
+
+
+# --- fleet runs: counts absent when zero, fleet checks before the first run ------------------
+
+# Two instances, one of which fails at 2 s: some seeds lose requests with it, some lose none.
+FAILING_INSTANCE = {
+    "cluster": {"num_instances": 2},
+    "instance_lifecycle": {"initial_instances_loaded": True},
+    "events": [{"at_s": 2, "action": "fail_instance", "target": "instance_0"}],
+    "workload": {
+        "arrival": "poisson",
+        "rate": 4,
+        "num_requests": 40,
+        "prompt_tokens": {"distribution": "constant", "value": 256},
+        "output_tokens": {"distribution": "constant", "value": 64},
+    },
+}
+
+
+def test_zero_when_absent_lists_every_count_the_summary_omits_at_zero() -> None:
+    """The law behind ZERO_WHEN_ABSENT: a summary of requests in every state, on an engine
+    with a KV allocation failure, has fields that a summary of nothing lacks; those, and only
+    those, are the counts a sweep row fills with 0."""
+    from dataclasses import replace as changed
+    from types import SimpleNamespace
+
+    from simulator.api import simulate
+    from simulator.engine.request import RequestState
+    from simulator.metrics.summary import compute_summary
+
+    (record,) = simulate(BASE).instance_records
+    requests = [
+        SimpleNamespace(state=state, arrival_us=0, first_token_us=1, schedule_us=1, completion_us=2)
+        for state in RequestState
+    ]
+    everything = compute_summary("c", requests, [changed(record, kv_allocation_failures=1)], 10)
+    nothing = compute_summary("c", [], [changed(record, kv_allocation_failures=0)], 10)
+    assert set(everything) - set(nothing) == set(sweep_mod.ZERO_WHEN_ABSENT)
+
+
+def test_a_count_absent_because_zero_averages_as_zero() -> None:
+    """Mean and CI over every seed: each point's `<count>_mean` is the mean of the per-seed
+    summaries' values, a field a summary left out counting as 0 (here a seed that lost no
+    request with the failed instance; once it was NaN and left out of the mean)."""
+    from simulator.api import simulate
+    from simulator.metrics.study import ci_half_width
+
+    seeds = [1, 2, 3, 4, 5, 6]
+    res = sweep(FAILING_INSTANCE, {}, seeds=seeds, workers=1)
+    summaries = [simulate(FAILING_INSTANCE, seed=s, warn_unsteady=False).summary for s in seeds]
+    assert any("failed_requests" not in s for s in summaries)  # the case this test is about
+    assert any("failed_requests" in s for s in summaries)
+    for name in {"failed_requests", *sweep_mod.ZERO_WHEN_ABSENT}:
+        per_seed = pd.Series([float(s.get(name, 0)) for s in summaries])
+        assert res.runs[name].tolist() == per_seed.tolist()
+        assert res.points.loc[0, f"{name}_mean"] == pytest.approx(per_seed.mean())
+        half, _method = ci_half_width(per_seed)
+        assert res.points.loc[0, f"{name}_ci95"] == pytest.approx(half, nan_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (
+            {"at_s": 2, "action": "fail_instance", "target": "instance_7"},
+            "events[0].target: unknown instance 'instance_7'",
+        ),
+        (
+            {"at_s": 2, "action": "drain_node", "node": "gpus-9x"},
+            "events[0].node: unknown node 'gpus-9x'",
+        ),
+    ],
+)
+def test_a_bad_event_target_in_the_grid_fails_before_the_first_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, event: dict, message: str
+) -> None:
+    """The fleet plan is checked for every point before anything runs: one line naming the
+    point, exit 2, nothing simulated and nothing written (the first point is valid)."""
+    calls: list[object] = []
+    monkeypatch.setattr(sweep_mod, "_simulate_row", lambda sc: calls.append(sc))
+    pools = [
+        {"name": "gpus", "gpu_type": "H100", "gpus_per_node": 1, "initial_nodes": 2, "max_nodes": 2}
+    ]
+    base = {**FAILING_INSTANCE, "events": [], "node_pools": pools}
+    f = tmp_path / "sweep.yaml"
+    f.write_text(yaml.safe_dump({"base": base, "grid": {"events": [[], [event]]}}))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(_cli(), ["sweep", str(f), "--workers", "1", "--out", str(out)])
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    (err,) = res.stderr.strip().splitlines()
+    assert err.startswith("error: grid: events = [{") and "}]: " + message in err
+    assert calls == [] and not out.exists()
+
+
+def test_a_grid_path_into_a_list_says_what_simulate_says() -> None:
+    """A dotted path cannot reach into a list field: the sweep says so as `simulate`'s
+    overrides do, instead of calling a known field unknown."""
+    from simulator.api import simulate
+
+    with pytest.raises(ConfigError) as by_keyword:
+        simulate(FAILING_INSTANCE, autoscaler__0__max_instances=2)
+    reason = str(by_keyword.value).split("autoscaler.0.max_instances: ", 1)[1]
+    assert reason.startswith("autoscaler is not a section")
+    with pytest.raises(ConfigError) as in_grid:
+        sweep(FAILING_INSTANCE, {"autoscaler.0.max_instances": [2]}, workers=1)
+    assert str(in_grid.value) == f"grid: 'autoscaler.0.max_instances': {reason}"

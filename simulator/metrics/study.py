@@ -84,9 +84,12 @@ class SweepTables:
         line per combination of the other grid parameters; a dashed line at `slo` when given.
         The y axis is logarithmic when `log_y`, by default when the means span more than 50x.
 
-        The saturation point, the smallest load at which not every seed reached a steady
-        state (`steady_seeds < n_seeds`), is a dotted vertical line, and every such point an
-        X; when every load is steady the legend says so. A Figure (Agg canvas)."""
+        Every point at which not every seed reached a steady state (`steady_seeds <
+        n_seeds`) is an X. The saturation point, the smallest load at which a seed's verdict
+        was `saturated`, is a dotted vertical line; when the first unsteady load comes before
+        it (its seeds `too short` or `not steady`, not saturated), that load has a dash-dot
+        line labelled `not steady`. Each line's legend gives the seeds' verdicts; when every
+        load is steady the legend says so. A Figure (Agg canvas)."""
         from .plots import _figure
 
         if load not in self.params:
@@ -140,6 +143,8 @@ class SweepTables:
                 ax.plot([], [], " ", label=f"saturation unknown{suffix}: no steady-state verdicts")
                 continue
             unsteady = (g["steady_seeds"] < g["n_seeds"]).to_numpy()
+            verdicts = [point_verdicts(self.runs, p) for p in g.get("point", [None] * len(g))]
+            saturated = np.array([v.get("saturated", 0) > 0 for v in verdicts], dtype=bool)
             if unsteady.any():
                 ax.scatter(
                     x[unsteady],
@@ -153,17 +158,31 @@ class SweepTables:
                     label=None if marked_unsteady else "not every seed steady",
                 )
                 marked_unsteady = True
+                # Only a `saturated` verdict is saturation: a `too short` or `not steady` seed
+                # says the run could not be judged or lost requests, not that the load is
+                # beyond capacity, so it gets a line of its own, named for what it was.
                 first = int(np.flatnonzero(unsteady)[0])
-                row = g.iloc[first]
-                ax.axvline(
-                    x[first],
-                    color=color,
-                    linestyle=":",
-                    linewidth=1.5,
-                    gid="saturation",
-                    label=f"saturation{suffix}: {load} = {x[first]:g} "
-                    f"({int(row['steady_seeds'])}/{int(row['n_seeds'])} seeds steady)",
-                )
+                first_saturated = int(np.flatnonzero(saturated)[0]) if saturated.any() else None
+                if first_saturated is None or first < first_saturated:
+                    ax.axvline(
+                        x[first],
+                        color=color,
+                        linestyle="-.",
+                        linewidth=1.2,
+                        gid="not-steady",
+                        label=f"not steady{suffix}: {load} = {x[first]:g} "
+                        f"({seeds_text(g.iloc[first], verdicts[first])})",
+                    )
+                if first_saturated is not None:
+                    ax.axvline(
+                        x[first_saturated],
+                        color=color,
+                        linestyle=":",
+                        linewidth=1.5,
+                        gid="saturation",
+                        label=f"saturation{suffix}: {load} = {x[first_saturated]:g} "
+                        f"({seeds_text(g.iloc[first_saturated], verdicts[first_saturated])})",
+                    )
             else:
                 ax.plot(
                     [],
@@ -262,6 +281,23 @@ def ci_half_width(values: pd.Series) -> tuple[float, str]:
         return math.nan, "n<2"
     q, method = t_quantile_975(n - 1)
     return q * float(x.std(ddof=1)) / math.sqrt(n), method
+
+
+def point_verdicts(runs: pd.DataFrame, point: Any) -> dict[str, int]:
+    """How many of `point`'s seeds got each steady-state verdict other than `steady`, most
+    first ({} when the runs carry no verdicts)."""
+    if not {"point", "steady_state"} <= set(runs.columns):
+        return {}
+    verdicts = runs.loc[runs["point"] == point, "steady_state"].astype(str)
+    counts = verdicts[verdicts != "steady"].value_counts()
+    return {str(v): int(n) for v, n in counts.items()}
+
+
+def seeds_text(row: Any, verdicts: dict[str, int]) -> str:
+    """`1/3 seeds steady; 2 too short`: a point's steady seeds and what the others were."""
+    text = f"{int(row['steady_seeds'])}/{int(row['n_seeds'])} seeds steady"
+    others = ", ".join(f"{n} {verdict}" for verdict, n in verdicts.items())
+    return f"{text}; {others}" if others else text
 
 
 def summarize_points(

@@ -435,9 +435,10 @@ def render_sweep(data: dict[str, Any]) -> str:
     for c in data["curves"]:
         knee = c.get("knee")
         if knee:
+            others = ", ".join(f"{n} {v}" for v, n in knee.get("verdicts", {}).items())
             text = (
                 f"{data['load']} = {fmt(knee['load'])} ({knee['steady_seeds']}/"
-                f"{knee['n_seeds']} seeds steady)"
+                f"{knee['n_seeds']} seeds steady{'; ' + others if others else ''})"
             )
         elif "knee" in c:
             text = f"none: every seed steady up to {fmt(max(c['load']))}"
@@ -475,8 +476,10 @@ def render_sweep(data: dict[str, Any]) -> str:
             "Latency and throughput against load",
             "Each metric's mean across seeds (line) with its 95% confidence band. An X marks a "
             "load at which some seed's run did not reach a steady state; the dotted line is the "
-            "first such load, the saturation knee: beyond it latencies describe the run's "
-            "length, not what the server sustains.",
+            "first such load, the knee, labelled saturation when a seed there was judged "
+            "saturated (beyond it latencies describe the run's length, not what the server "
+            "sustains) and not steady otherwise (runs too short to judge, or that lost "
+            "requests).",
             charts=charts,
             notes=[] if charts else ["nothing to draw against load"],
         ),

@@ -729,10 +729,14 @@ def _sweep_charts(data: dict[str, Any]) -> list[Chart]:
                         )
                     )
             if curve.get("knee"):
-                knees.append((curve["knee"]["load"], curve["label"]))
-        for x_knee, label in knees:
+                knees.append((curve["knee"], curve["label"]))
+        for knee, label in knees:
             who = "" if len(data["curves"]) == 1 else f" ({label})"
-            _vline(fig, x_knee, f"saturation{who}: {x_knee:g}", dash="dot")
+            # Saturation only when a seed there was judged saturated; `too short` is no
+            # evidence of an overload.
+            verdicts = knee.get("verdicts", {})
+            kind = "saturation" if "saturated" in verdicts else "not steady"
+            _vline(fig, knee["load"], f"{kind}{who}: {knee['load']:g}", dash="dot")
         _layout(
             fig,
             f"{metric} vs {load}",

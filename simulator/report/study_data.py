@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..metrics.study import latency_models_line
+from ..metrics.study import latency_models_line, point_verdicts
 from .run_data import clean
 
 # Load parameters, most telling first; otherwise the first numeric grid parameter.
@@ -117,6 +117,13 @@ def sweep_data(sweep: Any) -> dict[str, Any]:
                     if unsteady
                     else None
                 )
+                if unsteady:
+                    # What the unsteady seeds were: only `saturated` makes the knee a
+                    # saturation (`too short` runs were not judged at all).
+                    knee_point = g["point"].iloc[unsteady[0]] if "point" in g else None
+                    verdicts = point_verdicts(sweep.runs, knee_point)
+                    if verdicts:
+                        curve["knee"]["verdicts"] = verdicts
             curves.append(curve)
         if not has_verdicts:
             notes["knee"] = "these runs carry no steady-state verdicts: the knee is unknown"
