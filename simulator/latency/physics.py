@@ -44,6 +44,7 @@ for TP inside one node.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
@@ -523,9 +524,41 @@ class CoefficientSource:
 REFERENCE_GPU = "H100"
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    digits = [int(p) for p in version.lstrip("vV").split(".") if p.isdigit()]
-    return tuple(digits)
+# A vLLM version as PEP 440 spells one (what `packaging` parses, which is not a dependency),
+# optionally as a container image tag (`vllm/vllm-openai:v0.23.0`, as defaults.yaml records
+# them). Only the release numbers choose a fit: a pre-release, post-release, dev build or local
+# build (`0.23.0rc1`, `0.23.0+cu128`) runs that release's code paths.
+_VERSION = re.compile(
+    r"v?(?:\d+!)?(?P<release>\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"(?:-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?"
+    r"(?:[-_.]?dev[-_.]?\d*)?"
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?",
+    re.IGNORECASE,
+)
+
+VERSION_ALLOWED = (
+    "must be a vLLM version such as 0.23.0, v0.23, 0.23.0rc1 or 0.23.0+cu128 (release "
+    "numbers with optional pre/post/dev/local suffixes)"
+)
+
+
+def version_key(version: str, field: str = "latency.vllm_version") -> tuple[int, ...]:
+    """The release numbers of a vLLM version, trailing zeros dropped (`0.23` and `0.23.0` are
+    one release, as in PEP 440). An unparseable version is an error naming `field`: choosing
+    a fit for it would be a guess."""
+    tag = str(version).strip().rsplit(":", 1)[-1].strip()
+    found = _VERSION.fullmatch(tag)
+    if found is None:
+        raise invalid(field, version, VERSION_ALLOWED)
+    release = [int(p) for p in found.group("release").split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    return tuple(release)
+
+
+def _minor(key: tuple[int, ...]) -> tuple[int, int]:
+    return (key[0], key[1] if len(key) > 1 else 0)
 
 
 def calibrations() -> dict[str, dict[str, dict[str, Any]]]:
@@ -539,19 +572,22 @@ def choose_calibration(
     """(fit GPU, fit vLLM version, entry) for a GPU and an optional vLLM version.
 
     The GPU's own fits, else the reference GPU's (transferred). Without a version the newest
-    fit; with one, that version's fit, else the nearest older one, else the oldest."""
+    fit; with one, that release's fit, else the nearest fit of the same minor release (patch
+    releases do not change the engine's step), else the nearest older one, else the oldest."""
+    wanted = None if vllm_version is None else version_key(vllm_version)
     fits = calibrations()
     fit_gpu = gpu_name if gpu_name in fits else REFERENCE_GPU
     by_version = fits.get(fit_gpu)
     if not by_version:
         return None
-    ordered = sorted(by_version, key=_version_key)
-    if vllm_version is None:
+    ordered = sorted(by_version, key=version_key)
+    if wanted is None:
         chosen = ordered[-1]
     else:
-        wanted = _version_key(vllm_version)
-        older = [v for v in ordered if _version_key(v) <= wanted]
-        chosen = older[-1] if older else ordered[0]
+        same_minor = [v for v in ordered if _minor(version_key(v)) == _minor(wanted)]
+        candidates = same_minor or ordered
+        older = [v for v in candidates if version_key(v) <= wanted]
+        chosen = older[-1] if older else candidates[0]
     return fit_gpu, chosen, by_version[chosen]
 
 
@@ -567,7 +603,7 @@ def default_coefficients(
     where = f"physics.yaml calibrated.{fit_gpu}.{fit_vllm}"
     coefficients = coefficients_from_mapping(entry["coefficients"], where)
     note = ""
-    if vllm_version is not None and _version_key(vllm_version) != _version_key(fit_vllm):
+    if vllm_version is not None and version_key(vllm_version) != version_key(fit_vllm):
         note = f"; no fit for vLLM {vllm_version}, nearest used"
     kind = "calibrated" if fit_gpu == gpu.name else "transferred"
     source = CoefficientSource(

@@ -355,7 +355,10 @@ _INT_FIELDS = {
     "audio_tokens": (MAX_TOKENS, 0, False),
     "video_tokens": (MAX_TOKENS, 0, False),
     "server_input_tokens": (MAX_TOKENS, 0, False),
-    "send_time_us": (MAX_TIME_US, -MAX_TIME_US, False),
+    # A send is a time on the run's clock or the wall clock, never before either starts; 0 is
+    # a request that never went out (`injection_basis_us`), so a negative one would read as a
+    # send that happened before 1970 and move every other request by decades.
+    "send_time_us": (MAX_TIME_US, 0, False),
     "num_chunks": (MAX_TOKENS, 0, False),
     "vllm_priority": (_MAX_PRIORITY, 0, False),
     "slo_target_us": (MAX_TIME_US, 0, False),
@@ -731,6 +734,15 @@ def _mixes_clocks(sends: Sequence[int]) -> bool:
     """Wall-clock sends (`observe`) beside rows without a send. (On a run's own clock a send
     of 0 is simply the run's first instant, as in BLIS's own traces.)"""
     return 0 in sends and max(sends) >= _EPOCH_LIKE_US
+
+
+def never_sent(rows: Sequence[TraceRow]) -> list[bool]:
+    """Which rows record a request that never went out: send_time_us 0 among wall-clock sends.
+    Such a row's only time (arrival_time_us) is on the run's clock, not the wall clock its
+    neighbours' sends and chunks are on, so no span may mix it with them."""
+    if not _mixes_clocks([r.send_time_us for r in rows]):
+        return [False] * len(rows)
+    return [r.send_time_us == 0 for r in rows]
 
 
 def injection_times_us(rows: list[TraceRow], shift: int) -> list[int]:

@@ -615,3 +615,62 @@ def test_the_decode_only_price_is_the_general_price_to_the_bit(case, decodes, me
     context_sum = decodes * mean_context
     general = model.step_time_us(StepBatch([], decodes, context_sum, [], 0))
     assert model.decode_step_time_us(decodes, context_sum) == general
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "{v}",
+        "v{v}",
+        "{v}.0",
+        "{v}rc1",
+        "{v}.dev2",
+        "{v}.post1",
+        "{v}+cu128",
+        "vllm/vllm-openai:v{v}",
+    ],
+)
+def test_every_spelling_of_a_fitted_release_chooses_its_fit(spelling):
+    """A version names a release (PEP 440): `0.23` is `0.23.0`, and a pre-release, dev build or
+    local build (`0.23.0rc1`, `0.23.0+cu128`, as vLLM reports its CUDA wheels) runs that
+    release's code. Each spelling of each shipped fit's version chooses that fit, and says no
+    more about it than the plain version does; reading only all-digit parts took `0.23` and
+    `0.23.0+cu128` for an older release and chose the 0.15.1 fit."""
+    from simulator.latency.physics import calibrations, choose_calibration, default_coefficients
+
+    for gpu, by_version in calibrations().items():
+        for fitted in by_version:
+            given = spelling.format(v=fitted.removesuffix(".0"))
+            assert choose_calibration(gpu, given)[1] == fitted, given
+            coefficients, source = default_coefficients(get_gpu(gpu), given)
+            assert source.fit_vllm == fitted and "nearest" not in source.note, given
+            assert coefficients == default_coefficients(get_gpu(gpu), fitted)[0]
+
+
+def test_a_patch_release_takes_its_minor_releases_fit(monkeypatch):
+    """Patch releases of one minor release share its engine: with fits for 0.15.1 and
+    0.23.2, a 0.23.0 server takes the 0.23.2 fit (the nearest older fit, 0.15.1, is a
+    different engine), saying it is not its own; a version between two fitted minors takes
+    the older one."""
+    from simulator.latency import physics
+
+    shipped = physics.calibrations()["H100"]
+    fits = {"H100": {"0.15.1": shipped["0.15.1"], "0.23.2": shipped["0.23.0"]}}
+    monkeypatch.setattr(physics, "calibrations", lambda: fits)
+    _, source = physics.default_coefficients(H100, "0.23.0rc1")
+    assert source.fit_vllm == "0.23.2" and "no fit for vLLM 0.23.0rc1" in source.note
+    assert physics.choose_calibration("H100", "0.23.7")[1] == "0.23.2"
+    assert physics.choose_calibration("H100", "0.22.9")[1] == "0.15.1"
+
+
+@pytest.mark.parametrize("version", ["banana", "", "0.23-", "latest", "0..23"])
+def test_an_unreadable_version_is_refused_not_guessed(version):
+    """A version the choice cannot read (it took `banana` for the oldest fit) is one error
+    naming the field, the value and what is allowed."""
+    from simulator.latency.physics import default_coefficients
+
+    with pytest.raises(ConfigError) as err:
+        default_coefficients(H100, version)
+    message = str(err.value)
+    assert message.startswith(f"latency.vllm_version: invalid value '{version}'")
+    assert "0.23.0rc1" in message and "\n" not in message

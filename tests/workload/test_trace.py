@@ -576,3 +576,21 @@ def test_an_integer_column_takes_decimal_digits_only(tmp_path, value):
     bad.write_text("\n".join([source[0], ",".join(row), *source[2:5]]) + "\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=f"column input_tokens: invalid value '{value}'"):
         read_rows(bad)
+
+
+@pytest.mark.parametrize("reader", [read_rows, tr.trace_spans])
+@pytest.mark.parametrize("send", ["-1", "-1782183937704455"])
+def test_a_send_before_the_clock_starts_is_refused(tmp_path, reader, send):
+    """send_time_us is a time on the run's clock or the wall clock, and 0 means "never sent":
+    nothing a trace can mean lies below 0, and a negative send, taken as a send, moved every
+    other request by decades (a 56-year run). Both readers refuse it at its line and column
+    with the bound, before anything replays, fits or scores it."""
+    _, data_path = _good_v2(tmp_path)
+    lines = data_path.read_text().splitlines()
+    fields = lines[2].split(",")
+    fields[TRACE_COLUMNS.index("send_time_us")] = send
+    lines[2] = ",".join(fields)
+    data_path.write_text("\n".join(lines) + "\n")
+    pattern = rf"t\.csv' line 3: column send_time_us: invalid value '{send}'; .*>= 0"
+    with pytest.raises(ConfigError, match=pattern):
+        reader(data_path)
