@@ -184,8 +184,21 @@ class Case:
     # The replay's client (`api.replay`'s max_in_flight), decided once from the trace when the
     # case is built: a fit replays every case each round, and deciding re-reads the trace.
     max_in_flight: int | str = "auto"
+    # What the client's network added to each scored request's TTFT and E2E (ms, following
+    # `positions`): the recorded round trip and, with a bandwidth, the prompt's upload (and,
+    # for E2E, the answer's download). The measured latencies include it and a replay's do
+    # not, so it is added to the simulated side, as the calibration report adds it: fitted
+    # into the server's coefficients it would price network time as GPU time. None: nothing.
+    network_ttft_ms: np.ndarray | None = None
+    network_e2e_ms: np.ndarray | None = None
+    # The replay's prefix-caching choice and its source, as the commands print it.
+    prefix_caching: str = "prefix caching: on (vLLM's default)"
 
     def __post_init__(self) -> None:
+        if self.network_ttft_ms is None:
+            self.network_ttft_ms = np.zeros(len(self.positions))
+        if self.network_e2e_ms is None:
+            self.network_e2e_ms = np.zeros(len(self.positions))
         if not self.measured:
             self.measured = per_run_figures(
                 self.measured_ttft_ms, self.measured_e2e_ms, self.output_tokens
@@ -214,13 +227,15 @@ def groundtruth_case(
     prompt_reuse: bool | None = None,
     workdir: Path | None = None,
     warm_up_s: float = 0.0,
+    prefix_caching: bool | None = None,
 ) -> Case:
     """A case from a ground-truth run (simulator.validate.RunSpec), replayed as validate does
     (the replay trace is written under `workdir`): with the load generator's repeated prompts
     shared whole when `prompt_reuse` says so (`validate.reused_prompts`: by default whenever
     the run shows them), every prompt new otherwise; prefix caching as the server had it.
     `warm_up_s` > 0 fits and scores only the requests that arrived that long after the run's
-    first (`validate --warm-up-s`); the whole run is still replayed."""
+    first (`validate --warm-up-s`); the whole run is still replayed. `prefix_caching`
+    overrides what the server did."""
     from .validate import (
         baseline_trace,
         measured_requests,
@@ -228,11 +243,16 @@ def groundtruth_case(
         reuse_trace,
         reused_prompts,
     )
+    from .workload.server_settings import PrefixCaching
     from .workload.trace import recorded_client
 
     # The requests validate scores, after the same warm-up.
     measured = measured_requests(run).after_warm_up(warm_up_s, run.name)
     overrides = replay_overrides(run, PhysicsModel.name)
+    choice = PrefixCaching(run.prefix_caching, run.prefix_caching_source)
+    if prefix_caching is not None:
+        overrides["engine__enable_prefix_caching"] = prefix_caching
+        choice = PrefixCaching(prefix_caching, _prefix_caching_flag(prefix_caching))
     if reused_prompts(run, prompt_reuse) is not None:
         header, data = reuse_trace(run, workdir)
     else:
@@ -248,9 +268,14 @@ def groundtruth_case(
         measured_ttft_ms=measured.ttft_ms,
         measured_e2e_ms=measured.e2e_ms,
         output_tokens=np.maximum(measured.output_tokens, 1.0),
-        vllm_version=version_in_name(Path(run.requests_csv).parent.parent.name),
+        vllm_version=run.vllm_version,
         max_in_flight=recorded_client(data).replay_choice,
+        prefix_caching=choice.line(),
     )
+
+
+def _prefix_caching_flag(enabled: bool) -> str:
+    return "--prefix-caching" if enabled else "--no-prefix-caching"
 
 
 def trace_case(
@@ -261,6 +286,8 @@ def trace_case(
     case_name: str | None = None,
     vllm_version: str | None = None,
     warm_up_s: float = 0.0,
+    rtt_ms: float | None = None,
+    network_bandwidth_mbps: float = 0.0,
     **overrides: Any,
 ) -> Case:
     """A case from a real TraceV2 pair (as `servesim observe` records): TTFT = first chunk −
@@ -272,11 +299,14 @@ def trace_case(
     gives the vLLM version, vLLM's batch defaults on the GPU for a vLLM server that records
     no limits; prefix caching only when a file records it), then `scenario`'s own fields.
     The case is named `case_name`, else after the data file (after its folder when the file
-    is just `trace.csv`)."""
+    is just `trace.csv`). The network (`rtt_ms`, default the header's
+    `network.measured_rtt_ms`, and `network_bandwidth_mbps`) is added to the simulated
+    latencies exactly as the calibration report adds it (`calibration_report.network_ms`)."""
     from .api import as_scenario
+    from .calibration_report import network_ms
     from .validate import NothingToScore, measured_trace
-    from .workload.server_settings import recorded_server
-    from .workload.trace import client_of, read_header, trace_spans
+    from .workload.server_settings import PrefixCaching, recorded_server
+    from .workload.trace import client_of, read_header, read_rows, trace_spans
 
     sc = as_scenario(scenario) if scenario is not None else None
     hardware = overrides.get("hardware") or (sc.hardware if sc is not None else None) or "H100"
@@ -286,6 +316,13 @@ def trace_case(
     vllm_version = vllm_version or found_version
     if not server.prefix_caching.recorded:
         del recorded["engine.enable_prefix_caching"]
+    flag = overrides.get("engine__enable_prefix_caching")
+    if flag is not None:
+        choice = PrefixCaching(bool(flag), _prefix_caching_flag(bool(flag)))
+    elif sc is not None and not server.prefix_caching.recorded:
+        choice = PrefixCaching(sc.engine.enable_prefix_caching, "the scenario")
+    else:
+        choice = server.prefix_caching
     overrides = {key.replace(".", "__"): value for key, value in recorded.items()} | {
         k: v for k, v in overrides.items() if v is not None
     }
@@ -303,6 +340,17 @@ def trace_case(
 
     model = overrides.get("model") or (sc.model if sc is not None else "")
     ttft_ms, e2e_ms = chosen.ttft_ms, chosen.e2e_ms
+    rows = read_rows(Path(trace_data))
+    added = [
+        network_ms(
+            header,
+            rows[i].server_input_tokens or rows[i].input_tokens,
+            rows[i].output_tokens,
+            rtt_ms,
+            network_bandwidth_mbps,
+        )
+        for i in chosen.positions
+    ]
     output_tokens = np.maximum(chosen.output_tokens, 1.0)
     measured = per_run_figures(ttft_ms, e2e_ms, output_tokens)
     itl_p50 = recorded_itl_p50_ms(Path(trace_data).parent / OBSERVE_SUMMARY_FILE)
@@ -323,6 +371,9 @@ def trace_case(
         measured=measured,
         step_level_only=spans.client_fell_behind,
         max_in_flight=client_of(spans).replay_choice,
+        network_ttft_ms=np.asarray([t for t, _e in added], dtype=float),
+        network_e2e_ms=np.asarray([e for _t, e in added], dtype=float),
+        prefix_caching=choice.line(),
         vllm_version=vllm_version
         or (sc.latency.vllm_version if sc is not None else None)
         or version_in_name(Path(trace_data).resolve().parent.name),
@@ -524,8 +575,8 @@ def record(case: Case, coefficients: PhysicsCoefficients) -> Recording:
     )
     done = completed
     recording.predicted = per_run_figures(
-        (first_token[done] - arrivals[done]) / 1e3,
-        (completion[done] - arrivals[done]) / 1e3,
+        (first_token[done] - arrivals[done]) / 1e3 + case.network_ttft_ms[done],
+        (completion[done] - arrivals[done]) / 1e3 + case.network_e2e_ms[done],
         case.output_tokens[done],
     )
     if "itl_p50_ms" in case.measured:
@@ -566,7 +617,11 @@ def reprice(rec: Recording, c: PhysicsCoefficients) -> dict[str, float]:
     queue_s = request_delay_s(c) + rest_s + np.maximum(missed_s, 0.0)
     ttft_s = queue_s + waited + elapsed[rec.first_token_step[done] + 1] - elapsed[first]
     e2e_s = queue_s + waited + elapsed[rec.completion_step[done] + 1] - elapsed[first]
-    figures = per_run_figures(ttft_s * 1e3, e2e_s * 1e3, rec.case.output_tokens[done])
+    figures = per_run_figures(
+        ttft_s * 1e3 + rec.case.network_ttft_ms[done],
+        e2e_s * 1e3 + rec.case.network_e2e_ms[done],
+        rec.case.output_tokens[done],
+    )
     if "itl_p50_ms" in rec.case.measured:
         figures["itl_p50_ms"] = median_gap_ms(step_s * 1e6, rec.decode_tokens)
     return figures

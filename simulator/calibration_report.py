@@ -75,20 +75,51 @@ def _sim_times_from_trace(data: Path) -> dict[str, tuple[float, float, int, int]
     }
 
 
+def check_network(rtt_ms: float | None, network_bandwidth_mbps: float) -> None:
+    if rtt_ms is not None and not (math.isfinite(rtt_ms) and rtt_ms >= 0):
+        raise invalid("--rtt-ms", rtt_ms, "must be a number >= 0")
+    if not (math.isfinite(network_bandwidth_mbps) and network_bandwidth_mbps >= 0):
+        raise invalid("--network-bandwidth-mbps", network_bandwidth_mbps, "must be >= 0 (0 = off)")
+
+
+def network_ms(
+    header: dict[str, Any],
+    input_tokens: int,
+    output_tokens: int,
+    rtt_ms: float | None = None,
+    network_bandwidth_mbps: float = 0.0,
+) -> tuple[float, float]:
+    """What the client's network adds to a request's (TTFT, E2E), ms: the round trip
+    (`rtt_ms`, else the header's `network.measured_rtt_ms`), the prompt's upload and, for
+    E2E, the answer's download at BYTES_PER_TOKEN over the bandwidth (0 = not modelled).
+    The report and calibrate's fit both add this to the simulated side, so a fitted server
+    does not absorb the network and the two agree on every error."""
+    check_network(rtt_ms, network_bandwidth_mbps)
+    if rtt_ms is None:
+        rtt_ms = float((header.get("network") or {}).get("measured_rtt_ms") or 0.0)
+    bytes_per_ms = network_bandwidth_mbps * 1e6 / 8 / 1e3
+    upload_ms = input_tokens * BYTES_PER_TOKEN / bytes_per_ms if bytes_per_ms else 0.0
+    download_ms = output_tokens * BYTES_PER_TOKEN / bytes_per_ms if bytes_per_ms else 0.0
+    return rtt_ms + upload_ms, rtt_ms + upload_ms + download_ms
+
+
 def join(
     real_header: Path,
     real_data: Path,
     simulated: Any,
     rtt_ms: float | None = None,
     network_bandwidth_mbps: float = 0.0,
+    warm_up_s: float = 0.0,
 ) -> Joined:
-    """Match real and simulated requests; `simulated` is a Result or a simulated TraceV2 CSV."""
-    from .workload.trace import read_header, read_rows, refuse_decreasing_times
+    """Match real and simulated requests; `simulated` is a Result or a simulated TraceV2 CSV.
+    `warm_up_s` > 0 leaves out the requests sent less than that after the first send, as
+    calibrate's fit and validate do (`MeasuredRun.after_warm_up`)."""
+    from .validate import check_warm_up_s
+    from .workload.trace import never_sent, read_header, read_rows, refuse_decreasing_times
 
-    if rtt_ms is not None and not (math.isfinite(rtt_ms) and rtt_ms >= 0):
-        raise invalid("--rtt-ms", rtt_ms, "must be a number >= 0")
-    if not (math.isfinite(network_bandwidth_mbps) and network_bandwidth_mbps >= 0):
-        raise invalid("--network-bandwidth-mbps", network_bandwidth_mbps, "must be >= 0 (0 = off)")
+    warm_up_s = check_warm_up_s(warm_up_s, "--warm-up-s")
+
+    check_network(rtt_ms, network_bandwidth_mbps)
     header = read_header(real_header)
     if header.get("mode", "generated") != "real":
         raise invalid(
@@ -105,28 +136,34 @@ def join(
         else _sim_times_from_result(simulated)
     )
     rows = read_rows(real_data)
+    unsent = never_sent(rows)
+    sent = [r.injection_basis_us for r, never in zip(rows, unsent, strict=True) if not never]
+    first_sent_us = min(sent, default=0)
     real_ttft, sim_ttft, real_e2e, sim_e2e = [], [], [], []
-    skipped_status = unmatched = 0
-    bytes_per_ms = network_bandwidth_mbps * 1e6 / 8 / 1e3
+    skipped_status = unmatched = early = 0
     for i, row in enumerate(rows):
         if i < warm_up:
             continue
         if row.status != "ok" or row.first_chunk_time_us <= 0:
             skipped_status += 1
             continue
+        if row.injection_basis_us - first_sent_us < warm_up_s * 1e6:
+            early += 1
+            continue
         simulated_row = sim.get(row.request_id)
         if simulated_row is None:
             unmatched += 1
             continue
         ttft_us, e2e_us, n_in, n_out = simulated_row
-        upload_ms = n_in * BYTES_PER_TOKEN / bytes_per_ms if bytes_per_ms else 0.0
-        download_ms = n_out * BYTES_PER_TOKEN / bytes_per_ms if bytes_per_ms else 0.0
+        added_ttft_ms, added_e2e_ms = network_ms(
+            header, n_in, n_out, rtt_ms, network_bandwidth_mbps
+        )
         sent_us = row.send_time_us or row.arrival_time_us
         refuse_decreasing_times(row, sent_us, f"calibration report: {str(real_data)!r}")
         real_ttft.append((row.first_chunk_time_us - sent_us) / 1e3)
         real_e2e.append((row.last_chunk_time_us - sent_us) / 1e3)
-        sim_ttft.append(ttft_us / 1e3 + rtt_ms + upload_ms)
-        sim_e2e.append(e2e_us / 1e3 + rtt_ms + upload_ms + download_ms)
+        sim_ttft.append(ttft_us / 1e3 + added_ttft_ms)
+        sim_e2e.append(e2e_us / 1e3 + added_e2e_ms)
     if not real_ttft:
         raise ConfigError(
             f"calibration report: no request of {str(real_data)!r} matches a completed "
@@ -136,6 +173,7 @@ def join(
         "real_requests": len(rows),
         "warm_up_skipped": min(warm_up, len(rows)),
         "not_ok_skipped": skipped_status,
+        **({"warm_up_s_skipped": early} if warm_up_s > 0 else {}),
         "unmatched": unmatched,
         "matched": len(real_ttft),
         "rtt_ms": rtt_ms,
@@ -186,10 +224,13 @@ def calibration_report(
     simulated: Any,
     rtt_ms: float | None = None,
     network_bandwidth_mbps: float = 0.0,
+    warm_up_s: float = 0.0,
 ) -> dict[str, Any]:
     """The report as a dict: {"ttft": {...}, "e2e": {...}, "trace_info": {...},
     "known_limitations": [...]}; `simulated` is a servesim Result or a simulated TraceV2 CSV."""
-    joined = join(Path(real_header), Path(real_data), simulated, rtt_ms, network_bandwidth_mbps)
+    joined = join(
+        Path(real_header), Path(real_data), simulated, rtt_ms, network_bandwidth_mbps, warm_up_s
+    )
     return {
         "ttft": metric_report(joined.real_ttft_ms, joined.sim_ttft_ms),
         "e2e": metric_report(joined.real_e2e_ms, joined.sim_e2e_ms),

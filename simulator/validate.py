@@ -123,6 +123,9 @@ class RunSpec:
     # An observe cell's trace spans (workload.trace.TraceSpans), read once when the cell is
     # found; None for a request CSV.
     spans: Any = None
+    # Where the dataset's vLLM version (in `dataset`) was read: the server's configuration or
+    # the dataset folder's name; "" when neither says (the tag is then the folder's name).
+    version_source: str = ""
 
     @property
     def client_fell_behind(self) -> bool:
@@ -136,9 +139,9 @@ class RunSpec:
 
     @property
     def vllm_version(self) -> str | None:
-        """The measured server's vLLM version, from the dataset tag ("vllm-0.15.1")."""
-        found = re.fullmatch(r"vllm-(\d+(?:\.\d+)+\S*)", self.dataset)
-        return found.group(1) if found else None
+        """The measured server's vLLM version, from the dataset tag ("vllm-0.15.1"); None when
+        neither the server's configuration nor the folder's name records one."""
+        return self.dataset.removeprefix("vllm-") if self.version_source else None
 
     @property
     def kind(self) -> str:
@@ -162,6 +165,11 @@ def _dataset_folders(folder: Path) -> list[Path]:
     if (folder / "requests").is_dir():
         return [folder]
     return sorted(p for p in folder.iterdir() if (p / "requests").is_dir())
+
+
+def trace_datasets(folder: Path) -> list[tuple[Path, list[Path]]]:
+    """(dataset folder, its observe cell folders) under `folder` (see `_trace_datasets`)."""
+    return _trace_datasets(Path(folder))
 
 
 def _is_cell(folder: Path) -> bool:
@@ -194,10 +202,21 @@ def _natural(path: Path) -> list[Any]:
 def dataset_tag(dataset: Path, version: object = None) -> str:
     """`vllm-<version>`: from the server's own record when it has one, else the folder name
     (vllm-0.15.1-h100 -> vllm-0.15.1); the folder name itself when neither says."""
-    if isinstance(version, str) and re.fullmatch(r"\d+(\.\d+)*\S*", version):
+    if isinstance(version, str):
         return f"vllm-{version}"
+    return _folder_version(dataset)[0]
+
+
+VERSION_FROM_FOLDER = "the dataset folder's name"
+
+
+def _folder_version(dataset: Path) -> tuple[str, str]:
+    """(`dataset_tag` from the folder's name, VERSION_FROM_FOLDER or "" when the name carries
+    no version)."""
     found = re.match(r"vllm-(\d+(?:\.\d+)+)", dataset.name)
-    return f"vllm-{found.group(1)}" if found else dataset.name
+    if found:
+        return f"vllm-{found.group(1)}", VERSION_FROM_FOLDER
+    return dataset.name, ""
 
 
 GROUNDTRUTH_FOLDER = "groundtruth"
@@ -344,6 +363,7 @@ def _run_spec(dataset: Path, name: str, csv_path: Path) -> RunSpec:
         dataset=dataset_tag(dataset),
         prefix_caching=caching.enabled,
         prefix_caching_source=caching.source,
+        version_source=_folder_version(dataset)[1],
     )
 
 
@@ -363,6 +383,7 @@ def _server_config(dataset: Path, cell: str) -> dict[str, Any]:
 
 def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
     """A BLIS observe cell, replayed with the dataset's server settings (its README)."""
+    from .latency.physics import version_key
     from .workload.trace import read_header, trace_spans
 
     config_path = dataset / SERVER_CONFIG
@@ -388,6 +409,17 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
     read_header(header_path)
     spans = trace_spans(cell / TRACE_DATA)
     caching = recorded_prefix_caching(header_path)
+    server_version = server.get("vllm_version")
+    if server_version is None:
+        tag, version_source = _folder_version(dataset)
+    else:
+        # A recorded version that is no vLLM version is refused: a fit chosen for it would be
+        # a guess.
+        where = f"ground truth: {str(config_path)!r}: vllm_version"
+        if not isinstance(server_version, str):
+            raise invalid(where, server_version, "must be a string")
+        version_key(server_version, where)
+        tag, version_source = dataset_tag(dataset, server_version), SERVER_CONFIG
     return RunSpec(
         name=cell.name,
         requests_csv=cell / TRACE_DATA,
@@ -401,7 +433,8 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
         block_size_tokens=cfg("block_size"),
         gpu_kv_blocks=cfg("num_gpu_blocks", "kv_blocks_total_gpu"),
         workload=cell.name.split("-")[0],
-        dataset=dataset_tag(dataset, server.get("vllm_version")),
+        dataset=tag,
+        version_source=version_source,
         trace_header=header_path,
         prefix_caching=caching.enabled,
         prefix_caching_source=caching.source,
@@ -607,8 +640,9 @@ def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
     with both chunk times, after the first `warm_up_requests` rows (the load generator's
     warm-up, which the header counts), TTFT = first chunk − send and E2E = last chunk − send
     (send_time_us; arrival_time_us when it is 0); the window runs from the first send to the
-    last chunk of any request. `validate` scores and `calibrate` fits these requests."""
-    from .workload.trace import read_rows, refuse_decreasing_times
+    last chunk of any request, over the rows that were sent (`trace.never_sent`). `validate`
+    scores and `calibrate` fits these requests."""
+    from .workload.trace import never_sent, read_rows, refuse_decreasing_times
 
     rows = read_rows(path)
     ok = [
@@ -625,18 +659,28 @@ def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
             f"ground truth: {str(path)!r} has no successful (ok) request{after} to score"
         )
     sent = [r.injection_basis_us for r in rows]
+    unsent = never_sent(rows)
     for i in ok:  # before anything is fitted or scored on a negative latency
+        if unsent[i]:
+            raise ConfigError(
+                f"ground truth: {str(path)!r}, request {rows[i].request_id}: status ok with "
+                "send_time_us 0 (never sent) among wall-clock sends; a completed request was "
+                "sent"
+            )
         refuse_decreasing_times(rows[i], sent[i], f"ground truth: {str(path)!r}")
     ends = [r.last_chunk_time_us for r in rows if r.last_chunk_time_us > 0]
+    # The window starts at the first send: an unsent row's arrival is on the run's clock, and
+    # taking it for the start stretched a wall-clock window over 56 years.
+    first_us = min(s for s, never in zip(sent, unsent, strict=True) if not never)
     return MeasuredRun(
         positions=ok,
         ttft_ms=np.asarray([(rows[i].first_chunk_time_us - sent[i]) / 1e3 for i in ok]),
         e2e_ms=np.asarray([(rows[i].last_chunk_time_us - sent[i]) / 1e3 for i in ok]),
         output_tokens=np.asarray([rows[i].output_tokens for i in ok], dtype=float),
         reported=[r.output_tokens for r in rows],
-        window_s=(max(ends) - min(sent)) / 1e6,
+        window_s=(max(ends) - first_us) / 1e6,
         requests=len(rows),
-        arrival_s=np.asarray([(sent[i] - min(sent)) / 1e6 for i in ok]),
+        arrival_s=np.asarray([(sent[i] - first_us) / 1e6 for i in ok]),
     )
 
 
@@ -1061,6 +1105,7 @@ def validate_datasets(
     traces: bool = True,
     prefix_caching: bool | None = None,
     warm_up_s: float = 0.0,
+    vllm_version: str | None = None,
 ) -> Validation:
     """Replay and score every run under `folder` (both layouts; `traces=False` only the
     request CSVs). `on_run` sees each run's result as it ends. `extra_overrides` (dotted with
@@ -1069,15 +1114,23 @@ def validate_datasets(
     generator's repeated prompts (`reused_prompts`: by default whenever the run shows them;
     an observe cell replays its own prompts); `forced_output` replays forced output lengths
     (see `discover_runs`); `warm_up_s` > 0 scores only the requests that arrived that long
-    after each run's first (see `validate_run`). Each outcome records `reused_prompts`."""
+    after each run's first (see `validate_run`); `vllm_version` chooses physics's shipped fit
+    for every run instead of each dataset's recorded version. Each outcome records
+    `reused_prompts`."""
     import tempfile
 
+    from .latency.physics import version_key
+
     warm_up_s = check_warm_up_s(warm_up_s)
+    if vllm_version is not None:
+        version_key(vllm_version, "vllm_version")
 
     specs = select_runs(discover_runs(Path(folder), forced_output, traces=traces), runs)
     rows, load, outcomes = [], [], []
     for spec in specs:
         overrides = dict(extra_overrides or {})
+        if vllm_version is not None and latency_model == "physics":
+            overrides["latency__vllm_version"] = vllm_version
         if prefix_caching is not None:
             overrides.setdefault("engine__enable_prefix_caching", prefix_caching)
         prompts = reused_prompts(spec, prompt_reuse)
@@ -1110,6 +1163,42 @@ def validate_datasets(
         runs=specs,
         outcomes=outcomes,
     )
+
+
+def physics_fit_lines(runs: Sequence[RunSpec], vllm_version: str | None = None) -> list[str]:
+    """Per dataset, the shipped physics fit its replays use and why (`--vllm-version`, the
+    version its server's configuration or its folder's name records, else the newest fit,
+    with a warning): a folder's name alone can choose the fit, and a copy under another name
+    would silently take another."""
+    from .catalog.hardware import get_gpu
+    from .latency.physics import default_coefficients
+
+    gpu = get_gpu(HARDWARE)
+    lines, seen = [], set()
+    for run in runs:
+        if run.dataset in seen:
+            continue
+        seen.add(run.dataset)
+        version = vllm_version or run.vllm_version
+        _, source = default_coefficients(gpu, version)
+        if vllm_version is not None:
+            why = f"vLLM {vllm_version} from --vllm-version"
+        elif run.vllm_version is not None:
+            why = f"vLLM {run.vllm_version} from {run.version_source}"
+        else:
+            why = "no vLLM version recorded: the newest fit"
+        line = (
+            f"{run.dataset}: physics fit: {source.fit_gpu}, vLLM {source.fit_vllm} "
+            f"({why}{source.note})"
+        )
+        if version is None:
+            line = (
+                f"{run.dataset}: warning: vLLM version unknown (the server's configuration "
+                "records none, nor the folder's name); physics uses the newest fit, "
+                f"{source.fit_gpu} vLLM {source.fit_vllm} (--vllm-version chooses)"
+            )
+        lines.append(line)
+    return lines
 
 
 def validate_folder(

@@ -780,3 +780,134 @@ def test_a_run_name_matching_nothing_lists_the_runs_there_are():
     assert "--runs: no run matches 'no-such-run'; available: " in result.stderr
     assert "llama-2-7b-tp1-codegen" in result.stderr
     assert "available: none" not in result.stderr
+
+
+def _with_network(real_trace, folder: Path, rtt_ms: float) -> tuple[Path, Path]:
+    """The recorded trace as a client `rtt_ms` away would have recorded it: every chunk that
+    much later after its send, and the header's measured_rtt_ms saying so."""
+    import csv
+
+    header, data = real_trace
+    doc = yaml.safe_load(header.read_text())
+    doc["network"] = {"measured_rtt_ms": rtt_ms}
+    far_header = folder / "far.yaml"
+    far_header.write_text(yaml.safe_dump(doc))
+    with data.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        for column in ("first_chunk_time_us", "last_chunk_time_us"):
+            if int(row[column]) > 0:
+                row[column] = str(int(row[column]) + round(rtt_ms * 1000))
+    far_data = folder / "far.csv"
+    with far_data.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return far_header, far_data
+
+
+def test_the_recorded_round_trip_is_network_time_not_server_time(real_trace, tmp_path) -> None:
+    """A client 40 ms away measures every latency 40 ms longer, and records that round trip
+    in the header. Calibrate adds it to the simulated side, as the report does: the true
+    coefficients reproduce the far trace as they do the near one (so the fit's optimum does
+    not move into the server's coefficients), and the fit's errors and the report's agree. (The
+    fit compared server-only replays with network-inclusive latencies and folded the round
+    trip into the server's overheads, while the report added it again.)"""
+    far = _with_network(real_trace, tmp_path, 40.0)
+    near_case, far_case = cal.trace_case(*real_trace), cal.trace_case(*far)
+    assert far_case.measured["ttft_mean_ms"] == pytest.approx(
+        near_case.measured["ttft_mean_ms"] + 40.0, abs=1e-6
+    )
+    recording = cal.record(far_case, TRUE)
+    for metric in ("e2e_mean_ms", "ttft_mean_ms", "itl_ms"):
+        assert recording.predicted[metric] == pytest.approx(far_case.measured[metric], rel=1e-6)
+        assert cal.reprice(recording, TRUE)[metric] == pytest.approx(
+            far_case.measured[metric], rel=2e-3
+        )
+    # The true coefficients are the fit's optimum with the network as without it: its score
+    # there is the near trace's (whole-µs rounding apart), so no round moves off them.
+    at_true = [cal.fit([c], start=TRUE, rounds=0).start_score for c in (near_case, far_case)]
+    assert at_true[1] == pytest.approx(at_true[0], abs=1e-4)
+    # Elsewhere, the report of a replay against the far trace has the fit's start error.
+    start = replace(TRUE, per_step_overhead_us=1500.0, request_overhead_us=3000.0)
+    far_fit = cal.fit([far_case], start=start, rounds=0)
+    report = calibration_report(*far, cal.replay_case(far_case, start))
+    for metric, figure in (("ttft", "ttft_mean_ms"), ("e2e", "e2e_mean_ms")):
+        fit_error = (
+            far_fit.start_scores[far_case.name]["predicted"][figure] / far_case.measured[figure] - 1
+        )
+        assert report[metric]["mean_signed_error"] == pytest.approx(fit_error, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "flag", [["--output", "x.yaml"], ["--runs", "a"], ["--holdout", "b"], ["--start", "physical"]]
+)
+def test_cli_report_refuses_the_flags_of_a_fit(real_trace, flag) -> None:
+    """--sim-trace only reports: a flag that only a fit reads (it ignored them all, and
+    --output wrote nothing) is one error naming it, exit 2, nothing on stdout."""
+    header, data = real_trace
+    args = ["--trace-header", header, "--trace-data", data, "--sim-trace", data, *flag]
+    result = _calibrate(*args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"error: {flag[0]}: does not apply with --sim-trace (a report of two recorded traces, "
+        "no fit); drop it, or drop --sim-trace to fit\n"
+    )
+
+
+def test_cli_warm_up_applies_to_the_report_as_to_the_fit(real_trace) -> None:
+    """--warm-up-s is checked in every mode, named as the flag, and leaves the report the
+    requests the fit would score: those sent that long after the first."""
+    header, data = real_trace
+    args = ["--trace-header", header, "--trace-data", data, "--sim-trace", data]
+    bad = _calibrate(*args, "--warm-up-s", "-5")
+    assert bad.exit_code == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("error: --warm-up-s: invalid value -5.0;")
+    later = _calibrate(*args, "--warm-up-s", "10")
+    assert later.exit_code == 0, later.output
+    fitted = len(cal.trace_case(header, data, warm_up_s=10.0).positions)
+    assert f"matched {fitted}," in later.stdout and 0 < fitted < 300
+
+
+def test_cli_prefix_caching_is_chosen_and_said(real_trace) -> None:
+    """calibrate prints its prefix-caching choice as validate and replay do, and
+    --no-prefix-caching overrides what the recording says."""
+    header, data = real_trace
+    args = ["--trace-header", header, "--trace-data", data, "--start", "physical", "--rounds", "0"]
+    default = _calibrate(*args)
+    assert default.exit_code == 0, default.output
+    assert "calibrate: prefix caching: on (vLLM's default" in default.stderr
+    off = _calibrate(*args, "--no-prefix-caching")
+    assert off.exit_code == 0, off.output
+    assert "calibrate: prefix caching: off (--no-prefix-caching)" in off.stderr
+    assert (
+        cal.trace_case(header, data, engine__enable_prefix_caching=False).overrides[
+            "engine__enable_prefix_caching"
+        ]
+        is False
+    )
+
+
+def test_cli_quiet_takes_no_value_in_the_help() -> None:
+    result = CliRunner().invoke(app, ["calibrate", "-h"], terminal_width=200)
+    line = next(x for x in result.stdout.splitlines() if "--quiet" in x)
+    assert "<bool>" not in line and "BOOLEAN" not in line
+
+
+def test_cli_cells_of_one_name_are_told_apart_by_their_folders(real_trace, tmp_path) -> None:
+    """Two cells named `cell` in different folders were both renamed `cell/cell` (and then
+    refused as two runs of one name): each gets the folder that tells it apart; the same
+    pair given twice is an error naming the file."""
+    args = []
+    for parent in ("a", "b"):
+        cell = tmp_path / parent / "cell"
+        cell.mkdir(parents=True)
+        shutil.copy(real_trace[0], cell / "trace.yaml")
+        shutil.copy(real_trace[1], cell / "trace.csv")
+        args += ["--trace-header", cell / "trace.yaml", "--trace-data", cell / "trace.csv"]
+    result = _calibrate(*args, "--holdout", "b/", "--start", "physical", "--rounds", "0")
+    assert result.exit_code == 0, result.output
+    assert "a/cell" in result.stdout and "b/cell" in result.stdout
+    twice = _calibrate(*args[:4], *args[:4], "--start", "physical", "--rounds", "0")
+    assert twice.exit_code == 2 and "is given twice" in twice.stderr
+    assert twice.stderr.count("\n") == 1

@@ -1040,3 +1040,111 @@ def test_a_recorded_request_whose_times_decrease_is_refused_before_any_fit(tmp_p
     data.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError, match="request 1: sent at 100 µs, first chunk at 90 µs"):
         measured_trace(data)
+
+
+def test_a_request_that_never_went_out_leaves_the_measured_window_alone(
+    both_layouts: Path,
+) -> None:
+    """send_time_us 0 among wall-clock sends is a request that was never sent
+    (docs/traces.md): its arrival is on the run's clock, so it cannot start a window that ends
+    at a wall-clock chunk. Adding such a row, scheduled before every other, changes neither
+    the window nor any latency or throughput; only the row count. (The window ran from its
+    arrival, 56 years before the first chunk: throughput 0.00, error 1e10 %.)"""
+    from simulator.validate import _figures, measured_requests
+
+    calm = discover_runs(both_layouts / V23, traces=True)[0]
+    before = measured_requests(calm)
+    with calm.requests_csv.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    unsent = rows[0] | {
+        "request_id": "999",
+        "arrival_time_us": "0",
+        "send_time_us": "0",
+        "first_chunk_time_us": "0",
+        "last_chunk_time_us": "0",
+        "num_chunks": "0",
+        "status": "error",
+        "finish_reason": "",
+    }
+    _write_cell(both_layouts / "again", calm.name, [*rows, unsent])
+    shutil.copy(calm.meta_json, both_layouts / "again" / "server_config.json")
+    after = measured_requests(discover_runs(both_layouts / "again", traces=True)[0])
+    assert after.requests == before.requests + 1
+    assert after.window_s == pytest.approx(before.window_s)
+    assert after.arrival_s.tolist() == pytest.approx(before.arrival_s.tolist())
+    assert _figures(after) == pytest.approx(_figures(before))
+
+
+def test_validate_names_the_physics_fit_it_uses_and_why(fake_groundtruth: Path, tmp_path) -> None:
+    """The 0.15.1 runs record their vLLM version only in their folder's name: validate says
+    which shipped fit that chose and why; a copy under another name has no version, which it
+    warns of (the newest fit then scores it, a different prediction), and --vllm-version
+    restores the fit. An unreadable version is one error line, exit 2, no output."""
+
+    def predicted(folder: Path, *flags: str) -> tuple[list[float], str]:
+        out = tmp_path / f"{folder.name}{len(flags)}.csv"
+        result = CliRunner().invoke(app, ["validate", str(folder), "--output", str(out), *flags])
+        assert result.exit_code == 0, result.output
+        return pd.read_csv(out)["predicted"].tolist(), result.stderr
+
+    named, stderr = predicted(fake_groundtruth / DATASET)
+    assert (
+        "vllm-0.15.1: physics fit: H100, vLLM 0.15.1 (vLLM 0.15.1 from the dataset folder's "
+        "name)" in stderr
+    )
+    copy = shutil.copytree(fake_groundtruth / DATASET, tmp_path / "h100-runs")
+    unnamed, stderr = predicted(copy)
+    assert "h100-runs: warning: vLLM version unknown" in stderr
+    assert "the newest fit, H100 vLLM 0.23.0 (--vllm-version chooses)" in stderr
+    assert unnamed != named
+    chosen, stderr = predicted(copy, "--vllm-version", "0.15.1")
+    assert "h100-runs: physics fit: H100, vLLM 0.15.1 (vLLM 0.15.1 from --vllm-version)" in stderr
+    assert chosen == named
+    bad = CliRunner().invoke(app, ["validate", str(copy), "--vllm-version", "banana"])
+    assert bad.exit_code == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("error: --vllm-version: invalid value 'banana'")
+    assert bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("version", ["0.23.0+cu128", "0.23", "0.23.0rc1"])
+def test_a_recorded_release_spelling_chooses_that_releases_fit(
+    both_layouts: Path, version: str
+) -> None:
+    """A server config's vllm_version as vLLM prints it (a local CUDA build, a short or
+    pre-release spelling) is that release: its fit, said to come from server_config.json."""
+    from simulator.validate import physics_fit_lines, replay_overrides
+
+    config_path = both_layouts / V23 / "server_config.json"
+    config_path.write_text(
+        json.dumps(json.loads(config_path.read_text()) | {"vllm_version": version})
+    )
+    runs = discover_runs(both_layouts / V23, traces=True)
+    assert physics_fit_lines(runs) == [
+        f"vllm-{version}: physics fit: H100, vLLM 0.23.0 (vLLM {version} from server_config.json)"
+    ]
+    assert replay_overrides(runs[0], "physics")["latency__vllm_version"] == version
+
+
+def test_an_unreadable_recorded_version_is_refused(both_layouts: Path) -> None:
+    config_path = both_layouts / V23 / "server_config.json"
+    config_path.write_text(
+        json.dumps(json.loads(config_path.read_text()) | {"vllm_version": "banana"})
+    )
+    result = CliRunner().invoke(app, ["validate", str(both_layouts / V23)])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "server_config.json': vllm_version: invalid value 'banana'" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_calibrate_on_both_datasets_says_the_cells_it_leaves_out(both_layouts: Path) -> None:
+    """A ground-truth folder fit reads the request-CSV runs; the observe cells beside them
+    (another vLLM's server) were left out without a word."""
+    result = CliRunner().invoke(
+        app, ["calibrate", str(both_layouts), "--start", "physical", "--rounds", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        f"calibrate: note: 2 observe cells under {str(both_layouts / V23)!r} left out"
+        in result.stderr
+    )
+    assert f"fit them with --traces {str(both_layouts / V23)!r}" in result.stderr

@@ -195,6 +195,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--quiet",
                 "-q",
+                metavar="",
                 help="no progress lines on stderr (the start, each round, 'wrote'); warnings "
                 "and errors still go there",
             ),
@@ -246,6 +247,16 @@ def register(app: typer.Typer) -> None:
                 "--vllm-version",
                 help="vLLM version of the measured server (start lookup and provenance; "
                 "default: recorded with the runs)",
+            ),
+        ] = None,
+        prefix_caching: Annotated[
+            bool | None,
+            typer.Option(
+                "--prefix-caching/--no-prefix-caching",
+                metavar="",
+                help="override what each recorded server did (default: its configuration, "
+                "else vLLM's default, on)",
+                show_default=False,
             ),
         ] = None,
         start: Annotated[
@@ -312,13 +323,52 @@ def register(app: typer.Typer) -> None:
                     f"--trace-header/--trace-data: must be given together, in pairs "
                     f"({len(headers)} headers, {len(datas)} data files)"
                 )
+            from ..calibration_report import check_network
+            from ..latency.physics import version_key
+            from ..validate import check_warm_up_s
+
+            check_warm_up_s(warm_up_s, "--warm-up-s")
+            check_network(rtt_ms, network_bandwidth_mbps)
+            if vllm_version is not None:
+                version_key(vllm_version, "--vllm-version")
             if sim_trace is not None:
                 if len(headers) != 1:
                     raise ConfigError(
                         "--sim-trace: needs exactly one real --trace-header/--trace-data pair"
                     )
+                # The report compares two recordings: a flag of the fit would be ignored.
+                fit_only = {
+                    "FOLDER": folder is not None,
+                    "--runs": bool(runs),
+                    "--holdout": bool(holdout),
+                    "--traces": bool(traces),
+                    "--include-overloaded": include_overloaded,
+                    "--prompt-reuse/--no-prompt-reuse": prompt_reuse is not None,
+                    "--reported-output-length": not forced_output_length,
+                    "--scenario": scenario is not None,
+                    "--model": model is not None,
+                    "--hardware": hardware is not None,
+                    "--tp": tp is not None,
+                    "--total-kv-blocks": total_kv_blocks is not None,
+                    "--max-num-seqs": max_num_running_reqs is not None,
+                    "--max-num-batched-tokens": max_num_scheduled_tokens is not None,
+                    "--vllm-version": vllm_version is not None,
+                    "--prefix-caching/--no-prefix-caching": prefix_caching is not None,
+                    "--start": start is not None,
+                    "--prior": prior != cal.PRIOR_AT_START,
+                    "--rounds": rounds != cal.DEFAULT_ROUNDS,
+                    "--fail-if-no-improvement": fail_if_no_improvement,
+                    "--output": output is not None,
+                    "--workers": workers != 1,
+                }
+                given = [flag for flag, is_given in fit_only.items() if is_given]
+                if given:
+                    raise ConfigError(
+                        f"{given[0]}: does not apply with --sim-trace (a report of two "
+                        "recorded traces, no fit); drop it, or drop --sim-trace to fit"
+                    )
                 report = calibration_report(
-                    headers[0], datas[0], sim_trace, rtt_ms, network_bandwidth_mbps
+                    headers[0], datas[0], sim_trace, rtt_ms, network_bandwidth_mbps, warm_up_s
                 )
                 typer.echo(format_report(report))
                 return
@@ -335,9 +385,6 @@ def register(app: typer.Typer) -> None:
                     ("the --start file", None if start in named_starts else start),
                 ],
             )
-            from ..validate import check_warm_up_s
-
-            check_warm_up_s(warm_up_s, "--warm-up-s")
             if rounds < 0:
                 raise ConfigError(f"--rounds: invalid value {rounds}; must be an integer >= 0")
             if workers < 1:
@@ -354,6 +401,9 @@ def register(app: typer.Typer) -> None:
                 "engine__total_kv_blocks": total_kv_blocks,
                 "engine__max_num_running_reqs": max_num_running_reqs,
                 "engine__max_num_scheduled_tokens": max_num_scheduled_tokens,
+                "engine__enable_prefix_caching": prefix_caching,
+                "rtt_ms": rtt_ms,
+                "network_bandwidth_mbps": network_bandwidth_mbps,
             }
             trace_folders = list(traces or [])
             groundtruth = folder
@@ -370,9 +420,9 @@ def register(app: typer.Typer) -> None:
                 )
                 for h, d in zip(headers, datas, strict=True)
             ]
-            _name_apart(cases)
             for where in trace_folders:
                 cases.extend(cal.trace_cases(where, scenario, warm_up_s=warm_up_s, **flags))
+            _name_apart(cases)
             cases = _select(cases, runs, groundtruth is not None)
             about: dict[str, Any] = {}
             if headers:
@@ -388,12 +438,14 @@ def register(app: typer.Typer) -> None:
                     from ..validate import discover_runs
 
                     specs = discover_runs(groundtruth, forced_output_length)
+                    _note_cells_left_out(groundtruth)
                     specs = [s for s in specs if include_overloaded or not s.overloaded]
                     # Names are checked against every run there is, before the replays.
                     _select([*cases, *specs], runs, False)
                     specs = [s for s in specs if not runs or any(w in s.name for w in runs)]
                     gt_cases = [
-                        cal.groundtruth_case(s, prompt_reuse, Path(tmp), warm_up_s) for s in specs
+                        cal.groundtruth_case(s, prompt_reuse, Path(tmp), warm_up_s, prefix_caching)
+                        for s in specs
                     ]
                     cases = _select([*cases, *gt_cases], runs, False)
                     about["groundtruth"] = str(groundtruth)
@@ -405,6 +457,9 @@ def register(app: typer.Typer) -> None:
                 start_c, start_source = cal.resolve_start(start, cases, version)
                 if not quiet:
                     typer.echo(f"calibrate: starting from {start_source}", err=True)
+                if start_source.startswith("shipped"):
+                    _echo_version_choice(cases, vllm_version, quiet)
+                _echo_prefix_caching(cases)
                 if held and start_source.startswith("shipped"):
                     _note_dependent_holdout(cal, cases, held, version)
                 result = cal.fit(
@@ -448,7 +503,7 @@ def register(app: typer.Typer) -> None:
             # A recorded trace pair gets BLIS's report; a ground-truth run's replay trace was
             # made here (and is gone with its folder), so it has none.
             if len(cases) == 1 and cases[0].trace_header is not None and groundtruth is None:
-                _report_one(cases[0], result, rtt_ms, network_bandwidth_mbps)
+                _report_one(cases[0], result, rtt_ms, network_bandwidth_mbps, warm_up_s)
 
         guarded(go)
         if not_improved and fail_if_no_improvement:
@@ -487,15 +542,77 @@ def _select(cases: list, names: list[str] | None, more_to_come: bool) -> list:
 
 
 def _name_apart(cases: list) -> None:
-    """Trace pairs named alike (two folders' trace.csv of one name) get their folder's name
-    in front, so every run keeps a distinct name in the output and the provenance."""
-    names = [c.name for c in cases]
+    """Trace pairs named alike (two folders' trace.csv of one name) get as many of their
+    folders' names in front as tell them apart, so every run keeps a distinct name in the
+    output and the provenance; one pair given twice is an error naming it."""
+    groups: dict[str, list] = {}
     for case in cases:
-        if names.count(case.name) > 1:
-            case.name = f"{Path(case.trace_data).resolve().parent.name}/{case.name}"
+        if case.trace_data is not None:
+            groups.setdefault(case.name, []).append(case)
+    for name, alike in groups.items():
+        if len(alike) < 2:
+            continue
+        paths = [Path(c.trace_data).resolve() for c in alike]
+        twice = next((p for p in paths if paths.count(p) > 1), None)
+        if twice is not None:
+            raise ConfigError(f"--trace-data: {str(twice)!r} is given twice (as run {name!r})")
+        # A cell's trace.csv is named after its folder already: start above it.
+        folders = [p.parent.parts[:-1] if p.parent.name == name else p.parent.parts for p in paths]
+        depth = 1
+        while len({f[-depth:] for f in folders}) < len(folders):
+            depth += 1
+        for case, folder in zip(alike, folders, strict=True):
+            case.name = "/".join([*folder[-depth:], name])
 
 
-def _report_one(case: Any, result: Any, rtt_ms: float | None, bandwidth: float) -> None:
+def _note_cells_left_out(groundtruth: Path) -> None:
+    """A ground-truth folder fit reads the request-CSV runs only: say which observe cells
+    under it are left out (another vLLM's server, fitted apart with --traces)."""
+    from ..validate import trace_datasets
+
+    for dataset, cells in trace_datasets(groundtruth):
+        typer.echo(
+            f"calibrate: note: {counted(len(cells), 'observe cell')} under {str(dataset)!r} "
+            f"left out (a ground-truth folder fit reads request-CSV runs); fit them with "
+            f"--traces {str(dataset)!r}",
+            err=True,
+        )
+
+
+def _echo_prefix_caching(cases: list) -> None:
+    """Stderr: the prefix-caching choice of the replays and where it came from, once per
+    distinct choice (as validate and replay print it)."""
+    by_choice: dict[str, list[str]] = {}
+    for case in cases:
+        by_choice.setdefault(case.prefix_caching, []).append(case.name)
+    for choice, names in by_choice.items():
+        which = "" if len(by_choice) == 1 else f" ({', '.join(names)})"
+        typer.echo(f"calibrate: {choice}{which}", err=True)
+
+
+def _echo_version_choice(cases: list, flag: str | None, quiet: bool) -> None:
+    """Stderr: which vLLM version chose the shipped start and why (not with --quiet); a
+    warning when no single version is known (the newest fit is then a guess)."""
+    versions = sorted({c.vllm_version or "unknown" for c in cases})
+    if flag is not None or (len(versions) == 1 and versions[0] != "unknown"):
+        if not quiet:
+            why = "--vllm-version" if flag is not None else "recorded with the runs"
+            typer.echo(f"calibrate: vLLM version {flag or versions[0]} ({why})", err=True)
+        return
+    what = (
+        "no vLLM version is recorded with the runs"
+        if versions == ["unknown"]
+        else f"the runs record several vLLM versions ({', '.join(versions)})"
+    )
+    typer.echo(
+        f"calibrate: warning: {what}; the shipped start is the newest fit (--vllm-version chooses)",
+        err=True,
+    )
+
+
+def _report_one(
+    case: Any, result: Any, rtt_ms: float | None, bandwidth: float, warm_up_s: float = 0.0
+) -> None:
     """BLIS's calibration report of the one fitted trace, replayed with the result (it needs
     a real recording: `mode: real`)."""
     from .. import calibrate as cal
@@ -508,7 +625,9 @@ def _report_one(case: Any, result: Any, rtt_ms: float | None, bandwidth: float) 
         )
         return
     replayed = cal.replay_case(case, result.coefficients)
-    report = calibration_report(case.trace_header, case.trace_data, replayed, rtt_ms, bandwidth)
+    report = calibration_report(
+        case.trace_header, case.trace_data, replayed, rtt_ms, bandwidth, warm_up_s
+    )
     typer.echo(format_report(report))
 
 

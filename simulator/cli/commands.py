@@ -654,6 +654,14 @@ def validate_cmd(
             "docs/accuracy.md); 0 scores every request",
         ),
     ] = 0.0,
+    vllm_version: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-version",
+            help="vLLM version whose shipped physics fit to use for every run (default: each "
+            "dataset's, from its server_config.json or folder name, else the newest fit)",
+        ),
+    ] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", metavar="", help="no per-run progress lines on stderr")
     ] = False,
@@ -663,16 +671,20 @@ def validate_cmd(
 
     def go() -> None:
         from ..input_files import refuse_writing_inputs
+        from ..latency.physics import version_key
         from ..validate import (
             ALL_DATASETS,
             check_warm_up_s,
             default_groundtruth,
+            physics_fit_lines,
             summarize,
             validate_datasets,
         )
 
         started_s = time.perf_counter()
         check_warm_up_s(warm_up_s, "--warm-up-s")
+        if vllm_version is not None:
+            version_key(vllm_version, "--vllm-version")
         where = folder if folder is not None else default_groundtruth("validate")
         check_writable("--output", output)
         refuse_writing_inputs(
@@ -711,7 +723,11 @@ def validate_cmd(
                 forced_output=forced_output_length,
                 prefix_caching=prefix_caching,
                 warm_up_s=warm_up_s,
+                vllm_version=vllm_version,
             )
+            if model == "physics" and latency_coeffs is None:
+                for line in physics_fit_lines(done.runs, vllm_version):
+                    typer.echo(line, err=True)
             if model == models[0]:
                 _echo_server_settings(done, prefix_caching, prompt_reuse)
                 if warm_up_s > 0:
