@@ -996,15 +996,20 @@ class PhysicsModel(StepTimeModel):
         sequences = len(batch.prefill_chunks) + batch.decode_count
         parts = max(1, min(self.layout.pp, sequences))
         micro = work.share(parts)
-        stage_s = []
-        for stage in self.stages:
-            t = self._terms(stage, micro, 0, 0)
-            stage_s.append(
-                _gpu_s(t, c, max)
-                + _communication_s(t, c)
-                + stage.shape.layers * c.per_layer_overhead_us * 1e-6
-            )
-        micro_tokens = micro.prefill_tokens + micro.decodes
+        # Micro-batches are made of whole sequences: each prefill chunk passes every stage in
+        # one of them, so the heaviest carries at least any one chunk's work, however many
+        # sequences share the step. (An even split of every token priced a lone 3,403-token
+        # chunk as two halves in flight: one decode added to it halved the step.) Decodes are
+        # known by their sum only, so they are spread evenly.
+        heaviest = micro
+        if parts > 1 and batch.prefill_chunks:
+            prompts = batch.prefill_prompt_tokens
+            for k, chunk in enumerate(batch.prefill_chunks):
+                alone = self.work(StepBatch([chunk], prefill_prompt_tokens=prompts[k : k + 1]))
+                heaviest = _Work(*map(max, heaviest, alone))
+        micro_s = self._stage_seconds(micro)
+        heaviest_s = micro_s if heaviest is micro else self._stage_seconds(heaviest)
+        heaviest_tokens = heaviest.prefill_tokens + heaviest.decodes
         hand_off_s = 0.0
         for i in range(len(self.stages) - 1):
             last_gpu = (i + 1) * self.tp - 1
@@ -1012,14 +1017,25 @@ class PhysicsModel(StepTimeModel):
             link = self.links.scale_out_gb_per_s if crosses else self.links.scale_up_gb_per_s
             latency_us = c.network_latency_us if crosses else c.allreduce_latency_us
             hand_off_s += (
-                micro_tokens
+                heaviest_tokens
                 * self.hand_off_bytes_per_token
                 / (link * 1e9 * c.interconnect_efficiency)
                 + latency_us * 1e-6
             )
-        cycle_s = max(sum(stage_s) + hand_off_s, parts * max(stage_s))
+        cycle_s = max(sum(heaviest_s) + hand_off_s, parts * max(micro_s))
         overhead_s = (c.per_step_overhead_us + sequences * c.per_sequence_overhead_us) * 1e-6
         return overhead_s + cycle_s
+
+    def _stage_seconds(self, micro: _Work) -> list[float]:
+        """Each pipeline stage's time for one micro-batch of `micro`'s work."""
+        c = self.coefficients
+        return [
+            _gpu_s(t, c, max)
+            + _communication_s(t, c)
+            + stage.shape.layers * c.per_layer_overhead_us * 1e-6
+            for stage in self.stages
+            for t in (self._terms(stage, micro, 0, 0),)
+        ]
 
     @property
     def coefficients_source(self) -> str:

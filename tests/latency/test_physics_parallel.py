@@ -35,6 +35,7 @@ H100, H200 = get_gpu("H100"), get_gpu("H200")
 DEEPSEEK_V3 = load_model("deepseek-ai/DeepSeek-V3")
 QWEN3_32B = load_model("Qwen/Qwen3-32B")
 LLAMA_70B = load_model("meta-llama/llama-3.1-70b-instruct")
+LLAMA_8B = load_model("meta-llama/llama-3.1-8b-instruct")
 MIXTRAL = load_model("mistralai/mixtral-8x7b-v0.1")
 # test_physics's unit efficiencies and no overheads, and no network latency either: only the
 # physical terms at peak rates.
@@ -259,6 +260,35 @@ def test_pipeline_step_by_hand():
     t0, t1 = stage_s(eight, 2)
     expected = max(t0 + t1 + 4 * 2 * 8192 * 2 / 450e9, 2 * max(t0, t1))
     assert m.step_time_us(eight) == int(expected * 1e6)
+
+
+def test_a_prefill_chunk_passes_every_stage_whole():
+    """Micro-batches are whole sequences: a 3,403-token chunk plus one decode makes two
+    micro-batches, and the chunk's still crosses both stages, so the step lasts at least the
+    chunk's alone (it was priced as two 1,700-token halves overlapping: 239 -> 123 ms)."""
+    m = PhysicsModel(LLAMA_70B, H100, 4, BARE, parallelism=Parallelism(4, pp=2))
+    alone = m.step_time_us(StepBatch([(0, 3403)], 0, 0))
+    assert m.step_time_us(StepBatch([(0, 3403)], 1, 12_888)) >= alone
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.integers(0, 4000), st.integers(1, 4000)), max_size=3),
+    decodes=st.integers(0, 64),
+    context=st.integers(1, 4000),
+    extra=st.tuples(st.integers(0, 4000), st.integers(1, 4000)),
+    pp=st.sampled_from([2, 4]),
+)
+def test_pipeline_steps_never_get_faster_with_more_work(chunks, decodes, context, extra, pp):
+    """Under PP, one more prefill chunk, or one more decode at the batch's mean context,
+    never shortens the step. (Decodes are known by their context sum only, so a decode with
+    a shorter context than the others' may lower the mean a micro-batch carries.)"""
+    m = PhysicsModel(LLAMA_8B, H100, 1, BARE, parallelism=Parallelism(1, pp=pp))
+    base = m.step_time_us(StepBatch(list(chunks), decodes, decodes * context))
+    more_chunks = StepBatch([*chunks, extra], decodes, decodes * context)
+    more_decodes = StepBatch(list(chunks), decodes + 1, (decodes + 1) * context)
+    assert m.step_time_us(more_chunks) >= base
+    assert m.step_time_us(more_decodes) >= base
 
 
 def test_pipeline_hand_off_crosses_nodes_when_stages_do():
