@@ -81,6 +81,19 @@ class Period:
     outputs: _Draws | None
 
 
+def merged_windows(windows: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, end) windows as sorted, disjoint intervals: a client is active when the time
+    lies in any of its windows, and `ClientPlan.active` looks at one interval only (a long
+    window overlapped by a later, shorter one was cut at the shorter one's end)."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(windows):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 @dataclass
 class ClientPlan:
     """Everything needed to generate one client's requests."""
@@ -170,18 +183,32 @@ class ClientPlan:
                     (
                         modality,
                         _Draws(
-                            from_dist_spec(count, self.base_dir, minimum=0, where=f"{where}.mm"),
+                            from_dist_spec(
+                                count,
+                                self.base_dir,
+                                minimum=0,
+                                where=f"{where}.multimodal.{modality}_count_distribution",
+                            ),
                             rng(f"{modality}.count"),
                         ),
                         _Draws(
-                            from_dist_spec(size, self.base_dir, where=f"{where}.mm"),
+                            from_dist_spec(
+                                size,
+                                self.base_dir,
+                                where=f"{where}.multimodal.{modality}_distribution",
+                            ),
                             rng(f"{modality}.size"),
                         ),
                     )
                 )
+            text_where = (
+                f"{where}.multimodal.text_distribution"
+                if mm.text_distribution is not None
+                else f"{where}.input_distribution"
+            )
             text = mm.text_distribution or c.input_distribution
             self.modal = _Modal(
-                _Draws(from_dist_spec(text, self.base_dir, where=f"{where}.mm"), rng("text")),
+                _Draws(from_dist_spec(text, self.base_dir, where=text_where), rng("text")),
                 parts,
             )
         # Output lengths that only space a closed-loop session's rounds as open loop would,
@@ -200,7 +227,11 @@ class ClientPlan:
         self.ratio: _Draws | None = None
         if c.reasoning is not None and c.reasoning.reason_ratio_distribution is not None:
             self.ratio = _Draws(
-                ratio_from_dist_spec(c.reasoning.reason_ratio_distribution, self.base_dir),
+                ratio_from_dist_spec(
+                    c.reasoning.reason_ratio_distribution,
+                    self.base_dir,
+                    where=f"{where}.reasoning.reason_ratio_distribution",
+                ),
                 rng("reason_ratio"),
             )
         self.timeout_us = c.timeout_us()
@@ -582,7 +613,12 @@ class WorkloadStream:
             return aggregate * ((w.trace_rate or c.rate_fraction or 0.0) / total_fraction)
 
         prefix = _prefix_lengths(clients)
-        keys = [c.id or f"#{i}" for i, c in enumerate(clients)]
+        ids = [c.id or f"#{i}" for i, c in enumerate(clients)]
+        id_counts = Counter(ids)
+        # A client's random streams and content are keyed by its id; two clients given one id
+        # (or a client named as a cohort's member) are still two independent sources, as in
+        # BLIS, so a repeated id is told apart by its position.
+        keys = [k if id_counts[k] == 1 else f"{k}#{i}" for i, k in enumerate(ids)]
         key_counts = Counter(keys)
         self.plans = []
         for i, c in enumerate(clients):
@@ -598,7 +634,9 @@ class WorkloadStream:
                     if c.rate_fraction and total_fraction
                     else 0.0,
                     prefix_length=prefix.get(c.prefix_group, 0),
-                    windows=sorted((w.start_us, w.end_us) for w in windows if not w.overrides),
+                    windows=merged_windows(
+                        (w.start_us, w.end_us) for w in windows if not w.overrides
+                    ),
                     seed=self.seed,
                     base_dir=base_dir,
                     unique_key=key_counts[keys[i]] == 1,

@@ -78,6 +78,45 @@ def test_lifecycle_windows_are_honoured():
     assert len(reqs) == pytest.approx(400, rel=0.15)
 
 
+def test_overlapping_windows_are_active_in_any_of_them():
+    """A client is active when the time lies in any of its windows. A long window [0, 100 s)
+    overlapped by a later, shorter one [10, 20 s) was cut at 20 s: 199 arrivals at 10 req/s
+    where the union's 100 s bring ~1,000 (BLIS: 1,010). The windowed client's arrivals are
+    the plain client's (same seed and id) inside the union, here all of them."""
+    windows = [
+        {"start_us": 0, "end_us": 100_000_000},
+        {"start_us": 10_000_000, "end_us": 20_000_000},
+    ]
+    windowed = spec([client("c", lifecycle={"windows": windows})], aggregate_rate=10)
+    plain = spec([client("c")], aggregate_rate=10)
+    horizon_us = 100_000_000
+    got = [r.arrival_us for r in WorkloadStream(windowed, seed=42, horizon_us=horizon_us)]
+    expected = [r.arrival_us for r in WorkloadStream(plain, seed=42, horizon_us=horizon_us)]
+    assert got == expected and sum(t >= 20_000_000 for t in got) == pytest.approx(800, rel=0.1)
+
+
+def test_merged_windows_are_the_union_as_disjoint_intervals():
+    from simulator.workload.generator import merged_windows
+
+    assert merged_windows([(10, 20), (0, 100), (150, 160), (160, 170), (200, 210)]) == [
+        (0, 100),
+        (150, 170),
+        (200, 210),
+    ]
+    assert merged_windows([]) == []
+
+
+def test_clients_sharing_an_id_are_independent_sources():
+    """Two clients with one id drew the same streams: every arrival twice (half the merged
+    gaps 0, CV 1.74). Two independent Poisson streams merge into one (CV ~ 1); the same holds
+    for a client named like a cohort's member."""
+    s = spec([client("x"), client("x")], aggregate_rate=10, num_requests=10_000)
+    arrivals = np.array([r.arrival_us for r in WorkloadStream(s, seed=42)], dtype=float)
+    gaps = np.diff(arrivals)
+    assert np.mean(gaps == 0) < 0.01
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)
+
+
 def test_a_window_far_ahead_filters_the_same_arrivals_and_is_reached_quickly():
     """Windows only filter a client's arrival stream: the windowed client's arrivals are the
     unwindowed client's (same seed, same id) that fall inside a window. The generator skips
@@ -119,7 +158,7 @@ def test_private_content_is_marked_only_where_no_other_request_can_share_it():
             client("plain"),
             client("grouped", prefix_group="g", prefix_length=64),
             client("twin"),
-            client("twin"),  # the same id: the same content keys as the other twin
+            client("twin"),  # the same id, yet another source: content keys of its own
             client(
                 "chat", reasoning={"multi_turn": {"max_rounds": 3, "context_growth": "accumulate"}}
             ),
@@ -132,7 +171,7 @@ def test_private_content_is_marked_only_where_no_other_request_can_share_it():
     marks = {}
     for r in reqs:
         marks.setdefault(r.client_id, set()).add(r.private_from_token)
-    assert marks == {"plain": {0}, "grouped": {64}, "twin": {-1}, "chat": {-1}, "fresh": {0}}
+    assert marks == {"plain": {0}, "grouped": {64}, "twin": {0}, "chat": {-1}, "fresh": {0}}
     # The law behind the marks: a request's hashes from its private block on are its own.
     owner: dict[int, str] = {}
     for r in reqs:
@@ -319,3 +358,28 @@ def test_a_blis_file_with_every_feature_loads_and_runs():
     assert result.session_counts["total"] > 0
     s = result.summary
     assert s["injected_requests"] == len(result.request_records)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (
+            {"reasoning": {"reason_ratio_distribution": {"type": "gaussian", "params": {
+                "mean": 50, "std_dev": 10, "min": 80, "max": 20}}}},
+            "clients[0].reasoning.reason_ratio_distribution.params.min",
+        ),
+        (
+            {"multimodal": {"image_count_distribution": {"type": "constant",
+                                                         "params": {"value": 1}},
+                            "image_distribution": {"type": "gaussian", "params": {
+                                "mean": 50, "std_dev": 10, "min": 80, "max": 20}}}},
+            "clients[0].multimodal.image_distribution.params.min",
+        ),
+    ],
+)  # fmt: skip
+def test_a_bad_reasoning_or_multimodal_law_names_its_field(extra, field):
+    from simulator.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        list(WorkloadStream(spec([client("a", **extra)], aggregate_rate=1, num_requests=2), 1))
+    assert str(caught.value).startswith(f"{field}: invalid value 80")
