@@ -348,6 +348,17 @@ def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, De
         except ConfigError as exc:
             # Name the pool: the bare field (`tp`, `dp`, a GPU) reads as the top level's.
             raise ConfigError(f"cluster.pd.{role}: {exc}") from None
+    prefill_len = out["prefill"].engine.max_model_len
+    decode_len = out["decode"].engine.max_model_len
+    if decode_len and (prefill_len == 0 or decode_len < prefill_len):
+        log.warning(
+            "the decode pool's context limit (%d tokens) is below the prefill pool's (%s): a "
+            "disaggregated request the prefill pool accepts but the decode pool could not is "
+            "length-capped at the decode pool's limit, as in BLIS (a vLLM decode server would "
+            "refuse it)",
+            decode_len,
+            f"{prefill_len} tokens" if prefill_len else "none",
+        )
     return out
 
 
@@ -366,6 +377,27 @@ def _validate_cluster(scenario: Scenario) -> None:
     for option in ("prefix_threshold", "prompt_length_threshold"):
         if getattr(pd, option) is not None and option not in reads:
             log.warning("pd.%s is set but the decider %r does not read it", option, pd.decider)
+    if pd.prefix_mode != "global" and "prefix_mode" not in reads:
+        log.warning("pd.prefix_mode is set but the decider %r does not read it", pd.decider)
+    pools_from_deployments = any(d.role in ("prefill", "decode") for d in scenario.deployments)
+    if not pd.enabled and not pools_from_deployments:
+        # Pool and link settings of a cluster without PD pools change nothing: said, as a
+        # decider's unread option is, rather than run as a unified fleet without a word.
+        link = ("transfer_bandwidth_gb_per_s", "transfer_base_latency_ms", "kv_bytes_per_token",
+                "transfer_contention", "transfer_slots")  # fmt: skip
+        unused = [f for f in link if getattr(pd, f) != type(pd).model_fields[f].default]
+        unused += [
+            role
+            for role in ("prefill", "decode")
+            if getattr(pd, role).changes_deployment or getattr(pd, role).routing_scorers
+        ]
+        if unused:
+            log.warning(
+                "cluster.pd.%s %s set but the cluster has no PD pools (prefill_instances and "
+                "decode_instances are 0): unused",
+                ", cluster.pd.".join(unused),
+                "is" if len(unused) == 1 else "are",
+            )
     admission = c.admission
     if admission.policy != "token-bucket":
         for option in ("token_bucket_capacity", "token_bucket_refill_rate"):

@@ -288,9 +288,9 @@ class VLLMEngine:
         counts it as dropped at decode KV)."""
         self.clock_us = now_us
         req.enqueue_us = now_us
-        if self._past_deadline(req, now_us):
-            return EnqueueOutcome.TIMED_OUT
         if req.output_tokens == 0:
+            if self._past_deadline(req, now_us):
+                return EnqueueOutcome.TIMED_OUT
             # The prefill was the whole request: done on arrival, no token, no KV needed.
             req.state = RequestState.COMPLETED
             req.first_token_us = req.last_token_us = req.completion_us = now_us
@@ -308,6 +308,11 @@ class VLLMEngine:
         ):
             self._drop(req, now_us)  # counted here too: this instance dropped it
             return EnqueueOutcome.DROPPED
+        if self._past_deadline(req, now_us):
+            # The KV is reserved before the deadline is looked at, as in BLIS (§7.2 step 5:
+            # no room is a drop at decode KV even for a request whose client has given up).
+            self.kv.release(req)
+            return EnqueueOutcome.TIMED_OUT
         req.cached_tokens = len(cached) * self.kv.block_size
         req.computed_tokens = prompt
         req.prefill_target = prompt

@@ -604,3 +604,84 @@ def test_the_decode_pools_scorers_learn_every_disaggregated_request():
     requests = result.requests
     assert requests.prefill_instance.nunique() == 1
     assert requests.decode_instance.nunique() == 1
+
+
+def test_a_decode_pool_without_room_drops_before_it_looks_at_the_deadline():
+    """BLIS §7.2 step 5: the decode instance reserves the prompt's KV first (no room: dropped
+    at decode KV), and only a request that got its KV is timed out by a deadline already
+    past. A 1,000-token prompt needs 63 blocks; the decode pool has 10, and the 36 ms client
+    timeout has passed when the transfer lands, so every request is a decode-KV drop."""
+    scenario = {
+        "model": "meta-llama/llama-3.1-8b-instruct",
+        "hardware": "H100",
+        "seed": 1,
+        "cluster": one_prefill_one_decode(decode={"total_kv_blocks": 10}),
+        "workload": {
+            "num_requests": 3,
+            "rate": 1,  # one at a time: each reaches the decode pool just after its deadline
+            "timeout_us": 36_000,
+            "prompt_tokens": {"distribution": "constant", "value": 1000},
+            "output_tokens": {"distribution": "constant", "value": 10},
+        },
+    }
+    result = simulator.simulate(scenario, warn_unsteady=False)
+    assert result.pd_metrics["dropped_at_decode_kv"] == 3
+    assert result.summary["timed_out_requests"] == 0
+
+
+def test_a_decode_pool_with_a_shorter_context_than_the_prefill_pool_is_warned_about(caplog):
+    scenario = {
+        "model": "meta-llama/llama-3.1-8b-instruct",
+        "cluster": one_prefill_one_decode(decode={"max_model_len": 500}),
+        "workload": {"num_requests": 2},
+    }
+    with caplog.at_level("WARNING", logger="servesim"):
+        simulator.simulate(scenario, warn_unsteady=False)
+    warned = [
+        r.getMessage() for r in caplog.records if "decode pool's context limit" in r.getMessage()
+    ]
+    assert (
+        len(warned) == 1 and "(500 tokens) is below the prefill pool's (131072 tokens)" in warned[0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("cluster", "warned"),
+    [
+        # Pool and link settings with no PD pools: a unified fleet ran without a word.
+        (
+            {"num_instances": 2, "pd": {"decode": {"hardware": "H200", "tp": 2}}},
+            "cluster.pd.decode is set",
+        ),
+        (
+            {"num_instances": 2, "pd": {"transfer_bandwidth_gb_per_s": 5, "transfer_slots": 2}},
+            "cluster.pd.transfer_bandwidth_gb_per_s, cluster.pd.transfer_slots are set",
+        ),
+        # A prefix mode the decider does not read, as its thresholds are.
+        (
+            {"num_instances": 3, "pd": {"prefill_instances": 1, "decode_instances": 1,
+                                        "decider": "prompt-length", "prefix_mode": "decode-cache"}},
+            "pd.prefix_mode is set but the decider 'prompt-length' does not read it",
+        ),
+    ],
+)  # fmt: skip
+def test_pd_settings_that_change_nothing_are_warned_about(cluster, warned, caplog):
+    with caplog.at_level("WARNING", logger="servesim"):
+        simulator.simulate(
+            {"cluster": cluster, "workload": {"num_requests": 2}}, warn_unsteady=False
+        )
+    assert [r.getMessage() for r in caplog.records if warned in r.getMessage()]
+
+
+def test_pd_pools_from_deployments_read_the_link_settings_without_a_warning(caplog):
+    scenario = {
+        "deployments": [
+            {"name": "dec", "role": "decode", "num_instances": 1},
+            {"name": "pre", "role": "prefill", "num_instances": 1},
+        ],
+        "cluster": {"pd": {"decider": "always", "transfer_bandwidth_gb_per_s": 5}},
+        "workload": {"num_requests": 2},
+    }
+    with caplog.at_level("WARNING", logger="servesim"):
+        simulator.simulate(scenario, warn_unsteady=False)
+    assert not [r for r in caplog.records if "no PD pools" in r.getMessage()]
