@@ -399,13 +399,21 @@ def validate_tp(model: ModelConfig, tp: int, field: str = "tp") -> None:
             f"must divide num_attention_heads={model.num_heads} of model {model.name!r}",
         )
     kv_heads = model.effective_kv_heads
-    # kv_heads < tp is allowed: vLLM replicates KV heads across the extra ranks.
+    # kv_heads < tp is allowed: vLLM replicates each KV head on tp / kv_heads ranks, which
+    # must be a whole number (QKVParallelLinear divides tp by the KV heads).
     if kv_heads >= tp and kv_heads % tp != 0:
         raise invalid(
             field,
             tp,
             f"must divide num_key_value_heads={kv_heads} of model {model.name!r} "
-            "(or exceed it, in which case KV heads are replicated)",
+            "(or be a multiple of it, in which case KV heads are replicated)",
+        )
+    if 0 < kv_heads < tp and tp % kv_heads != 0:
+        raise invalid(
+            field,
+            tp,
+            f"must be a multiple of num_key_value_heads={kv_heads} of model {model.name!r} "
+            "when above it (vLLM replicates each KV head on tp / kv_heads ranks), or divide it",
         )
 
 

@@ -402,9 +402,18 @@ def test_tp_must_divide_heads():
 
 
 def test_tp_must_divide_kv_heads_when_not_fewer():
-    validate_tp(_model(heads=24, kv_heads=6), 8)  # 6 < 8: KV heads replicated, allowed
+    validate_tp(_model(heads=24, kv_heads=6), 12)  # 6 < 12: each KV head on 2 ranks
     with pytest.raises(ConfigError, match="num_key_value_heads=6"):
         validate_tp(_model(heads=24, kv_heads=6), 4)
+
+
+def test_tp_above_the_kv_heads_must_be_a_multiple_of_them():
+    """vLLM replicates each KV head on tp / kv_heads ranks (QKVParallelLinear divides them):
+    Qwen2.5-7B's 28 heads take TP 7, its 4 KV heads do not (7 / 4), and vLLM refuses it."""
+    with pytest.raises(ConfigError, match="tp: invalid value 7; must be a multiple of num_key"):
+        validate_tp(load_model("qwen2.5-7b-instruct"), 7)
+    with pytest.raises(ConfigError, match="num_key_value_heads=6"):
+        validate_tp(_model(heads=24, kv_heads=6), 8)
 
 
 @pytest.mark.parametrize("tp", [0, -1, 1.5, True])
