@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ _FRACTIONS = {"mfuPrefill", "mfuDecode"}
 
 # docs/behaviour.md §3.5 [Mar-27]: BLIS set the L40S FP8 rate after the bundled table was copied.
 # NVIDIA's L40S datasheet lists 1,466 TFLOPS FP8 *with sparsity* (733 dense); BLIS uses the
-# sparse figure and servesim keeps it, so its BLIS backends price FP8 on L40S as BLIS does.
+# sparse figure and servesim keeps it, so its BLIS backends price FP8 on L40S as BLIS does;
+# physics, which prices dense GEMMs, takes the dense half (GPUSpec.tflops_fp8_dense).
 _L40S_TFLOPS_FP8 = 1466.0
 # Every entry of BLIS's table carries MFU "calibrated per Discussion #589" (its _comment).
 _BLIS_SOURCE = "BLIS hardware_config.json"
@@ -119,6 +121,7 @@ def _builtin() -> dict[str, GPUSpec]:
     for entry in table.values():
         entry.pop(_COMMENT_KEY, None)  # the shared source line below says it
     specs = _specs_from_table(table, _BLIS_SOURCE)
+    specs["L40S"] = replace(specs["L40S"], tflops_fp8_dense=_L40S_TFLOPS_FP8 / 2)
     ours = bundled_yaml(_SERVESIM_GPUS_PATH.read_text(encoding="utf-8"))
     ours = _specs_from_table(ours, "servesim data/gpus.yaml")
     return {**specs, **ours}

@@ -107,7 +107,7 @@ def peak_tflops(model: ModelConfig, gpu: GPUSpec) -> float:
     if precision == "fp4":
         return gpu.tflops_fp4
     if precision == "fp8":
-        return gpu.tflops_fp8
+        return gpu.tflops_fp8_dense or gpu.tflops_fp8
     return gpu.tflops_peak
 
 

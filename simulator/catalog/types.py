@@ -140,6 +140,9 @@ class GPUSpec:
     memory_gib: float
     # Dense FP4 tensor-core rate (Blackwell); 0 = no FP4 units.
     tflops_fp4: float = 0.0
+    # The dense FP8 rate where `tflops_fp8` is not one (BLIS's L40S figure is NVIDIA's with
+    # sparsity; its backends keep it, physics prices dense GEMMs); 0 = `tflops_fp8` is dense.
+    tflops_fp8_dense: float = 0.0
     # Where the figures come from, and the GPU whose MFU this one borrows ("" = its own);
     # provenance only, so two entries with the same numbers still compare equal.
     source: str = field(default="", compare=False)

@@ -216,3 +216,23 @@ def test_user_file_optional_keys(tmp_path):
 def test_provenance_does_not_change_equality():
     # Two entries with the same numbers are the same GPU whatever their sources say.
     assert replace(get_gpu("H200"), source="elsewhere", mfu_from="") == get_gpu("H200")
+
+
+def test_physics_prices_l40s_fp8_at_the_dense_rate_blis_backends_at_blis_s():
+    """NVIDIA's L40S FP8 figure, 1,466 TFLOPS, is with sparsity (733 dense). BLIS's backends
+    keep BLIS's number; physics prices dense GEMMs: 733 TFLOPS, twice BF16's 362, not four
+    times. An 8,192-token FP8 prefill is then no faster than its FLOPs at the dense rate."""
+    from simulator.catalog.models import load_model
+    from simulator.catalog.precision import apply_precision
+    from simulator.latency import build_step_time_model
+    from simulator.latency.base import StepBatch
+
+    gpu = get_gpu("L40S")
+    model = apply_precision(load_model("meta-llama/llama-3.1-8b-instruct"), gpu, "fp8", "auto")
+    physics = build_step_time_model("physics", model, gpu, 1)
+    assert physics.peak_flops_per_s == 733e12
+    assert build_step_time_model("roofline", model, gpu, 1).peak_flops == 1466e12
+    batch = StepBatch([(0, 8192)], 0, 0)
+    terms = physics.terms(batch)
+    flops = (terms.prefill_compute_s + terms.prefill_attention_s) * physics.peak_flops_per_s
+    assert physics.step_time_us(batch) >= flops / 733e12 * 1e6
