@@ -152,6 +152,14 @@ def resolve_deployment(
         parallelism=layout,
     )
     eng = scenario.engine
+    if eng.kv_cache_dtype != "auto" and lat.model in _BLIS_BACKENDS:
+        log.warning(
+            "latency model %s prices a step as BLIS does, without the KV cache's width: "
+            "engine.kv_cache_dtype %s changes only the KV capacity with it (physics prices the "
+            "8-bit cache's reads too)",
+            lat.model,
+            eng.kv_cache_dtype,
+        )
     with in_field("engine.scheduler"):
         make_scheduler(eng.scheduler)
     with in_field("engine.priority_policy"):
@@ -211,6 +219,12 @@ def resolve_deployment(
         lora=lora,
     )
     return Deployment(model, gpu, tp, step_model, engine, source, layout, limits_source)
+
+
+# BLIS's step-time models: they price a step as BLIS does, whatever the KV cache's width.
+_BLIS_BACKENDS = frozenset(
+    {"roofline", "trained-roofline", "crossmodel", "trained-physics", "blackbox"}
+)
 
 
 def _warn_what_vllm_refuses(

@@ -183,3 +183,20 @@ def test_settings_vllm_accepts_are_not_warned_about(caplog):
     with caplog.at_level("WARNING", logger="servesim"):
         resolve_deployment(scenario_from_dict({**SMALL, "engine": engine}))
     assert not [r for r in caplog.records if "vLLM refuses" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "latency", ["roofline", "trained-roofline", "crossmodel", "trained-physics"]
+)
+def test_an_fp8_kv_cache_under_a_blis_backend_is_said_to_change_only_capacity(latency, caplog):
+    with caplog.at_level("WARNING", logger="servesim"):
+        resolve_deployment(
+            scenario_from_dict(
+                {**SMALL, "latency": {"model": latency}, "engine": {"kv_cache_dtype": "fp8"}}
+            )
+        )
+    assert [r for r in caplog.records if "changes only the KV capacity" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="servesim"):
+        resolve_deployment(scenario_from_dict({**SMALL, "engine": {"kv_cache_dtype": "fp8"}}))
+    assert not [r for r in caplog.records if "changes only the KV capacity" in r.getMessage()]
