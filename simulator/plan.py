@@ -912,10 +912,23 @@ def evidence(provenance: Mapping[str, Any]) -> str:
     return "fitted"
 
 
+# Step-time models whose step times do not depend on the GPU.
+GPU_BLIND_MODELS = frozenset({"crossmodel"})
+
+
 def mixed_evidence(provenance: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """One warning when the compared GPUs' latencies rest on different evidence: a GPU whose
     fit was measured on it against one whose fit was carried over is not a like-for-like
     comparison (docs/planning.md)."""
+    blind = sorted({p.get("latency_model") for p in provenance.values()} & GPU_BLIND_MODELS)
+    if blind and len(provenance) > 1:
+        # BLIS's crossmodel fit has no GPU term: every GPU is priced alike, so only the prices
+        # tell the GPUs apart.
+        return [
+            f"latency model {blind[0]} prices every GPU alike (its fit has no GPU term): the "
+            "GPUs compared differ only in price and KV capacity here; compare GPUs under "
+            "physics or roofline (docs/latency-models.md)"
+        ]
     kinds = {gpu: evidence(p) for gpu, p in provenance.items()}
     if len(set(kinds.values())) <= 1:
         return []

@@ -238,6 +238,26 @@ def test_evidence_of_blis_backends_is_a_kind_not_the_fits_name(coefficients, kin
     assert mixed_evidence(fits) == []
 
 
+def test_a_plan_under_a_gpu_blind_model_says_so() -> None:
+    """crossmodel's fit has no GPU term: an L40S prices a step as a B200 does, so a plan over
+    GPUs would pick the cheapest one as if it were as fast. The warning says so."""
+    from simulator.catalog.hardware import get_gpu
+    from simulator.catalog.models import load_model
+    from simulator.latency import build_step_time_model
+    from simulator.latency.base import StepBatch
+    from simulator.plan import mixed_evidence
+
+    model = load_model("meta-llama/llama-3.1-8b-instruct")
+    models = {
+        g: build_step_time_model("crossmodel", model, get_gpu(g), 1) for g in ("B200", "L40S")
+    }
+    batch = StepBatch([], 64, 128_000)
+    assert models["B200"].step_time_us(batch) == models["L40S"].step_time_us(batch)
+    (warning,) = mixed_evidence({g: m.provenance() for g, m in models.items()})
+    assert warning.startswith("latency model crossmodel prices every GPU alike")
+    assert mixed_evidence({"B200": models["B200"].provenance()}) == []
+
+
 # ------------------------------------------------ plans that used to pass and must not
 
 
