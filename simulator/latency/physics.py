@@ -893,12 +893,18 @@ class PhysicsModel(StepTimeModel):
             # Only the sum of the decoding requests' contexts is known. While their mean fits
             # in the window, every context is taken to (nothing hidden); beyond it, each sees
             # a full sliding window or, in chunks, half a chunk on average.
-            if batch.decode_context_sum / decodes < window - 1:
+            mean_context = batch.decode_context_sum / decodes
+            if mean_context < window - 1:
                 window_decode_pairs = decode_pairs
                 window_context_read += batch.decode_context_sum
             elif kind == "chunked":
-                window_decode_pairs = decodes * (window + 1) / 2
-                window_context_read += decodes * (window - 1) / 2
+                # From a full chunk (every context still in its first chunk) to half a chunk
+                # on average over the next chunk's length, not at once: one more token of mean
+                # context made a step 21 % cheaper (Llama-4-Scout, 256 decodes at 8,191).
+                into_next = min(1.0, (mean_context - (window - 1)) / window)
+                keys = window - into_next * (window - 1) / 2
+                window_decode_pairs = decodes * keys
+                window_context_read += decodes * (keys - 1)
             else:
                 window_decode_pairs = decodes * window
                 window_context_read += decodes * window

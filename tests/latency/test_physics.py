@@ -674,3 +674,20 @@ def test_an_unreadable_version_is_refused_not_guessed(version):
     message = str(err.value)
     assert message.startswith(f"latency.vllm_version: invalid value '{version}'")
     assert "0.23.0rc1" in message and "\n" not in message
+
+
+def test_chunked_attention_decodes_do_not_jump_at_the_chunk_boundary() -> None:
+    """Llama-4's chunked layers attend within 8,192-token chunks. Only the decodes' context
+    sum is known: below a chunk every context is taken whole, and past it the keys fall to
+    half a chunk on average over the next chunk's length. One more token of mean context
+    made a step 21 % cheaper at 8,191; now no one-token step moves the price by 0.1 %, and
+    the two regimes meet: 8,192 keys at 8,191, half a chunk from 16,383 on."""
+    from simulator.catalog.models import load_model
+    from simulator.latency import build_step_time_model
+
+    scout = load_model("meta-llama/llama-4-scout-17b-16e-instruct")
+    m = build_step_time_model("physics", scout, get_gpu("H100"), 4)
+    for context in (8190, 8191, 8192, 12_000, 16_383):
+        before = m.step_time_us(StepBatch([], 256, 256 * context))
+        after = m.step_time_us(StepBatch([], 256, 256 * (context + 1)))
+        assert abs(after - before) <= 0.001 * before
