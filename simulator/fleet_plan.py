@@ -68,6 +68,9 @@ def plan_fleet(
         )
     order = {"prefill": 0, "decode": 1, "unified": 2}
     specs = sorted(specs, key=lambda d: order[d.role])  # stable: config order within a role
+    # A pool's GPU type first: a deployment on that pool takes its GPU from it, and an
+    # unknown one would be told as the deployment's `hardware`, a field nobody wrote.
+    _check_pool_gpus(scenario)
     resolved = {d.name: _resolve_named_deployment(scenario, d) for d in specs}
     for d in specs:
         if resolved[d.name].dp > 1:
@@ -92,7 +95,6 @@ def plan_fleet(
             "deployments: prefill/decode disaggregation serves one model; these deployments "
             f"serve {', '.join(sorted(models))}"
         )
-    _check_pool_gpus(scenario)
     _check_pools(scenario, specs, resolved)
     extra = _extra_slots(scenario, specs)
     setups: list[InstanceSetup] = []

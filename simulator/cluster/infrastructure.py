@@ -147,6 +147,8 @@ class Infrastructure:
         self.placement: dict[int, list[Node]] = {}
         self._pool_counts = {p.name: 0 for p in plan.node_pools}
         self._pending: list[InstanceRecord] = []  # Scheduling: waiting for GPUs
+        # Nodes that came up with nothing to place, and when (`_release_unclaimed`).
+        self._unclaimed: list[tuple[Node, int]] = []
         self._provision_rng = subsystem_rng(seed, "node-provisioning")
         self._loading_rng = subsystem_rng(seed, "instance-loading")
         self.dropped_on_drain = 0
@@ -250,9 +252,11 @@ class Infrastructure:
             return
         node.move(NodeState.READY, self.env.now, self.timeline, "provisioned")
         self._place_pending()
-        # Ordered for an instance that was cancelled (scaled down, drained) while it waited:
-        # empty, it goes as any idle node would, not billed to the end of the run.
-        self._maybe_release_node(node)
+        if not node.allocated_gpus:
+            # Ordered for an instance that was cancelled (scaled down, drained) while it
+            # waited: released at the autoscaler's next decision unless that decision uses it
+            # (a scale-up at this very microsecond would otherwise order another node).
+            self._unclaimed.append((node, self.env.now))
         if self.check:
             self.check_invariants()
 
@@ -744,6 +748,18 @@ class Infrastructure:
             )
             self.drain(victim, self.lifecycle.drain_policy, f"scale-down: {scaler.spec.signal}")
         scaler.last_step = step
+        self._release_unclaimed()
+
+    def _release_unclaimed(self) -> None:
+        """Nodes that came up with nothing to place and are still empty at a decision made
+        after they came up go, as any idle node would (not billed to the end of the run);
+        every autoscaler deciding at the microsecond a node comes up may still use it."""
+        now = self.env.now
+        keep = [(node, ready_us) for node, ready_us in self._unclaimed if ready_us == now]
+        for node, ready_us in self._unclaimed:
+            if ready_us != now:
+                self._maybe_release_node(node)
+        self._unclaimed = keep
 
     def warn_refused_scale_ups(self) -> None:
         """Said once at the end of a run whose autoscaler could not add instances: the
