@@ -21,6 +21,7 @@ from .deployment import (
     capacity_rule,
     capacity_settings,
     instance_setups,
+    new_run_warnings,
     pool_deployments,
 )
 from .deployment import resolve_deployment as resolve_scenario_deployment
@@ -209,6 +210,7 @@ def simulate(
     `end_checks=True` checks every end-of-run law once the run ends, each engine's own
     (KV-block conservation) included, which needs the live engines that the result does not
     keep, without the per-step checks of `check_invariants` (docs/python.md)."""
+    new_run_warnings()
     require_callable("progress", progress)
     require_callable("on_deployment", on_deployment)
     warn_unsteady = require_flag("warn_unsteady", warn_unsteady)
@@ -300,6 +302,7 @@ def replay(
     docs/workloads.md, "Closed-loop load". Fields that neither `scenario` sets nor
     `overrides` give follow the server that recorded the trace (`recorded_settings`, applied
     by `simulate`)."""
+    new_run_warnings()
     require_path("trace_header", trace_header, optional=True)
     require_path("trace_data", trace_data)
     sc = as_scenario(scenario) if scenario is not None else Scenario()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from simulator.invariants import ENVIRONMENT_SWITCH
@@ -49,3 +50,12 @@ def _cap_memory() -> None:
 
 
 _cap_memory()
+
+
+@pytest.fixture(autouse=True)
+def _settings_warnings_said_anew():
+    """A settings warning is said once per run (deployment.new_run_warnings); a test that
+    resolves a deployment without a run still hears it, whatever ran before it."""
+    from simulator.deployment import new_run_warnings
+
+    new_run_warnings()

@@ -200,3 +200,19 @@ def test_an_fp8_kv_cache_under_a_blis_backend_is_said_to_change_only_capacity(la
     with caplog.at_level("WARNING", logger="servesim"):
         resolve_deployment(scenario_from_dict({**SMALL, "engine": {"kv_cache_dtype": "fp8"}}))
     assert not [r for r in caplog.records if "changes only the KV capacity" in r.getMessage()]
+
+
+def test_a_settings_warning_is_said_once_per_run(caplog):
+    """A run resolves its scenario more than once (the top level, then each PD pool): the
+    context-limit warning came once per resolution. Said once per run, and again next run."""
+    from pathlib import Path
+
+    pd = Path(__file__).resolve().parents[1] / "scenarios" / "pd_2p2d.yaml"
+    for _run in range(2):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="servesim"):
+            simulator.simulate(
+                pd, engine__max_model_len=10_000_000, workload__num_requests=5, warn_unsteady=False
+            )
+        own = [r for r in caplog.records if "own context limit" in r.getMessage()]
+        assert len(own) == 1
