@@ -354,7 +354,12 @@ def run_simulation(
     if signal_delay_us > 0:
         # The router's view of the prefix caches lags them (BLIS's --cache-signal-delay).
         cache_view = CacheSignalView(
-            lambda i: engines[i].kv.hash_index, n, block_size, signal_delay_us, lambda: env.now
+            lambda i: engines[i].kv.hash_index,
+            n,
+            block_size,
+            signal_delay_us,
+            lambda: env.now,
+            lambda i: not instances[i].terminated,
         )
         kv_probe = cache_view.probe
     else:

@@ -217,6 +217,7 @@ class CacheSignalView:
         block_size: int,
         delay_us: int,
         clock: Callable[[], int],
+        serving: Callable[[int], bool] | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
@@ -227,6 +228,9 @@ class CacheSignalView:
         self.block_size = block_size
         self.delay_us = delay_us
         self.clock = clock
+        # Whether instance i still serves: an ended one is never routed to again, so its copy
+        # stays empty (a fleet that grows during the run keeps every instance it ever made).
+        self.serving = serving
         self._copies: list[Mapping[int, int]] = [{} for _ in range(num_instances)]
         self.copied_us = 0
         self.copies_taken = 0
@@ -242,8 +246,11 @@ class CacheSignalView:
         `probe` calls it; a router may also call it whenever it builds its view of the
         instances, to copy exactly when BLIS does (at every admission and routing decision)."""
         if self.delay_us > 0 and now_us - self.copied_us >= self.delay_us:
-            read = self.hash_index
-            self._copies = [dict(read(i)) for i in range(self.num_instances)]
+            read, serving = self.hash_index, self.serving
+            self._copies = [
+                dict(read(i)) if serving is None or serving(i) else {}
+                for i in range(self.num_instances)
+            ]
             self.copied_us = now_us
             self.copies_taken += 1
 

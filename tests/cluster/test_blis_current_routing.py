@@ -424,6 +424,19 @@ def test_delay_zero_reads_the_live_index():
     assert view.copies_taken == 0
 
 
+def test_the_delayed_view_copies_only_instances_still_serving():
+    """A fleet that grows during the run keeps every instance it made; an ended one is never
+    routed to again, so a refresh leaves its copy empty instead of copying its cache."""
+    clock = _Clock()
+    indexes = _indexes_with([prompt("held", ("sys", 12))], [prompt("held", ("sys", 12))])
+    view = CacheSignalView(lambda i: indexes[i], 2, BS, 50_000, clock, lambda i: i == 0)
+    asking = prompt("ask", ("sys", 12), ("own", 5))
+    clock.now_us = 50_000
+    assert view.probe(0, asking) == 3 and view.probe(1, asking) == 0
+    view.add_instance()  # one more, made during the run: empty until the next copy
+    assert view.num_instances == 3 and view.probe(2, asking) == 0
+
+
 def test_delayed_view_sees_a_change_only_after_the_next_copy():
     """D = 50 ms. The copies start empty at t = 0 and are re-taken at the first lookup at
     least D after the last copy: a prefix cached at t = 10 ms is invisible at 49.999 ms,
