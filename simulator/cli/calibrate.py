@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError, counted, excerpt
-from .common import check_writable, guarded
+from .common import PrefixCachingOverride, check_writable, guarded
 
 # Exit status when --fail-if-no-improvement is given and no round beat the start (or the
 # held-out runs got worse). Bad input is 2, a broken invariant 3 (common): 1 is the
@@ -249,16 +249,7 @@ def register(app: typer.Typer) -> None:
                 "default: recorded with the runs)",
             ),
         ] = None,
-        prefix_caching: Annotated[
-            bool | None,
-            typer.Option(
-                "--prefix-caching/--no-prefix-caching",
-                metavar="",
-                help="override what each recorded server did (default: its configuration, "
-                "else vLLM's default, on)",
-                show_default=False,
-            ),
-        ] = None,
+        prefix_caching: PrefixCachingOverride = None,
         start: Annotated[
             str | None,
             typer.Option(

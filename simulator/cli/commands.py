@@ -34,6 +34,7 @@ from ..version import package_version
 from .blis import closed_loop_flags, goodput_flags
 from .common import (
     CONTEXT_SETTINGS,
+    PrefixCachingOverride,
     check_writable,
     guarded,
     refuse_shared_outputs,
@@ -635,16 +636,7 @@ def validate_cmd(
             "count the client reported, which undercounts (docs/accuracy.md)",
         ),
     ] = True,
-    prefix_caching: Annotated[
-        bool | None,
-        typer.Option(
-            "--prefix-caching/--no-prefix-caching",
-            metavar="",
-            help="override what each recorded server did (default: its configuration, "
-            "else vLLM's default, on)",
-            show_default=False,
-        ),
-    ] = None,
+    prefix_caching: PrefixCachingOverride = None,
     warm_up_s: Annotated[
         float,
         typer.Option(

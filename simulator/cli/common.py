@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -139,3 +140,16 @@ def os_error_text(exc: OSError) -> str:
 
 
 INVARIANT_EXIT_CODE = 3
+
+
+# `validate` and `calibrate` replay recorded servers with prefix caching as each server had it.
+PrefixCachingOverride = Annotated[
+    bool | None,
+    typer.Option(
+        "--prefix-caching/--no-prefix-caching",
+        metavar="",
+        help="override what each recorded server did (default: its configuration, "
+        "else vLLM's default, on)",
+        show_default=False,
+    ),
+]

@@ -163,25 +163,20 @@ class SweepTables:
                 # beyond capacity, so it gets a line of its own, named for what it was.
                 first = int(np.flatnonzero(unsteady)[0])
                 first_saturated = int(np.flatnonzero(saturated)[0]) if saturated.any() else None
+                lines = []  # (point, what, line style, width)
                 if first_saturated is None or first < first_saturated:
-                    ax.axvline(
-                        x[first],
-                        color=color,
-                        linestyle="-.",
-                        linewidth=1.2,
-                        gid="not-steady",
-                        label=f"not steady{suffix}: {load} = {x[first]:g} "
-                        f"({seeds_text(g.iloc[first], verdicts[first])})",
-                    )
+                    lines.append((first, "not steady", "-.", 1.2))
                 if first_saturated is not None:
+                    lines.append((first_saturated, "saturation", ":", 1.5))
+                for k, what, style, width in lines:
                     ax.axvline(
-                        x[first_saturated],
+                        x[k],
                         color=color,
-                        linestyle=":",
-                        linewidth=1.5,
-                        gid="saturation",
-                        label=f"saturation{suffix}: {load} = {x[first_saturated]:g} "
-                        f"({seeds_text(g.iloc[first_saturated], verdicts[first_saturated])})",
+                        linestyle=style,
+                        linewidth=width,
+                        gid=what.replace(" ", "-"),
+                        label=f"{what}{suffix}: {load} = {x[k]:g} "
+                        f"({seeds_text(g.iloc[k], verdicts[k])})",
                     )
             else:
                 ax.plot(
