@@ -262,7 +262,7 @@ def simulate(
         seed=sc.seed,
         model_name=deployment.model.name,
         setups=setups,
-        pd_kv_bytes_per_token=kv_bytes_per_token(deployment.model),
+        pd_kv_bytes_per_token=_transfer_bytes_per_token(sc, deployment),
         progress=progress,
         check_invariants=sc.check_invariants,
         max_in_flight=sc.trace.max_in_flight if sc.trace is not None else None,
@@ -280,6 +280,17 @@ def simulate(
             "; ".join(steady.reasons) or "no reason recorded",
         )
     return result
+
+
+def _transfer_bytes_per_token(sc: Scenario, deployment: Deployment) -> float:
+    """The KV bytes per token a PD transfer moves, as BLIS sizes it: what one GPU of the
+    prefill instance holds (its TP and PP shard; an MLA latent whole on every TP GPU), each
+    GPU sending its own share over its own lane of the link."""
+    if not sc.cluster.pd.enabled:
+        return kv_bytes_per_token(deployment.model)
+    prefill = pool_deployments(sc, deployment)["prefill"]
+    layout = prefill.parallelism
+    return kv_bytes_per_token(prefill.model, prefill.tp, layout.pp if layout is not None else 1)
 
 
 def replay(

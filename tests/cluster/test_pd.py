@@ -685,3 +685,29 @@ def test_pd_pools_from_deployments_read_the_link_settings_without_a_warning(capl
     with caplog.at_level("WARNING", logger="servesim"):
         simulator.simulate(scenario, warn_unsteady=False)
     assert not [r for r in caplog.records if "no PD pools" in r.getMessage()]
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"cluster": {"pd": {"prefill": {"tp": 2}}}}])
+def test_a_transfer_moves_one_prefill_gpu_s_share_of_the_kv(layout):
+    """The current BLIS sizes a transfer with the prefill pool's per-GPU KV (SPEC-current
+    §8.4): Llama-3.1-8B at TP 2 holds 131,072 / 2 = 65,536 B per token on each GPU. A
+    512-token prompt (32 whole blocks) is 33,554,432 B; at 25 GB/s (25,000 B/µs) plus the
+    0.05 ms base: ceil(50 + 1,342.18) = 1,393 µs, BLIS's figure (servesim sent twice that)."""
+    cluster = one_prefill_one_decode()
+    cluster["pd"] |= {"transfer_contention": False, **layout.get("cluster", {}).get("pd", {})}
+    scenario = {
+        "model": "meta-llama/llama-3.1-8b-instruct",
+        "hardware": "H100",
+        "latency": {"model": "roofline"},
+        "engine": {"total_kv_blocks": 29205},
+        **{k: v for k, v in layout.items() if k != "cluster"},
+        "cluster": cluster,
+        "workload": {
+            "num_requests": 3,
+            "rate": 1,
+            "prompt_tokens": {"distribution": "constant", "value": 512},
+            "output_tokens": {"distribution": "constant", "value": 8},
+        },
+    }
+    result = simulator.simulate(scenario, warn_unsteady=False)
+    assert result.pd_metrics["transfer_duration_mean_us"] == 1393
