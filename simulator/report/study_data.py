@@ -232,7 +232,22 @@ def sweep_from_folder(folder: Path) -> Any:
         )
     params = columns[columns.index("point") + 1 : columns.index("seed")]
     metrics = [c for c in columns if c not in {"point", "seed", *params, *TEXT_COLUMNS}]
-    points, method = summarize_points(runs, params, metrics)
+    text = [c for c in TEXT_COLUMNS if c in columns]
+    # A row cut short (a truncated file) leaves its last cells empty: told, not drawn.
+    incomplete = runs[["point", "seed", *text]].isna().any(axis=1)
+    if incomplete.any():
+        row = int(incomplete.to_numpy().nonzero()[0][0])
+        raise ConfigError(
+            f"report: {str(folder)!r}: runs table row {row} is incomplete (empty "
+            "point, seed or text cells): a truncated or edited file"
+        )
+    try:
+        points, method = summarize_points(runs, params, metrics)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"report: {str(folder)!r}: the runs table does not read as a sweep's "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
     return SweepTables(
         runs=runs,
         points=points,

@@ -99,6 +99,26 @@ def test_sweep_report_and_report_of_its_folder(tmp_path):
     assert again["points"] == live["points"] and again["curves"] == live["curves"]
 
 
+def test_a_sweep_folder_with_a_truncated_runs_csv_is_one_error(tmp_path):
+    """A runs.csv cut mid-row (no runs.parquet beside it) crashed the report with a
+    traceback (a float among the text cells); it is one error line, exit 2, nothing
+    written."""
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(
+        f"base: {CHATBOT}\ngrid:\n  workload.rate: [10, 20]\n  workload.num_requests: [60]\n"
+        "seeds: [1, 2]\nworkers: 1\n"
+    )
+    out = tmp_path / "out"
+    assert invoke("sweep", sweep_file, "--out", out, "--quiet").exit_code == 0
+    (out / "runs.parquet").unlink()
+    text = (out / "runs.csv").read_text()
+    (out / "runs.csv").write_text(text[: len(text) * 2 // 3])
+    done = invoke("report", out, "-o", tmp_path / "page.html")
+    assert done.exit_code == 2
+    assert done.stderr.startswith("error: report: ") and "is incomplete" in done.stderr
+    assert "Traceback" not in done.output and not (tmp_path / "page.html").exists()
+
+
 def test_plan_report(tmp_path):
     """A loose bound one instance meets: one probe (200 requests: the plan's minimum)."""
     page = tmp_path / "plan.html"
