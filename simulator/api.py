@@ -23,6 +23,7 @@ from .deployment import (
     instance_setups,
     new_run_warnings,
     pool_deployments,
+    warn_once,
 )
 from .deployment import resolve_deployment as resolve_scenario_deployment
 from .engine.options import EngineOptions
@@ -151,6 +152,17 @@ def build_traffic(scenario: Scenario) -> tuple[Iterable[Request], WorkloadStream
         if trace.session_mode == "closed-loop":
             return closed_loop_replay(trace, scenario.seed, scenario.horizon_us)
         return load_requests_file(trace.data, trace.header, at_schedule), None
+    workload = scenario.workload
+    if (
+        isinstance(workload, SyntheticWorkload)
+        and workload.concurrency
+        and {"rate", "arrival"} & workload.model_fields_set
+    ):
+        warn_once(
+            "workload.rate and workload.arrival do not apply to closed-loop users "
+            "(workload.concurrency %d): each sends its next request when its last finishes",
+            workload.concurrency,
+        )
     stream = WorkloadStream(
         workload_spec_of(scenario),
         scenario.seed,
@@ -381,11 +393,20 @@ def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> Cl
 
 def keyword_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
     """`simulate`'s keyword overrides (dotted with `__`) applied as the command line and a
-    sweep's grid apply theirs (`with_overrides`): `workload__rate` and
+    sweep's grid apply theirs (`with_overrides`): coefficients without a model choose the
+    model that reads them (alpha/beta: blackbox; a coefficients file: physics), as the
+    command line's flags do; `workload__rate` and
     `workload__num_requests` also set a v2 workload's aggregate_rate and num_requests, and
     `seed` replaces a v2 workload's own seed too."""
     # A NumPy scalar is the plain value it holds, as in a sweep's grid.
     dotted = {key.replace("__", "."): plain_scalar(value) for key, value in overrides.items()}
+    if "latency.model" not in dotted:
+        # As the command line's --alpha-coeffs/--beta-coeffs and --latency-coeffs: the
+        # coefficients name the model that reads them.
+        if "latency.alpha_coeffs" in dotted or "latency.beta_coeffs" in dotted:
+            dotted["latency.model"] = "blackbox"
+        elif "latency.coeffs_file" in dotted:
+            dotted["latency.model"] = "physics"
     workload = {key: dotted.pop(key) for key in list(dotted) if key in V2_EQUIVALENTS}
     return with_overrides(scenario, dotted, workload, source="keyword arguments")
 

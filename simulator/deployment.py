@@ -41,7 +41,7 @@ log = logging.getLogger("servesim")
 _SAID: set[str] = set()
 
 
-def _warn_once(message: str, *args: object) -> None:
+def warn_once(message: str, *args: object) -> None:
     text = message % args if args else message
     if text not in _SAID:
         _SAID.add(text)
@@ -170,7 +170,7 @@ def resolve_deployment(
     )
     eng = scenario.engine
     if eng.kv_cache_dtype != "auto" and lat.model in _BLIS_BACKENDS:
-        _warn_once(
+        warn_once(
             "latency model %s prices a step as BLIS does, without the KV cache's width: "
             "engine.kv_cache_dtype %s changes only the KV capacity with it (physics prices the "
             "8-bit cache's reads too)",
@@ -257,7 +257,7 @@ def _warn_what_vllm_refuses(
     if max_model_len:
         own = model_context_limit(model)
         if own and max_model_len > own:
-            _warn_once(
+            warn_once(
                 "engine.max_model_len %d is above %s's own context limit %d "
                 "(max_position_embeddings, times its rope factor); vLLM refuses to start with "
                 "it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); servesim runs it as given",
@@ -266,7 +266,7 @@ def _warn_what_vllm_refuses(
                 own,
             )
         if max_model_len > kv_tokens:
-            _warn_once(
+            warn_once(
                 "engine.max_model_len %d is more than the KV cache holds (%d tokens); vLLM "
                 "refuses to start with it; servesim runs it as given, and a request that "
                 "outgrows the cache ends dropped_unservable",
@@ -274,7 +274,7 @@ def _warn_what_vllm_refuses(
                 kv_tokens,
             )
     if max_tokens < max_running:
-        _warn_once(
+        warn_once(
             "engine.max_num_scheduled_tokens %d is below engine.max_num_running_reqs %d; vLLM "
             "refuses to start with it (max_num_batched_tokens must be >= max_num_seqs); "
             "servesim runs it as given",
@@ -382,7 +382,7 @@ def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, De
     prefill_len = out["prefill"].engine.max_model_len
     decode_len = out["decode"].engine.max_model_len
     if decode_len and (prefill_len == 0 or decode_len < prefill_len):
-        _warn_once(
+        warn_once(
             "the decode pool's context limit (%d tokens) is below the prefill pool's (%s): a "
             "disaggregated request the prefill pool accepts but the decode pool could not is "
             "length-capped at the decode pool's limit, as in BLIS (a vLLM decode server would "
@@ -407,9 +407,9 @@ def _validate_cluster(scenario: Scenario) -> None:
     reads = decider_options(pd.decider)
     for option in ("prefix_threshold", "prompt_length_threshold"):
         if getattr(pd, option) is not None and option not in reads:
-            _warn_once("pd.%s is set but the decider %r does not read it", option, pd.decider)
+            warn_once("pd.%s is set but the decider %r does not read it", option, pd.decider)
     if pd.prefix_mode != "global" and "prefix_mode" not in reads:
-        _warn_once("pd.prefix_mode is set but the decider %r does not read it", pd.decider)
+        warn_once("pd.prefix_mode is set but the decider %r does not read it", pd.decider)
     pools_from_deployments = any(d.role in ("prefill", "decode") for d in scenario.deployments)
     if not pd.enabled and not pools_from_deployments:
         # Pool and link settings of a cluster without PD pools change nothing: said, as a
@@ -423,7 +423,7 @@ def _validate_cluster(scenario: Scenario) -> None:
             if getattr(pd, role).changes_deployment or getattr(pd, role).routing_scorers
         ]
         if unused:
-            _warn_once(
+            warn_once(
                 "cluster.pd.%s %s set but the cluster has no PD pools (prefill_instances and "
                 "decode_instances are 0): unused",
                 ", cluster.pd.".join(unused),
@@ -433,7 +433,7 @@ def _validate_cluster(scenario: Scenario) -> None:
     if admission.policy != "token-bucket":
         for option in ("token_bucket_capacity", "token_bucket_refill_rate"):
             if getattr(admission, option) is not None:
-                _warn_once(
+                warn_once(
                     "admission.%s is set but the admission policy %r does not read it "
                     "(token-bucket does)",
                     option,

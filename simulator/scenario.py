@@ -121,6 +121,17 @@ class SyntheticWorkload(_Strict):
     concurrency: Requests = Field(0, description="virtual users; 0 = open loop at `rate`")
     think_time_us: TimeUs = 0
 
+    @model_validator(mode="after")
+    def _think_time_needs_users(self) -> "SyntheticWorkload":
+        # Refused as --think-time-ms without --concurrency is: an open loop has no think time,
+        # and the setting ran ignored.
+        if self.think_time_us and not self.concurrency:
+            raise ValueError(
+                f"think_time_us: invalid value {self.think_time_us}; it applies to closed-loop "
+                "users: set concurrency"
+            )
+        return self
+
 
 def _workload_kind(value: Any) -> str:
     if isinstance(value, dict):
@@ -310,6 +321,19 @@ class DecisionTraceSpec(_Strict):
     counterfactual_k: Instances = 0
     summarize: Flag = False
     path: Path | None = Field(None, description="write decisions as JSON Lines")
+
+    @model_validator(mode="after")
+    def _a_path_records_decisions(self) -> "DecisionTraceSpec":
+        # A decision file with nothing recorded was written empty, without a word; a path
+        # implies the decisions it is for, as --decisions-path does.
+        if self.path is not None and self.level == "none":
+            if "level" in self.model_fields_set:
+                raise ValueError(
+                    "level: invalid value 'none' with a path; a decision file needs level "
+                    "decisions (or leave level unset)"
+                )
+            self.level = "decisions"
+        return self
 
 
 class PoolSpec(_ProfileResolved):
@@ -672,8 +696,7 @@ def _resolve(base: Path, p: Path) -> Path:
 
 def explicitly_set(scenario: Scenario, dotted: str) -> bool:
     """Whether the scenario's author set the field at `dotted` (e.g. "engine.total_kv_blocks")
-    rather than leaving it to its default. A scenario that went through `apply_overrides` has
-    every field set."""
+    rather than leaving it to its default (an override counts as set)."""
     node: Any = scenario
     for key in dotted.split("."):
         if not isinstance(node, BaseModel) or key not in node.model_fields_set:
@@ -685,15 +708,27 @@ def explicitly_set(scenario: Scenario, dotted: str) -> bool:
 def apply_overrides(
     scenario: Scenario, overrides: dict[str, Any], source: str = "overrides"
 ) -> "Scenario":
-    """Return a copy with dotted-path overrides applied (e.g. {"engine.scheduler": "sjf"})."""
-    data = scenario.model_dump(mode="python")
+    """Return a copy with dotted-path overrides applied (e.g. {"engine.scheduler": "sjf"}).
+    Only what the scenario's author set is carried over (and the overrides), so the copy's
+    defaults are still defaults: a rule that reads "left unset" (blackbox when alpha/beta
+    coefficients come without a model, a node pool's memory from its GPU) reads the copy as
+    it read the original."""
+    data = scenario.model_dump(mode="python", exclude_unset=True)
+    full: dict[str, Any] | None = None  # every field, defaults included: what a path crosses
     for dotted, value in overrides.items():
-        node = data
+        node, whole = data, None
         keys = dotted.split(".")
         for depth, key in enumerate(keys[:-1]):
             if node.get(key) is None:
-                node[key] = {}
+                if whole is None:
+                    full = full if full is not None else scenario.model_dump(mode="python")
+                    whole = full
+                    for earlier in keys[:depth]:
+                        whole = whole.get(earlier) if isinstance(whole, dict) else None
+                default = whole.get(key) if isinstance(whole, dict) else None
+                node[key] = {} if default is None or isinstance(default, dict) else default
             node = node[key]
+            whole = None
             if not isinstance(node, dict):
                 inside = ".".join(keys[: depth + 1])
                 raise ConfigError(

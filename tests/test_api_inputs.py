@@ -181,3 +181,62 @@ def test_an_unknown_name_is_told_with_the_field_it_came_from(overrides, starts):
     with pytest.raises(ConfigError) as caught:
         simulator.simulate({"workload": {"num_requests": 2}}, **overrides)
     assert str(caught.value).startswith(starts), str(caught.value)
+
+
+def test_coefficient_overrides_choose_the_model_that_reads_them_as_the_flags_do(tmp_path):
+    """--alpha-coeffs/--beta-coeffs imply blackbox and --latency-coeffs physics; the same
+    keyword overrides from Python were refused ("physics takes a coefficients file, not
+    alpha/beta") because an override marked every field of the scenario as set."""
+    base = tmp_path / "base.yaml"
+    base.write_text("seed: 7\nworkload: {rate: 20, num_requests: 20}\n")
+    blackbox = simulator.simulate(
+        base, latency__alpha_coeffs=[1000, 1, 2], latency__beta_coeffs=[3000, 5, 20]
+    )
+    assert blackbox.latency_provenance["latency_model"] == "blackbox"
+    fit = Path(__file__).resolve().parents[1] / "docs" / "physics-h100-fit.yaml"
+    roofline = tmp_path / "roofline.yaml"
+    roofline.write_text(
+        "seed: 7\nlatency: {model: roofline}\nworkload: {rate: 20, num_requests: 20}\n"
+    )
+    physics = simulator.simulate(roofline, latency__coeffs_file=str(fit))
+    assert physics.latency_provenance["latency_model"] == "physics"
+
+
+def test_an_override_leaves_the_scenario_s_defaults_unset():
+    """apply_overrides carries over what the author set (and the overrides), not a full dump:
+    a rule that reads "left unset" reads the copy as it read the original (a node pool's
+    gpu_memory_gib, unset, drew a warning after any override, `--seed 4` included)."""
+    from simulator.scenario import apply_overrides, explicitly_set, scenario_from_dict
+
+    sc = scenario_from_dict({"engine": {"max_num_running_reqs": 64}})
+    copy = apply_overrides(sc, {"seed": 4})
+    assert explicitly_set(copy, "engine.max_num_running_reqs")
+    assert explicitly_set(copy, "seed")
+    assert not explicitly_set(copy, "engine.total_kv_blocks")
+    assert not explicitly_set(copy, "latency.model")
+
+
+def test_a_decision_file_implies_recording_decisions(tmp_path):
+    """`cluster.trace.path` alone wrote an empty file (the level stayed 'none'); it records
+    the decisions, as --decisions-path does, and a path with level 'none' given is refused."""
+    path = tmp_path / "decisions.jsonl"
+    cluster = {"num_instances": 2, "trace": {"path": str(path)}}
+    simulator.simulate({"cluster": cluster, "workload": {"num_requests": 10}}, warn_unsteady=False)
+    assert len(path.read_text().splitlines()) == 20  # admission and routing, per request
+    cluster["trace"] |= {"level": "none", "path": str(tmp_path / "other.jsonl")}
+    with pytest.raises(ConfigError, match="cluster.trace: level: invalid value 'none' with a path"):
+        simulator.simulate({"cluster": cluster, "workload": {"num_requests": 10}})
+    assert not (tmp_path / "other.jsonl").exists()
+
+
+def test_closed_loop_settings_given_to_an_open_loop_are_told(caplog):
+    """--think-time-ms without --concurrency is refused, --concurrency with --rate too; a
+    scenario file or Python ran both silently. Think time without users is refused; a rate
+    beside users is said not to apply (a file's rate with --concurrency stays usable)."""
+    with pytest.raises(ConfigError, match="workload: think_time_us: invalid value 5000; it app"):
+        simulator.simulate({"workload": {"rate": 20, "num_requests": 30, "think_time_us": 5000}})
+    with caplog.at_level("WARNING", logger="servesim"):
+        simulator.simulate(
+            {"workload": {"rate": 20, "num_requests": 30, "concurrency": 4}}, warn_unsteady=False
+        )
+    assert [r for r in caplog.records if "do not apply to closed-loop users" in r.getMessage()]

@@ -298,6 +298,13 @@ def test_defaults_filepath(tmp_path):
         path, None, {"hardware": "H100", "tp": 1, "latency.model": "roofline"}, {}
     )
     assert extra == {}
+    # A length the scenario gives beside its preset stands, as with the bundled presets (the
+    # file's preset lengths replaced it: naming the bundled file changed the results).
+    scenario = tmp_path / "preset.yaml"
+    scenario.write_text("workload: {preset: chatbot, output_tokens: {mean: 50, stdev: 0}}\n")
+    _, workload = defaults_file_overrides(path, scenario, {}, {})
+    assert workload["workload.prompt_tokens.mean"] == 77
+    assert not any(key.startswith("workload.output_tokens") for key in workload)
 
 
 def test_defaults_filepath_runs(tmp_path):

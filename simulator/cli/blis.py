@@ -229,9 +229,14 @@ def defaults_file_overrides(
     preset = sc.workload.preset if isinstance(sc.workload, SyntheticWorkload) else None
     presets = _mapping(f"{where}: workloads", data.get("workloads"))
     if preset and preset in presets:
+        # A preset's lengths apply where neither a flag nor the scenario gives that length
+        # (as the bundled presets do): a scenario's own output_tokens beside `preset` stood.
+        given = sc.workload.model_fields_set
         for key, value in _mapping(f"{where}: workloads.{preset}", presets[preset]).items():
             field = _PRESET_FIELDS.get(key)
-            if field is not None and field not in workload and value is not None:
+            if field is None or field in workload or value is None:
+                continue
+            if field.split(".")[1] not in given:
                 extra_workload[field] = value
     backend = sc.latency.model
     if sc.latency.alpha_coeffs is None:
