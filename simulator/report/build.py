@@ -327,16 +327,17 @@ def _lifecycle(data: dict[str, Any], charts: list[figures.Chart]) -> Section:
                     [[r.get(c) for c in cols] for r in lc["instances"]],
                 )
             )
-        tables.append(
-            Table(
-                "Lifecycle transitions",
-                ["time (s)", "kind", "id", "from", "to", "reason"],
-                [
-                    [e["time_s"], e["kind"], e["id"], e["from"], e["to"], e["reason"]]
-                    for e in lc["events"]
-                ],
+        if lc["events"]:
+            tables.append(
+                Table(
+                    "Lifecycle transitions",
+                    ["time (s)", "kind", "id", "from", "to", "reason"],
+                    [
+                        [e["time_s"], e["kind"], e["id"], e["from"], e["to"], e["reason"]]
+                        for e in lc["events"]
+                    ],
+                )
             )
-        )
     return Section(
         "lifecycle",
         "Fleet lifecycle",

@@ -569,7 +569,7 @@ _STATE_SYMBOLS = {
 
 def lifecycle_chart(data: dict[str, Any]) -> list[Chart]:
     lc = data.get("lifecycle")
-    if not lc:
+    if not lc or not lc["events"]:
         return []
     events = lc["events"]
     fig = go.Figure()

@@ -521,8 +521,11 @@ def _decisions(src: RunSource) -> dict[str, Any]:
 
 def lifecycle_section(src: RunSource) -> dict[str, Any] | None:
     """Every lifecycle transition (nodes and instances) and the fleet's totals. None for a
-    fixed fleet."""
+    fixed fleet. A results JSON has the totals (`fleet`) but not the transitions: then the
+    totals alone, with no events."""
     if src.timeline is None or not len(src.timeline):
+        if src.fleet_metrics:
+            return {"events": [], "fleet": src.fleet_metrics}
         return None
     t = src.timeline
     events = [
@@ -610,6 +613,11 @@ def run_data(result: Any) -> dict[str, Any]:
     lifecycle = lifecycle_section(src)
     if lifecycle is None:
         notes["lifecycle"] = "a fixed fleet: no node or instance changed state during the run"
+    elif not lifecycle["events"]:
+        notes["lifecycle"] = (
+            "the fleet changed during the run, but a results JSON keeps only its totals: the "
+            "transitions are in a saved result (Result.save) or the --timeline-path CSV"
+        )
     if src.itl_gaps is None:
         notes["itl"] = (
             "every-token ITL needs a live run; the ITL curve here is each request's mean "

@@ -211,3 +211,19 @@ def test_a_sweep_folder_with_an_empty_runs_table_is_one_error(tmp_path):
     (tmp_path / "runs.csv").write_text("")
     res = invoke("report", str(tmp_path))
     assert res.exit_code == 2 and "not a readable CSV table" in res.output, res.output
+
+
+def test_a_results_file_of_a_changing_fleet_shows_its_totals(tmp_path):
+    """A results JSON keeps the fleet's totals (`fleet`) but not its transitions: its page
+    said "a fixed fleet: no node or instance changed state" of a fleet that scaled up five
+    times. It shows the totals and says where the transitions are."""
+    from simulator.atomic_io import write_json_atomically
+
+    scenario = ROOT / "scenarios" / "autoscale_spike.yaml"
+    run = simulator.simulate(scenario, workload__num_requests=300, warn_unsteady=False)
+    results = write_json_atomically(tmp_path / "run.json", run.results_document())
+    assert invoke("report", results, "-o", tmp_path / "page.html").exit_code == 0
+    data = _is_page(tmp_path / "page.html")
+    assert data["lifecycle"]["fleet"] == run.results_document()["fleet"]
+    assert data["lifecycle"]["events"] == []
+    assert "keeps only its totals" in data["notes"]["lifecycle"]
