@@ -640,3 +640,14 @@ def test_a_grid_path_into_a_list_says_what_simulate_says() -> None:
     with pytest.raises(ConfigError) as in_grid:
         sweep(FAILING_INSTANCE, {"autoscaler.0.max_instances": [2]}, workers=1)
     assert str(in_grid.value) == f"grid: 'autoscaler.0.max_instances': {reason}"
+
+
+def test_throughput_axes_name_what_is_counted():
+    """responses_per_sec and tokens_per_sec were both '(per s)' beside goodput's
+    '(requests / s)'."""
+    from simulator.metrics.study import metric_label
+
+    assert metric_label("responses_per_sec") == "responses_per_sec (requests / s)"
+    assert metric_label("tokens_per_sec") == "tokens_per_sec (tokens / s)"
+    assert metric_label("goodput_tokens_per_s") == "goodput_tokens_per_s (tokens / s)"
+    assert metric_label("goodput_rps") == "goodput_rps (requests / s)"

@@ -219,6 +219,9 @@ LOAD_LABELS = {
 }
 _METRIC_UNITS = (
     ("_ms", "ms"),
+    ("tokens_per_sec", "tokens / s"),
+    ("tokens_per_s", "tokens / s"),
+    ("responses_per_sec", "requests / s"),
     ("_per_sec", "per s"),
     ("_per_s", "per s"),
     ("_rps", "requests / s"),
