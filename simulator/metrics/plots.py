@@ -245,6 +245,11 @@ def _instance_labels(result: Any, ids: list[str]) -> dict[str, str]:
     """`instance_0 (prefill)` when the run has PD roles, else the instance id."""
     roles = (getattr(result, "scenario", None) or {}).get("resolved", {}).get("roles") or []
     known = list(getattr(result, "instance_ids", None) or [])
+    if not known:
+        # A saved result keeps the ids in its instances table, in the same order.
+        table = getattr(result, "instances", None)
+        if isinstance(table, pd.DataFrame) and "instance_id" in table:
+            known = [str(i) for i in table["instance_id"]]
     if not known or len(known) != len(roles) or set(roles) <= {"unified"}:
         return {iid: iid for iid in ids}
     role_of = dict(zip(known, roles, strict=True))

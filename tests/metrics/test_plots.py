@@ -288,3 +288,20 @@ def test_a_write_that_fails_halfway_leaves_no_partial_set(result, tmp_path, monk
     with pytest.raises(OutputError):
         plots.write_plots(result, kept)
     assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
+
+
+def test_a_saved_pd_result_keeps_its_pools_roles_in_the_labels(tmp_path):
+    """The live plot names instances by role (`instance_0 (prefill)`); the same result
+    loaded from a folder lost them (a saved result has no instance_ids attribute, only the
+    instances table)."""
+    from simulator.metrics.plots import _instance_labels
+    from tests.specs import one_prefill_one_decode
+
+    run = simulator.simulate(
+        {"cluster": one_prefill_one_decode(), "workload": {"num_requests": 6}},
+        warn_unsteady=False,
+    )
+    loaded = load_result(save_result(run, tmp_path / "pd"))
+    ids = ["instance_0", "instance_1"]
+    expected = {"instance_0": "instance_0 (prefill)", "instance_1": "instance_1 (decode)"}
+    assert _instance_labels(run, ids) == _instance_labels(loaded, ids) == expected
