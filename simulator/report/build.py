@@ -48,10 +48,19 @@ def _overview(data: dict[str, Any]) -> Section:
             f"{fmt(h.get('ttft_p50_ms'))} / {fmt(h.get('ttft_p99_ms'))} ms",
             target("ttft_ms"),
         ),
+        # The summary's ITL (every token gap) wherever the source has it: a saved result or
+        # a results JSON keeps the summary but not the gaps, and showed the per-request mean.
         card(
             "ITL p50 / p99",
-            f"{fmt(itl.get('p50'))} / {fmt(itl.get('p99'))} ms",
-            target("itl_ms") or ("every token gap" if "itl" in lat else "per-request mean"),
+            f"{fmt(h['itl_p50_ms'])} / {fmt(h.get('itl_p99_ms'))} ms"
+            if h.get("itl_p50_ms") is not None
+            else f"{fmt(itl.get('p50'))} / {fmt(itl.get('p99'))} ms",
+            target("itl_ms")
+            or (
+                "every token gap"
+                if h.get("itl_p50_ms") is not None or "itl" in lat
+                else "per-request mean"
+            ),
         ),
         card(
             "E2E p50 / p99",

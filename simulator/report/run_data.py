@@ -59,6 +59,7 @@ HEADLINE_FIELDS = (
     "ttft_p50_ms",
     "ttft_p99_ms",
     "itl_mean_ms",
+    "itl_p50_ms",
     "itl_p99_ms",
     "e2e_mean_ms",
     "e2e_p50_ms",

@@ -227,3 +227,16 @@ def test_a_results_file_of_a_changing_fleet_shows_its_totals(tmp_path):
     assert data["lifecycle"]["fleet"] == run.results_document()["fleet"]
     assert data["lifecycle"]["events"] == []
     assert "keeps only its totals" in data["notes"]["lifecycle"]
+
+
+def test_every_source_s_overview_shows_the_summary_s_itl(tmp_path, chatbot):
+    """A results JSON keeps the summary but not the token gaps: its ITL card showed the
+    per-request mean (TPOT) instead of the summary's ITL p50 / p99."""
+    from simulator.atomic_io import write_json_atomically
+    from simulator.report.build import fmt
+
+    results = write_json_atomically(tmp_path / "run.json", chatbot.results_document())
+    assert invoke("report", results, "-o", tmp_path / "page.html").exit_code == 0
+    page = (tmp_path / "page.html").read_text()
+    s = chatbot.summary
+    assert f"{fmt(s['itl_p50_ms'])} / {fmt(s['itl_p99_ms'])} ms" in page
