@@ -387,3 +387,34 @@ def test_bad_replay_session_flags(args, needle):
     assert res.exit_code == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], lines
+
+
+def test_each_refused_blis_flag_is_told_with_its_note():
+    """The refused flags' notes in docs/cli.md are what the error says (a nearest-name guess
+    sent --max-concurrency to --concurrency, a different feature), and the two agree."""
+    import re
+
+    from simulator.cli.blis import REFUSED_BLIS_FLAGS
+
+    table = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    refused = {
+        cells[0].strip("` ")
+        for line in table.splitlines()
+        if "| not supported |" in line
+        for cells in [line.strip("|").split("|")]
+    }
+    assert refused == set(REFUSED_BLIS_FLAGS)
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", "--max-concurrency", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert re.match(
+        r"error: --max-concurrency: a BLIS flag servesim does not take \(saturation detector",
+        done.stderr,
+    )

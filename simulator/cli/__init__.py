@@ -193,6 +193,10 @@ def usage_error_text(exc: Any, argv: list[str] | None = None) -> str:
         )
         reason = first.get("msg", "")
         text = f"{name}: invalid value {first.get('input')!r}; {reason[:1].lower()}{reason[1:]}"
+    elif getattr(exc, "option_name", None) in _refused_blis_flags():
+        # A BLIS flag servesim does not take: why, rather than the nearest name's guess.
+        name = exc.option_name
+        text = f"{name}: a BLIS flag servesim does not take ({_refused_blis_flags()[name]})"
     else:
         # A command group called without its command prints its help and raises with no
         # message (bare `servesim`, `servesim convert`).
@@ -204,6 +208,12 @@ def usage_error_text(exc: Any, argv: list[str] | None = None) -> str:
         words = [w for w in (argv or [])[:1] if not w.startswith("-")]
         text += f"; see '{' '.join(['servesim', *words])} -h'"
     return " ".join(text.split())
+
+
+def _refused_blis_flags() -> dict[str, str]:
+    from .blis import REFUSED_BLIS_FLAGS
+
+    return REFUSED_BLIS_FLAGS
 
 
 def _exit_status(code: Any) -> int:

@@ -334,3 +334,43 @@ def goodput_overrides(flags: dict[str, Any]) -> dict[str, Any]:
                 raise ConfigError(f"{name}: class {slo_class!r} is given twice; give each once")
             out[key] = ms
     return out
+
+
+# BLIS run flags servesim refuses, and why (docs/cli.md, "BLIS flags, March and current"):
+# told instead of the command line's nearest-name guess (--max-concurrency is no --concurrency).
+REFUSED_BLIS_FLAGS = {
+    "--detectors": "post-hoc saturation detectors; servesim prints its own steady-state verdict",
+    "--dispatch-order": "flow-control gateway",
+    "--dispatch-tick-interval": "flow-control gateway",
+    "--encode-decider": "encode pool",
+    "--encode-instances": "encode pool",
+    "--fairness-policy": "flow-control gateway",
+    "--flow-control": "flow-control gateway",
+    "--in-flight-eviction": "flow-control gateway",
+    "--kv-cache-util-threshold": "saturation detector of the gateway",
+    "--kv-offload-config": "multi-tier KV offload; servesim's CPU tier is --kv-cpu-blocks",
+    "--kv-offload-threshold": (
+        "servesim's CPU tier offloads by --kv-offload-policy (evict, mirror) instead"
+    ),
+    "--lora-adapter-capacity": "servesim's LoRA follows vLLM: --max-loras, --max-cpu-loras",
+    "--lora-config": "give the scenario's lora section, or --lora",
+    "--lora-footprint-bytes-per-rank": "adapter sizes come from the model's shape",
+    "--lora-load-bandwidth-bytes-us": "lora.load_bandwidth_gb_per_s",
+    "--lora-load-base-latency-us": "lora.load_base_latency_us",
+    "--lora-scorer-weight": "give lora-affinity:w in --routing-scorers",
+    "--max-concurrency": "saturation detector of the gateway",
+    "--max-gateway-queue-depth": "flow-control gateway",
+    "--model-autoscaler-interval-us": "give the scenario's autoscaler its interval_s",
+    "--moe-comm-backend": "data parallelism of MoE models",
+    "--per-band-capacity": "flow-control gateway",
+    "--prefill-decode-instances": "shared-role PD instances",
+    "--queue-depth-threshold": "saturation detector of the gateway",
+    "--queue-shedding": "flow-control gateway",
+    "--request-ttl": "flow-control gateway",
+    "--saturation-config": "post-hoc saturation detectors",
+    "--saturation-detector": "gateway saturation detector",
+    "--saturation-final-window": "post-hoc saturation detectors",
+    "--saturation-report": "post-hoc saturation detectors",
+    "--slo-targets": "TTFT targets of the gateway's slo-deadline dispatch",
+    "--usage-limit-threshold": "flow-control gateway",
+}
