@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, invalid
 from .limits import Gpus, TimeUs, integer
 
 if TYPE_CHECKING:
@@ -149,6 +149,18 @@ def build_speculation(
         )
         reserved_bytes = float(model_weight_bytes(model)) * layers / model.num_layers
         kv_share = layers / model.num_layers
+    rates = {"speculative.acceptance_rate": spec.acceptance_rate} | {
+        f"speculative.acceptance_by_client.{c}": r for c, r in spec.acceptance_by_client.items()
+    }
+    for field, given in rates.items():
+        # One rate per draft position: more than k name positions no verification has.
+        if isinstance(given, list | tuple) and len(given) > spec.num_speculative_tokens:
+            raise invalid(
+                field,
+                list(given),
+                f"{len(given)} per-position rates for num_speculative_tokens "
+                f"{spec.num_speculative_tokens}: give at most one per drafted token",
+            )
     config = SpeculativeConfig(
         drafter,
         spec.num_speculative_tokens,

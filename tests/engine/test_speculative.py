@@ -402,6 +402,9 @@ def test_the_drafter_takes_kv_capacity_from_an_auto_sized_cache():
           "draft_layers": 2}, "draft_layers applies to methods eagle and mtp"),
         ({"method": "medusa", "num_speculative_tokens": 2, "acceptance_rate": 0.5},
          "speculative.method"),
+        # More per-position rates than drafted tokens: the extra ones were ignored.
+        ({"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": [0.9, 0.8, 0.7]},
+         r"^speculative\.acceptance_rate: invalid value \[0\.9, 0\.8, 0\.7\]; 3 per-position"),
         # The draft's TP, not the target's `tp` (which is fine).
         ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5,
           "draft_model": "meta-llama/llama-3.1-8b-instruct", "draft_tp": 3},
