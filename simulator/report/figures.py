@@ -746,6 +746,12 @@ def _sweep_charts(data: dict[str, Any]) -> list[Chart]:
         _subtitle(fig, f"mean ± 95% CI over {n_seeds} seed(s)")
         if metric.endswith(("_attainment", "_rate")):
             fig.update_yaxes(range=[0, 1.05])
+        loads = [v for c in data["curves"] for v in c["load"] if v is not None]
+        if loads and max(loads) > min(loads):
+            # The loads probed, a little margin each side: a knee's label at the last load
+            # stretched the autoranged axis to about three times the data.
+            pad = (max(loads) - min(loads)) * 0.05
+            fig.update_xaxes(range=[min(loads) - pad, max(loads) + pad])
         charts.append(Chart(f"sweep-{metric}", fig))
     return charts
 

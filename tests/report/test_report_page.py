@@ -189,6 +189,9 @@ def test_sweep_and_plan_charts_are_titled():
     assert layout.yaxis.title.text == "slo_attainment (fraction)"
     (knee,) = [s for s in layout.shapes if s.type == "line"]
     assert knee.x0 == 20
+    # The axis spans the loads probed (5 % margin each side), not the knee label at the last
+    # load, which stretched an autoranged axis to about three times the data.
+    assert tuple(layout.xaxis.range) == (9.5, 20.5)
     plan = {
         "slos": {"ttft_p99_ms": 500.0},
         "min_attainment": 0.99,
