@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from ..limits import MAX_TIME_MS, MAX_TIME_S, MAX_TOKENS
 from . import figures
 from .figures import fmt
 from .page import Section, Table, card, esc, render
-from .run_data import run_data
+from .run_data import HEADLINE_FIELDS, run_data
 from .study_data import plan_data, sweep_data, sweep_from_folder
 
 # Verdict -> badge colour.
@@ -644,6 +645,7 @@ def load_input(path: str | Path) -> Any:
 # The --results-path entries the report reads besides the summary's numbers.
 _RESULTS_MAPPINGS = (
     "slo", "steady_state_detail", "anomalies", "kv_cache", "latency_model", "engine_policies",
+    "fleet", "pd",
 )  # fmt: skip
 # Each per-request number and its largest value: times within the simulator's clock (s or
 # ms), token counts within its prompt size.
@@ -667,6 +669,15 @@ def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
     for key in _RESULTS_MAPPINGS:
         if doc.get(key) is not None and not isinstance(doc[key], dict):
             raise refuse(key, doc[key], "must be a mapping")
+    for key in HEADLINE_FIELDS:
+        # The Overview's figures: counts, rates, latencies and a duration, none negative.
+        value = doc.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise refuse(key, value, "must be a number")
+        if not 0 <= value < math.inf:
+            raise refuse(key, value, "must be a number >= 0")
     for i, record in enumerate(doc["requests"]):
         if not isinstance(record, dict):
             raise refuse(f"requests[{i}]", record, "must be a mapping")

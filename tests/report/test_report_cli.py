@@ -190,6 +190,13 @@ def test_python_api(tmp_path, chatbot):
             "requests[1].ttft_ms: invalid value 1e+308; must be from 0 to",
         ),
         (lambda d: d["requests"][0].update(e2e_ms=-1), "requests[0].e2e_ms: invalid value -1"),
+        # The Overview's figures and the fleet block (printed "many / 800", "-1 s").
+        (lambda d: d.update(completed_requests="many"), "completed_requests: invalid value 'm"),
+        (
+            lambda d: d.update(vllm_estimated_duration_s=-1),
+            "vllm_estimated_duration_s: invalid value -1; must be a number >= 0",
+        ),
+        (lambda d: d.update(fleet=[1]), "fleet: invalid value [1]; must be a mapping"),
     ],
 )
 def test_an_edited_results_file_is_one_error(tmp_path, damage, needle):
