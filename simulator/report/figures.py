@@ -261,7 +261,20 @@ def _series_figure(
             )
         )
         total = ts["pooled"].get("kv_capacity_blocks")
-        if capacity and total:
+        live = ts["pooled"].get("kv_capacity_blocks_live")
+        if capacity and live is not None:
+            # A fleet that changed: the capacity of the instances serving at each time.
+            fig.add_trace(
+                go.Scatter(
+                    x=t,
+                    y=live,
+                    mode="lines",
+                    line={"dash": "dot", "color": REFERENCE, "shape": "hv"},
+                    name="KV capacity of the instances serving",
+                    visible="legendonly" if per else True,
+                )
+            )
+        elif capacity and total:
             fig.add_trace(
                 go.Scatter(
                     x=[t[0], t[-1]],

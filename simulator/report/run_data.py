@@ -289,11 +289,34 @@ def time_series(src: RunSource) -> dict[str, Any] | None:
         pooled[key] = rounded(values)
     if kv_capacity_total:
         pooled["kv_capacity_blocks"] = kv_capacity_total
+        live = _live_capacity(src, cap_of, edges)
+        if live is not None:
+            pooled["kv_capacity_blocks_live"] = live
     if len(per) > MAX_INSTANCE_SERIES:
         out["instances_hidden"] = len(per)
         per = []
     out["instances"] = per
     return out
+
+
+def _live_capacity(src: RunSource, cap_of: dict[str, Any], edges: np.ndarray) -> list | None:
+    """The KV capacity of the instances routable in each bin, for a fleet that changed (None
+    for a fixed one): an instance counts from `routable_s` to `terminated_s` (or the end)."""
+    fleet = src.fleet_instances
+    if fleet is None or not len(fleet) or "routable_s" not in fleet:
+        return None
+    mid = (edges[:-1] + edges[1:]) / 2
+    live = np.zeros(len(mid))
+    for row in fleet.itertuples(index=False):
+        capacity = cap_of.get(str(row.instance_id))
+        start = row.routable_s
+        if capacity is None or start is None or math.isnan(float(capacity)):
+            continue
+        if math.isnan(float(start)):
+            continue
+        end = row.terminated_s if not math.isnan(float(row.terminated_s)) else math.inf
+        live += float(capacity) * ((mid >= float(start)) & (mid < float(end)))
+    return rounded(live)
 
 
 # --- sections -------------------------------------------------------------------------------

@@ -247,3 +247,22 @@ def test_every_source_s_overview_shows_the_summary_s_itl(tmp_path, chatbot):
     page = (tmp_path / "page.html").read_text()
     s = chatbot.summary
     assert f"{fmt(s['itl_p50_ms'])} / {fmt(s['itl_p99_ms'])} ms" in page
+
+
+def test_a_changing_fleet_s_kv_capacity_follows_the_instances_serving(tmp_path):
+    """The pooled KV chart drew every instance the run ever made as capacity from t = 0;
+    a fleet that scaled up serves with one instance's capacity until the next is routable."""
+    run = simulator.simulate(
+        ROOT / "scenarios" / "autoscale_spike.yaml",
+        workload__num_requests=1500,
+        warn_unsteady=False,
+    )
+    data = _is_page(run.report(tmp_path / "page.html"))
+    live = data["timeseries"]["pooled"]["kv_capacity_blocks_live"]
+    one = int(run.instances["kv_blocks"].iloc[0]) if "kv_blocks" in run.instances else None
+    fleet = run.fleet_instances
+    assert len(fleet) > 1  # the autoscaler added instances
+    first_routable = fleet["routable_s"].dropna().sort_values().to_list()
+    assert live[0] > 0 and max(live) >= 2 * live[0]
+    assert one is None or live[0] == one
+    assert first_routable[1] > 0  # the second instance was not there from the start
