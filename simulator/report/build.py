@@ -129,6 +129,13 @@ def _overview(data: dict[str, Any]) -> Section:
                 rows,
             )
         )
+    summary = data.get("summary") or {}
+    for prefix, title in (("spec_", "Speculative decoding"), ("lora_", "LoRA adapters")):
+        # The features' own summary figures (spec_* for speculation, lora_* for adapters), as
+        # the text report prints them: a run using them looked like a plain one here.
+        rows = [[k, v] for k, v in summary.items() if k.startswith(prefix)]
+        if rows:
+            tables.append(Table(title, ["what", "value"], rows))
     return Section(
         "overview",
         "Overview",

@@ -266,3 +266,21 @@ def test_a_changing_fleet_s_kv_capacity_follows_the_instances_serving(tmp_path):
     assert live[0] > 0 and max(live) >= 2 * live[0]
     assert one is None or live[0] == one
     assert first_routable[1] > 0  # the second instance was not there from the start
+
+
+@pytest.mark.parametrize(
+    ("scenario", "title", "prefix"),
+    [("speculative_decoding.yaml", "Speculative decoding", "spec_"),
+     ("lora_adapters.yaml", "LoRA adapters", "lora_")],
+)  # fmt: skip
+def test_speculation_and_adapters_have_their_figures_on_the_page(tmp_path, scenario, title, prefix):
+    """A speculative or LoRA run's page looked like a plain run's: its spec_* / lora_*
+    summary figures (acceptance rate, cold loads, ...) were nowhere on it."""
+    from simulator.report.build import fmt
+
+    run = simulator.simulate(ROOT / "scenarios" / scenario, workload__num_requests=100)
+    page = run.report(tmp_path / "page.html").read_text()
+    assert title in page
+    for key, value in run.summary.items():
+        if key.startswith(prefix):
+            assert key in page and (fmt(value) in page or str(value) in page), key
