@@ -305,3 +305,13 @@ def test_a_saved_pd_result_keeps_its_pools_roles_in_the_labels(tmp_path):
     ids = ["instance_0", "instance_1"]
     expected = {"instance_0": "instance_0 (prefill)", "instance_1": "instance_1 (decode)"}
     assert _instance_labels(run, ids) == _instance_labels(loaded, ids) == expected
+
+
+def test_latency_cdf_axes_keep_their_tick_labels_apart(result):
+    """Five-digit milliseconds on a third of a 12-inch figure ran together
+    ('5000 10000150002000025000'): at most five ticks per axis."""
+    fig = plots.latency_cdfs(result)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        lo, hi = ax.get_xlim()
+        assert len([t for t in ax.get_xticks() if lo <= t <= hi]) <= 6
