@@ -157,17 +157,24 @@ def resolve_deployment(
     lat = scenario.latency
     with in_field("latency.model"):
         latency_model_class(lat.model)
-    step_model = build_step_time_model(
-        lat.model,
-        model,
-        gpu,
-        tp,
-        lat.alpha_coeffs,
-        lat.beta_coeffs,
-        lat.vllm_version,
-        coeffs_file=lat.coeffs_file,
-        parallelism=layout,
-    )
+    try:
+        step_model = build_step_time_model(
+            lat.model,
+            model,
+            gpu,
+            tp,
+            lat.alpha_coeffs,
+            lat.beta_coeffs,
+            lat.vllm_version,
+            coeffs_file=lat.coeffs_file,
+            parallelism=layout,
+        )
+    except ConfigError as exc:
+        # The backends name their coefficients bare (they are built from Python too); from a
+        # scenario they are the latency section's.
+        if str(exc).startswith(("alpha_coeffs", "beta_coeffs")):
+            raise type(exc)(f"latency.{exc}") from None
+        raise
     eng = scenario.engine
     if eng.kv_cache_dtype != "auto" and lat.model in _BLIS_BACKENDS:
         warn_once(

@@ -240,3 +240,17 @@ def test_closed_loop_settings_given_to_an_open_loop_are_told(caplog):
             {"workload": {"rate": 20, "num_requests": 30, "concurrency": 4}}, warn_unsteady=False
         )
     assert [r for r in caplog.records if "do not apply to closed-loop users" in r.getMessage()]
+
+
+def test_a_bad_coefficient_from_a_scenario_is_named_in_the_latency_section():
+    with pytest.raises(ConfigError, match=r"^latency\.alpha_coeffs\[2\]: invalid value -2"):
+        simulator.simulate(
+            {
+                "latency": {
+                    "model": "blackbox",
+                    "alpha_coeffs": [1, 1, -2],
+                    "beta_coeffs": [1, 1, 1],
+                },
+                "workload": {"num_requests": 3},
+            }
+        )
