@@ -7,6 +7,8 @@ are in `api`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,13 +41,26 @@ log = logging.getLogger("servesim")
 # top-level deployment, each PD pool or named deployment, a sweep's validation pass), and a
 # setting's warning is said once (`api.simulate` and `api.replay` start a new run's list).
 _SAID: set[str] = set()
+# Whose settings are being resolved ("cluster.pd.decode", "deployments[llama]"; "" for the
+# scenario's own): a PD pool's or a deployment's warning names it.
+_WHOSE: list[str] = []
 
 
 def warn_once(message: str, *args: object) -> None:
     text = message % args if args else message
-    if text not in _SAID:
+    if text not in _SAID:  # the same words for another pool or deployment: said once
         _SAID.add(text)
-        log.warning("%s", text)
+        log.warning("%s", f"{_WHOSE[-1]}: {text}" if _WHOSE and _WHOSE[-1] else text)
+
+
+@contextmanager
+def warnings_of(whose: str) -> Iterator[None]:
+    """Warnings said while resolving `whose` settings name it."""
+    _WHOSE.append(whose)
+    try:
+        yield
+    finally:
+        _WHOSE.pop()
 
 
 def new_run_warnings() -> None:
@@ -380,9 +395,10 @@ def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, De
             source=f"cluster.pd.{role}",
         )
         try:
-            out[role] = resolve_deployment(
-                pool_scenario, f"cluster.pd.{role}_instances (--{role}-instances)"
-            )
+            with warnings_of(f"cluster.pd.{role}"):
+                out[role] = resolve_deployment(
+                    pool_scenario, f"cluster.pd.{role}_instances (--{role}-instances)"
+                )
         except ConfigError as exc:
             # Name the pool: the bare field (`tp`, `dp`, a GPU) reads as the top level's.
             raise ConfigError(f"cluster.pd.{role}: {exc}") from None

@@ -14,7 +14,7 @@ from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.precision import describe_precision
 from .cluster.cluster import InstanceSetup
 from .cluster.infra_spec import DeploymentSpec, LifecycleSpec, NodePoolSpec
-from .deployment import Deployment, instance_setups, resolve_deployment
+from .deployment import Deployment, instance_setups, resolve_deployment, warnings_of
 from .errors import ConfigError, invalid
 from .latency.kv_capacity import model_weight_bytes
 from .latency.parallel import Parallelism
@@ -215,7 +215,10 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
         }
     )
     try:
-        return resolve_deployment(apply_overrides(base, changes, source=f"deployments[{d.name}]"))
+        with warnings_of(f"deployments[{d.name}]"):
+            return resolve_deployment(
+                apply_overrides(base, changes, source=f"deployments[{d.name}]")
+            )
     except ConfigError as exc:
         raise ConfigError(f"deployments[{d.name}]: {exc}") from None
 
