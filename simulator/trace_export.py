@@ -97,15 +97,17 @@ def unexported_traffic(scenario: Scenario) -> list[str]:
         spec = scenario.workload
     else:
         return []  # a synthetic workload's requests never accumulate context
+    # Cohorts too: their members are clients of the same fields.
     growing = [
         c.id
-        for c in spec.clients
+        for c in [*spec.clients, *spec.cohorts]
         if c.multi_turn is not None and c.multi_turn.context_growth == "accumulate"
     ]
     if not growing:
         return []
     return [
-        f"client(s) {', '.join(growing)} grow each session's context round by round; a trace "
+        f"client(s) or cohort(s) {', '.join(growing)} grow each session's context round by "
+        "round; a trace "
         "row holds a round's whole prompt but not that it repeats the round before, so a "
         "replay recomputes what this run found in its prefix cache (docs/workloads.md)"
     ]
@@ -128,6 +130,10 @@ def export(
     header, data = result.write_trace(prefix)
     scenario = run_scenario(result)
     settings = unrecorded_settings(scenario, header, data)
+    if result.horizon_us is not None and "horizon_us" not in settings:
+        # The run's horizon whichever gave it (the scenario, or the workload's own): a trace
+        # replays every row to its end without one.
+        settings["horizon_us"] = result.horizon_us
     if note:
         log = logging.getLogger("servesim")
         if settings:
