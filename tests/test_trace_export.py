@@ -536,3 +536,21 @@ def test_a_cohort_whose_sessions_grow_their_context_is_said_too(tmp_path, caplog
     with caplog.at_level("WARNING", logger="servesim"):
         export(run, tmp_path / "t")
     assert [r for r in caplog.records if "acc grow each session's context" in r.getMessage()]
+
+
+def test_a_capped_replay_cut_by_its_horizon_counts_what_it_never_sent(tmp_path):
+    """Through a client cap, requests due before the horizon can still wait for a slot when
+    it comes: they were in no count (881 rows due, 387 accounted for). Arrived, never sent
+    and not arrived add up to the trace's rows."""
+    data = "tests/data/blis/r1_fixed512.trace"
+    out = tmp_path / "r.json"
+    res = invoke(
+        "replay", "--trace-header", f"{data}.yaml", "--trace-data", f"{data}.csv",
+        "--horizon", 1_000_000, "--max-in-flight", 2, "--results-path", out,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    document = json.loads(out.read_text())
+    horizon, client = document["horizon"], document["client"]
+    assert horizon["never_sent_requests"] == client["requests_never_sent"] > 0
+    rows = horizon["arrived_requests"] + horizon["never_sent_requests"]
+    assert rows + horizon["not_arrived_requests"] == 1000

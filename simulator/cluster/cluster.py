@@ -7,7 +7,7 @@ source --(router inbox Store)--> router --(instance inbox Store)--> instance ste
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -78,6 +78,11 @@ class _Source:
         self.injected_count = 0
         self.live: dict[int, tuple[int, Request]] = {}
         self.not_arrived = 0
+        # Requests due before the horizon still waiting for a client slot when it came: the
+        # client never sent them (`count_unsent`).
+        self.client_unsent = 0
+        self._stream: Iterator[Request] | None = None
+        self._held: Request | None = None  # the request waiting for a slot now
         self.exhausted = False  # every request of the stream has been injected
         self.finished = 0  # user-facing requests that left the system (any final state)
         self.deliver: Callable[[Request], None] = lambda _r: None
@@ -87,7 +92,8 @@ class _Source:
         previous = 0
         if self.max_in_flight is not None:
             self.slots = simpy.Container(env, capacity=self.max_in_flight, init=self.max_in_flight)
-        for req in self.requests:
+        self._stream = iter(self.requests)
+        for req in self._stream:
             if horizon is not None and req.arrival_us > horizon:
                 self.not_arrived += 1
                 continue
@@ -101,7 +107,9 @@ class _Source:
             if delay > 0:
                 yield env.timeout(delay)
             if self.slots is not None:
+                self._held = req
                 yield self.slots.get(1)
+                self._held = None
                 if env.now > req.arrival_us:
                     if horizon is not None and env.now > horizon:
                         self.not_arrived += 1
@@ -110,6 +118,22 @@ class _Source:
                     self._send_late(req, int(env.now))
             self.inject(req)
         self.exhausted = True
+
+    def count_unsent(self) -> None:
+        """After a run its horizon cut while the client waited for a slot: every request the
+        source never reached is counted, as due before the horizon and never sent (the one
+        waiting, and those after it up to the horizon) or as not arrived (after it)."""
+        if self.exhausted or self._stream is None:
+            return
+        if self._held is not None:
+            self.client_unsent += 1
+            self._held = None
+        horizon = self.horizon_us
+        for req in self._stream:
+            if horizon is not None and req.arrival_us > horizon:
+                self.not_arrived += 1
+            else:
+                self.client_unsent += 1
 
     def _send_late(self, req: Request, now_us: int) -> None:
         """The client sends `req` when a slot frees: latency is measured from the send, as a
@@ -508,6 +532,8 @@ def run_simulation(
         _run_reporting(env, horizon_us, lambda: source.finished, progress)
     for engine in engines:
         engine.sync_lazy_progress()
+    if source.slots is not None:
+        source.count_unsent()
     if infra is not None:
         infra.warn_refused_scale_ups()
     if pd is not None:
@@ -558,6 +584,7 @@ def run_simulation(
         steady_state=steady_state,
         client_delayed_requests=source.client_delayed,
         client_wait_us=source.client_wait_us,
+        client_unsent_requests=source.client_unsent,
         session_counts=sessions.finalize() if sessions is not None and sessions.sessions else {},
         horizon_us=horizon_us,
         instance_summaries=per_instance,

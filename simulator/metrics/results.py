@@ -94,6 +94,8 @@ class Result:
     # A trace's `max_in_flight` client cap: requests it sent late, and their total wait.
     client_delayed_requests: int = 0
     client_wait_us: int = 0
+    # Due before the horizon, never sent: the client's slots were all taken when it came.
+    client_unsent_requests: int = 0
     session_counts: dict[str, int] = field(default_factory=dict)
     horizon_us: int | None = None
     instance_summaries: list[dict[str, Any]] = field(default_factory=list, repr=False)
@@ -301,7 +303,10 @@ class Result:
         """The load generator's cap on outstanding requests and what it held back (a trace
         replayed with `max_in_flight`), or None without a cap."""
         return session_views.client_cap(
-            self.scenario, self.client_delayed_requests, self.client_wait_us
+            self.scenario,
+            self.client_delayed_requests,
+            self.client_wait_us,
+            self.client_unsent_requests,
         )
 
     @property

@@ -75,10 +75,11 @@ def session_block(metrics: dict[str, Any] | None, counts: dict[str, int]) -> dic
 
 
 def client_cap(
-    scenario: dict[str, Any], delayed_requests: int, wait_us: int
+    scenario: dict[str, Any], delayed_requests: int, wait_us: int, unsent_requests: int = 0
 ) -> dict[str, Any] | None:
     """The load generator's cap on outstanding requests and what it held back (a trace
-    replayed with `max_in_flight`), or None without a cap."""
+    replayed with `max_in_flight`), or None without a cap: requests sent late, their mean
+    wait, and those due before the horizon that it never sent."""
     cap = (scenario.get("trace") or {}).get("max_in_flight")
     if cap is None:
         return None
@@ -87,4 +88,5 @@ def client_cap(
         "max_in_flight": cap,
         "requests_sent_late": delayed,
         "mean_client_wait_ms": round(wait_us / delayed / 1000, 3) if delayed else 0.0,
+        "requests_never_sent": unsent_requests,
     }

@@ -170,12 +170,18 @@ def _nulls(frame: Any) -> Any:
 
 
 def horizon_block(result: Any) -> dict[str, Any] | None:
-    """A replayed trace cut by the horizon: how many of its requests arrive after it (never
-    injected, so in no other count); None when every request arrived."""
-    if not result.not_arrived:
+    """A replayed trace cut by the horizon: how many of its requests arrive after it, and,
+    through a client cap, how many were due before it but never sent (neither injected, so in
+    no other count); with the arrived ones they add up to the trace. None when every request
+    arrived."""
+    unsent = getattr(result, "client_unsent_requests", 0)
+    if not result.not_arrived and not unsent:
         return None
-    return {
+    block = {
         "horizon_us": result.horizon_us,
         "not_arrived_requests": result.not_arrived,
         "arrived_requests": len(result.request_records),
     }
+    if unsent:
+        block["never_sent_requests"] = unsent
+    return block
