@@ -105,7 +105,13 @@ def stopping_on_signals(then_ignore: bool = False) -> Iterator[Stop]:
     stop = Stop()
     _active.append(stop)  # before the handlers, which look it up
     try:
-        previous = {s: signal.signal(s, _on_signal) for s in HANDLED_SIGNALS}
+        # A signal the caller set to be ignored stays ignored (a shell's background job
+        # ignores SIGINT, so a Ctrl-C meant for the script does not stop its jobs).
+        previous = {
+            s: signal.signal(s, _on_signal)
+            for s in HANDLED_SIGNALS
+            if signal.getsignal(s) is not signal.SIG_IGN
+        }
     except ValueError:  # not the main thread
         _active.remove(stop)
         yield stop

@@ -277,3 +277,22 @@ def test_a_signal_handled_inside_the_first_ones_handler_does_not_take_its_place(
         interruption._active.remove(stop)
     assert caught.value.signal_number == signal.SIGINT
     assert stop.first == signal.SIGINT
+
+
+def test_a_signal_the_caller_ignores_stays_ignored():
+    """A shell starts a background job with SIGINT ignored; servesim installed its handler
+    over that, and a Ctrl-C meant for the script stopped every job (status 130). An ignored
+    signal stays ignored; the others are still handled."""
+    from simulator.interruption import stopping_on_signals
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stopping_on_signals() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+        assert stop.first is None
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
