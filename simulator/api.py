@@ -329,7 +329,12 @@ def replay(
     require_path("trace_header", trace_header, optional=True)
     require_path("trace_data", trace_data)
     sc = as_scenario(scenario) if scenario is not None else Scenario()
+    # The scenario's traffic gives way to the trace, but its workload's SLO targets are the
+    # run's targets still (a v2 spec's goodput_slo_targets, as `simulate` reads them).
+    slo = slo_with_workload_targets(sc)
     sc = sc.model_copy(update={"workload": None, "workload_spec": None})
+    if slo is not None:
+        sc = apply_overrides(sc, {"slo": slo})
     header = Path(trace_header) if trace_header is not None else None
     closed = session_mode == "closed-loop"
     client = client_replay("off" if closed else max_in_flight, trace_data)
@@ -345,6 +350,21 @@ def replay(
     except ValidationError as exc:
         raise ConfigError(format_spec_error(exc, "replay")) from None
     return simulate(sc, **overrides)
+
+
+def slo_with_workload_targets(sc: Scenario) -> dict[str, Any] | None:
+    """The scenario's `slo` section with its v2 workload's goodput_slo_targets (inline or
+    its workload_spec file) filled in, as `simulate` reads them; None without such targets.
+    A replay replaces the scenario's traffic by the trace, not the run's SLO targets."""
+    from .workload.spec import WorkloadSpec, load_workload_spec
+
+    if sc.workload_spec is not None:
+        targets = load_workload_spec(sc.workload_spec).goodput_slo_targets
+    elif isinstance(sc.workload, WorkloadSpec):
+        targets = sc.workload.goodput_slo_targets
+    else:
+        targets = None
+    return merged_slo(sc.slo.model_dump(mode="json"), targets) if targets else None
 
 
 def _recorded_server(scenario: Scenario, given: dict[str, Any]) -> tuple[dict[str, Any], str]:

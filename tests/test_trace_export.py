@@ -554,3 +554,28 @@ def test_a_capped_replay_cut_by_its_horizon_counts_what_it_never_sent(tmp_path):
     assert horizon["never_sent_requests"] == client["requests_never_sent"] > 0
     rows = horizon["arrived_requests"] + horizon["never_sent_requests"]
     assert rows + horizon["not_arrived_requests"] == 1000
+
+
+def test_a_replay_with_the_run_s_scenario_keeps_its_workload_s_slo_targets(tmp_path):
+    """The export offers `--scenario X.yaml` as a way to replay; the replay dropped the
+    scenario's workload (the trace replaces it) and its goodput_slo_targets with it: the
+    attainment went from 0.908 to 0.954 in the QA's case, against no targets."""
+    workload = {
+        "version": "2", "seed": 3, "aggregate_rate": 30, "num_requests": 150,
+        "goodput_slo_targets": {"standard": {"ttft_ms": 40}},
+        "clients": [_constant_client("c", slo_class="standard")],
+    }  # fmt: skip
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({"seed": 3, "workload": workload}))
+    run = simulator.simulate(scenario, warn_unsteady=False)
+    assert 0 < run.summary["slo_attainment"] < 1
+    header, data = run.write_trace(tmp_path / "t")
+    python = simulator.replay(header, data, scenario=scenario)
+    assert python.summary["slo_attainment"] == run.summary["slo_attainment"]
+    out = tmp_path / "r.json"
+    done = invoke(
+        "replay", "--trace-header", header, "--trace-data", data, "--scenario", scenario,
+        "--results-path", out,
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert json.loads(out.read_text())["slo_attainment"] == run.summary["slo_attainment"]

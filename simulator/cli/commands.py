@@ -405,7 +405,7 @@ def replay(
     """Simulate exactly the requests of a BLIS TraceV2 file (send/arrival times, token counts)."""
 
     def go() -> None:
-        from ..api import as_scenario, client_replay
+        from ..api import as_scenario, client_replay, slo_with_workload_targets
         from ..scenario import Scenario
         from ..workload.server_settings import recorded_settings
         from ..workload.trace import trace_notes
@@ -443,6 +443,10 @@ def replay(
         if apply:
             overrides["engine.enable_prefix_caching"] = choice.enabled
         base = as_scenario(scenario) if scenario is not None else Scenario()
+        slo = slo_with_workload_targets(base)
+        if slo is not None and not any(k == "slo" or k.startswith("slo.") for k in overrides):
+            # The scenario's workload gives way to the trace, its SLO targets do not.
+            overrides = {"slo": slo, **overrides}
         followed, server, unfollowed = recorded_settings(base, overrides, trace_header, trace_data)
         notes_first = []
         if unfollowed is not None:
