@@ -103,6 +103,10 @@ def as_scenario(scenario: Scenario | dict | str | Path) -> Scenario:
     if isinstance(scenario, Scenario):
         return scenario
     if isinstance(scenario, dict):
+        if isinstance(scenario.get("resolved"), dict):
+            # `Result.scenario`: the run's scenario plus what it resolved (model, GPU, KV
+            # blocks, ...), which is an output, not a setting: runs again as the same scenario.
+            scenario = {k: v for k, v in scenario.items() if k != "resolved"}
         return scenario_from_dict(scenario)
     if isinstance(scenario, str | PathLike) and isinstance(fspath(scenario), str):
         if "\x00" in fspath(scenario):

@@ -254,3 +254,11 @@ def test_a_bad_coefficient_from_a_scenario_is_named_in_the_latency_section():
                 "workload": {"num_requests": 3},
             }
         )
+
+
+def test_a_result_s_scenario_runs_again_as_the_same_scenario():
+    """`Result.scenario` is the run's scenario plus what it resolved; fed back to simulate it
+    was refused (unknown key 'resolved'). It gives the same run."""
+    first = simulator.simulate({"seed": 5, "workload": {"rate": 10, "num_requests": 20}})
+    again = simulator.simulate(first.scenario)
+    assert again.summary == first.summary
