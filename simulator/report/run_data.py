@@ -10,6 +10,7 @@ with the run: CDFs as quantiles at fixed probabilities, time series as fixed-wid
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -536,11 +537,16 @@ def _decisions(src: RunSource) -> dict[str, Any]:
         }
     reasons: dict[str, int] = {}
     for r in routings:
-        reason = str(r.get("reason") or "")
+        # "weighted (score=0.5690)": the policy's reason without the chosen score, which
+        # differs decision by decision (grouped by it, every row was one score).
+        reason = _SCORE_IN_REASON.sub("", str(r.get("reason") or ""))
         reasons[reason] = reasons.get(reason, 0) + 1
     top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:20]
     out["reasons"] = [{"reason": k, "decisions": v} for k, v in top]
     return out
+
+
+_SCORE_IN_REASON = re.compile(r"\s*\(score=[^)]*\)")
 
 
 def lifecycle_section(src: RunSource) -> dict[str, Any] | None:

@@ -284,3 +284,16 @@ def test_speculation_and_adapters_have_their_figures_on_the_page(tmp_path, scena
     for key, value in run.summary.items():
         if key.startswith(prefix):
             assert key in page and (fmt(value) in page or str(value) in page), key
+
+
+def test_routing_reasons_are_grouped_by_reason_not_by_score(tmp_path):
+    """Weighted routing's reason carries the chosen score ("weighted (score=0.5690)"); the
+    'most frequent reasons' table grouped by the whole string had one row per score."""
+    scenario = {
+        "cluster": {"num_instances": 3, "routing": {"policy": "weighted"},
+                    "trace": {"level": "decisions"}},
+        "workload": {"num_requests": 60},
+    }  # fmt: skip
+    run = simulator.simulate(scenario, warn_unsteady=False)
+    data = _is_page(run.report(tmp_path / "page.html"))
+    assert data["balance"]["decisions"]["reasons"] == [{"reason": "weighted", "decisions": 60}]
