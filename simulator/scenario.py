@@ -705,6 +705,22 @@ def explicitly_set(scenario: Scenario, dotted: str) -> bool:
     return True
 
 
+def _field_at(tree: dict[str, Any], keys: list[str]) -> Any:
+    """The value at `keys` in a dumped scenario (None where the path leaves the mappings)."""
+    node: Any = tree
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def not_a_section(where: str, inside: str, value: Any) -> ConfigError:
+    """The error for a dotted path that reaches inside a field holding a list or a value."""
+    return ConfigError(
+        f"{where}: {inside} is not a section (it is {excerpt(value)}); a dotted override "
+        f"cannot reach inside it (set {inside} whole)"
+    )
+
+
 def apply_overrides(
     scenario: Scenario, overrides: dict[str, Any], source: str = "overrides"
 ) -> "Scenario":
@@ -716,25 +732,18 @@ def apply_overrides(
     data = scenario.model_dump(mode="python", exclude_unset=True)
     full: dict[str, Any] | None = None  # every field, defaults included: what a path crosses
     for dotted, value in overrides.items():
-        node, whole = data, None
+        node = data
         keys = dotted.split(".")
         for depth, key in enumerate(keys[:-1]):
             if node.get(key) is None:
-                if whole is None:
-                    full = full if full is not None else scenario.model_dump(mode="python")
-                    whole = full
-                    for earlier in keys[:depth]:
-                        whole = whole.get(earlier) if isinstance(whole, dict) else None
-                default = whole.get(key) if isinstance(whole, dict) else None
+                # Left unset: a section starts empty, any other field is what it defaults to
+                # (a path must not reach inside a list or a value).
+                full = full if full is not None else scenario.model_dump(mode="python")
+                default = _field_at(full, keys[: depth + 1])
                 node[key] = {} if default is None or isinstance(default, dict) else default
             node = node[key]
-            whole = None
             if not isinstance(node, dict):
-                inside = ".".join(keys[: depth + 1])
-                raise ConfigError(
-                    f"{source}: {dotted}: {inside} is not a section (it is {excerpt(node)}); "
-                    f"a dotted override cannot reach inside it (set {inside} whole)"
-                )
+                raise not_a_section(f"{source}: {dotted}", ".".join(keys[: depth + 1]), node)
         node[keys[-1]] = value
     updated = scenario_from_dict(data, source=source)
     updated._base_dir = scenario._base_dir  # noqa: SLF001

@@ -32,7 +32,7 @@ from .input_files import SCENARIO_INPUT_FIELDS, read_json, read_yaml_mapping
 from .interruption import ignore_interrupts_in_worker
 from .limits import MAX_SEED, MAX_SWEEP_RUNS
 from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
-from .scenario import Scenario, TraceSpec, scenario_from_dict
+from .scenario import Scenario, TraceSpec, not_a_section, scenario_from_dict
 from .version import package_version
 from .workload.spec import format_spec_error, model_classes
 from .workload.synthetic import V2_EQUIVALENTS
@@ -110,12 +110,8 @@ def check_path(base: Scenario, path: str) -> None:
         if isinstance(node, list):
             # A known field holding a list (`autoscaler.0.max_instances`): no typo, so say
             # what `simulate`'s keyword overrides say of it (scenario.apply_overrides).
-            inside = ".".join(keys[: i + 1])
             shown = [v.model_dump() if isinstance(v, BaseModel) else v for v in node]
-            raise ConfigError(
-                f"grid: {excerpt(path)}: {inside} is not a section (it is {excerpt(shown)}); "
-                f"a dotted override cannot reach inside it (set {inside} whole)"
-            )
+            raise not_a_section(f"grid: {excerpt(path)}", ".".join(keys[: i + 1]), shown)
         if not classes:
             raise unknown
 
