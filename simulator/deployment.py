@@ -511,5 +511,10 @@ def _total_kv_blocks(
         # With `deployments`, this is the scenario's top-level layout, which no instance need
         # run (each deployment is resolved on its own, with its own warning): not a warning.
         level = logging.INFO if scenario.deployments else logging.WARNING
-        log.log(level, "KV capacity auto-calculation failed (%s); using %d blocks", exc, 1_000_000)
+        log.log(
+            level,
+            "KV capacity auto-calculation failed (%s); using %d blocks",
+            exc,
+            FALLBACK_KV_BLOCKS,
+        )
         return FALLBACK_KV_BLOCKS, "fallback"

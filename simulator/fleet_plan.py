@@ -5,7 +5,6 @@ node that exists. Each deployment is resolved by `deployment.resolve_deployment`
 
 from __future__ import annotations
 
-import logging
 import math
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -14,13 +13,11 @@ from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.precision import describe_precision
 from .cluster.cluster import InstanceSetup
 from .cluster.infra_spec import DeploymentSpec, LifecycleSpec, NodePoolSpec
-from .deployment import Deployment, instance_setups, resolve_deployment, warnings_of
+from .deployment import Deployment, instance_setups, resolve_deployment, warn_once, warnings_of
 from .errors import ConfigError, invalid
 from .latency.kv_capacity import model_weight_bytes
 from .latency.parallel import Parallelism
 from .scenario import PDSpec, Scenario, apply_overrides
-
-log = logging.getLogger("servesim")
 
 if TYPE_CHECKING:
     # Imported by the scenarios that have a fleet (start-up of the others).
@@ -263,7 +260,7 @@ def _check_pools(
         )
         given = "gpu_memory_gib" in pool.model_fields_set
         if gpu is not None and given and not math.isclose(pool.gpu_memory_gib, gpu.memory_gib):
-            log.warning(
+            warn_once(
                 "node_pools[%s].gpu_memory_gib %g differs from %s's %g GiB in the GPU catalog; "
                 "servesim sizes KV caches from the catalog's GPU (the field is kept for BLIS's "
                 "schema): give --hardware-config a GPU with that memory to simulate it",
@@ -299,7 +296,7 @@ def _warn_initial_overflow(
         held = sum(p.max_nodes * p.gpus_per_node for p in of_type)
         start = sum(p.initial_nodes * p.gpus_per_node for p in of_type)
         if needed <= held and needed > start and not any(p.name in growing for p in of_type):
-            log.warning(
+            warn_once(
                 "the deployments' initial instances need %d %s GPUs, but the node pools of "
                 "that type start with %d (initial_nodes x gpus_per_node) and nothing adds a "
                 "node (no add_node event for them, no autoscaler): some instances will never "
@@ -309,7 +306,7 @@ def _warn_initial_overflow(
                 start,
             )
         if needed > held:
-            log.warning(
+            warn_once(
                 "the deployments' initial instances need %d %s GPUs, but the node pools of "
                 "that type hold at most %d (max_nodes x gpus_per_node): some instances will "
                 "wait in Scheduling for GPUs that only a drain or failure can free",
