@@ -755,11 +755,12 @@ class Infrastructure:
         after they came up go, as any idle node would (not billed to the end of the run);
         every autoscaler deciding at the microsecond a node comes up may still use it."""
         now = self.env.now
-        keep = [(node, ready_us) for node, ready_us in self._unclaimed if ready_us == now]
-        for node, ready_us in self._unclaimed:
-            if ready_us != now:
+        unclaimed, self._unclaimed = self._unclaimed, []
+        for node, ready_us in unclaimed:
+            if ready_us == now:
+                self._unclaimed.append((node, ready_us))
+            else:
                 self._maybe_release_node(node)
-        self._unclaimed = keep
 
     def warn_refused_scale_ups(self) -> None:
         """Said once at the end of a run whose autoscaler could not add instances: the
