@@ -104,14 +104,12 @@ def stopping_on_signals(then_ignore: bool = False) -> Iterator[Stop]:
         return
     stop = Stop()
     _active.append(stop)  # before the handlers, which look it up
+    # A signal the caller set to be ignored stays ignored (a shell's background job
+    # ignores SIGINT, so a Ctrl-C meant for the script does not stop its jobs).
+    previous = {s: signal.getsignal(s) for s in HANDLED_SIGNALS}
+    previous = {s: handler for s, handler in previous.items() if handler is not signal.SIG_IGN}
     try:
-        # A signal the caller set to be ignored stays ignored (a shell's background job
-        # ignores SIGINT, so a Ctrl-C meant for the script does not stop its jobs).
-        previous = {
-            s: signal.signal(s, _on_signal)
-            for s in HANDLED_SIGNALS
-            if signal.getsignal(s) is not signal.SIG_IGN
-        }
+        _install(stop, list(previous))
     except ValueError:  # not the main thread
         _active.remove(stop)
         yield stop
@@ -120,8 +118,25 @@ def stopping_on_signals(then_ignore: bool = False) -> Iterator[Stop]:
         yield stop
     finally:
         for s, handler in previous.items():
-            signal.signal(s, signal.SIG_IGN if then_ignore else handler)
+            if then_ignore:
+                signal.signal(s, signal.SIG_IGN)
+            elif handler is not None:  # None: a handler not set from Python, left as it is
+                signal.signal(s, handler)
         _active.remove(stop)
+
+
+def _install(stop: Stop, signals: list[int]) -> None:
+    """Put `_on_signal` on `signals`. A signal can arrive between two installations, once
+    the first handler is in force: it is recorded in `stop.first` (the caller finds it there
+    and does not start its work) rather than raised out of the `with` line, where nothing
+    would catch it. Installing a handler twice is harmless, so an interrupt right after an
+    installation simply repeats it."""
+    while signals:
+        try:
+            signal.signal(signals[0], _on_signal)
+            signals.pop(0)
+        except KeyboardInterrupt as exc:
+            stop.record(exc)
 
 
 @contextlib.contextmanager
@@ -130,6 +145,8 @@ def interruptible(describe_loss: Callable[[], str]) -> Iterator[None]:
     attaches `describe_loss()` (what was not written, what is kept), for the first signal."""
     with stopping_on_signals() as stop:
         try:
+            if stop.first is not None:  # it came while the handlers were being installed
+                raise Interrupted(stop.first)
             yield
         except KeyboardInterrupt as exc:
             number = stop.record(exc)

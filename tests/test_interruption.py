@@ -296,3 +296,70 @@ def test_a_signal_the_caller_ignores_stays_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _signal_sent_after_installing(monkeypatch, installed: int, sent: int) -> None:
+    """`signal.signal` sends `sent` to this process right after it installs a handler on
+    `installed`: the moment CI met, a signal delivered while the entry point's handlers were
+    still being installed, when the first was already in force."""
+    real_signal = signal.signal
+
+    def installing(number, handler):
+        previous = real_signal(number, handler)
+        if number == installed and handler not in (signal.SIG_IGN, signal.SIG_DFL):
+            os.kill(os.getpid(), sent)
+            time.sleep(0.01)  # the handler runs here, inside this call
+        return previous
+
+    monkeypatch.setattr(signal, "signal", installing)
+
+
+def test_a_signal_while_the_handlers_are_installed_is_recorded_not_raised(monkeypatch):
+    """CI once sent SIGINT while `stopping_on_signals` was installing SIGTERM's handler: the
+    SIGINT handler (already in force) raised out of the `with` line, which nothing caught, and
+    the program printed a traceback with status 1. The signal is recorded instead, and every
+    handler is still installed (and restored on leaving)."""
+    from simulator.interruption import stopping_on_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    _signal_sent_after_installing(monkeypatch, signal.SIGTERM, signal.SIGINT)
+    with stopping_on_signals() as stop:
+        assert stop.first == signal.SIGINT
+        assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
+        assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
+    monkeypatch.undo()
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_interruptible_raises_a_signal_that_came_while_installing(monkeypatch):
+    """In-process, the same early signal stops the block before its work starts, with what
+    the block says was lost."""
+    from simulator.interruption import Interrupted, interruptible
+
+    _signal_sent_after_installing(monkeypatch, signal.SIGTERM, signal.SIGINT)
+    started = False
+    with pytest.raises(Interrupted) as caught, interruptible(lambda: "nothing written"):
+        started = True
+    assert not started
+    assert caught.value.message() == "interrupted by SIGINT; nothing written"
+
+
+def test_the_entry_point_reports_a_signal_that_came_while_installing(monkeypatch, capsys):
+    """`main` does not start the command when a signal came during the installation; it exits
+    with 128 + N and one line, as for any other interrupt."""
+    from simulator import cli, collector
+
+    # What main changes for the rest of a command-line process stays out of pytest's.
+    monkeypatch.setattr(collector, "fewer_collections_for_this_process", lambda: None)
+    monkeypatch.setattr(collector, "skip_the_final_collection", lambda: None)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    _signal_sent_after_installing(monkeypatch, signal.SIGTERM, signal.SIGINT)
+    monkeypatch.setattr(sys, "argv", ["servesim", "run", "--help"])
+    monkeypatch.setattr(cli, "_run_app", lambda stop: pytest.fail("the command started"))
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    monkeypatch.undo()
+    for s in (signal.SIGINT, signal.SIGTERM):  # main leaves them ignored; pytest needs them
+        signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+    assert exited.value.code == 128 + signal.SIGINT
+    assert capsys.readouterr().err.strip() == "error: interrupted by SIGINT"

@@ -44,7 +44,8 @@ def main() -> None:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
     with stopping_on_signals(then_ignore=True) as stop:
-        status = _run_app(stop)
+        # A signal while the handlers were installed is already in `stop.first`.
+        status = _run_app(stop) if stop.first is None else 0
         if stop.first is not None:
             if not stop.reported:
                 stop.reported = True
@@ -74,19 +75,9 @@ def _run_app(stop: Stop) -> int:
                     f"{empty}: invalid value ''; give a path (an empty value names no file or "
                     "folder, and would mean the current folder)"
                 )
-                return 2
-            usage_error, abort = _usage_exceptions()
-            try:
-                # Not standalone: a usage error comes back here, to be told in one line
-                # rather than typer's boxed message.
-                returned = command_line(standalone_mode=False)
-            except usage_error as exc:
-                _error_line(usage_error_text(exc, sys.argv[1:]))
-                status = exc.exit_code
-            except abort:  # typer's answer to end-of-input at a prompt
-                status = 1
+                status = 2
             else:
-                status = returned if isinstance(returned, int) else 0
+                status = _run_command_line(command_line)
         except SystemExit as exc:
             status = _exit_status(exc.code)
         except ServesimError as exc:  # stdout failing outside a command (typer's --help)
@@ -104,6 +95,21 @@ def _run_app(stop: Stop) -> int:
         stop.record(exc)
         stop.closed = True
     return status
+
+
+def _run_command_line(command_line: Any) -> int:
+    """The exit status of the command typer parses from the command line."""
+    usage_error, abort = _usage_exceptions()
+    try:
+        # Not standalone: a usage error comes back here, to be told in one line rather
+        # than typer's boxed message.
+        returned = command_line(standalone_mode=False)
+    except usage_error as exc:
+        _error_line(usage_error_text(exc, sys.argv[1:]))
+        return exc.exit_code
+    except abort:  # typer's answer to end-of-input at a prompt
+        return 1
+    return returned if isinstance(returned, int) else 0
 
 
 def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
