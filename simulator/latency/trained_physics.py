@@ -59,10 +59,24 @@ ALL_TO_ALL_BACKENDS = frozenset(
 
 
 @cache
+def _shipped_file() -> dict:
+    """The shipped iter29 file, read once on first use."""
+    return json.loads(COEFFICIENTS_PATH.read_text(encoding="utf-8"))
+
+
 def _shipped() -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(alpha, beta) of the shipped iter29 file, read once on first use."""
-    data = json.loads(COEFFICIENTS_PATH.read_text(encoding="utf-8"))
+    """(alpha, beta) of the shipped iter29 file."""
+    data = _shipped_file()
     return tuple(data["alpha_coeffs"]), tuple(data["beta_coeffs"])
+
+
+def fit_coverage() -> tuple[list[str], list[str]]:
+    """The GPUs and models (lower-case Hugging Face ids) of the runs BLIS fitted iter29 on:
+    its file's regression experiments, the only record of what the global fit saw."""
+    experiments = _shipped_file()["experiments"]
+    gpus = sorted({str(e["hardware"]) for e in experiments})
+    models = sorted({str(e["model"]).lower() for e in experiments})
+    return gpus, models
 
 
 def shipped_coefficients() -> dict[str, list[float]]:
@@ -187,6 +201,8 @@ class TrainedPhysics(TrainedAlphaOverheads):
         if not (math.isfinite(ba) and ba > 0):
             raise invalid(f"model {model.name!r}: bytes per param", ba, "must be > 0")
 
+        self.model_name = model.name
+        self.gpu_name = gpu.name
         self.layers = float(L)
         self.tp = tp
         self.dp = dp
@@ -244,6 +260,20 @@ class TrainedPhysics(TrainedAlphaOverheads):
                 "" if alpha is not None and beta is not None else f" (rest: {COEFFICIENTS_SOURCE})"
             )
         return built
+
+    def provenance(self) -> dict:
+        """With the shipped coefficients, also what their fit saw: its GPUs, and whether this
+        run's GPU and model were among them (given coefficients' fit is the caller's)."""
+        out = super().provenance()
+        if self.coefficients_source == COEFFICIENTS_SOURCE:
+            gpus, models = fit_coverage()
+            out |= {
+                "fit_gpus": gpus,
+                "gpu": self.gpu_name,
+                "gpu_covered_by_fit": self.gpu_name in gpus,
+                "model_covered_by_fit": self.model_name.lower() in models,
+            }
+        return out
 
     # ------------------------------------------------------------------ basis functions
     def _ffn_flops(self, tokens: float) -> float:

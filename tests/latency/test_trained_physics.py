@@ -29,6 +29,7 @@ from simulator.scenario import DEFAULT_LATENCY_MODEL
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "blis_head"
 H100 = get_gpu("H100")
+A100 = get_gpu("A100-80")
 LLAMA_8B = "meta-llama/llama-3.1-8b-instruct"
 LLAMA_70B = "meta-llama/llama-3.1-70b-instruct"
 MIXTRAL = "mistralai/mixtral-8x7b-v0.1"
@@ -76,10 +77,21 @@ def test_registered_provenance_and_overheads():
     assert "trained-physics" in latency_model_names()
     assert DEFAULT_LATENCY_MODEL == "physics"  # physics stays servesim's default
     m = _model(LLAMA_8B, 1)
+    # What the global fit saw is the file's regression experiments: 15 runs, all on H100,
+    # of 7 models (Llama-2-7B among them, Llama-3.1-8B not).
     assert m.provenance() == {
         "latency_model": "trained-physics",
         "coefficients": "BLIS f90a1e3a trained-physics iter29, global",
+        "fit_gpus": ["H100"],
+        "gpu": "H100",
+        "gpu_covered_by_fit": True,
+        "model_covered_by_fit": False,
     }
+    assert _model("meta-llama/llama-2-7b-hf", 1).provenance()["model_covered_by_fit"] is True
+    on_a100 = build_step_time_model("trained-physics", load_model(LLAMA_8B), A100, 1)
+    assert on_a100.provenance()["gpu_covered_by_fit"] is False
+    given = build_step_time_model("trained-physics", load_model(LLAMA_8B), H100, 1, beta=[1.0] * 7)
+    assert "fit_gpus" not in given.provenance()  # a given fit's coverage is not ours to say
     assert m.coefficients_source == COEFFICIENTS_SOURCE
     # α0 queueing is constant (no input-length term); α2 per token; α1 post-decode (E2E only).
     assert m.queueing_time_us(1) == m.queueing_time_us(8000) == 15563
