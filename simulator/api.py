@@ -235,10 +235,10 @@ def simulate(
     if options is not None and not isinstance(options, EngineOptions):
         raise ConfigError(f"options: expected an EngineOptions or None; got {_shown(options)}")
     sc = keyword_overrides(as_scenario(scenario), overrides)
+    given = fspath(scenario) if isinstance(scenario, str | PathLike) else None
     if sc.cluster.trace.path is not None:
         from .input_files import refuse_writing_inputs, scenario_input_files
 
-        given = scenario if isinstance(scenario, str | PathLike) else None
         refuse_writing_inputs(
             [("cluster.trace.path", sc.cluster.trace.path)],
             scenario_input_files(sc.model_dump(), given),
@@ -285,6 +285,7 @@ def simulate(
         options=options if options is not None else EngineOptions(reference=reference),
         end_checks=end_checks,
     )
+    result.scenario_file = given
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)
     steady = result.steady_state

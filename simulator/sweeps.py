@@ -18,7 +18,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .atomic_io import check_output_folder, write_text_atomically, write_with
 from .errors import ConfigError, excerpt, plain_scalar, require_callable, require_path
-from .input_files import SCENARIO_INPUT_FIELDS, read_json, read_yaml_mapping
+from .input_files import (
+    SCENARIO_INPUT_FIELDS,
+    read_json,
+    read_yaml_mapping,
+    scenario_input_files,
+)
 from .interruption import ignore_interrupts_in_worker
 from .limits import MAX_SEED, MAX_SWEEP_RUNS
 from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
@@ -49,14 +54,22 @@ ZERO_WHEN_ABSENT = ("kv_allocation_failures", "dropped_on_drain", "failed_reques
 Progress = Callable[[int, int, dict[str, Any]], None]
 
 
+@dataclass(repr=False)
 class SweepResult(SweepTables):
     """What `sweep` returns: the sweep's tables (`runs`, `points`, their figures), and its
     HTML report."""
 
+    # The files the sweep read, as (what, path): its base scenario's file and those the base
+    # names, which no report may be written over (the --out folder's own files neither).
+    input_files: list[tuple[str, Any]] = field(default_factory=list)
+
     def report(self, path: str | Path) -> Path:
         """Write this sweep's HTML report, one self-contained page (docs/report.md)."""
+        from .input_files import refuse_writing_inputs
         from .report import write_report
 
+        outputs_folder = [("the sweep's output folder", self.out)]
+        refuse_writing_inputs([("report", path)], [*self.input_files, *outputs_folder], (".html",))
         return write_report(self, path)
 
 
@@ -464,6 +477,9 @@ def sweep(
         skipped=skipped,
         out=out_dir,
         seeds=seed_list,
+        input_files=scenario_input_files(
+            sc.model_dump(), os.fspath(base) if isinstance(base, str | os.PathLike) else None
+        ),
     )
     if out_dir is not None:
         write_outputs(result, out_dir)

@@ -95,3 +95,37 @@ def test_python_run_refuses_a_decision_log_over_its_scenario(tmp_path):
     with pytest.raises(ConfigError, match="cluster.trace.path: .* is the scenario file"):
         simulator.simulate(str(scenario))
     assert scenario.read_text() == text
+
+
+def test_python_outputs_refuse_the_files_their_run_read(tmp_path):
+    """`Result.write_trace`, `Result.report` and `SweepResult.report` refuse, as their CLI
+    flags do, a path naming a file the run read: the scenario file it was given (until
+    2026-12-07 only the files the scenario names were guarded, and the reports nothing), the
+    trace a replay read, the base scenario and the --out folder's tables of a sweep. Each
+    input is left as it was; a new path, and an earlier report in the sweep's folder, are
+    fine."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO)
+    run = simulator.simulate(scenario)
+    with pytest.raises(ConfigError, match="trace header: .* is the scenario file"):
+        run.write_trace(tmp_path / "s")
+    with pytest.raises(ConfigError, match="report: .* is the scenario file"):
+        run.report(scenario)
+    header, data = run.write_trace(tmp_path / "t")
+    replayed = simulator.replay(header, data)
+    with pytest.raises(ConfigError, match=r"report: .* is the trace data \(trace.data\)"):
+        replayed.report(data)
+    study = simulator.sweep(
+        str(scenario), {"workload.rate": [5]}, seeds=[1], workers=1, out=tmp_path / "sw"
+    )
+    with pytest.raises(ConfigError, match="report: .* is the scenario file"):
+        study.report(scenario)
+    runs_csv = tmp_path / "sw" / "runs.csv"
+    before = runs_csv.read_bytes()
+    with pytest.raises(ConfigError, match="report: .* is in the sweep's output folder"):
+        study.report(runs_csv)
+    assert scenario.read_text() == SCENARIO and runs_csv.read_bytes() == before
+    assert header.read_text().startswith("trace_version") and data.stat().st_size > 0
+    study.report(tmp_path / "sw" / "report.html")
+    study.report(tmp_path / "sw" / "report.html")  # its own earlier report is replaced
+    run.report(tmp_path / "run.html")

@@ -112,6 +112,9 @@ class Result:
     instance_models: list[str] = field(default_factory=list, repr=False)
     parked_at_end: int = 0
     fleet: Any = field(default=None, repr=False)
+    # The scenario file the run was read from (None for a dict or Scenario): an input, as the
+    # files the scenario names are, that no output of this result may be written over.
+    scenario_file: str | None = field(default=None, repr=False)
 
     @property
     def engines(self) -> list[InstanceRecord]:
@@ -148,9 +151,18 @@ class Result:
 
     def report(self, path: str | Path) -> Path:
         """Write this run's HTML report, one self-contained page (docs/report.md)."""
+        from ..input_files import refuse_writing_inputs
         from ..report import write_report
 
+        refuse_writing_inputs([("report", path)], self.input_files())
         return write_report(self, path)
+
+    def input_files(self) -> list[tuple[str, Any]]:
+        """The files the run read, as (what, path; None for one it did not have): the scenario
+        file and those it names (workload spec, trace, coefficients, hardware)."""
+        from ..input_files import scenario_input_files
+
+        return scenario_input_files(self.scenario, self.scenario_file)
 
     @property
     def run_end_us(self) -> int:
@@ -320,7 +332,7 @@ class Result:
         needs besides (the settings BLIS's header has no keys for):
         `simulator.trace_export.export`, which also says so."""
         from ..errors import require_path
-        from ..input_files import refuse_writing_inputs, scenario_input_files
+        from ..input_files import refuse_writing_inputs
         from ..workload.trace import check_trace_prefix, write_trace
 
         require_path("prefix", prefix)
@@ -330,7 +342,7 @@ class Result:
                 (f"trace {kind}", f"{prefix}.{ext}")
                 for kind, ext in (("header", "yaml"), ("data", "csv"))
             ],
-            scenario_input_files(self.scenario),
+            self.input_files(),
         )
         resolved = self.scenario.get("resolved", {})
         engine = self.scenario.get("engine", {})
