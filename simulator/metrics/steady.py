@@ -140,11 +140,12 @@ def judge(records: Sequence[Any]) -> SteadyState:
     state.backlog_at_middle = backlog(middle)
     state.backlog_at_end = backlog(end)
     if in_window < MIN_REQUESTS:
-        state.verdict = "too short"
-        state.reasons.append(
-            f"{in_window} requests arrived after the warm-up; at least {MIN_REQUESTS} are needed "
-            "to judge a trend"
-        )
+        if not _lost_or_unfinished(state, n):
+            state.verdict = "too short"
+            state.reasons.append(
+                f"{in_window} requests arrived after the warm-up; at least {MIN_REQUESTS} are "
+                "needed to judge a trend"
+            )
         return state
     p1, p2 = _median_ms(ttft[first_half]), _median_ms(ttft[second_half])
     state.ttft_p50_first_half_ms, state.ttft_p50_second_half_ms = p1, p2
@@ -203,7 +204,7 @@ def judge(records: Sequence[Any]) -> SteadyState:
                 f"{counts[1]} → {counts[2]} over the window, {excess[1]} → {excess[2]} beyond "
                 f"the arrivals of the last median E2E ({e2e_median_s:,.1f} s) in its second half"
             )
-    if state.verdict == "saturated":
+    if state.verdict == "saturated" or _lost_or_unfinished(state, n):
         return state
     if not settled:
         state.verdict = "too short"
@@ -212,11 +213,21 @@ def judge(records: Sequence[Any]) -> SteadyState:
             f"{INFLIGHT_E2E_MULTIPLE:g} x the median E2E ({e2e_median_s:,.1f} s): the run "
             "ends before it could settle, so its latencies say nothing of a sustained load"
         )
-        return state
-    if unfinished:
-        state.verdict = "not steady"
-        state.reasons.append(f"{unfinished} requests were still queued or running at the end")
-    if lost > LOSS_FRACTION * n:
-        state.verdict = "not steady"
-        state.reasons.append(f"{lost} of {n} requests were dropped, timed out or failed")
     return state
+
+
+def _lost_or_unfinished(state: SteadyState, n: int) -> bool:
+    """Judge `state` "not steady" if requests were unfinished at the end or more than
+    LOSS_FRACTION of the `n` lost; whether it did. Said before "too short": a run that lost
+    requests is not steady however long it ran, and only this verdict warns."""
+    if state.unfinished_at_end:
+        state.verdict = "not steady"
+        state.reasons.append(
+            f"{state.unfinished_at_end} requests were still queued or running at the end"
+        )
+    if state.lost_requests > LOSS_FRACTION * n:
+        state.verdict = "not steady"
+        state.reasons.append(
+            f"{state.lost_requests} of {n} requests were dropped, timed out or failed"
+        )
+    return state.verdict == "not steady"

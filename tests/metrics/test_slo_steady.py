@@ -145,6 +145,25 @@ def test_judge_by_hand():
     assert judge(rejected).verdict == "steady"  # refusals never queued
 
 
+def test_lost_or_unfinished_requests_say_not_steady_before_too_short():
+    """A run that lost requests is "not steady" however short it is, and that verdict warns:
+    the QA's quickstart with a horizon and a timeout, 45 of 163 requests timed out and 93
+    unfinished, read "too short" (its window under 2 x the median E2E) and warned nothing."""
+    # 200 arrivals 10 ms apart (2 s) with a median E2E of 1.5 s: a window of 1.6 s < 2 x 1.5.
+    short = [_req(i * 10_000, 20_000, 1_500_000) for i in range(200)]
+    assert judge(short).verdict == "too short"
+    timed_out = [_req(r.arrival_us, state=RequestState.TIMED_OUT) for r in short[:3]]
+    verdict = judge(timed_out + short[3:])  # 3 of 200 lost: more than 1 %
+    assert verdict.verdict == "not steady"
+    assert verdict.reasons == ["3 of 200 requests were dropped, timed out or failed"]
+    # Fewer than 30 arrivals after the warm-up, two of them still running at the end.
+    few = [_req(i * 10_000, 20_000, 60_000) for i in range(18)]
+    running = [_req(180_000 + i, state=RequestState.RUNNING) for i in range(2)]
+    assert judge(few).verdict == "too short"
+    assert judge(few + running).verdict == "not steady"
+    assert judge(short[:2] + [_req(30_000, state=RequestState.TIMED_OUT)]).verdict == ("not steady")
+
+
 def test_a_burst_of_arrivals_at_the_end_is_not_a_growing_queue():
     """Every request takes 100 ms (no queue: E2E constant). 60 arrivals 12 ms apart, 250 10 ms
     apart, then the last 40 in a burst 2 ms apart (3.298 s in all). The window starts at
