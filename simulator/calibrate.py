@@ -193,29 +193,51 @@ class Case:
     network_e2e_ms: np.ndarray | None = None
     # The replay's prefix-caching choice and its source, as the commands print it.
     prefix_caching: str = "prefix caching: on (vLLM's default)"
+    # Per scored request (following `positions`): whether its TTFT was measured, i.e. the
+    # client streamed the answer. A recorded request that was not streamed (`streaming`
+    # false) has as "first chunk" the first byte of the whole body: its TTFT is its E2E and
+    # the ITL taken from it about 0, so it gives E2E only (`per_run_figures`). None: all.
+    streamed: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.network_ttft_ms is None:
             self.network_ttft_ms = np.zeros(len(self.positions))
         if self.network_e2e_ms is None:
             self.network_e2e_ms = np.zeros(len(self.positions))
+        if self.streamed is None:
+            self.streamed = np.ones(len(self.positions), dtype=bool)
         if not self.measured:
             self.measured = per_run_figures(
-                self.measured_ttft_ms, self.measured_e2e_ms, self.output_tokens
+                self.measured_ttft_ms, self.measured_e2e_ms, self.output_tokens, self.streamed
             )
 
+    @property
+    def not_streamed(self) -> int:
+        """How many scored requests give E2E only (no measured TTFT: not streamed)."""
+        return int(np.count_nonzero(~np.asarray(self.streamed, dtype=bool)))
 
-def per_run_figures(ttft_ms: np.ndarray, e2e_ms: np.ndarray, output_tokens: np.ndarray) -> dict:
-    """TTFT mean/p99, E2E mean and ITL of one run (numpy linear percentiles)."""
+
+def per_run_figures(
+    ttft_ms: np.ndarray,
+    e2e_ms: np.ndarray,
+    output_tokens: np.ndarray,
+    streamed: np.ndarray | None = None,
+) -> dict:
+    """TTFT mean/p99, E2E mean and ITL of one run (numpy linear percentiles). With `streamed`
+    (a bool per request), TTFT and ITL are of the streamed requests only and NaN (not
+    measured, so not fitted) when there is none; E2E is of every request."""
     if ttft_ms.size == 0:
         return dict.fromkeys(FIT_METRICS, math.nan)
-    ttft_mean, e2e_mean = float(ttft_ms.mean()), float(e2e_ms.mean())
-    mean_out = float(output_tokens.mean())
-    return {
-        "e2e_mean_ms": e2e_mean,
+    figures = {"e2e_mean_ms": float(e2e_ms.mean())}
+    keep = np.ones(ttft_ms.size, dtype=bool) if streamed is None else np.asarray(streamed, bool)
+    if not keep.any():
+        return figures | dict.fromkeys(("itl_ms", "ttft_mean_ms", "ttft_p99_ms"), math.nan)
+    ttft, e2e_mean = ttft_ms[keep], float(e2e_ms[keep].mean())
+    ttft_mean, mean_out = float(ttft.mean()), float(output_tokens[keep].mean())
+    return figures | {
         "itl_ms": (e2e_mean - ttft_mean) / (mean_out - 1) if mean_out > 1 else math.nan,
         "ttft_mean_ms": ttft_mean,
-        "ttft_p99_ms": float(np.percentile(ttft_ms, 99)),
+        "ttft_p99_ms": float(np.percentile(ttft, 99)),
     }
 
 
@@ -298,12 +320,16 @@ def trace_case(
     section, a `server_config.json` beside the data file or in the folder above, which also
     gives the vLLM version, vLLM's batch defaults on the GPU for a vLLM server that records
     no limits; prefix caching only when a file records it), then `scenario`'s own fields.
+    A recorded model servesim's catalog lacks is an error unless `model` is given (a fit on a
+    stand-in model would fold the difference into the coefficients). A request a recorded
+    trace (`mode: real`) did not stream gives E2E only (`Case.streamed`); when none left is
+    ok, the error counts the rows left out and why (`calibration_report.nothing_to_compare`).
     The case is named `case_name`, else after the data file (after its folder when the file
     is just `trace.csv`). The network (`rtt_ms`, default the header's
     `network.measured_rtt_ms`, and `network_bandwidth_mbps`) is added to the simulated
     latencies exactly as the calibration report adds it (`calibration_report.network_ms`)."""
     from .api import as_scenario
-    from .calibration_report import network_ms
+    from .calibration_report import network_ms, not_streamed, nothing_to_compare
     from .validate import NothingToScore, measured_trace
     from .workload.server_settings import PrefixCaching, recorded_server
     from .workload.trace import client_of, read_header, read_rows, trace_spans
@@ -323,24 +349,37 @@ def trace_case(
         choice = PrefixCaching(sc.engine.enable_prefix_caching, "the scenario")
     else:
         choice = server.prefix_caching
+    if overrides.get("model") is None and "model" in recorded:
+        _refuse_unknown_recorded_model(
+            recorded["model"], server.sources.get("model", ""), trace_header, trace_data
+        )
     overrides = {key.replace(".", "__"): value for key, value in recorded.items()} | {
         k: v for k, v in overrides.items() if v is not None
     }
     header = read_header(trace_header)
     # The requests validate scores: after the header's warm-up requests and `warm_up_s`.
     warm_up = int(header.get("warm_up_requests") or 0)
+    rows = read_rows(Path(trace_data))
     try:
-        chosen = measured_trace(Path(trace_data), warm_up).after_warm_up(warm_up_s, "")
+        measured_run = measured_trace(Path(trace_data), warm_up)
     except NothingToScore:  # a damaged row is its own error, naming the row
-        after = f" and {warm_up_s:g} s" if warm_up_s > 0 else ""
+        raise ConfigError(
+            nothing_to_compare(
+                f"calibrate: no request of {str(trace_data)!r}", rows, warm_up, purpose="fit"
+            )
+        ) from None
+    try:
+        chosen = measured_run.after_warm_up(warm_up_s, "")
+    except NothingToScore:
         raise ConfigError(
             f"calibrate: {str(trace_data)!r} has no successful request after the "
-            f"{warm_up} warm-up requests{after}"
+            f"{warm_up} warm-up requests and {warm_up_s:g} s"
         ) from None
 
     model = overrides.get("model") or (sc.model if sc is not None else "")
     ttft_ms, e2e_ms = chosen.ttft_ms, chosen.e2e_ms
-    rows = read_rows(Path(trace_data))
+    # A request the client did not stream measured no TTFT (its first chunk is the body's).
+    streamed = np.asarray([not not_streamed(header, rows[i]) for i in chosen.positions], bool)
     added = [
         network_ms(
             header,
@@ -352,9 +391,10 @@ def trace_case(
         for i in chosen.positions
     ]
     output_tokens = np.maximum(chosen.output_tokens, 1.0)
-    measured = per_run_figures(ttft_ms, e2e_ms, output_tokens)
+    measured = per_run_figures(ttft_ms, e2e_ms, output_tokens, streamed)
+    # The gaps between streamed chunks: none without a streamed request.
     itl_p50 = recorded_itl_p50_ms(Path(trace_data).parent / OBSERVE_SUMMARY_FILE)
-    if itl_p50 is not None:
+    if itl_p50 is not None and streamed.any():
         measured["itl_p50_ms"] = itl_p50
     spans = trace_spans(trace_data)
     return Case(
@@ -377,7 +417,86 @@ def trace_case(
         vllm_version=vllm_version
         or (sc.latency.vllm_version if sc is not None else None)
         or version_in_name(Path(trace_data).resolve().parent.name),
+        streamed=streamed,
     )
+
+
+def _refuse_unknown_recorded_model(
+    model: Any, source: str, trace_header: Path, trace_data: Path
+) -> None:
+    """A model the recording names (no --model given) that servesim's catalog lacks is an
+    error naming where the name came from. `replay` simulates servesim's default model in its
+    place (with a note), but a fit would fold the difference between the two models into
+    the coefficients it writes, which every later run on the GPU then uses."""
+    from .catalog.models import load_model
+    from .workload.server_settings import server_config_near
+
+    try:
+        load_model(str(model))
+    except ConfigError:
+        pass
+    else:
+        return
+    if source == "trace header":
+        where = f"the trace header {str(trace_header)!r} (server.model)"
+    else:
+        config = server_config_near(trace_data)
+        where = f"{str(config)!r} (model)" if config is not None else repr(source)
+    raise ConfigError(
+        f"model: {excerpt(model)}, recorded in {where}, is not in servesim's catalog "
+        "(servesim models); --model chooses the model to fit (calibrate does not fall back "
+        "to a default model as replay does: the fit would fold the difference between the "
+        "two into the coefficients)"
+    )
+
+
+def not_streamed_note(cases: Sequence[Case]) -> str | None:
+    """One line saying which cases' requests were not streamed and so give E2E only (no
+    TTFT or ITL target), or None when every request was streamed."""
+    parts = [
+        f"{case.not_streamed:,} of {len(case.positions):,} requests of {case.name}"
+        for case in cases
+        if case.not_streamed
+    ]
+    if not parts:
+        return None
+    return (
+        f"calibrate: note: {', '.join(parts)} were not streamed (streaming=false): a "
+        "non-streamed answer's first chunk is its whole body, so they give E2E only, no TTFT "
+        "or ITL target"
+    )
+
+
+def fitted_figures(case: Case) -> list[str]:
+    """The figures of `case` the fit fits: those measured (finite, > 0) of FIT_METRICS,
+    unless the case is step-level only, and of OPTIONAL_METRICS."""
+    names = [*(() if case.step_level_only else FIT_METRICS), *OPTIONAL_METRICS]
+    return [
+        m
+        for m in names
+        if m in case.measured and math.isfinite(case.measured[m]) and case.measured[m] > 0
+    ]
+
+
+def check_measurable(cases: Sequence[Case]) -> None:
+    """Refuse to fit `cases` none of which gives the fit a figure (`fitted_figures`), naming
+    why for each: there would be nothing to fit, and a score of 0 would look perfect."""
+    if not any(fitted_figures(case) for case in cases):
+        raise ConfigError(
+            "calibrate: nothing measurable to fit on: "
+            + "; ".join(f"{case.name}: {_nothing_fitted(case)}" for case in cases)
+        )
+
+
+def _nothing_fitted(case: Case) -> str:
+    """Why `case` gives the fit no figure (`fitted_figures` is empty)."""
+    if case.step_level_only:
+        return (
+            "its client fell behind its schedule, so only an observe summary.json's ITL p50 is "
+            "fitted, and it has none"
+            + (" (and no request was streamed)" if case.not_streamed == len(case.positions) else "")
+        )
+    return "no TTFT, ITL or E2E was measured"
 
 
 # What BLIS `observe` writes beside a cell's trace: its own aggregate of the streamed chunks.
@@ -578,6 +697,7 @@ def record(case: Case, coefficients: PhysicsCoefficients) -> Recording:
         (first_token[done] - arrivals[done]) / 1e3 + case.network_ttft_ms[done],
         (completion[done] - arrivals[done]) / 1e3 + case.network_e2e_ms[done],
         case.output_tokens[done],
+        case.streamed[done],
     )
     if "itl_p50_ms" in case.measured:
         recording.predicted["itl_p50_ms"] = median_gap_ms(end - start, recording.decode_tokens)
@@ -621,6 +741,7 @@ def reprice(rec: Recording, c: PhysicsCoefficients) -> dict[str, float]:
         ttft_s * 1e3 + rec.case.network_ttft_ms[done],
         e2e_s * 1e3 + rec.case.network_e2e_ms[done],
         rec.case.output_tokens[done],
+        rec.case.streamed[done],
     )
     if "itl_p50_ms" in rec.case.measured:
         figures["itl_p50_ms"] = median_gap_ms(step_s * 1e6, rec.decode_tokens)
@@ -1033,6 +1154,7 @@ def fit(
     if repeated:
         raise ConfigError(f"calibrate: two runs are named {excerpt(repeated[0])}; rename one")
     train, held = split_holdout(cases, holdout)
+    check_measurable(train)
     version = vllm_version or common_version(cases)
     start_c, resolved_source = resolve_start(start, cases, version)
     start_source = start_source or resolved_source
@@ -1116,9 +1238,12 @@ def coefficients_dict(c: PhysicsCoefficients) -> dict[str, float]:
 __all__ = [
     "Case",
     "FitResult",
+    "check_measurable",
     "RoundScore",
     "fit",
+    "fitted_figures",
     "groundtruth_case",
+    "not_streamed_note",
     "line_step",
     "record",
     "replay_case",

@@ -5,18 +5,21 @@ Requests are joined by request_id, skipping the real trace's warm-up requests. R
 first chunk − send and real E2E last chunk − send, as the client saw them; the simulated
 values get what the client adds on top of the server: the network round trip and the time to
 upload the prompt and download the answer (4 bytes per token over the given bandwidth).
+A request the client did not stream (`streaming` false) has no measured TTFT: its "first
+chunk" is the first byte of the whole answer. It counts towards E2E only.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, invalid
+from .errors import ConfigError, counted, invalid
 
 BYTES_PER_TOKEN = 4
 PERCENTILES = (50, 90, 95, 99)
@@ -34,7 +37,8 @@ KNOWN_LIMITATIONS = (
 
 @dataclass(frozen=True)
 class Joined:
-    """Per matched request (same order): real and simulated TTFT and E2E in ms."""
+    """Per matched request (same order): real and simulated E2E in ms; real and simulated
+    TTFT in ms of the matched requests that were streamed (the others measured none)."""
 
     real_ttft_ms: np.ndarray
     sim_ttft_ms: np.ndarray
@@ -73,6 +77,65 @@ def _sim_times_from_trace(data: Path) -> dict[str, tuple[float, float, int, int]
         for r in read_rows(data)
         if r.status == "ok"
     }
+
+
+def not_streamed(header: dict[str, Any], row: Any) -> bool:
+    """Whether a row of a recorded trace (`mode: real`) has no measured TTFT because the
+    client did not stream the answer (`streaming` false): its first chunk is then the first
+    byte of the whole body, so first chunk − send is E2E, not TTFT, and an ITL taken from it
+    is about 0. A simulated or generated trace's times are the simulator's, streamed or not."""
+    return header.get("mode", "generated") == "real" and not row.streaming
+
+
+def left_out(
+    rows: list[Any],
+    warm_up_requests: int,
+    early: int = 0,
+    warm_up_s: float = 0.0,
+) -> tuple[int, str]:
+    """(how many rows, why) a recorded trace's `rows` give no request to compare or fit: the
+    first `warm_up_requests` (the header's warm-up), the rows whose status is not `ok` (or
+    that are `ok` without chunk times), counted by status, and `early` rows sent within
+    `warm_up_s` of the first send. One line's worth: `not ok: 8 (error 8); warm-up: 2`."""
+    warm = min(warm_up_requests, len(rows))
+    by_status = Counter(
+        row.status if row.status != "ok" else "ok without chunk times"
+        for row in rows[warm:]
+        if row.status != "ok" or row.first_chunk_time_us <= 0 or row.last_chunk_time_us <= 0
+    )
+    statuses = ", ".join(f"{status} {n:,}" for status, n in by_status.most_common())
+    not_ok = sum(by_status.values())
+    parts = [
+        f"not ok: {not_ok:,}" + (f" ({statuses})" if statuses else ""),
+        f"warm-up: {warm:,} (the header's warm_up_requests)",
+    ]
+    if warm_up_s > 0:
+        parts.append(f"sent within --warm-up-s {warm_up_s:g} of the first: {early:,}")
+    return warm + not_ok + early, "; ".join(parts)
+
+
+def nothing_to_compare(
+    where: str,
+    rows: list[Any],
+    warm_up_requests: int,
+    unmatched: int = 0,
+    early: int = 0,
+    warm_up_s: float = 0.0,
+    purpose: str = "compare",
+) -> str:
+    """The one-line error for a recorded trace of which no row is left to compare (or, with
+    `purpose` "fit", to fit): how many rows were left out and why (`left_out`), and how many
+    found no simulated request. `where` starts it (`calibration report: no request of
+    'real.csv'`)."""
+    if not rows:
+        return f"{where} to {purpose}: the trace has no rows"
+    count, why = left_out(rows, warm_up_requests, early, warm_up_s)
+    if unmatched:
+        return (
+            f"{where} matches a completed simulated request by request_id: of its "
+            f"{len(rows):,} rows, {unmatched:,} have none and {count:,} were left out: {why}"
+        )
+    return f"{where} to {purpose}: all {len(rows):,} of its rows were left out: {why}"
 
 
 def check_network(rtt_ms: float | None, network_bandwidth_mbps: float) -> None:
@@ -140,11 +203,11 @@ def join(
     sent = [r.injection_basis_us for r, never in zip(rows, unsent, strict=True) if not never]
     first_sent_us = min(sent, default=0)
     real_ttft, sim_ttft, real_e2e, sim_e2e = [], [], [], []
-    skipped_status = unmatched = early = 0
+    skipped_status = unmatched = early = unstreamed = 0
     for i, row in enumerate(rows):
         if i < warm_up:
             continue
-        if row.status != "ok" or row.first_chunk_time_us <= 0:
+        if row.status != "ok" or row.first_chunk_time_us <= 0 or row.last_chunk_time_us <= 0:
             skipped_status += 1
             continue
         if row.injection_basis_us - first_sent_us < warm_up_s * 1e6:
@@ -160,14 +223,23 @@ def join(
         )
         sent_us = row.send_time_us or row.arrival_time_us
         refuse_decreasing_times(row, sent_us, f"calibration report: {str(real_data)!r}")
-        real_ttft.append((row.first_chunk_time_us - sent_us) / 1e3)
         real_e2e.append((row.last_chunk_time_us - sent_us) / 1e3)
-        sim_ttft.append(ttft_us / 1e3 + added_ttft_ms)
         sim_e2e.append(e2e_us / 1e3 + added_e2e_ms)
-    if not real_ttft:
+        if not_streamed(header, row):
+            unstreamed += 1
+            continue
+        real_ttft.append((row.first_chunk_time_us - sent_us) / 1e3)
+        sim_ttft.append(ttft_us / 1e3 + added_ttft_ms)
+    if not real_e2e:
         raise ConfigError(
-            f"calibration report: no request of {str(real_data)!r} matches a completed "
-            "simulated request by request_id"
+            nothing_to_compare(
+                f"calibration report: no request of {str(real_data)!r}",
+                rows,
+                warm_up,
+                unmatched,
+                early,
+                warm_up_s,
+            )
         )
     info = {
         "real_requests": len(rows),
@@ -175,7 +247,9 @@ def join(
         "not_ok_skipped": skipped_status,
         **({"warm_up_s_skipped": early} if warm_up_s > 0 else {}),
         "unmatched": unmatched,
-        "matched": len(real_ttft),
+        "matched": len(real_e2e),
+        # Matched but not streamed: E2E only (no measured TTFT).
+        **({"not_streamed": unstreamed} if unstreamed else {}),
         "rtt_ms": rtt_ms,
         "network_bandwidth_mbps": network_bandwidth_mbps,
     }
@@ -227,12 +301,18 @@ def calibration_report(
     warm_up_s: float = 0.0,
 ) -> dict[str, Any]:
     """The report as a dict: {"ttft": {...}, "e2e": {...}, "trace_info": {...},
-    "known_limitations": [...]}; `simulated` is a servesim Result or a simulated TraceV2 CSV."""
+    "known_limitations": [...]}; `simulated` is a servesim Result or a simulated TraceV2 CSV.
+    "ttft" covers the matched requests that were streamed, and is None when none was (a
+    non-streamed answer's first chunk is its whole body: `trace_info["not_streamed"]`)."""
     joined = join(
         Path(real_header), Path(real_data), simulated, rtt_ms, network_bandwidth_mbps, warm_up_s
     )
     return {
-        "ttft": metric_report(joined.real_ttft_ms, joined.sim_ttft_ms),
+        "ttft": (
+            metric_report(joined.real_ttft_ms, joined.sim_ttft_ms)
+            if joined.real_ttft_ms.size
+            else None
+        ),
         "e2e": metric_report(joined.real_e2e_ms, joined.sim_e2e_ms),
         "trace_info": joined.info,
         "known_limitations": list(KNOWN_LIMITATIONS),
@@ -241,8 +321,17 @@ def calibration_report(
 
 def format_report(report: dict[str, Any]) -> str:
     lines = ["calibration report (simulated vs real, ms)"]
+    info = report["trace_info"]
+    unstreamed = info.get("not_streamed", 0)
     for metric in ("ttft", "e2e"):
         m = report[metric]
+        if m is None:
+            lines.append(
+                f"  {metric.upper():<5} not measured: none of the {info['matched']:,} matched "
+                "requests was streamed (streaming=false: the first chunk is the whole answer, "
+                "so first chunk - send is E2E); E2E only"
+            )
+            continue
         lines.append(
             f"  {metric.upper():<5} n={m['count']} MAPE {m['mape']:.1%}  Pearson r "
             f"{m['pearson_r']:.3f}  bias {m['bias']} ({m['mean_signed_error']:+.1%})  "
@@ -254,7 +343,12 @@ def format_report(report: dict[str, Any]) -> str:
                 f"p{p} real {m[f'real_p{p}']:.1f} sim {m[f'sim_p{p}']:.1f}" for p in PERCENTILES
             )
         )
-    info = report["trace_info"]
+    if unstreamed and report["ttft"] is not None:
+        lines.append(
+            f"  note: TTFT over the {report['ttft']['count']:,} streamed requests only; "
+            f"{counted(unstreamed, 'request')} not streamed (streaming=false: the first chunk "
+            "is the whole answer) count towards E2E only"
+        )
     lines.append("  trace: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     lines.append("  known limitations: " + "; ".join(report["known_limitations"]))
     return "\n".join(lines)

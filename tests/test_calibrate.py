@@ -39,6 +39,32 @@ def _write_coeffs(path: Path, c: PhysicsCoefficients) -> Path:
     return path
 
 
+def _edit_rows(source: Path, out: Path, edit) -> Path:
+    """`source`'s rows, each changed by `edit(index, row)` (a dict of its columns), at `out`
+    (which may be `source`)."""
+    import csv
+
+    with source.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for i, row in enumerate(rows):
+        edit(i, row)
+    with out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return out
+
+
+def _as_recorded(header: Path, data: Path) -> None:
+    """A simulated trace pair made to look recorded from a server by `servesim observe`:
+    `mode: real`, and every request streamed (a simulated client's default is not to stream,
+    and a recorded request that was not streamed measured no TTFT)."""
+    doc = yaml.safe_load(header.read_text())
+    doc["mode"] = "real"
+    header.write_text(yaml.safe_dump(doc))
+    _edit_rows(data, data, lambda _i, row: row.update(streaming="true"))
+
+
 @pytest.fixture(scope="module")
 def real_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """300 requests on Llama-2-7B TP1 priced with TRUE, exported as a recorded trace."""
@@ -61,9 +87,7 @@ def real_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         }
     )
     header, data = result.write_trace(folder / "real")
-    doc = yaml.safe_load(header.read_text())
-    doc["mode"] = "real"  # as `servesim observe` records it
-    header.write_text(yaml.safe_dump(doc))
+    _as_recorded(header, data)  # as `servesim observe` records a streamed run
     return header, data
 
 
@@ -510,9 +534,7 @@ def cells(tmp_path_factory: pytest.TempPathFactory) -> Path:
             }
         )
         header, data = result.write_trace(cell / "trace")
-        doc = yaml.safe_load(header.read_text())
-        doc["mode"] = "real"
-        header.write_text(yaml.safe_dump(doc))
+        _as_recorded(header, data)
     (folder / "server_config.json").write_text(
         json.dumps({"vllm_version": "0.99.0", "num_gpu_blocks": 7000, "kv_cache_tokens": 1})
     )
@@ -911,3 +933,213 @@ def test_cli_cells_of_one_name_are_told_apart_by_their_folders(real_trace, tmp_p
     twice = _calibrate(*args[:4], *args[:4], "--start", "physical", "--rounds", "0")
     assert twice.exit_code == 2 and "is given twice" in twice.stderr
     assert twice.stderr.count("\n") == 1
+
+
+# ------------------------------------------- traces recorded by `servesim observe`: what they say
+
+
+def _not_streamed(real_trace, tmp_path: Path, streamed=lambda _i: False) -> Path:
+    """The recorded trace's rows with `streaming` false except where `streamed(index)`, as
+    `servesim observe --no-streaming` records them (the chunk times are the fixture's)."""
+    return _edit_rows(
+        real_trace[1],
+        tmp_path / "not-streamed.csv",
+        lambda i, row: row.update(streaming="true" if streamed(i) else "false"),
+    )
+
+
+def test_requests_not_streamed_give_e2e_only(real_trace, tmp_path: Path) -> None:
+    """`observe --no-streaming`: a row's first chunk is the first byte of the whole body, so
+    first chunk - send is E2E and an ITL taken from it about 0. Such rows give the fit E2E
+    only (before, their "TTFT" was fitted, ITL 14,865% off at the start)."""
+    header, data = real_trace
+    whole = cal.trace_case(header, data)
+    case = cal.trace_case(header, _not_streamed(real_trace, tmp_path))
+    assert case.not_streamed == len(case.positions) == 300
+    assert case.measured["e2e_mean_ms"] == pytest.approx(whole.measured["e2e_mean_ms"])
+    assert all(math.isnan(case.measured[m]) for m in ("ttft_mean_ms", "ttft_p99_ms", "itl_ms"))
+    assert cal.fitted_figures(case) == ["e2e_mean_ms"]
+    # The true coefficients reproduce the E2E, and nothing else is scored.
+    assert cal.fit([case], start=TRUE, rounds=0).start_score == pytest.approx(0.0, abs=1e-6)
+    note = cal.not_streamed_note([whole, case])
+    assert note is not None and "\n" not in note
+    assert note.startswith("calibrate: note: 300 of 300 requests of not-streamed were not ")
+    assert cal.not_streamed_note([whole]) is None
+
+
+def test_a_mixed_trace_takes_ttft_and_itl_from_the_streamed_requests(
+    real_trace, tmp_path: Path
+) -> None:
+    header, _ = real_trace
+    whole = cal.trace_case(*real_trace)
+    mixed = cal.trace_case(header, _not_streamed(real_trace, tmp_path, lambda i: i % 2 == 0))
+    even = whole.positions % 2 == 0
+    assert mixed.not_streamed == int((~even).sum()) > 0
+    ttft, e2e, out = whole.measured_ttft_ms, whole.measured_e2e_ms, whole.output_tokens
+    assert mixed.measured["ttft_mean_ms"] == pytest.approx(ttft[even].mean())
+    assert mixed.measured["itl_ms"] == pytest.approx(
+        (e2e[even].mean() - ttft[even].mean()) / (out[even].mean() - 1)
+    )
+    assert mixed.measured["e2e_mean_ms"] == pytest.approx(e2e.mean())
+    # The replay and the re-pricing predict the same requests' figures as were measured.
+    recording = cal.record(mixed, TRUE)
+    for metric in cal.FIT_METRICS:
+        assert recording.predicted[metric] == pytest.approx(mixed.measured[metric], rel=1e-6)
+        assert cal.reprice(recording, TRUE)[metric] == pytest.approx(
+            mixed.measured[metric], rel=2e-3
+        )
+
+
+def test_the_report_has_no_ttft_of_requests_not_streamed(real_trace, tmp_path: Path) -> None:
+    from simulator.calibration_report import format_report
+
+    header, data = real_trace
+    none = calibration_report(header, _not_streamed(real_trace, tmp_path), data)
+    assert none["ttft"] is None and none["e2e"]["count"] == 300
+    assert none["trace_info"]["not_streamed"] == 300
+    text = format_report(none)
+    assert [x for x in text.splitlines() if "TTFT" in x] == [
+        "  TTFT  not measured: none of the 300 matched requests was streamed (streaming=false: "
+        "the first chunk is the whole answer, so first chunk - send is E2E); E2E only"
+    ]
+    half = calibration_report(header, _not_streamed(real_trace, tmp_path, lambda i: i < 100), data)
+    assert half["ttft"]["count"] == 100 and half["e2e"]["count"] == 300
+    notes = [x for x in format_report(half).splitlines() if "not streamed" in x]
+    assert notes == [
+        "  note: TTFT over the 100 streamed requests only; 200 requests not streamed "
+        "(streaming=false: the first chunk is the whole answer) count towards E2E only"
+    ]
+    # Streamed throughout: no such key or line.
+    assert "not_streamed" not in calibration_report(header, data, data)["trace_info"]
+
+
+def test_cli_says_in_one_line_that_requests_not_streamed_give_e2e_only(
+    real_trace, tmp_path: Path
+) -> None:
+    header, _ = real_trace
+    data = _not_streamed(real_trace, tmp_path)
+    result = _calibrate("--trace-header", header, "--trace-data", data, "--rounds", "0")
+    assert result.exit_code == 0, result.output
+    said = [x for x in result.stderr.splitlines() if "not streamed" in x]
+    assert said == [
+        "calibrate: note: 300 of 300 requests of not-streamed were not streamed "
+        "(streaming=false): a non-streamed answer's first chunk is its whole body, so they "
+        "give E2E only, no TTFT or ITL target"
+    ]
+    assert "TTFT mean -" in result.stderr and "ITL -" in result.stderr
+    assert "  TTFT  not measured: none of the 300 matched requests" in result.stdout
+
+
+def test_nothing_measurable_to_fit_is_an_error(real_trace, tmp_path: Path) -> None:
+    """A client that fell behind its schedule gives only an observe summary's ITL p50, and
+    one that did not stream gives none: nothing is left to fit, which is said (exit 2)
+    rather than fitted to a perfect score of 0."""
+    fake = _fake_case("a")
+    fake.step_level_only = True
+    with pytest.raises(ConfigError, match="nothing measurable to fit on: a: its client fell"):
+        cal.fit([fake], rounds=0)
+    header, _ = real_trace
+    first = min(r.arrival_time_us for r in read_rows(real_trace[1]))
+
+    def late(_i: int, row: dict) -> None:  # sent 1.5 times as spread out, same latencies
+        later = (int(row["arrival_time_us"]) - first) // 2
+        for column in ("send_time_us", "first_chunk_time_us", "last_chunk_time_us"):
+            row[column] = str(int(row[column]) + later)
+        row["streaming"] = "false"
+
+    behind = _edit_rows(real_trace[1], tmp_path / "behind.csv", late)
+    result = _calibrate("--trace-header", header, "--trace-data", behind, "--rounds", "0")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+        "error: calibrate: nothing measurable to fit on: behind: its client fell behind its "
+        "schedule, so only an observe summary.json's ITL p50 is fitted, and it has none (and "
+        "no request was streamed)"
+    )
+
+
+def _failed(_i: int, row: dict) -> None:
+    row.update(
+        status="error",
+        error_message="HTTP 500: injected failure",
+        first_chunk_time_us="0",
+        last_chunk_time_us="0",
+        num_chunks="0",
+        finish_reason="",
+    )
+
+
+def _with_header(real_trace, out: Path, **changes: object) -> Path:
+    doc = yaml.safe_load(real_trace[0].read_text())
+    doc.update(changes)
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def test_cli_says_which_rows_were_left_out_when_none_is_left(real_trace, tmp_path: Path) -> None:
+    """Every request failed (HTTP 500), or the warm-up covers every row: the report said no
+    request "matches a completed simulated request by request_id", though every simulated
+    one completed. It says how many rows were left out and why."""
+    header, data = real_trace
+    failed = _edit_rows(data, tmp_path / "failed.csv", _failed)
+    warm = _with_header(real_trace, tmp_path / "warm.yaml", warm_up_requests=300)
+    some = _with_header(real_trace, tmp_path / "some.yaml", warm_up_requests=100)
+    for h, d, why in (
+        (header, failed, "not ok: 300 (error 300); warm-up: 0"),
+        (warm, data, "not ok: 0; warm-up: 300"),
+        (some, failed, "not ok: 200 (error 200); warm-up: 100"),
+    ):
+        result = _calibrate("--trace-header", h, "--trace-data", d, "--sim-trace", data)
+        assert result.exit_code == 2 and result.stdout == ""
+        assert result.stderr == (
+            f"error: calibration report: no request of {str(d)!r} to compare: all 300 of its "
+            f"rows were left out: {why} (the header's warm_up_requests)\n"
+        )
+        fit = _calibrate("--trace-header", h, "--trace-data", d, "--rounds", "0")
+        assert fit.exit_code == 2 and fit.stdout == ""
+        assert fit.stderr == (
+            f"error: calibrate: no request of {str(d)!r} to fit: all 300 of its rows were left "
+            f"out: {why} (the header's warm_up_requests)\n"
+        )
+    # Rows left to compare that no simulated request matches are told apart.
+    renamed = _edit_rows(data, tmp_path / "renamed.csv", lambda i, r: r.update(request_id=i + 1000))
+    result = _calibrate("--trace-header", some, "--trace-data", data, "--sim-trace", renamed)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: calibration report: no request of {str(data)!r} matches a completed simulated "
+        "request by request_id: of its 300 rows, 200 have none and 100 were left out: not ok: "
+        "0; warm-up: 100 (the header's warm_up_requests)\n"
+    )
+
+
+def test_a_recorded_model_servesim_lacks_is_refused_naming_where_it_was_read(
+    real_trace, tmp_path: Path
+) -> None:
+    """`replay` simulates its default model in place of a recorded one servesim lacks, with a
+    note; a fit would fold the difference into the coefficients it writes, so calibrate
+    refuses, saying where the name came from and that --model chooses (docs/calibrate.md)."""
+    header, data = real_trace
+    server = yaml.safe_load(header.read_text())["server"]
+    fake = _with_header(real_trace, tmp_path / "fake.yaml", server={**server, "model": "fake"})
+    result = _calibrate("--trace-header", fake, "--trace-data", data, "--rounds", "0")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"error: model: 'fake', recorded in the trace header {str(fake)!r} (server.model), is "
+        "not in servesim's catalog (servesim models); --model chooses the model to fit "
+        "(calibrate does not fall back to a default model as replay does: the fit would fold "
+        "the difference between the two into the coefficients)\n"
+    )
+    chosen = _calibrate(
+        "--trace-header", fake, "--trace-data", data, "--model", "llama-2-7b-hf", "--rounds", "0"
+    )
+    assert chosen.exit_code == 0, chosen.output
+    # Named by the server_config.json beside the data (the header names no model).
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    del server["model"]
+    bare = _with_header(real_trace, cell / "trace.yaml", server=server)
+    shutil.copy(data, cell / "trace.csv")
+    (cell / "server_config.json").write_text('{"model": "acme/fake"}')
+    config = str(cell / "server_config.json")
+    with pytest.raises(ConfigError, match=f"'acme/fake', recorded in {config!r} \\(model\\)"):
+        cal.trace_case(bare, cell / "trace.csv")
+    assert cal.trace_case(bare, cell / "trace.csv", model="llama-2-7b-hf").model == "llama-2-7b-hf"

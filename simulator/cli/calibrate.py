@@ -443,7 +443,9 @@ def register(app: typer.Typer) -> None:
                     about["prompt_reuse"] = _echo_prompt_reuse(specs, prompt_reuse)
                 if not cases:
                     raise ConfigError("calibrate: nothing to fit on (no runs selected)")
-                _, held = cal.split_holdout(cases, holdout)  # bad names fail before a replay
+                # Bad names, and runs that measured nothing to fit, fail before a replay.
+                fitted, held = cal.split_holdout(cases, holdout)
+                cal.check_measurable(fitted)
                 version = vllm_version or cal.common_version(cases)
                 start_c, start_source = cal.resolve_start(start, cases, version)
                 if not quiet:
@@ -451,6 +453,8 @@ def register(app: typer.Typer) -> None:
                 if start_source.startswith("shipped"):
                     _echo_version_choice(cases, vllm_version, quiet)
                 _echo_prefix_caching(cases)
+                if (note := cal.not_streamed_note(cases)) is not None:
+                    typer.echo(note, err=True)
                 if held and start_source.startswith("shipped"):
                     _note_dependent_holdout(cal, cases, held, version)
                 result = cal.fit(
