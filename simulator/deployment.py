@@ -201,6 +201,17 @@ def resolve_deployment(
         )
     with in_field("engine.scheduler"):
         make_scheduler(eng.scheduler)
+    if eng.scheduler in ("priority-fcfs", "reverse-priority") and eng.priority_policy == "constant":
+        # BLIS-current's priority schedulers always order by SLO class; servesim's order by the
+        # priority policy, whose default gives every request the same priority.
+        warn_once(
+            "engine.scheduler %s orders by engine.priority_policy, which is 'constant': every "
+            "request has the same priority, so the queue keeps arrival order; BLIS-current's "
+            "%s orders by SLO class, which is priority_policy 'slo-class' "
+            "(--priority-policy slo-class)",
+            eng.scheduler,
+            eng.scheduler,
+        )
     with in_field("engine.priority_policy"):
         make_priority_policy(eng.priority_policy)
     with in_field("engine.preemption_policy"):
@@ -246,6 +257,7 @@ def resolve_deployment(
         scheduler=eng.scheduler,
         priority_policy=eng.priority_policy,
         preemption_policy=eng.preemption_policy,
+        slo_priorities=eng.slo_priorities,
         batch_formation=eng.batch_formation,
         enable_prefix_caching=eng.enable_prefix_caching,
         kv_cpu_blocks=eng.kv_cpu_blocks,

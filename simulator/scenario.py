@@ -63,6 +63,7 @@ from .limits import (
     Tokens,
     TransferSlots,
     empty_list,
+    integer,
     number,
 )
 from .lora_setup import LoRASpec
@@ -198,6 +199,10 @@ class LatencySpec(_Strict):
         return self
 
 
+SloClassName = Literal["critical", "standard", "batch", "sheddable", "background"]
+SloPriority = integer(-100, 100, "", "BLIS accepts class priorities from -100 to 100")
+
+
 class EngineSpec(_Strict):
     """One vLLM instance's knobs (BLIS flag names, with units where they have one)."""
 
@@ -218,6 +223,11 @@ class EngineSpec(_Strict):
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
     preemption_policy: str = Field("fcfs", description="fcfs (newest admitted) | priority")
+    # BLIS-current's `admission.slo_priorities`: class priorities (higher = more important)
+    # replacing its defaults (critical 4, standard 3, batch -1, sheddable -2, background -3).
+    slo_priorities: dict[SloClassName, SloPriority] | None = Field(
+        None, description="per SLO class, -100..100; for priority preemption and slo-class"
+    )
     batch_formation: str = Field(
         "chunked", description="chunked (vLLM V1) | whole-prompt (Orca) | prefill-first (vLLM V0)"
     )

@@ -7,6 +7,7 @@ routing:
   scorers: [{name: prefix-affinity, weight: 3}, {name: queue-depth, weight: 2}]
 priority: {policy: slo-based}
 scheduler: priority-fcfs
+preemption: {policy: priority}   # BLIS-current's; with admission.slo_priorities: {batch: 5}
 ```
 
 The bundle becomes dotted scenario overrides; the caller applies them under explicitly set
@@ -19,16 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.policies import PRIORITY_POLICIES, SCHEDULERS
+from ..engine.preemption import PREEMPTION_POLICIES, SLO_CLASS_PRIORITY, SLO_PRIORITY_BOUND
 from ..errors import ConfigError, excerpt, is_finite_positive, unknown
 from ..input_files import read_yaml
 from .admission import ADMISSION_POLICIES
 from .routing import ROUTING_POLICIES, check_scorers
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
-    "admission": ("policy", "token_bucket_capacity", "token_bucket_refill_rate"),
+    "admission": ("policy", "token_bucket_capacity", "token_bucket_refill_rate", "slo_priorities"),
     "routing": ("policy", "scorers"),
     "priority": ("policy",),
     "scheduler": (),  # a plain string, not a mapping
+    "preemption": ("policy",),  # BLIS-current's
 }
 _SCORER_KEYS = ("name", "weight")
 
@@ -58,6 +61,27 @@ def policy_bundle_overrides(data: Any, src: str = "policy bundle") -> dict[str, 
     for key in ("token_bucket_capacity", "token_bucket_refill_rate"):
         if adm.get(key) is not None:
             out[f"cluster.admission.{key}"] = _positive(adm[key], src, f"admission.{key}")
+    if adm.get("slo_priorities") is not None:
+        # BLIS-current keeps the class priorities with admission; servesim's engine reads
+        # them (priority preemption, the slo-class priority policy). The scenario's schema
+        # checks the classes and the range, naming the field.
+        priorities = _mapping(adm["slo_priorities"], src, "admission.slo_priorities")
+        for slo_class, value in priorities.items():
+            where = "admission.slo_priorities"
+            if slo_class not in SLO_CLASS_PRIORITY:
+                raise ConfigError(
+                    f"{src}: {where}: {unknown('SLO class', slo_class, SLO_CLASS_PRIORITY)}"
+                )
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or abs(value) > SLO_PRIORITY_BOUND
+            ):
+                raise ConfigError(
+                    f"{src}: {where}.{slo_class}: invalid value {excerpt(value)}; must be an "
+                    f"integer from -{SLO_PRIORITY_BOUND} to {SLO_PRIORITY_BOUND}"
+                )
+        out["engine.slo_priorities"] = dict(priorities)
 
     routing = _mapping(section.get("routing"), src, "routing")
     _known(routing, _SECTIONS["routing"], src, "routing")
@@ -73,6 +97,13 @@ def policy_bundle_overrides(data: Any, src: str = "policy bundle") -> dict[str, 
     if priority.get("policy") is not None:
         out["engine.priority_policy"] = _name(
             priority["policy"], PRIORITY_POLICIES, "priority policy", src, "priority.policy"
+        )
+
+    preemption = _mapping(section.get("preemption"), src, "preemption")
+    _known(preemption, _SECTIONS["preemption"], src, "preemption")
+    if preemption.get("policy") is not None:
+        out["engine.preemption_policy"] = _name(
+            preemption["policy"], PREEMPTION_POLICIES, "preemption policy", src, "preemption.policy"
         )
 
     if section.get("scheduler") is not None:

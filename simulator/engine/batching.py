@@ -59,6 +59,9 @@ class EngineConfig:
     scheduler: str = "fcfs"
     priority_policy: str = "constant"
     preemption_policy: str = "fcfs"
+    # SLO-class priorities replacing BLIS's defaults (engine.slo_priorities), for `priority`
+    # preemption and the `slo-class` priority policy.
+    slo_priorities: dict[str, int] | None = None
     # How a step is formed (engine/formation.py): chunked (vLLM V1), whole-prompt, prefill-first.
     batch_formation: str = "chunked"
     enable_prefix_caching: bool = True
@@ -134,13 +137,13 @@ class VLLMEngine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.scheduler = make_scheduler(config.scheduler)
-        self.preemption = make_preemption_policy(config.preemption_policy)
+        self.preemption = make_preemption_policy(config.preemption_policy, config.slo_priorities)
         self.formation = formation = make_batch_formation(config.batch_formation)
         # Read per step: a policy that forms steps its own way, and one admitting only whole
         # prompts (engine/formation.py).
         self._own_formation = not formation.running_first
         self._whole_prompts = not formation.chunks_prompts
-        self.priority_policy = make_priority_policy(config.priority_policy)
+        self.priority_policy = make_priority_policy(config.priority_policy, config.slo_priorities)
         self.otp_us = output_token_processing_us
         # Fixed per-request cost after the last token (trained-roofline's alpha1): it delays
         # the completion the client sees, never the GPU.

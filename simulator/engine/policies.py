@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import unknown
-from .preemption import vllm_priority
+from .preemption import vllm_priorities, vllm_priority
 from .request import Request
 
 # ---------------------------------------------------------------- priority policies
@@ -55,8 +55,11 @@ class SLOClassPriority(PriorityPolicy):
 
     name = "slo-class"
 
+    def __init__(self, slo_priorities: dict[str, int] | None = None) -> None:
+        self.table = vllm_priorities(slo_priorities)
+
     def priority(self, req: Request, now_us: int) -> float:
-        return -float(vllm_priority(req.slo_class))
+        return -float(vllm_priority(req.slo_class, self.table))
 
 
 PRIORITY_POLICIES: dict[str, type[PriorityPolicy]] = {
@@ -65,10 +68,11 @@ PRIORITY_POLICIES: dict[str, type[PriorityPolicy]] = {
 }
 
 
-def make_priority_policy(name: str) -> PriorityPolicy:
+def make_priority_policy(name: str, slo_priorities: dict[str, int] | None = None) -> PriorityPolicy:
     if name not in PRIORITY_POLICIES:
         raise unknown("priority policy", name, PRIORITY_POLICIES)
-    return PRIORITY_POLICIES[name]()
+    cls = PRIORITY_POLICIES[name]
+    return cls(slo_priorities) if cls is SLOClassPriority else cls()
 
 
 # ---------------------------------------------------------------- schedulers

@@ -19,16 +19,30 @@ from .request import Request
 # BLIS's SLO-class priorities (higher = more important) and the class of a request without one.
 SLO_CLASS_PRIORITY = {"critical": 4, "standard": 3, "batch": -1, "sheddable": -2, "background": -3}
 DEFAULT_SLO_PRIORITY = 3
-# vLLM's convention is the reverse (lower = more urgent): BLIS inverts the class priority at
-# enqueue as max(3, every class priority) - priority, so critical 0, standard 1, batch 5,
-# sheddable 6, background 7.
-_MAX_SLO_PRIORITY = max(DEFAULT_SLO_PRIORITY, *SLO_CLASS_PRIORITY.values())
+# The range BLIS accepts for a class priority set by a bundle's `admission.slo_priorities`.
+SLO_PRIORITY_BOUND = 100
 
 
-def vllm_priority(slo_class: str) -> int:
-    """The request's vLLM-convention priority (lower = more urgent) from its SLO class; an
-    empty or unknown class counts as `standard`."""
-    return _MAX_SLO_PRIORITY - SLO_CLASS_PRIORITY.get(slo_class, DEFAULT_SLO_PRIORITY)
+def vllm_priorities(overrides: dict[str, int] | None = None) -> dict[str, int]:
+    """Per SLO class, its vLLM-convention priority (lower = more urgent). vLLM's convention is
+    the reverse of the class priority's: BLIS inverts it at enqueue as max(3, every class
+    priority) - priority, so by default critical 0, standard 1, batch 5, sheddable 6,
+    background 7. `overrides` replaces class priorities (engine.slo_priorities, BLIS's
+    `admission.slo_priorities`); the maximum is taken over the table they give."""
+    table = SLO_CLASS_PRIORITY | (overrides or {})
+    top = max(DEFAULT_SLO_PRIORITY, *table.values())
+    return {slo_class: top - priority for slo_class, priority in table.items()} | {
+        "": top - DEFAULT_SLO_PRIORITY
+    }
+
+
+_DEFAULT_VLLM_PRIORITIES = vllm_priorities()
+
+
+def vllm_priority(slo_class: str, table: dict[str, int] = _DEFAULT_VLLM_PRIORITIES) -> int:
+    """The request's vLLM-convention priority in `table` (`vllm_priorities`); an empty or
+    unknown class counts as one without a class."""
+    return table.get(slo_class, table[""])
 
 
 class PreemptionPolicy:
@@ -56,13 +70,17 @@ class LeastUrgentFirst(PreemptionPolicy):
 
     name = "priority"
 
+    def __init__(self, slo_priorities: dict[str, int] | None = None) -> None:
+        self.table = vllm_priorities(slo_priorities)
+
     def victim_index(self, running: list[Request]) -> int:
+        table = self.table
         best = len(running) - 1
         victim = running[best]
-        best_key = (vllm_priority(victim.slo_class), victim.arrival_us)
+        best_key = (vllm_priority(victim.slo_class, table), victim.arrival_us)
         for i in range(best - 1, -1, -1):
             req = running[i]
-            key = (vllm_priority(req.slo_class), req.arrival_us)
+            key = (vllm_priority(req.slo_class, table), req.arrival_us)
             if key > best_key:
                 best, best_key = i, key
         return best
@@ -73,7 +91,10 @@ PREEMPTION_POLICIES: dict[str, type[PreemptionPolicy]] = {
 }
 
 
-def make_preemption_policy(name: str) -> PreemptionPolicy:
+def make_preemption_policy(
+    name: str, slo_priorities: dict[str, int] | None = None
+) -> PreemptionPolicy:
     if name not in PREEMPTION_POLICIES:
         raise unknown("preemption policy", name, PREEMPTION_POLICIES)
-    return PREEMPTION_POLICIES[name]()
+    cls = PREEMPTION_POLICIES[name]
+    return cls(slo_priorities) if cls is LeastUrgentFirst else cls()

@@ -24,6 +24,14 @@ priority:
 scheduler: priority-fcfs
 """
 
+# BLIS-current's additions: a preemption section, and class priorities kept with admission.
+CURRENT = """
+admission:
+  slo_priorities: {batch: 5, critical: -100}
+preemption:
+  policy: priority
+"""
+
 
 def bundle(tmp_path, text: str):
     p = tmp_path / "policy.yaml"
@@ -46,6 +54,15 @@ def test_full_bundle(tmp_path):
         ("prefix-affinity", 3.0),
         ("queue-depth", 0.5),
     ]
+
+
+def test_blis_current_preemption_and_class_priorities(tmp_path):
+    """A BLIS-current bundle's `preemption.policy` and `admission.slo_priorities` were refused
+    as unknown keys: they set the engine's preemption policy and class priorities."""
+    assert bundle(tmp_path, CURRENT) == {
+        "engine.slo_priorities": {"batch": 5, "critical": -100},
+        "engine.preemption_policy": "priority",
+    }
 
 
 def test_partial_and_empty(tmp_path):
@@ -93,6 +110,12 @@ def test_unknown_keys(tmp_path, text, needles):
         ),
         ("routing: {policy: weighted}\nrouting: {policy: least-loaded}\n", "duplicate key"),
         ("routing: {policy: [}\n", "not valid YAML"),
+        ("preemption: {policy: lifo}\n", "unknown preemption policy 'lifo'"),
+        ("preemption: {victim: newest}\n", "unknown key 'victim' in preemption"),
+        ("admission: {slo_priorities: {gold: 1}}\n", "unknown SLO class 'gold'"),
+        ("admission: {slo_priorities: {batch: 101}}\n", "slo_priorities.batch: invalid value"),
+        ("admission: {slo_priorities: {batch: true}}\n", "slo_priorities.batch: invalid value"),
+        ("admission: {slo_priorities: [batch]}\n", "slo_priorities must be a mapping"),
     ],
 )
 def test_invalid_bundles(tmp_path, text, needle):

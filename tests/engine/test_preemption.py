@@ -10,6 +10,7 @@ the documented re-prefill difference (docs/behaviour.md A2) moves the timelines 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from simulator.engine.preemption import (
     LeastUrgentFirst,
     NewestFirst,
     make_preemption_policy,
+    vllm_priorities,
     vllm_priority,
 )
 from simulator.engine.request import Request, RequestState
@@ -36,6 +38,22 @@ def test_vllm_priorities_by_hand():
     # BLIS class priorities critical 4, standard 3, batch -1, sheddable -2, background -3;
     # max(3, 4, 3, -1, -2, -3) = 4, so vLLM priority = 4 - class priority.
     assert [vllm_priority(c) for c in CLASSES] == [0, 1, 5, 6, 7, 1, 1]
+
+
+def test_class_priorities_a_scenario_sets_by_hand():
+    """engine.slo_priorities (BLIS-current's admission.slo_priorities) replaces class
+    priorities; the inversion's maximum is over the resulting table. batch 10: max(3, 4, 3,
+    10, -2, -3) = 10, so critical 6, standard 7, batch 0, sheddable 12, background 13, and a
+    request without a class (or of an unknown one) counts as standard, 7."""
+    table = vllm_priorities({"batch": 10})
+    assert [vllm_priority(c, table) for c in CLASSES] == [6, 7, 0, 12, 13, 7, 7]
+    assert vllm_priorities({}) == vllm_priorities(None) == vllm_priorities()
+    # Lowered below the default, the maximum stays max(3, ...): critical -100 -> 3 + 100.
+    assert vllm_priority("critical", vllm_priorities({"critical": -100})) == 103
+    victim = make_preemption_policy("priority", {"batch": 10, "critical": -5})
+    running = _running([("batch", 0), ("critical", 0), ("standard", 0)])
+    assert victim.victim_index(running) == 1  # critical is now the least urgent
+    assert make_preemption_policy("priority").victim_index(running) == 0  # batch by default
 
 
 def test_policies_are_registered_by_name_and_unknown_names_are_refused():
@@ -202,3 +220,71 @@ def test_scenario_and_cli_select_the_policy(tmp_path):
     assert bad.exit_code == 2 and "preemption policy" in bad.output
     with pytest.raises(ConfigError, match="preemption policy"):
         simulator.simulate({"engine": {"preemption_policy": "lifo"}})
+
+
+def test_class_priorities_change_the_victim_and_reach_the_engine_from_every_entry(tmp_path):
+    """With `batch` made the most important class, `priority` preemption spares the batch
+    request `_three` admitted first: the victim is the tail's critical request, as fcfs would
+    choose (the two critical ones tie, and a tie goes to the tail). The class priorities come
+    the same way from a scenario, Python keywords and a BLIS-current policy bundle."""
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    eng = VLLMEngine(
+        EngineConfig(
+            total_kv_blocks=10,
+            block_size=16,
+            preemption_policy="priority",
+            slo_priorities={"batch": 10},
+        )
+    )
+    a = Request("a", 0, 32, 60, slo_class="batch")
+    b = Request("b", 0, 32, 60, slo_class="critical")
+    c = Request("c", 0, 32, 60, slo_class="critical")
+    for r in (a, b, c):
+        eng.enqueue(r, 0)
+    now = _steps(eng, 17)
+    eng.plan_step(now)
+    assert eng.preemption_count == 1 and list(eng.waiting) == [c]
+
+    trace = ["--trace-header", str(DATA / "h6_priority_preemption.trace.yaml")]
+    trace += ["--trace-data", str(DATA / "h6_priority_preemption.trace.csv")]
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text("preemption: {policy: priority}\nadmission:\n  slo_priorities: {batch: 10}\n")
+    common = ["--model", "meta-llama/llama-3.1-8b-instruct", "--latency-model", "roofline"]
+    out = {}
+    for name, extra in (
+        ("bundle", ["--policy-config", str(bundle)]),
+        ("default", ["--preemption-policy", "priority"]),
+    ):
+        path = tmp_path / f"{name}.json"
+        res = CliRunner().invoke(app, ["replay", *trace, *common, *extra, "--results-path", path])
+        assert res.exit_code == 0, res.output
+        out[name] = path.read_text()
+    assert out["bundle"] != out["default"]  # the h6 trace preempts, and batch is now spared
+    python = simulator.replay(
+        DATA / "h6_priority_preemption.trace.yaml",
+        DATA / "h6_priority_preemption.trace.csv",
+        model="meta-llama/llama-3.1-8b-instruct",
+        latency__model="roofline",
+        engine__preemption_policy="priority",
+        engine__slo_priorities={"batch": 10},
+    )
+    assert json.loads(out["bundle"])["requests"] == python.results_document()["requests"]
+
+
+def test_a_priority_scheduler_with_constant_priorities_says_it_keeps_arrival_order(caplog):
+    """BLIS-current's `priority-fcfs` orders by SLO class; servesim's orders by the priority
+    policy, whose default makes every request equal: the run says so once, and is quiet when
+    a priority policy is chosen."""
+    base = {"workload": {"num_requests": 3, "rate": 1}, "latency": {"model": "roofline"}}
+    with caplog.at_level("WARNING", logger="servesim"):
+        simulator.simulate({**base, "engine": {"scheduler": "priority-fcfs"}})
+    said = [r.getMessage() for r in caplog.records if "keeps arrival order" in r.getMessage()]
+    assert len(said) == 1 and "--priority-policy slo-class" in said[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="servesim"):
+        engine = {"scheduler": "priority-fcfs", "priority_policy": "slo-class"}
+        simulator.simulate({**base, "engine": engine})
+    assert not [r for r in caplog.records if "keeps arrival order" in r.getMessage()]

@@ -161,6 +161,8 @@ def engine_policies(scenario: dict[str, Any] | None) -> dict[str, Any]:
     engine = (scenario or {}).get("engine") or {}
     resolved = (scenario or {}).get("resolved") or {}
     policies = {name: engine[name] for name in ENGINE_POLICY_FIELDS if name in engine}
+    if engine.get("slo_priorities"):  # only when set: the defaults are BLIS's, in engine.md
+        policies["slo_priorities"] = engine["slo_priorities"]
     return policies | {name: resolved[name] for name in BATCH_LIMIT_FIELDS if name in resolved}
 
 
