@@ -5,7 +5,9 @@ It listens on 127.0.0.1 only, serves one model, and answers `/v1/completions` an
 request arrived, then one token every `itl_ms`, scheduled from the arrival so delays do not
 accumulate. The output length is `max_tokens` when the client forces it (`ignore_eos` or
 `min_tokens`), else `min(natural_output_tokens, max_tokens)`. Prompt tokens are whitespace
-words. Faults are chosen per request by the `X-Request-Id: servesim-<n>` header:
+words. A chat stream sends its first `reasoning_tokens` tokens as a reasoning model's thinking,
+in `delta.<reasoning_field>` (`reasoning`, as current vLLM names it, or `reasoning_content`).
+Faults are chosen per request by the `X-Request-Id: servesim-<n>` header:
 
     http_500       answer 500 with an OpenAI error body
     slow_start     add `extra_ms` before the first token
@@ -33,6 +35,8 @@ DEFAULT_BEHAVIOUR = {
     "ttft_ms": 20.0,
     "itl_ms": 2.0,
     "natural_output_tokens": 5,
+    "reasoning_tokens": 0,
+    "reasoning_field": "reasoning",
     "api_key": None,
     "openai": True,
     "faults": {},  # "<request number>": {"kind": ..., "after_tokens": k, "extra_ms": x}
@@ -124,9 +128,10 @@ async def _complete(state: StubState, writer, path: str, headers: dict, body: di
         writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         await writer.drain()
 
-    def chunk(text: str, finish_reason, role: bool = False) -> dict:
+    def chunk(text: str, finish_reason, role: bool = False, thinking: bool = False) -> dict:
         if chat:
-            delta = {"role": "assistant", "content": ""} if role else {"content": text}
+            field = b["reasoning_field"] if thinking else "content"
+            delta = {"role": "assistant", "content": ""} if role else {field: text}
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text}
@@ -149,7 +154,8 @@ async def _complete(state: StubState, writer, path: str, headers: dict, body: di
         entry["last_token_sent_us"] = sent_us
         if k == 0 and chat:
             await event(chunk("", None, role=True))
-        await event(chunk(" tok", finish if k == n_out - 1 else None))
+        thinking = k < b["reasoning_tokens"]
+        await event(chunk(" tok", finish if k == n_out - 1 else None, thinking=thinking))
     else:
         if (body.get("stream_options") or {}).get("include_usage"):
             await event({"id": "cmpl-stub", "choices": [], "usage": usage})

@@ -74,6 +74,10 @@ def invoke(args: list) -> object:
 def assert_causal(rows) -> None:
     for row in rows:
         assert row.status in STATUSES
+        if row.send_time_us == 0:  # never sent: says so, and received nothing
+            assert row.status != "ok" and row.error_message.startswith("not sent: "), row
+            assert row.num_chunks == row.first_chunk_time_us == row.last_chunk_time_us == 0
+            continue
         assert row.send_time_us >= row.arrival_time_us, row
         if row.num_chunks:
             assert row.first_chunk_time_us >= row.send_time_us, row
@@ -544,3 +548,262 @@ def test_outputs_naming_one_file_are_refused_before_sending(
     assert "give each output its own path" in result.stderr
     assert not list(tmp_path.iterdir())
     assert stub.log() == []  # nothing was sent
+
+
+# ------------------------------------------------------------------------------- reasoning
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_reasoning_tokens_are_chunks_and_the_first_one_is_the_ttft(stub, field):
+    """A reasoning model streams its thinking first (`delta.reasoning` in current vLLM,
+    `delta.reasoning_content` before): those are output tokens, so TTFT ends at the first of
+    them, not at the first answer token three 60 ms gaps later."""
+    ttft_ms, itl_ms = 10.0, 60.0
+    stub.configure(ttft_ms=ttft_ms, itl_ms=itl_ms, reasoning_tokens=3, reasoning_field=field)
+    obs = observe(traffic(n=3, rate=20, output=6), server_url=stub.url, model=MODEL,
+                  api_format="chat")  # fmt: skip
+    assert all(r.status == "ok" and r.num_chunks == 6 for r in obs.rows), obs.summary_text()
+    assert_causal(obs.rows)
+    frame = obs.frame()
+    # The first answer token comes at ttft + 3 * itl = 190 ms; the first thought at 10 ms.
+    assert frame.ttft_ms.max() < ttft_ms + itl_ms, frame.ttft_ms.tolist()
+    assert frame.e2e_ms.min() >= ttft_ms + 5 * itl_ms - EARLY_MS
+
+
+# ------------------------------------------------------------------------------- never sent
+
+
+def test_a_deadline_that_passes_while_waiting_for_a_slot_is_recorded_not_sent(stub):
+    """--max-concurrency 1: requests 1 and 2 (50 ms deadlines) are due while request 0 holds
+    the only slot for 300 ms. They are rows `timeout`, never sent (send_time_us 0), recorded
+    when their deadline passes rather than after waiting for the slot; the server never sees
+    them, and request 3 (no deadline) goes out as soon as the slot is free."""
+    import asyncio
+
+    from simulator.observe import ObserveOptions
+    from simulator.observe.observation import observe_requests
+
+    stub.configure(ttft_ms=300, itl_ms=1)
+    requests = build_requests(Scenario.model_validate(traffic(n=4, rate=100, output=2)))
+    for req in requests[1:3]:
+        req.deadline_us = req.arrival_us + 50_000
+    started = time.monotonic()
+    timed_out_at: list[float] = []
+
+    def progress(counts: dict) -> None:
+        if counts["timeout"] > len(timed_out_at):
+            timed_out_at.append(time.monotonic() - started)
+
+    options = ObserveOptions(server_url=stub.url, model=MODEL, max_concurrency=1)
+    obs = asyncio.run(observe_requests(requests, options, progress=progress))
+    by_id = {r.request_id: r for r in obs.rows}
+    assert sorted(by_id) == ["0", "1", "2", "3"]
+    assert_causal(obs.rows)
+    for rid in ("1", "2"):
+        row = by_id[rid]
+        assert (row.status, row.send_time_us, row.num_chunks) == ("timeout", 0, 0), row
+        assert row.error_message == (
+            "not sent: its deadline passed while it waited for a free slot (--max-concurrency 1)"
+        )
+        assert row.deadline_us == row.arrival_time_us + 50_000
+    assert by_id["0"].status == by_id["3"].status == "ok"
+    assert sorted(entry["request"] for entry in stub.log()) == ["0", "3"]
+    # Recorded at their deadlines (~0.07 s), long before the slot came free (~0.3 s).
+    assert len(timed_out_at) == 2 and max(timed_out_at) < 0.25, timed_out_at
+    assert obs.not_sent() == 2 and "not sent: 2 request(s) never went out" in obs.summary_text()
+    assert obs.frame().send_lag_ms.isna().sum() == 2
+
+
+class _ModelsThenGone:
+    """Answers the pre-flight check (GET /v1/models) and then stops listening, like a server
+    that went down as the run began: every request then fails to connect."""
+
+    PREFLIGHT_GETS = 4  # the check and three RTT probes
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        gone = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                body = json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                gone.gets += 1
+                if gone.gets == gone.PREFLIGHT_GETS:
+                    threading.Thread(target=gone.stop).start()
+
+        self.gets = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,))
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_request_that_cannot_connect_is_recorded_not_sent(tmp_path):
+    gone = _ModelsThenGone()
+    try:
+        # Arrivals 0.5 s apart from 0.5 s: the listener is closed by then.
+        obs = observe(traffic(n=3, rate=2), server_url=gone.url, model=MODEL)
+    finally:
+        gone.stop()
+        gone.thread.join()
+    assert len(obs.rows) == 3
+    assert_causal(obs.rows)
+    for row in obs.rows:
+        assert (row.status, row.send_time_us) == ("error", 0), row
+        assert row.error_message.startswith("not sent: ConnectError"), row
+    assert obs.counts()["error"] == 3 and obs.not_sent() == 3
+    obs.write_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert [r.send_time_us for r in read_rows(tmp_path / "t.csv")] == [0, 0, 0]
+
+
+def test_sent_requests_have_a_positive_send_time(stub):
+    """0 means never sent, so a request that went out is stamped at 1 µs or later."""
+    stub.configure(ttft_ms=5, itl_ms=1)
+    obs = observe(traffic(n=2, output=2), server_url=stub.url, model=MODEL)
+    assert all(r.status == "ok" and r.send_time_us > 0 for r in obs.rows)
+    assert obs.not_sent() == 0 and "not sent" not in obs.summary_text()
+
+
+# ------------------------------------------------------------------------------- deadlines
+
+
+def test_the_client_timeout_is_recorded_as_the_deadline(stub, tmp_path):
+    """--request-timeout-s is the deadline of a request the workload gives none: deadline_us
+    holds the instant the client gave up (request_timeout_s after it started the request),
+    so a replay times the request out where the real client did; a workload deadline is
+    recorded as it was."""
+    stub.configure(ttft_ms=5, itl_ms=1, faults={"1": {"kind": "slow_start", "extra_ms": 1500}})
+    obs = observe(traffic(n=3, rate=50, output=3), server_url=stub.url, model=MODEL,
+                  request_timeout_s=0.4)  # fmt: skip
+    by_id = {r.request_id: r for r in obs.rows}
+    assert by_id["1"].status == "timeout" and by_id["1"].num_chunks == 0
+    for row in obs.rows:
+        # Started (the deadline's origin) at or before the send, and within the send lag.
+        assert 0 <= row.deadline_us - row.send_time_us <= 400_000, row
+        assert row.deadline_us - row.arrival_time_us >= 400_000, row
+        assert row.deadline_us - row.send_time_us >= 400_000 - 50_000, row
+    obs.write_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    _, replayed = load_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert [r.deadline_us for r in replayed] == [r.deadline_us for r in obs.rows]
+
+    workload_deadline = observe(traffic(n=2, rate=50, output=3, timeout_us=250_000),
+                                server_url=stub.url, model=MODEL)  # fmt: skip
+    assert all(r.deadline_us == r.arrival_time_us + 250_000 for r in workload_deadline.rows)
+
+
+def test_a_client_timeout_beyond_the_clock_is_refused(stub, tmp_path):
+    result = invoke(observe_args(stub, tmp_path, *TRAFFIC_FLAGS, "--request-timeout-s", 1e10))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: --request-timeout-s: invalid value 10000000000.0; must be at most 9007199254"
+    ]
+    assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------- outputs
+
+
+@pytest.mark.parametrize(
+    ("header", "data", "record_itl", "refused"),
+    [
+        ("bad/x.yaml", "bad", False, "--trace-data: 'bad' is the folder --trace-header"),
+        ("h.yaml", "d/x.csv", False, None),  # control: nothing nested
+        ("x.itl.csv/h.yaml", "x.csv", True, "--record-itl (DATA.itl.csv): 'x.itl.csv' is the"),
+    ],
+    ids=["data-is-header-folder", "control", "itl-file-is-data-folder"],
+)
+def test_an_output_that_is_another_outputs_folder_is_refused_before_sending(
+    stub, tmp_path, monkeypatch, header, data, record_itl, refused
+):
+    """`--trace-header bad/x.yaml --trace-data bad`: one of the two cannot be written. Found
+    after the measurement it lost the whole run and left an empty folder behind; now it is
+    one error line before anything is sent, and nothing is created."""
+    stub.configure(ttft_ms=5, itl_ms=1)
+    monkeypatch.chdir(tmp_path)
+    args = observe_args(stub, tmp_path, *TRAFFIC_FLAGS[:4], "--num-requests", 2)
+    args[args.index("--trace-header") + 1] = header
+    args[args.index("--trace-data") + 1] = data
+    if record_itl:
+        args.append("--record-itl")
+    result = invoke(args)
+    if refused is None:
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {refused}"), lines
+    assert lines[0].endswith("give each output its own path")
+    assert not list(tmp_path.iterdir())
+    assert stub.log() == []  # nothing was sent
+
+
+def test_write_trace_refuses_nested_outputs_before_creating_anything(stub, tmp_path):
+    stub.configure(ttft_ms=5, itl_ms=1)
+    obs = observe(traffic(n=1, output=2), server_url=stub.url, model=MODEL)
+    with pytest.raises(ConfigError, match="^data_path: .* is the folder header_path"):
+        obs.write_trace(tmp_path / "bad" / "x.yaml", tmp_path / "bad")
+    assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------- signals
+
+
+@pytest.mark.parametrize(
+    ("signals", "status"),
+    [(["SIGTERM"], 143), (["SIGINT"], 130), (["SIGINT", "SIGTERM"], 130)],
+    ids=["sigterm", "sigint", "sigint-then-sigterm"],
+)
+def test_a_signal_mid_run_keeps_the_measurement(stub, tmp_path, signals, status):
+    """The `servesim` program (its own process, with the entry point's signal handling):
+    SIGTERM from a scheduler mid-run is what Ctrl-C is, in-flight requests `incomplete`, the
+    trace written, the summary ending `interrupted: ...`, exit 128 + 15; it once lost the run
+    and said no request was sent. The first signal decides: a SIGTERM right after a Ctrl-C
+    changes neither the status nor the trace."""
+    import subprocess
+    import sys
+
+    stub.configure(ttft_ms=5, itl_ms=1, faults={"3": {"kind": "slow_start", "extra_ms": 60_000}})
+    args = observe_args(stub, tmp_path, *TRAFFIC_FLAGS[:4], "--num-requests", 1000, "--quiet")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "simulator.cli", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(stub.log()) < 6:
+            time.sleep(0.05)
+        sent_before = len(stub.log())
+        assert sent_before >= 6, "the run did not get under way"
+        for name in signals:
+            process.send_signal(getattr(signal, name))
+            time.sleep(0.05)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == status, (out, err)
+    assert "Traceback" not in err and "error:" not in err, err
+    assert out.strip().splitlines()[-1].startswith("interrupted: "), out
+    rows = read_rows(tmp_path / "trace.csv")
+    read_header(tmp_path / "trace.yaml")
+    assert sent_before <= len(rows) < 1000
+    assert [r.request_id for r in rows] == [str(i) for i in range(len(rows))]
+    by_id = {r.request_id: r for r in rows}
+    assert by_id["3"].status == "incomplete" and by_id["3"].num_chunks == 0
+    assert_causal(rows)

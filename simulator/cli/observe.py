@@ -3,6 +3,7 @@ record a TraceV2 pair; registered onto the main typer app by `register(app)`."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError
-from ..interruption import Interrupted, signal_of
+from ..interruption import Interrupted, active_stop, signal_of
 from .common import (
     LOG_HELP,
     check_writable,
@@ -23,8 +24,6 @@ from .flags import with_flags, workload_flags, workload_overrides
 
 _SRV = "Server"
 _REC = "Recording"
-# Shell convention for a run stopped by Ctrl-C (128 + SIGINT).
-EXIT_INTERRUPTED = 130
 
 
 def _opt(flag: str | tuple[str, ...], panel: str, help: str) -> typer.models.OptionInfo:  # noqa: A002
@@ -150,12 +149,13 @@ def register(app: typer.Typer) -> None:
     @with_flags(_observe_flags, workload_flags)
     def observe_cmd(**flags: Any) -> None:
         """Measure a real server and record a TraceV2 pair (help: above)."""
-        interrupted = False
+        exit_status = 0
 
         def go() -> None:
-            nonlocal interrupted
+            nonlocal exit_status
             from ..input_files import scenario_input_files
             from ..observe import observe
+            from ..observe.observation import refuse_nested_outputs
 
             setup_logging(flags["log"])
             header_path, data_path = flags["trace_header"], flags["trace_data"]
@@ -164,14 +164,14 @@ def register(app: typer.Typer) -> None:
             itl_path = chunk_times_path(data_path) if flags["record_itl"] else None
             check_writable("--record-itl", itl_path)
             sc = _scenario(flags)
-            refuse_shared_outputs(
-                [
-                    ("--trace-header", header_path),
-                    ("--trace-data", data_path),
-                    ("--record-itl (DATA.itl.csv)", itl_path),
-                ],
-                inputs=scenario_input_files(sc.model_dump()),
-            )
+            outputs = [
+                ("--trace-header", header_path),
+                ("--trace-data", data_path),
+                ("--record-itl (DATA.itl.csv)", itl_path),
+            ]
+            refuse_shared_outputs(outputs, inputs=scenario_input_files(sc.model_dump()))
+            # Refused before anything is sent: found when writing, it would lose the run.
+            refuse_nested_outputs(outputs)
             options = {
                 "api_format": flags["api_format"],
                 "api_key": flags["api_key"],
@@ -199,8 +199,8 @@ def register(app: typer.Typer) -> None:
                     **options,
                 )
             except KeyboardInterrupt as exc:
-                # observe() keeps what it measured once sending began; an interrupt that
-                # reaches here came during the pre-flight check, before any request.
+                # observe() keeps what it measured once a request was started (SIGINT and
+                # SIGTERM alike); an interrupt that reaches here came before any request.
                 lost = "no request was sent; nothing written"
                 raise Interrupted(signal_of(exc), lost) from None
             finally:
@@ -209,8 +209,14 @@ def register(app: typer.Typer) -> None:
             for path in observation.write_trace(header_path, data_path, itl_path):
                 typer.echo(f"wrote {path}", err=True)
             typer.echo(observation.summary_text())
-            interrupted = observation.interrupted
+            if observation.interrupted:
+                # The summary's last line says so; the entry point must not say it again.
+                stop = active_stop()
+                if stop is not None:
+                    stop.reported = True
+                # 128 + the signal (130 SIGINT, 143 SIGTERM), the shell's convention.
+                exit_status = 128 + (observation.signal_number or signal.SIGINT)
 
         guarded(go)
-        if interrupted:
-            raise typer.Exit(EXIT_INTERRUPTED)
+        if exit_status:
+            raise typer.Exit(exit_status)

@@ -10,11 +10,12 @@ simulates and `servesim calibrate` compares against.
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import unknown
+from ..interruption import signal_of
 from ..scenario import Scenario
 from .observation import (
     Observation,
@@ -65,6 +66,12 @@ async def observe_async(
     )
 
 
+async def _observe_keeping(kept: list[Observation], *args: Any, **kwargs: Any) -> Observation:
+    observation = await observe_async(*args, **kwargs)
+    kept.append(observation)
+    return observation
+
+
 def observe(
     scenario: Scenario | dict | str | Path, *, server_url: str, model: str, **options: Any
 ) -> Observation:
@@ -73,8 +80,21 @@ def observe(
     Keyword options are the fields of `ObserveOptions` (api_format, streaming,
     max_concurrency, warmup_requests, api_key, rtt_ms, force_output, record_itl,
     request_timeout_s, server_type), plus `progress` (called with counts after each send and
-    each finish) and `handle_interrupt` (Ctrl-C returns what was measured; default on). A
-    server that is down, not OpenAI-compatible or does not serve `model` raises ConfigError
-    before anything is sent.
+    each finish) and `handle_interrupt` (Ctrl-C returns what was measured; default on; inside
+    the `servesim` command SIGTERM too). A server that is down, not OpenAI-compatible or does
+    not serve `model` raises ConfigError before anything is sent; an interrupt raises
+    KeyboardInterrupt only before any request was started.
     """
-    return run_observation(observe_async(scenario, server_url=server_url, model=model, **options))
+    kept: list[Observation] = []
+    try:
+        return run_observation(
+            _observe_keeping(kept, scenario, server_url=server_url, model=model, **options)
+        )
+    except KeyboardInterrupt as exc:
+        # A signal while the event loop shut down, after the measurement was complete.
+        if not kept or not options.get("handle_interrupt", True):
+            raise
+        observation = kept[0]
+        if observation.interrupted:
+            return observation
+        return replace(observation, interrupted=True, signal_number=signal_of(exc))

@@ -21,6 +21,8 @@ API_FORMATS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 MAX_ERROR_CHARS = 200
 CONNECT_TIMEOUT_S = 10.0
 RTT_PROBES = 3
+# How the error message of a request that never went out starts (its send_time_us is 0).
+NOT_SENT = "not sent:"
 
 
 class Clock:
@@ -38,7 +40,7 @@ class Measurement:
     """What the client saw of one request; filled in as the response arrives, so a request cut
     short (timeout, interruption) keeps what it received."""
 
-    send_us: int = 0
+    send_us: int = 0  # 0: the request never went out (NOT_SENT in its error message)
     first_chunk_us: int = 0
     last_chunk_us: int = 0
     num_chunks: int = 0
@@ -52,6 +54,11 @@ class Measurement:
     def fail(self, status: str, message: str) -> None:
         self.status = status
         self.error_message = _one_line(message)
+
+    def mark_not_sent(self) -> None:
+        """A request that failed before it went out says so first in its message."""
+        if not self.error_message.startswith(NOT_SENT):
+            self.error_message = _one_line(f"{NOT_SENT} {self.error_message}")
 
     def output_tokens(self) -> int:
         """Tokens the server produced: its own count, else the text chunks received."""
@@ -101,15 +108,26 @@ def _error_text(response_body: bytes) -> str:
     return _one_line(text)
 
 
+# Where a chat stream carries generated text: the answer, then a reasoning model's thinking
+# (current vLLM streams it as `reasoning`, older vLLM and SGLang as `reasoning_content`).
+# Reasoning tokens are output tokens: the first of them is the first token (TTFT).
+CHAT_TEXT_FIELDS = ("content", "reasoning", "reasoning_content")
+
+
 def _choice_text(choice: dict) -> str:
-    """Generated text of one streamed choice: completions `text`, chat `delta.content` (or a
-    reasoning model's `delta.reasoning_content`). A chat role announcement carries none."""
+    """Generated text of one streamed choice: completions `text`, chat `delta.content` or a
+    reasoning model's `delta.reasoning` / `delta.reasoning_content`. A chat role
+    announcement carries none."""
     if isinstance(choice.get("text"), str):
         return choice["text"]
     delta = choice.get("delta") or choice.get("message") or {}
     if not isinstance(delta, dict):
         return ""
-    return delta.get("content") or delta.get("reasoning_content") or ""
+    for name in CHAT_TEXT_FIELDS:
+        text = delta.get(name)
+        if isinstance(text, str) and text:
+            return text
+    return ""
 
 
 class OpenAIServer:
@@ -233,15 +251,17 @@ class OpenAIServer:
     ) -> None:
         """POST one request (`content`: the encoded JSON body) and record into `m`; never
         raises for a failed request (the failure is the record), except cancellation, which
-        the caller records."""
+        the caller records. `m.send_us` stays 0 unless the request went out (a connection
+        that could not be opened sends nothing)."""
         url = self.base_url + API_FORMATS[self.api_format]
-        m.send_us = clock.now_us()
+        attempt_us = clock.now_us()
 
         async def on_wire(event: str, _info: dict) -> None:
             # The send time is when the request starts to go out, after httpx has picked or
             # opened a connection: the client's own overhead is not the server's latency.
-            if event == "http11.send_request_headers.started":
-                m.send_us = clock.now_us()
+            # At least 1 µs: a send time of 0 means the request never went out.
+            if event.endswith(".send_request_headers.started"):
+                m.send_us = max(1, clock.now_us())
 
         try:
             async with self.client.stream(
@@ -251,6 +271,9 @@ class OpenAIServer:
                 headers={**headers, "Content-Type": "application/json"},
                 extensions={"trace": on_wire},
             ) as response:
+                if not m.send_us:
+                    # A transport without trace events: an answer proves the request went out.
+                    m.send_us = max(1, attempt_us)
                 if response.status_code != 200:
                     m.fail(
                         "error",

@@ -5,18 +5,22 @@ free slot if `max_concurrency` requests are in flight, and starts it. Closed-loo
 their next round when a round finishes (arrival = finish + think time), exactly as the
 simulator's session manager does. Every started request yields one trace row with a status:
 ok, error (HTTP or protocol failure, with the message), timeout (no complete response by its
-deadline) or incomplete (still in flight when the observation was interrupted).
+deadline) or incomplete (still in flight when the observation was interrupted). A request that
+never went out (its connection failed, or its deadline passed first, for instance while it
+waited for a slot) is a row too, with send_time_us 0 and a message that starts `not sent:`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import dataclasses
 import heapq
 import itertools
 import json
 import math
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +34,8 @@ import yaml
 from ..atomic_io import atomic_open
 from ..engine.request import Request, RequestState, group_prefix_tokens
 from ..errors import ConfigError, invalid
+from ..interruption import HANDLED_SIGNALS, active_stop, signal_of
+from ..limits import MAX_TIME_S, MAX_TIME_US
 from ..workload.generator import SessionManager
 from ..workload.trace import (
     TRACE_V3_COLUMNS,
@@ -37,7 +43,7 @@ from ..workload.trace import (
     format_float,
     write_trace_files,
 )
-from .client import Clock, Measurement, OpenAIServer
+from .client import NOT_SENT, Clock, Measurement, OpenAIServer
 from .prompts import prompt_text
 
 STATUSES = ("ok", "error", "timeout", "incomplete")
@@ -73,6 +79,11 @@ class ObserveOptions:
             raise invalid("--rtt-ms", self.rtt_ms, "must be a finite number >= 0")
         if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
             raise invalid("--request-timeout-s", self.request_timeout_s, "must be > 0")
+        if self.request_timeout_s > MAX_TIME_S:
+            # Its deadline is recorded in deadline_us, which must stay on the clock.
+            raise invalid(
+                "--request-timeout-s", self.request_timeout_s, f"must be at most {MAX_TIME_S}"
+            )
 
 
 @dataclass
@@ -83,12 +94,19 @@ class Observation:
     rows: list[TraceRow]
     interrupted: bool = False
     chunk_times_us: dict[str, list[int]] = field(default_factory=dict)
+    # The signal that interrupted the run (SIGINT, SIGTERM), when `interrupted`.
+    signal_number: int | None = None
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(STATUSES, 0)
         for row in self.rows:
             out[row.status] += 1
         return out
+
+    def not_sent(self) -> int:
+        """Rows of requests that never went out (send_time_us 0; counted in `counts` by
+        their status, `error`, `timeout` or `incomplete`)."""
+        return sum(1 for row in self.rows if not row.send_time_us)
 
     def frame(self):
         """One row per request with the client-side latencies: ttft_ms = first chunk − send,
@@ -107,7 +125,10 @@ class Observation:
         frame["e2e_ms"] = np.where(
             received, (frame.last_chunk_time_us - frame.send_time_us) / 1000, np.nan
         )
-        frame["send_lag_ms"] = (frame.send_time_us - frame.arrival_time_us) / 1000
+        sent = frame["send_time_us"] > 0
+        frame["send_lag_ms"] = np.where(
+            sent, (frame.send_time_us - frame.arrival_time_us) / 1000, np.nan
+        )
         frame["warm_up"] = frame.request_id.astype(int) < self.header["warm_up_requests"]
         return frame
 
@@ -118,8 +139,14 @@ class Observation:
             + ", ".join(f"{counts[s]} {s}" for s in STATUSES),
             f"measured_rtt_ms {self.header['network']['measured_rtt_ms']}",
         ]
+        not_sent = self.not_sent()
+        if not_sent:
+            lines.append(
+                f"not sent: {not_sent} request(s) never went out (send_time_us 0, counted "
+                "above by status)"
+            )
         frame = self.frame()
-        if not frame.empty:
+        if not frame.empty and frame.send_lag_ms.notna().any():
             lag = frame.send_lag_ms
             lines.append(f"send lag ms: p50 {lag.median():.2f}, max {lag.max():.2f}")
             ok = frame[(frame.status == "ok") & ~frame.warm_up]
@@ -139,6 +166,9 @@ class Observation:
     ) -> list[Path]:
         """Write the TraceV2 pair (v3 columns, so prefix groups replay with their real
         length) and, when chunk times were recorded, the per-chunk CSV."""
+        refuse_nested_outputs(
+            [("header_path", header_path), ("data_path", data_path), ("itl_path", itl_path)]
+        )
         header_text = yaml.safe_dump(self.header, sort_keys=False, allow_unicode=True)
         rows = (_csv_fields(row) for row in self.rows)
         header_path, data_path = Path(header_path), Path(data_path)
@@ -156,6 +186,21 @@ class Observation:
             write_chunk_times(itl_path, chunk_rows)
             written.append(itl_path)
         return written
+
+
+def refuse_nested_outputs(outputs: list[tuple[str, str | Path | None]]) -> None:
+    """Refuse an output whose path is the folder another output goes into (`--trace-data
+    out` with `--trace-header out/h.yaml`): one of the two could not be written, and finding
+    out after the measurement loses it. `outputs` are (name, path), None for one not asked
+    for; paths that exist as the wrong kind are `check_output`'s to refuse."""
+    resolved = [(name, path, Path(os.path.realpath(path))) for name, path in outputs if path]
+    for name, path, real in resolved:
+        for other_name, other_path, other_real in resolved:
+            if real in other_real.parents:
+                raise ConfigError(
+                    f"{name}: {str(path)!r} is the folder {other_name} {str(other_path)!r} "
+                    "goes into, so it cannot also be a file; give each output its own path"
+                )
 
 
 CHUNK_COLUMNS = ["request_id", "chunk_index", "time_us"]
@@ -183,7 +228,9 @@ def _csv_fields(row: TraceRow) -> list[str]:
     return fields
 
 
-def _row(request_id: int, req: Request, m: Measurement, streaming: bool) -> TraceRow:
+def _row(
+    request_id: int, req: Request, m: Measurement, streaming: bool, deadline_us: int
+) -> TraceRow:
     shared = group_prefix_tokens(req)
     return TraceRow(
         request_id=str(request_id),
@@ -197,7 +244,7 @@ def _row(request_id: int, req: Request, m: Measurement, streaming: bool) -> Trac
         tenant_id=req.tenant_id,
         slo_class=req.slo_class,
         model=req.model,
-        deadline_us=req.deadline_us,
+        deadline_us=deadline_us,
         first_chunk_time_us=m.first_chunk_us,
         last_chunk_time_us=m.last_chunk_us,
         status=m.status,
@@ -241,11 +288,14 @@ class _Dispatcher:
         self.clock = Clock()
         self.slots = asyncio.Semaphore(options.max_concurrency)
         self.waiter: asyncio.Future | None = None
+        self.dispatcher: asyncio.Task | None = None
         self.in_flight: set[asyncio.Task] = set()
         self.rows: list[TraceRow] = []
         self.chunk_times: dict[str, list[int]] = {}
         self.counts = dict.fromkeys(("sent", *STATUSES), 0)
+        self.started = False  # a request was started: from here on the record is kept
         self.interrupted = False
+        self.signal_number: int | None = None
 
     def _peek(self) -> Request | None:
         follow_up = self.follow_ups[0][2] if self.follow_ups else None
@@ -278,6 +328,22 @@ class _Dispatcher:
                 timer.cancel()
             self.waiter = None
 
+    async def _take_slot(self, deadline_us: int) -> bool:
+        """Wait for one of the `max_concurrency` slots; False, without one, when the
+        request's deadline (0: none) passes first: it is then recorded as not sent, rather
+        than held for a slot only to time out before it could go out."""
+        while self.slots.locked():
+            # A finishing request frees its slot, then wakes the dispatcher.
+            if not deadline_us:
+                await self._wait_wake(None)
+                continue
+            left_us = deadline_us - self.clock.now_us()
+            if left_us <= 0:
+                return False
+            await self._wait_wake(left_us / 1e6)
+        await self.slots.acquire()  # free: returns at once
+        return True
+
     async def dispatch(self) -> None:
         prepared: tuple[Request, bytes] | None = None
         while True:
@@ -296,12 +362,13 @@ class _Dispatcher:
                 await self._wait_wake(delay_us / 1e6)
                 continue  # re-check: a follow-up may now come first
             self._pop(req)
-            await self.slots.acquire()
-            task = asyncio.create_task(self._one(req, prepared[1]))
+            has_slot = await self._take_slot(req.deadline_us)
+            self.started = True
+            task = asyncio.create_task(self._one(req, prepared[1], has_slot))
             self.in_flight.add(task)
             task.add_done_callback(self.in_flight.discard)
 
-    async def _one(self, req: Request, content: bytes) -> None:
+    async def _one(self, req: Request, content: bytes, has_slot: bool) -> None:
         # Numbered when it starts (tasks start in creation order), so a request cancelled
         # before it ran leaves no gap in the ids.
         request_id = next(self.request_ids)
@@ -314,22 +381,38 @@ class _Dispatcher:
             headers["x-gateway-inference-fairness-id"] = req.tenant_id
         if req.slo_class:
             headers["x-gateway-inference-objective"] = req.slo_class
-        if req.deadline_us:
-            timeout_s = max(0.0, (req.deadline_us - self.clock.now_us()) / 1e6)
-        else:
-            timeout_s = opts.request_timeout_s
+        # The deadline this client applies, recorded as the row's deadline_us: the
+        # workload's, else --request-timeout-s from now (on the trace's clock).
+        now_us = self.clock.now_us()
+        deadline_us = req.deadline_us or min(
+            MAX_TIME_US, now_us + round(opts.request_timeout_s * 1e6)
+        )
+        timeout_s = (deadline_us - now_us) / 1e6
         try:
-            async with asyncio.timeout(timeout_s):
-                await self.server.send(content, headers, self.clock, m, opts.record_itl)
+            if not has_slot:
+                m.fail(
+                    "timeout",
+                    f"{NOT_SENT} its deadline passed while it waited for a free slot "
+                    f"(--max-concurrency {opts.max_concurrency})",
+                )
+            elif timeout_s <= 0:
+                m.fail("timeout", f"{NOT_SENT} its deadline passed before it could go out")
+            else:
+                async with asyncio.timeout(timeout_s):
+                    await self.server.send(content, headers, self.clock, m, opts.record_itl)
         except TimeoutError:
-            m.fail("timeout", f"no complete response within {timeout_s:.3f} s")
+            if m.send_us:
+                m.fail("timeout", f"no complete response within {timeout_s:.3f} s")
+            else:
+                m.fail("timeout", f"no connection within {timeout_s:.3f} s")
         except asyncio.CancelledError:
             m.fail("incomplete", "observation interrupted")
         finally:
-            self.slots.release()
+            if has_slot:
+                self.slots.release()
         if not m.send_us:
-            m.send_us = self.clock.now_us()
-        self.rows.append(_row(request_id, req, m, opts.streaming))
+            m.mark_not_sent()
+        self.rows.append(_row(request_id, req, m, opts.streaming, deadline_us))
         if opts.record_itl:
             self.chunk_times[str(request_id)] = m.chunk_times_us
         self.counts[m.status] += 1
@@ -351,32 +434,87 @@ class _Dispatcher:
         if self.progress is not None:
             self.progress(dict(self.counts, in_flight=len(self.in_flight)))
 
-    async def run(self, handle_interrupt: bool) -> None:
-        dispatcher = asyncio.create_task(self.dispatch())
-        loop = asyncio.get_running_loop()
+    def interrupt(self, signal_number: int) -> None:
+        """Stop sending and cancel the requests in flight (recorded as incomplete). The first
+        signal decides (simulator/interruption.py): it is recorded where
+        the CLI looks for it, so a later one is ignored while the trace is written."""
+        stop = active_stop()
+        if stop is not None and stop.first is None and not stop.closed:
+            stop.first = signal_number
+        if self.interrupted:
+            return
+        self.interrupted = True
+        self.signal_number = stop.first if stop is not None and stop.first else signal_number
+        if self.dispatcher is not None:
+            self.dispatcher.cancel()
+        for task in list(self.in_flight):
+            task.cancel()
 
-        def interrupt() -> None:
-            if self.interrupted:
-                return
-            self.interrupted = True
-            dispatcher.cancel()
-            for task in list(self.in_flight):
-                task.cancel()
-
-        catch = handle_interrupt and threading.current_thread() is threading.main_thread()
-        if catch:
-            loop.add_signal_handler(signal.SIGINT, interrupt)
+    async def run(self) -> None:
+        if self.interrupted:
+            return
+        self.dispatcher = asyncio.create_task(self.dispatch())
         try:
-            try:
-                await dispatcher
-            except asyncio.CancelledError:
-                if not self.interrupted:
-                    raise
-            if self.in_flight:
-                await asyncio.gather(*self.in_flight, return_exceptions=True)
-        finally:
-            if catch:
-                loop.remove_signal_handler(signal.SIGINT)
+            await self.dispatcher
+        except asyncio.CancelledError:
+            if not self.interrupted:
+                raise
+        if self.in_flight:
+            await asyncio.gather(*self.in_flight, return_exceptions=True)
+
+
+def _signals_to_catch() -> list[int]:
+    """The signals an observation turns into "stop and keep what was measured": SIGINT
+    (Ctrl-C) unless it is ignored; SIGTERM as well where servesim's own handling of it is in
+    force (the `servesim` command: `interruption.stopping_on_signals`). Elsewhere SIGTERM
+    keeps the meaning the calling program gave it (by default it ends the process)."""
+    caught = []
+    for sig in HANDLED_SIGNALS:
+        handler = signal.getsignal(sig)
+        if handler is signal.SIG_IGN:
+            continue  # a shell's background job ignores SIGINT: it stays ignored
+        if sig == signal.SIGINT or (active_stop() is not None and callable(handler)):
+            caught.append(sig)
+    return caught
+
+
+@contextlib.contextmanager
+def _signals_caught(run: _Dispatcher, enabled: bool) -> Iterator[None]:
+    """Inside the block the caught signals (`_signals_to_catch`) interrupt `run` through the
+    event loop; on leaving, their previous handlers come back (asyncio would reset them to
+    Python's defaults, and a later signal would then be reported as SIGINT's traceback or
+    kill the process mid-write)."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    previous: dict[int, Any] = {}
+    try:
+        for sig in _signals_to_catch():
+            previous[sig] = signal.getsignal(sig)
+            loop.add_signal_handler(sig, run.interrupt, sig)
+        yield
+    finally:
+        # Held back while the handlers are swapped: in between, asyncio's reset would let a
+        # SIGTERM end the process. One that comes meanwhile reaches the restored handler.
+        with _signals_blocked(list(previous)):
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_blocked(signals: list[int]) -> Iterator[None]:
+    """Delay `signals` (the calling thread) inside the block; where the platform cannot, not."""
+    if not signals or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 async def observe_requests(
@@ -389,8 +527,10 @@ async def observe_requests(
 ) -> Observation:
     """Check the server, send `requests` (arrival order, µs from the start) and record them.
 
-    With `handle_interrupt`, Ctrl-C (SIGINT, main thread only) stops sending, cancels the
-    requests in flight (recorded as incomplete) and returns what was measured so far.
+    With `handle_interrupt`, Ctrl-C (SIGINT, main thread only; SIGTERM too inside the
+    `servesim` command) stops sending, cancels the requests in flight (recorded as
+    incomplete) and returns what was measured so far. An interrupt escapes (as
+    KeyboardInterrupt) only before any request was started.
     """
     options.validate()
     server = OpenAIServer(
@@ -406,7 +546,18 @@ async def observe_requests(
         measured_rtt_ms = await server.check()
         created_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         run = _Dispatcher(requests, sessions, server, options, progress)
-        await run.run(handle_interrupt)
+        try:
+            with _signals_caught(run, handle_interrupt):
+                await run.run()
+                await server.aclose()  # while the signals are still caught
+        except KeyboardInterrupt as exc:
+            # A signal an instant before the handlers were in place or after they were
+            # removed, when nothing is in flight: once a request was started, the record
+            # is kept (the first signal decides the exit status).
+            if not (handle_interrupt and run.started) or run.in_flight:
+                raise
+            run.interrupted = True
+            run.signal_number = signal_of(exc)
     finally:
         await server.aclose()
     rows = sorted(run.rows, key=lambda r: int(r.request_id))
@@ -425,7 +576,7 @@ async def observe_requests(
     chunk_times = (
         {r.request_id: run.chunk_times[r.request_id] for r in rows} if (options.record_itl) else {}
     )
-    return Observation(header, rows, run.interrupted, chunk_times)
+    return Observation(header, rows, run.interrupted, chunk_times, run.signal_number)
 
 
 def run_observation(coro) -> Observation:
