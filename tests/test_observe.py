@@ -28,7 +28,13 @@ from simulator.cli import app
 from simulator.errors import ConfigError
 from simulator.observe import observe
 from simulator.scenario import Scenario
-from simulator.workload.trace import STATUSES, load_trace, read_header, read_rows
+from simulator.workload.trace import (
+    STATUSES,
+    load_trace,
+    read_header,
+    read_rows,
+    trace_notes,
+)
 from tests.observe_stub_server import StubServer
 
 runner = CliRunner()
@@ -667,6 +673,16 @@ def test_a_request_that_cannot_connect_is_recorded_not_sent(tmp_path):
     assert obs.counts()["error"] == 3 and obs.not_sent() == 3
     obs.write_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
     assert [r.send_time_us for r in read_rows(tmp_path / "t.csv")] == [0, 0, 0]
+    # A replay offers every row, as BLIS's does, at its scheduled arrival, and says how many
+    # never reached the recorded server (docs/observe.md, "Requests that never went out").
+    notes = trace_notes(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert [n for n in notes if n.startswith("not sent:")] == [
+        "not sent: 3 request(s) never went out to the recorded server; replayed at their "
+        "arrival_time_us like every row, as BLIS replays every row (the load offered, not only "
+        "what the server saw; docs/observe.md)"
+    ]
+    _, replayed = load_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert [r.arrival_us for r in replayed] == [row.arrival_time_us for row in obs.rows]
 
 
 def test_sent_requests_have_a_positive_send_time(stub):

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigError, invalid, unknown
+from ..workload.trace import NOT_SENT_PREFIX
 
 API_FORMATS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Error messages are kept to one short line in the trace.
@@ -22,7 +23,7 @@ MAX_ERROR_CHARS = 200
 CONNECT_TIMEOUT_S = 10.0
 RTT_PROBES = 3
 # How the error message of a request that never went out starts (its send_time_us is 0).
-NOT_SENT = "not sent:"
+NOT_SENT = NOT_SENT_PREFIX  # what replay looks for (workload/trace.py)
 
 
 class Clock:

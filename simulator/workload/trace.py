@@ -843,6 +843,8 @@ class TraceSpans:
     # The most requests outstanding at once (sent, last chunk not yet received) when the
     # trace records completions (last_chunk_time_us), else 0.
     max_in_flight: int = 0
+    # Rows `servesim observe` marks as never having gone out (`never_went_out`).
+    not_sent: int = 0
 
     @property
     def scheduled_span_us(self) -> int:
@@ -874,11 +876,13 @@ def trace_spans(path: str | Path) -> TraceSpans:
     header = _csv_header(p, kind)
     col = _trace_columns(p, header)
     arrivals, recorded_sends, ends = [], [], []
+    not_sent = 0
     for line, rec in _records(p, kind, len(header)):
         f = _Fields(kind, p, line, col, rec)
         arrivals.append(f.bounded_int("arrival_time_us"))
         recorded_sends.append(f.bounded_int("send_time_us"))
         ends.append(f.bounded_int("last_chunk_time_us"))
+        not_sent += never_went_out(f.text("status"), f.text("error_message"))
     if not arrivals:
         return TraceSpans(0, 0, 0, 0, 0)
     if _mixes_clocks(recorded_sends):
@@ -895,7 +899,18 @@ def trace_spans(path: str | Path) -> TraceSpans:
         min(sends),
         max(sends),
         _most_outstanding(sends, ends),
+        not_sent,
     )
+
+
+# How `servesim observe` begins the error message of a request that never went out (its
+# connection failed, or its deadline passed first); its send_time_us is 0.
+NOT_SENT_PREFIX = "not sent:"
+
+
+def never_went_out(status: str, error_message: str) -> bool:
+    """Whether a row is one `servesim observe` recorded as never having gone out."""
+    return status != "ok" and error_message.startswith(NOT_SENT_PREFIX)
 
 
 def _most_outstanding(sends: list[int], ends: list[int]) -> int:
@@ -1024,6 +1039,12 @@ def trace_notes(
             notes.append(f"{column}: {text}")
     if spans is None:
         spans = trace_spans(p)
+    if spans.not_sent:
+        notes.append(
+            f"{NOT_SENT_PREFIX} {spans.not_sent:,} request(s) never went out to the recorded "
+            "server; replayed at their arrival_time_us like every row, as BLIS replays every "
+            "row (the load offered, not only what the server saw; docs/observe.md)"
+        )
     shift = spans.first_send_us - spans.first_arrival_us
     if shift:
         clocks = ""
