@@ -76,6 +76,14 @@ class SweepResult(SweepTables):
 # --- validation -----------------------------------------------------------------------------
 
 
+def _same_number(value: Any) -> Any:
+    """`value` with an integral float as the int it equals (5.0 as 5), for comparing grid
+    values; anything else as it is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def check_path(base: Scenario, path: str) -> None:
     """Raise ConfigError unless `path` names a field of the scenario schema.
 
@@ -390,7 +398,8 @@ def sweep(
     # A NumPy scalar is the number it holds: the same column type and run key as a plain one.
     grid = {path: [plain_scalar(v) for v in values] for path, values in grid.items()}
     for path, values in grid.items():  # as with seeds: a repeated value is a repeated run
-        shown = [json.dumps(v, sort_keys=True, default=str) for v in values]
+        # 5 and 5.0 are one value to the scenario's field, so one run.
+        shown = [json.dumps(_same_number(v), sort_keys=True, default=str) for v in values]
         if len(set(shown)) != len(shown):
             raise ConfigError(
                 f"grid: {path}: duplicate values in {excerpt(values)}; each value once"

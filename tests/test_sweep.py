@@ -504,6 +504,9 @@ def test_a_changed_input_file_reuses_no_run(tmp_path: Path) -> None:
 def test_a_repeated_grid_value_and_a_stray_ray_address_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"^grid: workload.rate: duplicate values in \[5, 5\]"):
         sweep(BASE, {"workload.rate": [5, 5]}, workers=1)
+    # The same number written two ways is the same value of the field, so the same runs.
+    with pytest.raises(ConfigError, match=r"duplicate values in \[5, 5.0\]"):
+        sweep(BASE, {"workload.rate": [5, 5.0]}, workers=1)
     with pytest.raises(ConfigError, match="^ray_address: invalid value '1.2.3.4:1'"):
         sweep(BASE, {"workload.rate": [5]}, ray_address="1.2.3.4:1")
 
