@@ -684,6 +684,25 @@ def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
     )
 
 
+# The figures only a streamed answer measures (its first chunk is the first token).
+STREAMED_METRICS = ("ttft_mean_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms")
+
+
+def streamed_positions(run: RunSpec, positions: list[int]) -> list[int]:
+    """Of the scored rows at `positions`, those whose answer the client streamed: all of them
+    except in a recorded trace (`mode: real`) whose rows say `streaming` false."""
+    if run.kind != "trace":
+        return positions
+    from .calibration_report import not_streamed
+    from .workload.trace import read_header, read_rows
+
+    header = read_header(run.trace_header)
+    if header.get("mode", "generated") != "real":
+        return positions
+    rows = read_rows(run.requests_csv)
+    return [i for i in positions if not not_streamed(header, rows[i])]
+
+
 def _figures(m: MeasuredRun) -> dict[str, float]:
     return run_metrics(m.ttft_ms, m.e2e_ms, m.output_tokens, m.window_s)
 
@@ -809,12 +828,29 @@ def validate_run(
     # With a forced length (or an observe cell's exact count), the simulated client counts
     # what the real one reported.
     counted = run.forced_output_tokens is not None or run.kind == "trace"
+    reported = measured.reported if counted else None
     predicted, n_predicted = _predicted(
-        result.request_records,
-        measured.positions,
-        measured.reported if counted else None,
-        measured.window_start_s,
+        result.request_records, measured.positions, reported, measured.window_start_s
     )
+    figures = _figures(measured)
+    streamed = streamed_positions(run, measured.positions)
+    if len(streamed) < len(measured.positions):
+        # A request the client did not stream measured no TTFT (its first chunk is the whole
+        # body's): TTFT and ITL are of the streamed requests alone, on both sides.
+        keep = np.isin(measured.positions, streamed)
+        only = replace(
+            measured,
+            positions=streamed,
+            ttft_ms=measured.ttft_ms[keep],
+            e2e_ms=measured.e2e_ms[keep],
+            output_tokens=measured.output_tokens[keep],
+        )
+        sub_measured = _figures(only)
+        sub_predicted, _ = _predicted(
+            result.request_records, streamed, reported, measured.window_start_s
+        )
+        for name in STREAMED_METRICS:
+            figures[name], predicted[name] = sub_measured[name], sub_predicted[name]
     outcome = {
         "run": run.name,
         "dataset": run.dataset,
@@ -828,8 +864,10 @@ def validate_run(
         "n_predicted": n_predicted,
         "warm_up_s": warm_up_s,
         "wall_s": time.perf_counter() - started_s,
-        "scores": score(_figures(measured), predicted),
+        "scores": score(figures, predicted),
     }
+    if len(streamed) < len(measured.positions):
+        outcome["not_streamed"] = len(measured.positions) - len(streamed)
     if load is not None:
         outcome["load"] = load
     return outcome

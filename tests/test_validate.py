@@ -1148,3 +1148,42 @@ def test_calibrate_on_both_datasets_says_the_cells_it_leaves_out(both_layouts: P
         in result.stderr
     )
     assert f"fit them with --traces {str(both_layouts / V23)!r}" in result.stderr
+
+
+def test_requests_not_streamed_give_validate_e2e_only(both_layouts: Path) -> None:
+    """In a recorded cell, a row with streaming false has as first chunk the whole body's:
+    its "TTFT" is its E2E. Such rows count for E2E only; TTFT and ITL are scored over the
+    streamed rows, on both sides, so a row's first chunk time no longer matters once it is
+    marked. (Until 2026-12-07 they were scored as measured TTFTs.)"""
+    dataset = both_layouts / V23
+    with (dataset / "sweep-agg2" / "trace.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    marked = [
+        row | {"streaming": "false", "first_chunk_time_us": row["last_chunk_time_us"]}
+        if i % 2
+        else row
+        for i, row in enumerate(rows)
+    ]
+    _write_cell(dataset, "sweep-agg3", marked)
+    runs = {r.name: r for r in discover_runs(dataset, traces=True)}
+
+    def scores(name: str) -> tuple[dict, dict]:
+        outcome = validate_module.validate_run(runs[name], "roofline")
+        return {s["metric"]: s for s in outcome["scores"]}, outcome
+
+    whole, whole_outcome = scores("sweep-agg2")
+    mixed, mixed_outcome = scores("sweep-agg3")
+    assert "not_streamed" not in whole_outcome
+    scored = whole_outcome["n_success"]
+    assert mixed_outcome["not_streamed"] == len(range(1, scored, 2))
+    for metric in ("e2e_mean_ms", "e2e_p99_ms"):
+        assert mixed[metric]["measured"] == whole[metric]["measured"]
+    # TTFT over the even rows only: their own mean, on the measured side.
+    sent = [int(r["send_time_us"]) for r in rows]
+    streamed_ttft = [
+        (int(rows[i]["first_chunk_time_us"]) - sent[i]) / 1e3
+        for i in range(0, len(rows), 2)
+        if rows[i]["status"] == "ok"
+    ]
+    assert mixed["ttft_mean_ms"]["measured"] == pytest.approx(np.mean(streamed_ttft))
+    assert mixed["ttft_mean_ms"]["measured"] < mixed["e2e_mean_ms"]["measured"] / 10

@@ -694,9 +694,16 @@ def validate_cmd(
         def progress(outcome: dict[str, Any]) -> None:
             if quiet:
                 return
+            unstreamed = outcome.get("not_streamed", 0)
             typer.echo(
                 f"{outcome['dataset']} {outcome['run']}: {outcome['n_success']}/"
-                f"{outcome['n_requests']} scored, {outcome['wall_s']:.1f} s",
+                f"{outcome['n_requests']} scored, {outcome['wall_s']:.1f} s"
+                + (
+                    f" ({unstreamed} not streamed (streaming=false): E2E only, TTFT and ITL "
+                    "over the streamed ones)"
+                    if unstreamed
+                    else ""
+                ),
                 err=True,
             )
 
