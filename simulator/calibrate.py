@@ -353,6 +353,10 @@ def trace_case(
         _refuse_unknown_recorded_model(
             recorded["model"], server.sources.get("model", ""), trace_header, trace_data
         )
+    if any(overrides.get(name) is not None for name in ("model", "tp", "hardware")):
+        # As replay decides (server_settings.recorded_settings): the recorded KV blocks belong
+        # to the recorded model, TP and GPU; a deployment chosen here sizes its own cache.
+        recorded.pop("engine.total_kv_blocks", None)
     overrides = {key.replace(".", "__"): value for key, value in recorded.items()} | {
         k: v for k, v in overrides.items() if v is not None
     }

@@ -549,6 +549,11 @@ def test_trace_cells_are_named_after_their_folders(cells: Path) -> None:
     # A flag wins over the recorded setting.
     flagged = cal.trace_cases(cells, engine__total_kv_blocks=6000)
     assert all(c.overrides["engine__total_kv_blocks"] == 6000 for c in flagged)
+    # The recorded blocks are the recorded deployment's: choosing the model, TP or GPU sizes
+    # the cache from the chosen deployment's memory, as replay does (docs/traces.md).
+    for chosen in ({"model": "llama-2-7b-hf"}, {"tp": 1}, {"hardware": "H100"}):
+        own = cal.trace_cases(cells, **chosen)
+        assert all("engine__total_kv_blocks" not in c.overrides for c in own), chosen
     # server_config.json records no token budget: the server took vLLM's default for the GPU
     # (8,192 on an H100, 2,048 on an L40S), not BLIS's. Its sequence limit is the header's
     # (these traces were written by servesim simulating an H100 under physics, whose header
