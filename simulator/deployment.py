@@ -27,6 +27,7 @@ from .errors import ConfigError, in_field, invalid
 from .latency import build_step_time_model, latency_model_class
 from .latency.base import StepTimeModel
 from .latency.kv_capacity import (
+    GIB_BYTES,
     compute_kv_blocks,
     derive_max_model_len,
     kv_bytes_per_token,
@@ -502,6 +503,42 @@ def capacity_rule(scenario: Scenario) -> str:
     return rule
 
 
+# The settings a measured defaults.yaml block count was logged at: a stock vLLM server's.
+MEASURED_ROW_SETTINGS = {"gpu_memory_utilization": 0.9, "block_size_tokens": 16}
+
+
+def _unlike_measured_row(
+    scenario: Scenario,
+    model: ModelConfig,
+    gpu: GPUSpec,
+    tp: int,
+    layout: Parallelism,
+    blocks: int,
+) -> str | None:
+    """Why a defaults.yaml block count does not describe this instance under the `vllm` rule
+    (None when it does). A row is what a stock vLLM server of (model, GPU, TP) allocated: at
+    utilisation 0.9, 16-token blocks, the model's own weight and cache dtypes, on TP GPUs
+    alone; another setting there changes the count (an FP8 cache doubles it). And a row whose
+    blocks hold more KV than the instance's GPUs have memory is not vLLM's per-GPU count
+    (BLIS's rows for TP > 1 can count each block once per GPU): the rule computes those."""
+    eng = scenario.engine
+    for name, stock in MEASURED_ROW_SETTINGS.items():
+        if getattr(eng, name) != stock:
+            return f"engine.{name} is {getattr(eng, name)}, the row was measured at {stock}"
+    if eng.kv_cache_dtype != "auto" or scenario.weight_dtype != "auto":
+        return "a weight or KV-cache dtype other than the model's own is set"
+    if layout.gpus != tp:
+        return f"the instance has {layout.gpus} GPUs (pipeline, data or expert parallel), not TP"
+    kv_bytes = blocks * eng.block_size_tokens * kv_bytes_per_token(model, tp) * tp
+    memory = gpu.memory_gib * GIB_BYTES * tp
+    if kv_bytes > memory:
+        return (
+            f"its KV ({kv_bytes / GIB_BYTES:,.0f} GiB) exceeds the {memory / GIB_BYTES:,.0f} "
+            f"GiB of the instance's {tp} GPU(s)"
+        )
+    return None
+
+
 def _total_kv_blocks(
     scenario: Scenario, model: ModelConfig, gpu: GPUSpec, tp: int, layout: Parallelism
 ) -> tuple[int, str]:
@@ -514,8 +551,22 @@ def _total_kv_blocks(
         "vllm_version"
     )
     entry = lookup_coefficients(model.name, gpu.name, tp, version)
-    if entry is not None and entry.total_kv_blocks:
-        return entry.total_kv_blocks, "defaults.yaml"
+    # trained-physics is BLIS-current's model, whose defaults.yaml has no block counts: it
+    # always computes them.
+    if entry is not None and entry.total_kv_blocks and scenario.latency.model != "trained-physics":
+        if capacity_rule(scenario) == "blis":  # BLIS-Mar takes its row whatever else is set
+            return entry.total_kv_blocks, "defaults.yaml"
+        departure = _unlike_measured_row(scenario, model, gpu, tp, layout, entry.total_kv_blocks)
+        if departure is None:
+            return entry.total_kv_blocks, "defaults.yaml"
+        log.info(
+            "defaults.yaml's %d KV blocks for %s on %s TP %d not used: %s",
+            entry.total_kv_blocks,
+            model.name,
+            gpu.name,
+            tp,
+            departure,
+        )
     try:
         blocks = compute_kv_blocks(model, gpu, tp, **capacity_settings(scenario, layout))
         return blocks, "auto"

@@ -223,3 +223,46 @@ def test_a_plain_section_key_is_written_as_is(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=r"workloads\.my-preset_2: invalid value 5; must be"):
         load_defaults_file(bad)
+
+
+# --------------------------------------------------- when a measured block count is used
+
+
+def _blocks(**scenario: object) -> tuple[int, str]:
+    from simulator.api import resolve_deployment
+
+    base = {"model": "meta-llama/llama-3.1-8b-instruct", "hardware": "H100", "tp": 1}
+    deployment = resolve_deployment(base | scenario)
+    return deployment.engine.total_kv_blocks, deployment.describe()["kv_blocks_source"]
+
+
+def test_a_measured_block_count_describes_a_stock_server_only() -> None:
+    """defaults.yaml's 29,205 blocks for Llama-3.1-8B on one H100 are what a stock vLLM
+    server allocated (utilisation 0.9, 16-token blocks, the model's own dtypes, TP GPUs
+    alone). Under physics (the `vllm` rule) another such setting is computed instead: until
+    2026-12-07 an FP8 cache, utilisation 0.5, 32-token blocks or PP 2 all kept 29,205."""
+    assert _blocks() == (29_205, "defaults.yaml")
+    fp8, source = _blocks(engine={"kv_cache_dtype": "fp8"})
+    assert source == "auto" and fp8 == 57_589  # about twice: one byte per element, not two
+    assert _blocks(engine={"gpu_memory_utilization": 0.5}) == (12_410, "auto")
+    assert _blocks(engine={"block_size_tokens": 32}) == (14_397, "auto")  # half, at 32 tokens
+    assert _blocks(pp=2) == (64_409, "auto")  # two GPUs' memory
+    # BLIS-Mar takes its row whatever else is set (its backends' `blis` rule: parity) ...
+    assert _blocks(latency={"model": "roofline"}, engine={"block_size_tokens": 32}) == (
+        29_205,
+        "defaults.yaml",
+    )
+    # ... and BLIS-current's trained-physics, whose defaults.yaml has no block counts,
+    # always computes them: 2,802 at utilisation 0.5 for Qwen3-14B, BLIS-current's own figure.
+    assert _blocks(latency={"model": "trained-physics"}) == (26_312, "auto")
+    qwen = {"model": "qwen/qwen3-14b", "latency": {"model": "trained-physics"}}
+    assert _blocks(**qwen, engine={"gpu_memory_utilization": 0.5}) == (2_802, "auto")
+
+
+def test_a_row_larger_than_the_gpus_memory_is_not_used() -> None:
+    """gpt-oss-20b on one H100: the row's 302,690 blocks x 16 tokens x 49,152 B per token
+    (24 layers x 2 x 64 dims x 8 KV heads x 2 bytes) = 238,036,623,360 B = 221.7 GiB of KV
+    on an 80 GiB GPU: not a vLLM count, so the `vllm` rule computes it."""
+    blocks, source = _blocks(model="openai/gpt-oss-20b")
+    assert source == "auto" and blocks == 80_486
+    assert blocks * 16 * 49_152 < 80 * 2**30
