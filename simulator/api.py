@@ -442,7 +442,9 @@ def with_overrides(
     workload_overrides: dict[str, Any] | None = None,
     source: str = "command-line flags",
 ) -> Scenario:
-    """Apply flag overrides (dotted scenario paths) the way BLIS's CLI does.
+    """Apply flag overrides (dotted scenario paths) the way BLIS's CLI does, with one
+    departure: on a v2 spec `--rate` replaces its aggregate_rate, where both BLIS releases
+    ignore it (a flag given is never dropped; a warning says so when the rates differ).
 
     `workload_overrides` are synthetic-workload fields (`workload.rate`, ...). On a v2 workload
     (inline or `workload_spec` file) only rate and num_requests apply (as aggregate_rate and
@@ -477,7 +479,15 @@ def with_overrides(
                 f"{key}: does not apply to a v2 workload spec; only --rate (aggregate_rate), "
                 "--num-requests and the deadline (--timeout, --timeout-us) do"
             )
-        spec[V2_EQUIVALENTS[key]] = value
+        field = V2_EQUIVALENTS[key]
+        if field == "aggregate_rate" and spec.get(field) not in (None, value):
+            log.warning(
+                "--rate %g replaces the workload spec's aggregate_rate %g (BLIS ignores --rate "
+                "when a workload spec is given)",
+                value,
+                spec[field],
+            )
+        spec[field] = value
     if seed_given and spec.get("seed") is not None:
         spec["seed"] = overrides["seed"]
     base_dir = _workload_base_dir(sc)

@@ -68,6 +68,28 @@ def test_workload_spec_flag_replaces_a_scenarios_traffic(tmp_path, scenario):
         assert json.loads(out.read_text())["offered_requests"] == count  # every one arrived
 
 
+def test_rate_replaces_a_specs_aggregate_rate_and_says_it_departs_from_blis(tmp_path, caplog):
+    """Both BLIS releases ignore --rate beside --workload-spec; servesim applies it (a flag
+    given is never dropped) and says so, so that a parity run knows to leave it out."""
+    spec = write_spec(
+        tmp_path, {"aggregate_rate": 30, "num_requests": 20, "clients": [GOOD_CLIENT]}
+    )
+    out = tmp_path / "r.json"
+    res = invoke("run", "--workload-spec", spec, "--rate", 10, "--results-path", out)
+    assert res.exit_code == 0, res.output
+    said = [
+        r.getMessage() for r in caplog.records if "replaces the workload spec" in r.getMessage()
+    ]
+    assert said == [
+        "--rate 10 replaces the workload spec's aggregate_rate 30 (BLIS ignores --rate when a "
+        "workload spec is given)"
+    ]
+    caplog.clear()
+    same = invoke("run", "--workload-spec", spec, "--rate", 30, "--results-path", out)
+    assert same.exit_code == 0
+    assert not [r for r in caplog.records if "replaces the workload spec" in r.getMessage()]
+
+
 def test_trace_output_then_replay_is_byte_identical(tmp_path):
     prefix = tmp_path / "t"
     run = invoke(
