@@ -10,6 +10,7 @@ parallelism; vLLM's `--enable-expert-parallel` is `ep` = tp·dp.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -74,16 +75,36 @@ class Parallelism:
         return self.tp * self.pp
 
     @property
+    def experts_tensor_parallel_over_ranks(self) -> bool:
+        """DP ranks without expert parallelism across them: vLLM's default for an MoE model
+        served with data parallelism, whose expert layers form one tensor-parallel group of
+        tp x dp GPUs (each holds a 1/(tp·dp) slice of every expert and computes it for every
+        rank's tokens, gathered before the layer and reduce-scattered after it)."""
+        return self.dp > 1 and self.ep <= self.tp
+
+    @property
     def expert_shards(self) -> int:
         """Each GPU of a stage holds 1/expert_shards of the routed-expert weights: a slice of
-        every expert (TP) or whole experts (EP)."""
+        every expert (TP, over the ranks too with DP) or whole experts (EP)."""
+        if self.experts_tensor_parallel_over_ranks:
+            return self.tp * self.dp
         return max(self.tp, self.ep)
 
     @property
     def ep_ranks(self) -> int:
-        """DP ranks whose tokens one expert-parallel group serves (1 when EP stays inside a
-        rank's TP GPUs)."""
+        """DP ranks whose tokens one group of expert GPUs serves: every rank when the experts
+        are sliced over all of them, ep/tp with expert parallelism across ranks, else 1."""
+        if self.experts_tensor_parallel_over_ranks:
+            return self.dp
         return max(1, self.ep // self.tp)
+
+    def expert_group_gpus(self, stage: int = 0) -> list[int]:
+        """The GPUs whose expert layers of pipeline stage `stage` exchange tokens: that stage's
+        tp GPUs in each of the `ep_ranks` ranks, numbered as vLLM places them (rank by rank,
+        stage by stage within a rank, tp GPUs per stage)."""
+        stride = self.pp * self.tp
+        start = stage * self.tp
+        return [r * stride + start + t for r in range(self.ep_ranks) for t in range(self.tp)]
 
     @property
     def is_trivial(self) -> bool:
@@ -165,8 +186,14 @@ class Links:
     def alltoall_peers(self, group: int) -> tuple[int, int]:
         """(peers on the same fabric, peers across the network) of one GPU in an aligned
         group of `group` GPUs."""
-        local = min(group, self.domain_gpus)
-        return local - 1, group - local
+        return self.peers(range(group))
+
+    def peers(self, gpus: Sequence[int]) -> tuple[int, int]:
+        """(peers on the same fabric, peers across the network) of the first of `gpus` among
+        them (GPUs numbered in placement order, domain by domain)."""
+        home = gpus[0] // self.domain_gpus
+        local = sum(1 for g in gpus if g // self.domain_gpus == home)
+        return local - 1, len(gpus) - local
 
 
 def links_for(gpu: GPUSpec) -> Links:

@@ -762,7 +762,8 @@ class PhysicsModel(StepTimeModel):
                     None if layout.pp == 1 else ranges[i],
                     first_stage=i == 0,
                     last_stage=i == layout.pp - 1,
-                )
+                ),
+                i,
             )
             for i in range(layout.pp)
         ]
@@ -773,7 +774,7 @@ class PhysicsModel(StepTimeModel):
         self.hand_off_bytes_per_token = 2 * float(model.hidden_dim) * model.bytes_per_param
         self.queueing_us = int(request_delay_s(self.coefficients) * 1e6)
 
-    def _stage(self, shape: ModelShape) -> _Stage:
+    def _stage(self, shape: ModelShape, stage: int = 0) -> _Stage:
         tp, layout, links = self.tp, self.layout, self.links
         # A TP group wider than one scale-up domain all-reduces over the network: every ring
         # step waits for its slowest (network) hop. NCCL runs one ring per network card, so
@@ -797,18 +798,34 @@ class PhysicsModel(StepTimeModel):
         ring_steps = shape.allreduces * 2 * (tp - 1)
         alltoall_s_per_token, alltoall_steps, alltoall_network = 0.0, 0, False
         if layout.ep_ranks > 1 and shape.moe_layers:
-            local_peers, remote_peers = links.alltoall_peers(layout.ep)
-            # Each GPU dispatches its 1/tp share of the rank's tokens to the k experts' GPUs
-            # and receives the results back (combine); (ep - 1)/ep of them live elsewhere.
-            dispatch = self._dispatch_bytes_per_element()
-            per_token = (
-                shape.moe_layers
-                * shape.experts_per_token
-                * float(self.model.hidden_dim)
-                * (dispatch + self.model.bytes_per_param)
-                / tp
-                / layout.ep
-            )
+            # The group's GPUs as vLLM places them (rank by rank, then stage): with pipeline
+            # stages a stage's group is not consecutive GPUs.
+            group = layout.expert_group_gpus(stage)
+            local_peers, remote_peers = links.peers(group)
+            d_bytes = float(self.model.hidden_dim) * self.model.bytes_per_param
+            if layout.experts_tensor_parallel_over_ranks:
+                # Every GPU computes its expert slices for every rank's tokens: the ranks'
+                # hidden states are all-gathered before each MoE layer ((dp - 1) other ranks'
+                # per token of this rank) and the partial outputs reduce-scattered over the
+                # group after it (dp·(G - 1)/G), spread over the G - 1 peers.
+                size = len(group)
+                dp = layout.dp
+                per_token = (
+                    shape.moe_layers * d_bytes * ((dp - 1) + dp * (size - 1) / size) / (size - 1)
+                )
+            else:
+                # Each GPU dispatches its 1/tp share of the rank's tokens to the k experts'
+                # GPUs and receives the results back (combine); (ep - 1)/ep of them live
+                # elsewhere.
+                dispatch = self._dispatch_bytes_per_element()
+                per_token = (
+                    shape.moe_layers
+                    * shape.experts_per_token
+                    * float(self.model.hidden_dim)
+                    * (dispatch + self.model.bytes_per_param)
+                    / tp
+                    / layout.ep
+                )
             # The two links carry their shares at once; the slower one sets the time.
             alltoall_s_per_token = max(
                 per_token * local_peers / (links.scale_up_gb_per_s * 1e9),

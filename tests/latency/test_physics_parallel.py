@@ -207,6 +207,50 @@ def test_expert_all_to_all_across_two_nodes_by_hand():
     assert stage.shape.expert_weight_bytes == 58 * EXPERT / 16
 
 
+def test_dp_ranks_without_ep_slice_the_experts_over_every_rank_by_hand():
+    """vLLM serves an MoE model with data parallelism and no --enable-expert-parallel by
+    making the expert layers one tensor-parallel group of tp x dp GPUs (until 2026-12-07 each
+    rank kept its own copy of every expert: a quarter of the KV capacity and 2.5x the decode
+    step at DP4 for Qwen3-30B-A3B). Mixtral, 4 ranks of TP1: each GPU holds 1/4 of every
+    expert (as EP4's whole experts), computes it for all 4 ranks' tokens, which are
+    all-gathered before each of the 32 MoE layers (3 other ranks' hidden states per token of
+    its rank, 4,096 x 2 B each) and reduce-scattered after it (4 x 3/4 of them), over 3 NVLink
+    peers at 450 GB/s: per token 32 x 4,096 x 2 B x (3 + 3) / 450e9 s."""
+    layout = Parallelism(1, dp=4)
+    assert layout.experts_tensor_parallel_over_ranks
+    assert (layout.expert_shards, layout.ep_ranks) == (4, 4)
+    m = PhysicsModel(MIXTRAL, H100, 1, BARE, parallelism=layout)
+    ep = PhysicsModel(MIXTRAL, H100, 1, BARE, parallelism=Parallelism(1, dp=4, ep=4))
+    stage = m.stages[0]
+    assert stage.shape.expert_weight_bytes == ep.stages[0].shape.expert_weight_bytes
+    assert stage.alltoall_s_per_token == pytest.approx(32 * 4096 * 2 * 6 / 450e9)
+    assert (stage.collectives, stage.network_steps) == (2 * 32, 0)
+    assert stage.shape.allreduces == ep.stages[0].shape.allreduces  # no TP all-reduce there
+    # Each rank's share of the KV memory is EP4's too: the expert fraction per GPU is 1/4.
+    from simulator.api import resolve_deployment
+
+    def blocks(**lay: object) -> int:
+        scenario = {"model": "qwen/qwen3-30b-a3b", "hardware": "H100", "tp": 1, **lay}
+        return resolve_deployment(scenario).engine.total_kv_blocks
+
+    assert blocks(dp=4) == blocks(dp=4, ep=4) > 3 * blocks()
+
+
+def test_an_expert_group_spans_the_ranks_stage_by_stage():
+    """vLLM places ranks one after another, each its pp stages of tp GPUs: with TP4, PP2,
+    DP2 and EP8, stage 0's expert group is GPUs 0-3 of rank 0 and 8-11 of rank 1, which
+    straddle two 8-GPU nodes (until 2026-12-07 priced as GPUs 0-7, one node: no network)."""
+    layout = Parallelism(4, pp=2, dp=2, ep=8)
+    assert layout.expert_group_gpus(0) == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert layout.expert_group_gpus(1) == [4, 5, 6, 7, 12, 13, 14, 15]
+    links = links_for(H100)
+    assert links.peers(layout.expert_group_gpus(0)) == (3, 4)
+    assert links.peers(range(8)) == links.alltoall_peers(8) == (7, 0)
+    qwen = load_model("qwen/qwen3-235b-a22b")
+    m = PhysicsModel(qwen, H100, 4, BARE, parallelism=layout)
+    assert all(stage.network_steps > 0 for stage in m.stages)
+
+
 # --- tensor parallelism across nodes -------------------------------------------------------------
 
 
