@@ -10,7 +10,9 @@ workload of one to three clients with SLO classes from its seed. BLIS generates 
 simulates the workload and writes it as a trace (`--trace-output`) with its per-request
 results; servesim replays that trace with the same flags; every request's TTFT and E2E must
 agree to 1 µs, and the completed and dropped counts exactly (`whole_process.compare_requests`).
-Exit status 1 when any case differs.
+Exit status: 0 when every case of every build agrees; 1 when any case differs; 3 when none
+differs but some case was not checked (a program failed: BLIS's run or servesim's replay);
+2 for a wrong option.
 
 The cases stay where the two simulators mean the same thing (docs/accuracy.md, "Parity with
 BLIS"), so a difference is a bug on one side, not a documented departure:
@@ -80,6 +82,7 @@ PRIORITY_POLICIES = ("constant", "slo-based", "inverted-slo")
 SLO_CLASSES = ("critical", "standard", "sheddable", "batch", "background")
 PREFIX_LENGTHS = (16, 100, 512, 1000)  # tokens of a shared prompt prefix
 KV_BLOCKS = 2_000_000  # never short: no preemption
+EXIT_DIFFER, EXIT_NOT_CHECKED = 1, 3
 BURST_RATE = 1_000_000  # requests per second: 1 µs apart
 
 
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cases: invalid value {args.cases}; give a positive count")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="servesim-parity-fuzz-"))
     folder.mkdir(parents=True, exist_ok=True)
-    differ = 0
+    differ = unchecked = 0
     for name, path in builds.items():
         blis = blis_program(name, path)
         verdicts = {"agree": 0, "differ": 0, "not checked": 0}
@@ -256,8 +259,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{verdicts['differ']} differ, {verdicts['not checked']} not checked"
         )
         differ += verdicts["differ"]
+        unchecked += verdicts["not checked"]
     print(f"files in {folder}")
-    return 1 if differ else 0
+    if differ:
+        return EXIT_DIFFER
+    if unchecked:
+        print(
+            f"parity_fuzz.py: {unchecked} case(s) not checked (a program failed; see above)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_CHECKED
+    return 0
 
 
 if __name__ == "__main__":

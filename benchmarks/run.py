@@ -20,7 +20,16 @@ pays per run and its peak memory is the process's peak resident set size (import
 Results go to a CSV (--csv, default benchmarks/results.csv). With --baseline (a CSV written
 by an earlier run, e.g. on the commit before a speed change) the markdown table shows both.
 Running some cases replaces their rows in the CSVs (and the table) and keeps the others; each
-row names the commit it measured.
+row names the commit it measured (`-dirty` when the tree had uncommitted changes) and when.
+
+Options of the other mode are refused (--repeat, --csv, --baseline, --before-tree with
+--whole-process; --pairs, --scale, --out, --startup-runs, --no-parity, --servesim and the BLIS
+paths without it), and so are output files that cannot be written, before anything runs.
+Exit status: 0 when everything ran (and, with --whole-process, every check held); 1 when a run
+failed (a one-line reason; nothing is written in-process, --whole-process writes what finished
+and marks it incomplete) or a --whole-process check did not hold (the replay parity did not
+agree or was not checked, or a case's completed counts differ): the report is written; 2 for
+a wrong option; 130 on Ctrl-C (nothing written).
 """
 
 from __future__ import annotations
@@ -200,6 +209,7 @@ CSV_FIELDS = [
     "peak_rss_mib",
     "runs_requests_per_wall_s",
     "commit",
+    "when_utc",
 ]
 
 
@@ -253,16 +263,45 @@ def compile_tree(tree: Path | None = None) -> None:
     compile_package(sys.executable, package, tree_env(tree))
 
 
+class ChildFailed(RuntimeError):
+    """A case's process failed, or imported servesim from the wrong tree; one-line message."""
+
+
+def check_tree(tree: Path) -> str | None:
+    """Why `tree` (a --before-tree) is not a servesim checkout, or None when it is one."""
+    if not tree.is_dir():
+        return f"no such folder: {tree}"
+    if not (tree / "simulator" / "__init__.py").is_file():
+        return f"no simulator/ package in {tree}"
+    return None
+
+
+def check_imported(package_dir: str, tree: Path | None) -> str | None:
+    """Why a child that imported `simulator` from `package_dir` did not measure `tree` (this
+    checkout when None), or None when it did."""
+    expected = ((tree if tree is not None else HERE.parent) / "simulator").resolve()
+    if Path(package_dir).resolve() != expected:
+        return f"imported simulator from {package_dir}, not {expected}"
+    return None
+
+
 def run_child(name: str, tree: Path | None = None) -> dict:
-    """One run of case `name` in a fresh process, on this checkout or on `tree`."""
+    """One run of case `name` in a fresh process, on this checkout or on `tree`; ChildFailed
+    (with the child's last error line) when it fails."""
+    label = f"({name}) on {tree}" if tree is not None else f"({name})"
     out = subprocess.run(
         [sys.executable, __file__, "--child", name],
-        check=True,
         capture_output=True,
         text=True,
         env=tree_env(tree),
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    if out.returncode != 0:
+        reason = _whole_process().last_error_line(out.stderr)
+        raise ChildFailed(f"{label} failed (exit {out.returncode}): {reason}")
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    if why := check_imported(row["simulator"], tree):
+        raise ChildFailed(f"{label} {why}")
+    return row
 
 
 def run_case(name: str, repeat: int) -> dict:
@@ -290,11 +329,19 @@ def summarize_runs(name: str, runs: list[dict]) -> dict:
     row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
     row["runs_requests_per_wall_s"] = " ".join(str(s) for s in speeds)
     row["commit"] = _commit(row.pop("simulator"))
+    row["when_utc"] = _now_utc()
     return row
 
 
 def _commit(package_dir: str) -> str:
-    return _whole_process().git_output(package_dir, "rev-parse", "--short", "HEAD")
+    """The measured tree's commit, `-dirty` when edited: as --whole-process names it."""
+    return _whole_process().tree_commit(package_dir)
+
+
+def _now_utc() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -318,13 +365,23 @@ def merge_rows(rows: list[dict], path: Path) -> list[dict]:
     return [merged[name] for name in CASES if name in merged]
 
 
-def markdown_table(rows: list[dict], baseline: dict[str, dict] | None) -> str:
-    """The docs table: one line per case, before/after when a baseline is given."""
+def _measured(row: dict) -> str:
+    """A row's commit and, when the CSV has it, its date: "`3c062f7` 2026-12-05"."""
+    commit = row.get("commit") or "?"
+    when = (row.get("when_utc") or "").split(" ")[0]
+    return f"`{commit}` {when}".rstrip()
+
+
+def markdown_table(
+    rows: list[dict], baseline: dict[str, dict] | None, note: str | None = None
+) -> str:
+    """The docs table: one line per case, before/after when a baseline is given, and the
+    commit (and date) each side measured; `note` goes under it."""
     baseline = baseline or {}
     head = (
         "| case | requests | before req/s | after req/s | speed-up | before req/CPU s "
-        "| after req/CPU s | before peak MiB | after peak MiB |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| after req/CPU s | before peak MiB | after peak MiB | measured: before; after |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [head]
     for row in rows:
@@ -336,14 +393,28 @@ def markdown_table(rows: list[dict], baseline: dict[str, dict] | None) -> str:
 
         old_speed = before.get("requests_per_wall_s")
         ratio = f"{float(row['requests_per_wall_s']) / float(old_speed):.1f}x" if old_speed else "–"
+        measured = f"{_measured(before) if before else '–'}; {_measured(row)}"
         lines.append(
             f"| {row['case']} | {int(row['requests']):,} "
             f"| {figure(before, 'requests_per_wall_s')} | {figure(row, 'requests_per_wall_s')} "
             f"| {ratio} | {figure(before, 'requests_per_cpu_s')} "
             f"| {figure(row, 'requests_per_cpu_s')} | {figure(before, 'peak_rss_mib')} "
-            f"| {figure(row, 'peak_rss_mib')} |"
+            f"| {figure(row, 'peak_rss_mib')} | {measured} |"
         )
+    if note:
+        lines += ["", note]
     return "\n".join(lines)
+
+
+def baseline_note(baseline: Path, before_tree: Path | None) -> str | None:
+    """Said under the table when the before figures were not measured in this run, run by run
+    with the after figures (--before-tree does that)."""
+    if before_tree is not None:
+        return None
+    return (
+        f"Before figures: `{baseline.name}` as it stood, not measured alternately with the "
+        "after figures (the machine's speed moves between spells; `--before-tree` alternates)."
+    )
 
 
 TABLE_BEGIN = "<!-- benchmarks/run.py table: begin -->"
@@ -365,17 +436,26 @@ def update_markdown(path: Path, table: str, begin: str = TABLE_BEGIN, end: str =
 
 def relative_costs(rows: list[dict]) -> list[str]:
     """Cost per request (CPU µs / request) of each case in COST_RELATIVE_TO against its
-    reference case, when both rows are at hand."""
+    reference case, both from `rows`: this run's rows only (never a reference row kept in
+    the CSV from another run, another spell of the machine). A case run without its
+    reference gets a line saying how to have the ratio."""
     by_case = {row["case"]: row for row in rows}
     lines = []
     for case, reference in COST_RELATIVE_TO.items():
-        if case in by_case and reference in by_case:
-            cost_us = 1e6 / float(by_case[case]["requests_per_cpu_s"])
-            reference_us = 1e6 / float(by_case[reference]["requests_per_cpu_s"])
+        if case not in by_case:
+            continue
+        cost_us = 1e6 / float(by_case[case]["requests_per_cpu_s"])
+        if reference not in by_case:
             lines.append(
-                f"({case}) {cost_us:.0f} CPU µs/request, ({reference}) {reference_us:.0f}: "
-                f"{cost_us / reference_us:.2f}x"
+                f"({case}) {cost_us:.0f} CPU µs/request; no ratio to ({reference}): it was not "
+                f"run this time (run --cases {reference} {case} for it)"
             )
+            continue
+        reference_us = 1e6 / float(by_case[reference]["requests_per_cpu_s"])
+        lines.append(
+            f"({case}) {cost_us:.0f} CPU µs/request, ({reference}) {reference_us:.0f}, both "
+            f"this run: {cost_us / reference_us:.2f}x"
+        )
     return lines
 
 
@@ -390,7 +470,12 @@ def _print_row(row: dict, label: str) -> None:
 WHOLE_PROCESS_HELP = """whole processes:
   run.py --whole-process --blis-mar PATH [--blis-current PATH] [--pairs 5] [--cases a c d]
   Each PATH is a BLIS binary, run in its own folder (it reads defaults.yaml and
-  hardware_config.json there)."""
+  hardware_config.json there). The default --out, benchmarks/whole_process.json, is the
+  committed report the docs' table comes from: a run with --scale other than 1 needs --out."""
+
+DEFAULT_OUT = HERE / "whole_process.json"
+DEFAULT_CSV = HERE / "results.csv"
+WHOLE_DEFAULTS = {"pairs": 5, "startup_runs": 10, "scale": 1.0}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -407,8 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(CASES),
         help="cases to run (default: all; with --whole-process: a c d)",
     )
-    parser.add_argument("--repeat", type=int, default=None, help="runs per case (median)")
-    parser.add_argument("--csv", type=Path, default=HERE / "results.csv")
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="runs per case (median; default per case)"
+    )
+    parser.add_argument(
+        "--csv", type=Path, default=None, help="results CSV (default benchmarks/results.csv)"
+    )
     parser.add_argument("--baseline", type=Path, default=None, help="CSV of an earlier run")
     parser.add_argument("--markdown", type=Path, default=None, help="rewrite the table here")
     parser.add_argument(
@@ -430,31 +519,36 @@ def build_parser() -> argparse.ArgumentParser:
     whole.add_argument(
         "--blis-current", type=Path, default=None, metavar="PATH", help="current BLIS binary"
     )
-    whole.add_argument("--pairs", type=int, default=5, help="rounds per case (default 5)")
+    whole.add_argument("--pairs", type=int, default=None, help="rounds per case (default 5)")
     whole.add_argument(
         "--out",
         type=Path,
-        default=HERE / "whole_process.json",
-        help="report file: JSON here, CSV beside it (default benchmarks/whole_process.json)",
+        default=None,
+        help="report file: JSON here, CSV beside it (default benchmarks/whole_process.json, "
+        "only with --scale 1)",
     )
     whole.add_argument(
         "--servesim",
         type=Path,
         default=None,
         metavar="PATH",
-        help="servesim executable (default: the one next to this Python)",
+        help="another servesim executable, timed with the simulator package it imports itself "
+        "(default: the console script next to this Python, importing this checkout)",
     )
     whole.add_argument(
         "--startup-runs",
         type=int,
-        default=10,
-        help="runs of `--help` and of a 1-request run per program (median; 0 = skip)",
+        default=None,
+        help="runs of `--help` and of a 1-request run per program (median; default 10; 0 = skip)",
     )
     whole.add_argument(
         "--no-parity", action="store_true", help="skip the replay parity check against BLIS-Mar"
     )
     whole.add_argument(
-        "--scale", type=float, default=1.0, help="multiply the cases' request counts (trials)"
+        "--scale",
+        type=float,
+        default=None,
+        help="multiply the cases' request counts (trials; needs --out unless 1)",
     )
     return parser
 
@@ -468,28 +562,80 @@ def _fail(parser: argparse.ArgumentParser, message: str) -> None:
     parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
+def unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at `path` (its folders are created as needed), or None."""
+    if path.is_dir():
+        return f"{path} is a folder"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else f"{path} is not writable"
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create files in {folder}"
+    return None
+
+
+def _check_outputs(parser: argparse.ArgumentParser, outputs: list[tuple[str, Path]]) -> None:
+    for flag, path in outputs:
+        if why := unwritable(path):
+            _fail(parser, f"{flag}: {why}")
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Option combinations and the BLIS binaries' paths; exits with a one-line error."""
-    wp = _whole_process()
-    given = [
+    """Option combinations, values, output files and the BLIS binaries' paths, before anything
+    runs; exits with a one-line error naming the option (status 2)."""
+    if args.cases is not None and not args.cases:
+        _fail(parser, "--cases needs at least one case name")
+    if args.repeat is not None and args.repeat < 1:
+        _fail(parser, f"--repeat must be at least 1 (got {args.repeat})")
+    whole_only = [
         flag
         for flag, value in (
             ("--blis-mar", args.blis_mar),
             ("--blis-current", args.blis_current),
             ("--servesim", args.servesim),
+            ("--pairs", args.pairs),
+            ("--startup-runs", args.startup_runs),
+            ("--no-parity", args.no_parity or None),
+            ("--scale", args.scale),
+            ("--out", args.out),
         )
         if value is not None
     ]
     if not args.whole_process:
-        if given:
-            _fail(parser, f"{given[0]} needs --whole-process")
+        if whole_only:
+            _fail(parser, f"{whole_only[0]} needs --whole-process")
         if args.cases is None:
             args.cases = list(CASES)
+        if args.csv is None:
+            args.csv = DEFAULT_CSV
+        outputs = [("--csv", args.csv)]
+        if args.before_tree is not None:
+            if why := check_tree(args.before_tree):
+                _fail(parser, f"--before-tree: {why}")
+            if args.baseline is None:
+                _fail(parser, "--before-tree needs --baseline (the CSV its figures go to)")
+            outputs.append(("--baseline", args.baseline))
+        elif args.baseline is not None and not args.baseline.is_file():
+            _fail(parser, f"--baseline: no such file: {args.baseline}")
+        if args.markdown is not None:
+            outputs.append(("--markdown", args.markdown))
+        _check_outputs(parser, outputs)
         return
-    if args.before_tree is not None:
-        _fail(parser, "--whole-process and --before-tree do not combine")
+    for flag, value in (
+        ("--repeat", args.repeat),
+        ("--csv", args.csv),
+        ("--baseline", args.baseline),
+        ("--before-tree", args.before_tree),
+    ):
+        if value is not None:
+            _fail(parser, f"{flag} is for the in-process suite; --whole-process does not take it")
     if args.blis_mar is None:
         _fail(parser, "--whole-process needs --blis-mar PATH (the BLIS-Mar binary)")
+    wp = _whole_process()
     for flag, path in (
         ("--blis-mar", args.blis_mar),
         ("--blis-current", args.blis_current),
@@ -497,12 +643,23 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     ):
         if path is not None and (why := wp.check_binary(path)):
             _fail(parser, f"{flag}: {why}")
+    for name, value in WHOLE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.pairs < 1:
         _fail(parser, "--pairs must be at least 1")
     if args.startup_runs < 0:
         _fail(parser, "--startup-runs must be 0 or more")
-    if args.scale <= 0:
+    if not args.scale > 0:
         _fail(parser, "--scale must be positive")
+    if args.out is None:
+        if args.scale != 1:
+            _fail(
+                parser,
+                f"--scale {args.scale:g} needs --out: the default {DEFAULT_OUT.name} is the "
+                "full-size report the docs' table comes from",
+            )
+        args.out = DEFAULT_OUT
     if args.cases is None:
         args.cases = list(wp.DEFAULT_CASES)
     other = [c for c in args.cases if c not in wp.CASES]
@@ -511,6 +668,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser,
             f"--whole-process runs cases {', '.join(wp.CASES)}; not {', '.join(other)}",
         )
+    outputs = [("--out", args.out.with_suffix(".json")), ("--out", args.out.with_suffix(".csv"))]
+    if args.markdown is not None:
+        outputs.append(("--markdown", args.markdown))
+    _check_outputs(parser, outputs)
 
 
 def _whole_process():
@@ -522,7 +683,8 @@ def _whole_process():
     return whole_process
 
 
-def main_whole_process(args: argparse.Namespace) -> dict:
+def main_whole_process(args: argparse.Namespace) -> int:
+    """The --whole-process run; its exit status (see the module's docstring)."""
     wp = _whole_process()
     programs = [wp.servesim_program(args.servesim), wp.blis_program(wp.MAR, args.blis_mar)]
     if args.blis_current is not None:
@@ -531,38 +693,42 @@ def main_whole_process(args: argparse.Namespace) -> dict:
     def log(line: str) -> None:
         print(line, flush=True)
 
-    report = wp.run(
-        programs,
-        args.cases,
-        args.pairs,
-        args.startup_runs,
-        parity=not args.no_parity,
-        scale=args.scale,
-        log=log,
-    )
+    try:
+        report = wp.run(
+            programs,
+            args.cases,
+            args.pairs,
+            args.startup_runs,
+            parity=not args.no_parity,
+            scale=args.scale,
+            log=log,
+        )
+    except wp.ProgramFailed as failure:  # before anything was timed
+        print(f"run.py: error: {failure} (nothing written)", file=sys.stderr)
+        return 1
     json_path, csv_path = wp.write_outputs(report, args.out)
     wp.print_report(report, log)
-    if args.markdown:
-        update_markdown(
-            args.markdown, wp.markdown_table(report), WHOLE_TABLE_BEGIN, WHOLE_TABLE_END
-        )
+    if args.markdown and not report.get("incomplete"):
+        table = wp.markdown_table(report) + "\n\n" + wp.caption(report)
+        update_markdown(args.markdown, table, WHOLE_TABLE_BEGIN, WHOLE_TABLE_END)
     print(f"\nJSON: {json_path}, CSV: {csv_path}")
-    return report
+    problems = wp.failed_checks(report)
+    if report.get("incomplete"):
+        finished = ", ".join(f"({c['case']})" for c in report["cases"]) or "no case"
+        print(
+            f"run.py: error: {report['incomplete']}; {finished} finished, written to "
+            f"{json_path} marked incomplete"
+            + (f"; {args.markdown} left as it was" if args.markdown else ""),
+            file=sys.stderr,
+        )
+        return 1
+    if problems:
+        print(f"run.py: check failed: {'; '.join(problems)}", file=sys.stderr)
+        return 1
+    return 0
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(run_case_here(args.child)))
-        return
-    check_args(parser, args)
-    if args.whole_process:
-        main_whole_process(args)
-        return
-    if args.before_tree is not None and args.baseline is None:
-        parser.error("--before-tree needs --baseline (the CSV its figures go to)")
+def main_in_process(args: argparse.Namespace) -> int:
     rows, before_rows = [], []
     compile_tree()
     if args.before_tree is not None:
@@ -577,19 +743,44 @@ def main(argv: list[str] | None = None) -> None:
             row = run_case(name, repeat)
         rows.append(row)
         _print_row(row, "")
-    rows = merge_rows(rows, args.csv)
     for line in relative_costs(rows):
         print(line)
-    write_csv(rows, args.csv)
+    merged = merge_rows(rows, args.csv)
+    write_csv(merged, args.csv)
     if args.before_tree is not None:
         write_csv(merge_rows(before_rows, args.baseline), args.baseline)
     baseline = read_csv(args.baseline) if args.baseline else None
-    table = markdown_table(rows, baseline)
+    note = baseline_note(args.baseline, args.before_tree) if args.baseline else None
+    table = markdown_table(merged, baseline, note)
     if args.markdown:
         update_markdown(args.markdown, table)
     print(f"\n{platform.python_implementation()} {platform.python_version()}, CSV: {args.csv}")
     print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(run_case_here(args.child)))
+        return 0
+    check_args(parser, args)
+    try:
+        if args.whole_process:
+            return main_whole_process(args)
+        return main_in_process(args)
+    except ChildFailed as failure:
+        print(f"run.py: error: {failure} (nothing written)", file=sys.stderr)
+        return 1
+    except _whole_process().ProgramFailed as failure:  # compiling a tree's bytecode
+        print(f"run.py: error: {failure} (nothing written)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("run.py: interrupted (nothing written)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

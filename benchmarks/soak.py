@@ -14,7 +14,16 @@ run must keep is one record per request (the result's request table) and one per
 so memory grows linearly; a leak (state kept per finished request beyond its record, a queue
 that never drains, an index that never evicts) shows up as a growth rate per request that
 rises over the run. The check: the growth per finished request over the second half of the
-run is at most FLAT_TOLERANCE x the rate over the first half (after a warm-up window).
+run is at most FLAT_TOLERANCE x the rate over the first half (after a warm-up window). It
+needs at least MIN_SAMPLES (3) samples after the warm-up (with the default `--sample-every`,
+a sample every 1,000 finished requests below 50,000, runs of 4,000 requests or more); with
+fewer, memory is not judged.
+
+The report is JSON on stdout: `memory_flat` is true, false, or null when not judged, and
+`memory_verdict` says which in words. Exit status: 0 memory flat (and every invariant held: a
+broken one stops the run with InvariantViolation); 1 memory grows faster late in the run; 3
+memory not judged (too few samples: a longer run or a smaller `--sample-every`); 2 a wrong
+option.
 
 Invariants: every end-of-run law, checked by the run itself while its engines are still live
 (`simulate(..., end_checks=True)`: request conservation per instance and cluster, states,
@@ -42,10 +51,15 @@ from pathlib import Path
 import simulator
 
 # One H100 serving Llama-3.1-8B saturates near 60.8 req/s at 512 -> 128 tokens
-# (benchmarks/bench_cluster.py); this mix is longer on average, so aim a little lower.
+# (benchmarks/run.py, SATURATION_REQ_PER_S); this mix is longer on average, so aim a little
+# lower.
 PER_INSTANCE_REQ_PER_S = 38.0
 FLAT_TOLERANCE = 1.5
 WARM_UP_FRACTION = 0.1
+# Samples after the warm-up needed to judge memory: two halves of at least two samples each
+# (the halves share the middle one).
+MIN_SAMPLES = 3
+EXIT_FLAT, EXIT_GROWS, EXIT_NOT_JUDGED = 0, 1, 3
 
 
 def lifecycle_events(instances: int, run_s: float) -> list[dict]:
@@ -169,14 +183,63 @@ def growth_per_request(samples: list[tuple[int, int]]) -> float:
     return (m1 - m0) / (n1 - n0) if n1 > n0 else 0.0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def memory_verdict(
+    samples: list[tuple[int, int]], num_requests: int
+) -> tuple[bool | None, float | None, float | None, str]:
+    """(flat, bytes per request in the first half, in the second half, verdict in words) from
+    the (finished requests, RSS bytes) samples; flat and the rates are None when there are
+    fewer than MIN_SAMPLES samples after the warm-up (not judged)."""
+    warm = [s for s in samples if s[0] >= WARM_UP_FRACTION * num_requests]
+    if len(warm) < MIN_SAMPLES:
+        return (
+            None,
+            None,
+            None,
+            f"not judged: {len(warm)} memory samples after the warm-up, {MIN_SAMPLES} needed "
+            "(run more requests or give a smaller --sample-every)",
+        )
+    half = len(warm) // 2
+    first_rate = growth_per_request(warm[: half + 1])
+    second_rate = growth_per_request(warm[half:])
+    if second_rate <= FLAT_TOLERANCE * max(first_rate, 1.0):
+        verdict = f"flat: {second_rate:.0f} B/request late vs {first_rate:.0f} early"
+        return True, first_rate, second_rate, verdict
+    verdict = (
+        f"grows: {second_rate:.0f} B/request in the second half vs {first_rate:.0f} in the "
+        f"first (tolerance x{FLAT_TOLERANCE})"
+    )
+    return False, first_rate, second_rate, verdict
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def description(doc: str) -> str:
+    """The first paragraph of a docstring, as one line (not its first line, cut mid-sentence)."""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="soak.py", description=description(__doc__))
     parser.add_argument("--num-requests", type=int, default=1_000_000)
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--sample-every", type=int, default=0, help="default: 2%% of the run")
     parser.add_argument("--check-during", action="store_true", help="check every step too")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, value, least in (
+        ("--num-requests", args.num_requests, 1),
+        ("--instances", args.instances, 1),
+        ("--sample-every", args.sample_every, 0),
+    ):
+        if value < least:
+            parser.exit(2, f"soak.py: error: {flag} must be at least {least} (got {value})\n")
 
     sample_every = args.sample_every or max(1000, args.num_requests // 50)
     samples: list[tuple[int, int]] = []  # (finished requests, RSS bytes)
@@ -207,11 +270,7 @@ def main() -> int:
     )
     wall_s = time.perf_counter() - started_s
 
-    warm = [s for s in samples if s[0] >= WARM_UP_FRACTION * args.num_requests]
-    half = len(warm) // 2
-    first_rate = growth_per_request(warm[: half + 1]) if half >= 1 else float("nan")
-    second_rate = growth_per_request(warm[half:]) if half >= 1 else float("nan")
-    flat = not half or second_rate <= FLAT_TOLERANCE * max(first_rate, 1.0)
+    flat, first_rate, second_rate, verdict = memory_verdict(samples, args.num_requests)
     s = result.summary
     report = {
         "requests": args.num_requests,
@@ -226,9 +285,11 @@ def main() -> int:
         "preemptions": s["preemption_count"],
         "rss_start_mib": round(rss_start / 2**20, 1),
         "rss_end_mib": round(rss_bytes() / 2**20, 1),
-        "bytes_per_request_first_half": round(first_rate, 1),
-        "bytes_per_request_second_half": round(second_rate, 1),
+        "memory_samples": len(samples),
+        "bytes_per_request_first_half": _round(first_rate),
+        "bytes_per_request_second_half": _round(second_rate),
         "memory_flat": flat,
+        "memory_verdict": verdict,
         "invariants": "hold",
         "lifecycle_events": len(doc["events"]),
         "failed": s.get("failed_requests", 0),
@@ -238,14 +299,13 @@ def main() -> int:
         "gpu_cost_usd": round(result.fleet_metrics["gpu_cost_usd"], 2),
     }
     print(json.dumps(report, indent=2))
+    if flat is None:
+        print(f"memory {verdict}", file=sys.stderr)
+        return EXIT_NOT_JUDGED
     if not flat:
-        print(
-            f"memory grows faster late in the run: {second_rate:.0f} B/request in the second "
-            f"half vs {first_rate:.0f} in the first (tolerance x{FLAT_TOLERANCE})",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+        print(f"memory {verdict}", file=sys.stderr)
+        return EXIT_GROWS
+    return EXIT_FLAT
 
 
 if __name__ == "__main__":

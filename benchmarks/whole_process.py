@@ -16,7 +16,14 @@ Before anything is timed, servesim's package is compiled to bytecode once
 servesim process would compile every module whose cached bytecode is stale or missing, and
 its wall would include that compilation (0.5–0.8 s of case (a)'s 2.1–2.4 s when measured).
 
-This module is run.py's helper; it holds no path to any BLIS binary: they are arguments.
+servesim is this checkout's (the console script next to this Python, the checkout first on
+PYTHONPATH), or with run.py's --servesim another executable with the package it imports
+itself; the report names the package and its commit. The report records the request-count
+`scale`; a program that fails stops the run, and the report keeps what finished, marked
+`incomplete` (`failed_checks` lists that and any check that did not hold).
+
+This module is run.py's helper (running it on its own only says so); it holds no path to any
+BLIS binary: they are arguments.
 """
 
 from __future__ import annotations
@@ -231,17 +238,20 @@ class Program:
 
 
 def servesim_program(executable: Path | None = None) -> Program:
-    """servesim as users start it: the console script next to this Python (or `executable`),
-    importing this checkout first (the venv's editable install may point at another tree)."""
+    """servesim as users start it. By default the console script next to this Python,
+    importing this checkout first (on PYTHONPATH: the venv's editable install may point at
+    another tree). With `executable` (run.py's --servesim), that program as it is, with the
+    `simulator` package it imports itself (its own environment's install): nothing is put on
+    PYTHONPATH. Which package that is, `compile_bytecode` finds out and the report records."""
+    if executable is not None:
+        return Program(SERVESIM, (str(executable),))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    if executable is None:
-        script = Path(sys.executable).parent / "servesim"
-        if script.exists():
-            return Program(SERVESIM, (str(script),), env=env)
-        code = "import sys; from simulator.cli import main; sys.exit(main())"
-        return Program(SERVESIM, (sys.executable, "-c", code), env=env)
-    return Program(SERVESIM, (str(executable),), env=env)
+    script = Path(sys.executable).parent / "servesim"
+    if script.exists():
+        return Program(SERVESIM, (str(script),), env=env)
+    code = "import sys; from simulator.cli import main; sys.exit(main())"
+    return Program(SERVESIM, (sys.executable, "-c", code), env=env)
 
 
 def program_python(program: Program) -> str | None:
@@ -269,14 +279,25 @@ def compile_bytecode(program: Program) -> Path | None:
         return None
     env = dict(program.env if program.env is not None else os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    where = subprocess.run(
-        [python, "-c", "import os, simulator; print(os.path.dirname(simulator.__file__))"],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=program.cwd,
+    # The first entry of sys.path as the program sees it: a console script's own folder
+    # (`python -c` would put the working directory there, and find a checkout's package in
+    # it that the script does not import).
+    first = program.argv[0]
+    script_dir = "" if Path(first).name.startswith("python") else str(Path(first).resolve().parent)
+    code = (
+        "import os, sys\n"
+        f"if sys.path and sys.path[0] == '': sys.path[0] = {script_dir!r}\n"
+        "import simulator\n"
+        "print(os.path.dirname(os.path.abspath(simulator.__file__)))"
     )
+    where = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, env=env, cwd=program.cwd
+    )
+    if where.returncode != 0:
+        raise ProgramFailed(
+            f"{program.name} ({program.argv[0]}): its Python {python} cannot import simulator: "
+            f"{last_error_line(where.stderr)}"
+        )
     package = Path(where.stdout.strip().splitlines()[-1])
     compile_package(python, package, env)
     return package
@@ -287,7 +308,13 @@ def compile_package(python: str, package: Path, env: dict[str, str]) -> None:
     install` does, PYTHONDONTWRITEBYTECODE unset for that one process (run.py's in-process
     cases use it too)."""
     env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([python, "-m", "compileall", "-q", str(package)], check=True, env=env)
+    out = subprocess.run(
+        [python, "-m", "compileall", "-q", str(package)], capture_output=True, text=True, env=env
+    )
+    if out.returncode != 0:
+        raise ProgramFailed(
+            f"compiling {package} to bytecode failed: {last_error_line(out.stderr + out.stdout)}"
+        )
 
 
 def blis_program(name: str, binary: Path) -> Program:
@@ -444,11 +471,18 @@ class ProgramRuns:
 
 
 class ProgramFailed(RuntimeError):
-    pass
+    """A program (or a step before timing) failed; the message is one line."""
 
 
-def _tail(text: str, lines: int = 5) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+def last_error_line(stderr: str) -> str:
+    """The last line a failing process wrote that says why (a traceback's last line, say),
+    skipping valgrind's own `==pid==` lines; "(no message)" when it wrote nothing."""
+    lines = [
+        line.strip()
+        for line in stderr.splitlines()
+        if line.strip() and not (line.startswith("==") and "==" in line[2:12])
+    ]
+    return lines[-1] if lines else "(no message)"
 
 
 def run_case(
@@ -478,7 +512,7 @@ def run_case(
         timing = time_process(by_name[name], args[name])
         if timing.returncode != 0:
             raise ProgramFailed(
-                f"({case.name}) {name} exited {timing.returncode}: {_tail(timing.stderr)}"
+                f"({case.name}) {name} exited {timing.returncode}: {last_error_line(timing.stderr)}"
             )
         runs[name].record(timing)
         log(f"  ({case.name}) round {round_index + 1}/{pairs} {name:<13} {timing.wall_s:8.3f} s")
@@ -534,7 +568,8 @@ def measure_startup(program: Program, runs: int, spec: Path, log=print) -> dict:
             timing = time_process(program, args, rss=False)
             if timing.returncode != 0:
                 raise ProgramFailed(
-                    f"{program.name} {label} exited {timing.returncode}: {_tail(timing.stderr)}"
+                    f"{program.name} start-up ({label}) exited {timing.returncode}: "
+                    f"{last_error_line(timing.stderr)}"
                 )
             walls.append(timing.wall_s)
             summary = cluster_summary(timing.stdout)
@@ -634,7 +669,9 @@ def trace_and_replay(
     output = [PER_REQUEST_FLAG[blis.name], str(blis_out)]
     timing = time_process(blis, [*blis_args, "--trace-output", str(trace), *output], rss=False)
     if timing.returncode != 0:
-        return f"not checked: {blis.name} exited {timing.returncode}: {_tail(timing.stderr, 2)}"
+        return (
+            f"not checked: {blis.name} exited {timing.returncode}: {last_error_line(timing.stderr)}"
+        )
     replay_args = [
         "replay",
         "--trace-header",
@@ -648,7 +685,10 @@ def trace_and_replay(
     ]
     timing = time_process(servesim, replay_args, rss=False)
     if timing.returncode != 0:
-        return f"not checked: servesim replay exited {timing.returncode}: {_tail(timing.stderr, 2)}"
+        return (
+            f"not checked: servesim replay exited {timing.returncode}: "
+            f"{last_error_line(timing.stderr)}"
+        )
     return compare_requests(
         json.loads(blis_out.read_text()), json.loads(ours_out.read_text()), name=blis.name
     )
@@ -783,8 +823,15 @@ def git_output(directory: str | Path, *args: str) -> str:
         return ""
 
 
+def tree_commit(directory: str | Path) -> str:
+    """The commit of the checkout holding `directory`, `-dirty` when its working tree has
+    uncommitted changes (`git describe --always --dirty`); "" outside a checkout. run.py's
+    in-process rows use it too, so both name an edited tree alike."""
+    return git_output(directory, "describe", "--always", "--dirty")
+
+
 def _commit() -> str:
-    return git_output(ROOT, "describe", "--always", "--dirty")
+    return tree_commit(ROOT)
 
 
 def run(
@@ -796,14 +843,19 @@ def run(
     scale: float = 1.0,
     log=print,
 ) -> dict:
-    """Everything --whole-process measures, as one report."""
+    """Everything --whole-process measures, as one report. A program that fails (exits
+    non-zero) stops the run: the report then holds what finished before it (the replay
+    verdict, the start-up figures, the cases completed) and `incomplete` says what failed.
+    A failure before anything is timed (servesim's package cannot be found or compiled)
+    raises ProgramFailed."""
     cases = make_cases(scale)
     report: dict = {
         "when_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "python": platform.python_version(),
-        "servesim_commit": _commit(),
+        "servesim_commit": "",
         "pairs": pairs,
+        "scale": scale,
         "order": " ".join(p.name for p in programs) + " (repeated)",
         "peak_rss_from": str(TIME_BIN) if TIME_BIN.exists() else None,
         "programs": {p.name: p.command() for p in programs},
@@ -813,30 +865,61 @@ def run(
     if SERVESIM in by_name:
         package = compile_bytecode(by_name[SERVESIM])
         report["bytecode_compiled"] = None if package is None else str(package)
+        # The package the timed servesim imports, and its checkout's commit ("" when it is
+        # not in a checkout, or when servesim is not a Python script).
+        report["servesim_package"] = None if package is None else str(package)
+        report["servesim_commit"] = "" if package is None else tree_commit(package)
         if package is not None:
-            log(f"servesim's bytecode compiled first: {package}")
+            log(
+                f"servesim's bytecode compiled first: {package} "
+                f"({report['servesim_commit'] or 'not in a git checkout'})"
+            )
     with tempfile.TemporaryDirectory(prefix="servesim-whole-process-") as tmp:
         folder = Path(tmp)
-        if parity and MAR in by_name:
-            report["replay_parity"] = replay_parity(by_name[SERVESIM], by_name[MAR], folder, log)
-        if startup_runs > 0:
-            spec = write_spec(CASES["a"], folder / "startup")
-            report["startup"] = {}
-            for p in programs:
-                report["startup"][p.name] = measure_startup(p, startup_runs, spec, log)
-        for name in case_names:
-            log(f"({name}) {cases[name].description}, {cases[name].requests:,} requests")
-            record = run_case(cases[name], programs, pairs, folder / name, log)
-            log(f"  ({name}) completed counts: {record['completed_check']}")
-            report["cases"].append(record)
+        try:
+            if parity and MAR in by_name:
+                report["replay_parity"] = replay_parity(
+                    by_name[SERVESIM], by_name[MAR], folder, log
+                )
+            if startup_runs > 0:
+                spec = write_spec(CASES["a"], folder / "startup")
+                report["startup"] = {}
+                for p in programs:
+                    report["startup"][p.name] = measure_startup(p, startup_runs, spec, log)
+            for name in case_names:
+                log(f"({name}) {cases[name].description}, {cases[name].requests:,} requests")
+                record = run_case(cases[name], programs, pairs, folder / name, log)
+                log(f"  ({name}) completed counts: {record['completed_check']}")
+                report["cases"].append(record)
+        except ProgramFailed as failure:
+            report["incomplete"] = str(failure)
     return report
+
+
+def failed_checks(report: dict) -> list[str]:
+    """What went wrong in a report, one line each: a program that failed (`incomplete`), a
+    replay parity that did not agree (a MISMATCH, or not checked because a program failed),
+    a case whose completed counts differ or could not be read. Empty when all is well."""
+    problems = []
+    if report.get("incomplete"):
+        problems.append(f"incomplete: {report['incomplete']}")
+    parity = report.get("replay_parity")
+    if parity is not None and not parity.startswith("outputs agree"):
+        problems.append(f"replay parity: {parity}")
+    for case in report["cases"]:
+        if not case["completed_check"].startswith("agree"):
+            problems.append(f"({case['case']}) completed: {case['completed_check']}")
+    return problems
 
 
 def print_report(report: dict, log=print) -> None:
     log("")
+    scale = report.get("scale", 1.0)
     log(
         f"Whole processes, alternating {report['order']}, {report['pairs']} rounds, "
-        f"{report['when_utc']} UTC, servesim {report['servesim_commit']}"
+        f"{report['when_utc']} UTC, servesim {report['servesim_commit'] or '(commit unknown)'}"
+        + (f" from {report['servesim_package']}" if report.get("servesim_package") else "")
+        + ("" if scale == 1 else f", request counts scaled by {scale:g}")
     )
     log(markdown_table(report))
     if report.get("startup"):
@@ -851,3 +934,29 @@ def print_report(report: dict, log=print) -> None:
             log(f"({case['case']}) note: {note}")
         for name, why in case["skipped"].items():
             log(f"({case['case']}) {name} skipped: {why}")
+    if report.get("incomplete"):
+        log(f"INCOMPLETE, the run stopped: {report['incomplete']}")
+
+
+def caption(report: dict) -> str:
+    """The line under the generated markdown table: when, which servesim, how many rounds."""
+    scale = report.get("scale", 1.0)
+    return (
+        f"Measured {report['when_utc']} UTC, servesim "
+        f"`{report['servesim_commit'] or 'commit unknown'}`, {report['pairs']} rounds"
+        + ("" if scale == 1 else f", request counts scaled by {scale:g}")
+        + (f"; INCOMPLETE: {report['incomplete']}" if report.get("incomplete") else "")
+        + "."
+    )
+
+
+if __name__ == "__main__":
+    _USE = (
+        "benchmarks/whole_process.py is a module, used by `benchmarks/run.py --whole-process`; "
+        "run that (`benchmarks/run.py --help`)."
+    )
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(_USE)
+        sys.exit(0)
+    print(_USE, file=sys.stderr)
+    sys.exit(2)

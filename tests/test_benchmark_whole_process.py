@@ -332,3 +332,166 @@ def test_this_python_runs_servesim():
         program.argv[0] == sys.executable
     )
     assert str(BENCH.parent) in program.env["PYTHONPATH"]
+
+
+# --- options of the other mode, output files, scale (QA review) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--repeat", "2"], "--repeat is for the in-process suite"),
+        (["--csv", "x.csv"], "--csv is for the in-process suite"),
+        (["--baseline", "x.csv"], "--baseline is for the in-process suite"),
+        (["--cases"], "--cases needs at least one case name"),
+        (["--scale", "0"], "--scale must be positive"),
+        (["--startup-runs", "-1"], "--startup-runs must be 0 or more"),
+        (["--scale", "0.1"], "--scale 0.1 needs --out"),
+    ],
+)
+def test_whole_process_option_errors(tmp_path, capsys, extra, message):
+    mar = _fake(tmp_path, "mar")
+    with pytest.raises(SystemExit) as exit_info:
+        _parse(["--whole-process", "--blis-mar", str(mar), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_scaled_run_needs_its_own_out_and_the_default_is_kept_for_full_size(tmp_path):
+    mar = _fake(tmp_path, "mar")
+    args = _parse(["--whole-process", "--blis-mar", str(mar), "--scale", "0.1", "--out", "q.json"])
+    assert args.out == Path("q.json") and args.scale == 0.1
+    args = _parse(["--whole-process", "--blis-mar", str(mar), "--scale", "1"])
+    assert args.out == BENCH / "whole_process.json"
+
+
+def test_an_unwritable_out_is_refused_before_anything_runs(tmp_path, capsys):
+    mar = _fake(tmp_path, "mar")
+    with pytest.raises(SystemExit):
+        _parse(["--whole-process", "--blis-mar", str(mar), "--out", str(mar / "report.json")])
+    assert capsys.readouterr().err == f"run.py: error: --out: {mar} is not a folder\n"
+
+
+def _whole_argv(tmp_path: Path, servesim: Path, mar: Path, *extra: str) -> list[str]:
+    return [
+        "--whole-process",
+        "--blis-mar",
+        str(mar),
+        "--servesim",
+        str(servesim),
+        "--pairs",
+        "1",
+        "--startup-runs",
+        "0",
+        "--no-parity",
+        "--out",
+        str(tmp_path / "report.json"),
+        *extra,
+    ]
+
+
+def test_the_report_records_its_scale(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "runs.log"))
+    argv = _whole_argv(tmp_path, _fake(tmp_path, "S"), _fake(tmp_path, "M"), "--cases", "a")
+    assert bench_run.main([*argv, "--scale", "0.001"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["scale"] == 0.001
+    assert report["cases"][0]["requests"] == 10
+
+
+# --- failures and checks: one line, what finished kept, non-zero exit -----------------------------
+
+
+def test_a_failing_program_keeps_what_finished_and_exits_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "runs.log"))
+    good = _fake(tmp_path, "M0")
+    mar = _executable(
+        tmp_path / "M",
+        "#!/bin/sh\n"
+        'for a in "$@"; do if [ "$a" = "--prefill-instances" ]; then\n'
+        "  echo 'panic: something' >&2; echo 'Error: no PD here' >&2; exit 3; fi; done\n"
+        f'exec {good} "$@"\n',
+    )
+    markdown = tmp_path / "page.md"
+    page = f"{bench_run.WHOLE_TABLE_BEGIN}\nold\n{bench_run.WHOLE_TABLE_END}\n"
+    markdown.write_text(page)
+    argv = _whole_argv(tmp_path, _fake(tmp_path, "S"), mar, "--cases", "a", "d")
+    code = bench_run.main([*argv, "--scale", "0.001", "--markdown", str(markdown)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("run.py: error: (d) BLIS-Mar exited 3: Error: no PD here; (a) finished")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [c["case"] for c in report["cases"]] == ["a"]
+    assert report["incomplete"] == "(d) BLIS-Mar exited 3: Error: no PD here"
+    assert markdown.read_text() == page  # the docs' table is not replaced by a partial run
+
+
+def test_differing_completed_counts_exit_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "runs.log"))
+    mar = _fake(tmp_path, "M")
+    mar.write_text(mar.read_text().replace('"completed_requests": 7', '"completed_requests": 6'))
+    argv = _whole_argv(tmp_path, _fake(tmp_path, "S"), mar, "--cases", "a")
+    assert bench_run.main([*argv, "--scale", "0.001"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("run.py: check failed: (a) completed: DIFFER") and err.count("\n") == 1
+    assert json.loads((tmp_path / "report.json").read_text())["cases"][0]["case"] == "a"
+
+
+def test_failed_checks_name_a_parity_mismatch_and_an_unchecked_parity():
+    report = {"cases": [], "replay_parity": "MISMATCH at request_3: TTFT 1 µs vs 2 µs"}
+    assert wp.failed_checks(report) == ["replay parity: MISMATCH at request_3: TTFT 1 µs vs 2 µs"]
+    report["replay_parity"] = "not checked: BLIS-Mar exited 1: boom"
+    assert wp.failed_checks(report) == ["replay parity: not checked: BLIS-Mar exited 1: boom"]
+    report["replay_parity"] = "outputs agree: 1,000 requests, TTFT and E2E within 1 µs"
+    assert wp.failed_checks(report) == []
+
+
+def test_a_parity_mismatch_exits_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(wp, "replay_parity", lambda *a, **k: "MISMATCH: completed_requests 1 vs 2")
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "runs.log"))
+    argv = _whole_argv(tmp_path, _fake(tmp_path, "S"), _fake(tmp_path, "M"), "--cases", "a")
+    argv.remove("--no-parity")
+    assert bench_run.main([*argv, "--scale", "0.001"]) == 1
+    assert "replay parity: MISMATCH" in capsys.readouterr().err
+
+
+def test_failure_messages_are_the_last_error_line():
+    stderr = (
+        "==12== Callgrind\nTraceback (most recent call last):\n  x\nValueError: no\n==12== end\n"
+    )
+    assert wp.last_error_line(stderr) == "ValueError: no"
+    assert wp.last_error_line("") == "(no message)"
+
+
+# --- --servesim: another servesim, with its own package -------------------------------------------
+
+
+def test_another_servesim_is_timed_with_its_own_package(tmp_path):
+    """A servesim in another environment: its Python finds its own `simulator` (here through
+    a wrapper that appends the other tree to PYTHONPATH, as a site-packages comes after it).
+    The benchmark must not put this checkout in front of it, nor find this checkout through
+    the working directory."""
+    other = tmp_path / "other"
+    (other / "lib" / "simulator").mkdir(parents=True)
+    (other / "lib" / "simulator" / "__init__.py").write_text("")
+    (other / "bin").mkdir()
+    python = _executable(
+        other / "bin" / "python",
+        "#!/bin/sh\n"
+        f'PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{other / "lib"}" exec {sys.executable} "$@"\n',
+    )
+    servesim = _executable(other / "bin" / "servesim", f"#!{python}\nimport simulator\n")
+    program = wp.servesim_program(servesim)
+    assert program.env is None  # its own environment, no PYTHONPATH of ours
+    assert wp.compile_bytecode(program) == other / "lib" / "simulator"
+
+
+def test_a_servesim_whose_python_cannot_import_simulator_is_one_line(tmp_path):
+    python = _executable(tmp_path / "python", f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    servesim = _executable(tmp_path / "servesim", f"#!{python}\n")
+    with pytest.raises(wp.ProgramFailed) as failure:
+        wp.compile_bytecode(wp.servesim_program(servesim))
+    message = str(failure.value)
+    assert "cannot import simulator" in message and "\n" not in message
