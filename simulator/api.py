@@ -37,7 +37,7 @@ from .errors import (
     require_path,
 )
 from .fleet_plan import deployments_latency, latency_entry, plan_fleet, uses_fleet
-from .latency.kv_capacity import kv_bytes_per_token
+from .latency.kv_capacity import blis_kv_bytes_per_token, kv_bytes_per_token
 from .limits import MAX_REQUESTS
 from .metrics.results import Result
 from .scenario import (
@@ -300,14 +300,18 @@ def simulate(
 
 
 def _transfer_bytes_per_token(sc: Scenario, deployment: Deployment) -> float:
-    """The KV bytes per token a PD transfer moves, as BLIS sizes it: what one GPU of the
-    prefill instance holds (its TP and PP shard; an MLA latent whole on every TP GPU), each
-    GPU sending its own share over its own lane of the link."""
+    """The KV bytes per token a PD transfer moves: what one GPU of the prefill instance holds
+    (its TP and PP shard; an MLA latent whole on every TP GPU), each GPU sending its own share
+    over its own lane of the link. Under BLIS's backends as BLIS sizes it (the whole KV / TP,
+    even with fewer KV heads than GPUs), else as vLLM stores it (one whole head per GPU then)."""
     if not sc.cluster.pd.enabled:
         return kv_bytes_per_token(deployment.model)
     prefill = pool_deployments(sc, deployment)["prefill"]
     layout = prefill.parallelism
-    return kv_bytes_per_token(prefill.model, prefill.tp, layout.pp if layout is not None else 1)
+    per_gpu = (
+        kv_bytes_per_token if prefill.step_model.name == "physics" else blis_kv_bytes_per_token
+    )
+    return per_gpu(prefill.model, prefill.tp, layout.pp if layout is not None else 1)
 
 
 def replay(

@@ -103,12 +103,13 @@ def _specs_from_table(table: Any, source: str) -> dict[str, GPUSpec]:
     for gpu, entry in table.items():
         if not isinstance(gpu, str) or not gpu.strip():
             raise invalid(f"{source}: GPU name", gpu, "must be a non-empty string")
-        if gpu.lower() in seen:
+        key = gpu.strip().lower()
+        if key in seen:
             raise ConfigError(
-                f"{source}: GPU {excerpt(gpu, 40)} duplicates {excerpt(seen[gpu.lower()], 40)} "
+                f"{source}: GPU {excerpt(gpu, 40)} duplicates {excerpt(seen[key], 40)} "
                 "(names are case-insensitive)"
             )
-        seen[gpu.lower()] = gpu
+        seen[key] = gpu
         specs[gpu] = _spec_from_entry(gpu, entry, source)
     return specs
 
@@ -132,8 +133,32 @@ def list_gpus() -> list[str]:
     return list(_builtin())
 
 
+def _canonical_name(name: str) -> str:
+    """The built-in's spelling of `name` when it names a built-in GPU (any case), else `name`
+    as written (surrounding spaces dropped)."""
+    key = name.strip()
+    for builtin in _builtin():
+        if builtin.lower() == key.lower():
+            return builtin
+    return key
+
+
+def _as_builtin_name(specs: Mapping[str, GPUSpec]) -> dict[str, GPUSpec]:
+    """Key (and name) every entry that replaces a built-in by the built-in's spelling, so a
+    file entry "h100" is H100 everywhere GPUs are matched by name (its links and physics fit in
+    physics.yaml, the provenance statement); an entry with a new name keeps the name given
+    (and gets physics.yaml's defaults, not another GPU's figures)."""
+    out: dict[str, GPUSpec] = {}
+    for key, spec in specs.items():
+        name = _canonical_name(key)
+        out[name] = spec if spec.name == name else replace(spec, name=name)
+    return out
+
+
 def load_gpu_file(path: str | Path) -> dict[str, GPUSpec]:
-    """Read a user GPU table (YAML or JSON, same keys as hardware_config.json)."""
+    """Read a user GPU table (YAML or JSON, same keys as hardware_config.json), keyed as the
+    file spells its GPUs; `get_gpu` gives an entry that replaces a built-in the built-in's
+    name."""
     file_path = check_path(path, "GPU file")
     with contextlib.suppress(RuntimeError):  # `~user` of an unknown user stays as written
         file_path = file_path.expanduser()
@@ -148,14 +173,16 @@ def load_gpu_file(path: str | Path) -> dict[str, GPUSpec]:
 
 
 def get_gpu(name: str, extra: Mapping[str, GPUSpec] | None = None) -> GPUSpec:
-    """Look a GPU up case-insensitively. Entries in `extra` (user files) override built-ins."""
+    """Look a GPU up case-insensitively. Entries in `extra` (user files) override built-ins;
+    one that replaces a built-in ("h100" for H100) is returned under the built-in's name, which
+    is what physics.yaml keys its links and fits by (docs/models-and-hardware.md)."""
     if not isinstance(name, str):
         raise invalid("GPU", name, "must be a string")
-    catalog: dict[str, GPUSpec] = {**_builtin(), **dict(extra or {})}
+    catalog: dict[str, GPUSpec] = {**_builtin(), **_as_builtin_name(extra or {})}
     by_lower: dict[str, GPUSpec] = {}
     for key, spec in catalog.items():
         # A user entry "h100" must replace built-in "H100", not sit beside it.
-        by_lower[key.lower()] = spec
+        by_lower[key.strip().lower()] = spec
     spec = by_lower.get(name.strip().lower())
     if spec is None:
         raise unknown("GPU", name, _valid_names(catalog))
@@ -165,7 +192,7 @@ def get_gpu(name: str, extra: Mapping[str, GPUSpec] | None = None) -> GPUSpec:
 def _valid_names(catalog: Iterable[str]) -> list[str]:
     names: dict[str, str] = {}
     for key in catalog:
-        names[key.lower()] = key
+        names[key.strip().lower()] = key
     return list(names.values())
 
 

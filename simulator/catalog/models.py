@@ -37,6 +37,11 @@ DTYPES_ACCEPTED = "float32, float16, bfloat16, int8, uint8, fp8* / float8*, int4
 _WXAY_RE = re.compile(r"(?:^|[./_-])w(\d+)a\d+(?:$|[._-])", re.IGNORECASE)
 _FP8_NAME_RE = re.compile(r"(?:^|[./_-])fp8(?:$|[._-])", re.IGNORECASE)
 
+# transformers ties Gemma's LM head to its embeddings unless the config says otherwise (their
+# config classes default tie_word_embeddings to true, and Gemma-2/3 files do not write it);
+# every other family servesim reads writes it, or unties by default (BLIS reads absent as false).
+_TIED_BY_DEFAULT_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+
 # Keys that may carry the total routed-expert count, after num_local_experts (docs/behaviour.md §5).
 _EXPERT_COUNT_KEYS = ("num_routed_experts", "n_routed_experts", "num_experts")
 
@@ -53,17 +58,26 @@ MAX_CONFIG_INT = 2**40
 MAX_LAYERS = 100_000
 
 
+# The sizes a model cannot lack: when written, they must be > 0 (absent reads as 0, which
+# validate_model refuses saying the field is missing).
+_REQUIRED_SIZES = frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads"})
+
+
 def _int_field(cfg: dict[str, Any], key: str, name: str) -> int:
-    """Read an integer field; absent or null -> 0. Integral floats (e.g. 8.0) are accepted."""
+    """Read a size or count; absent or null -> 0. Integral floats (e.g. 8.0) are accepted.
+    Every such field of a config.json is a size, a count or a layer number, so a negative value
+    (and a written 0 for the sizes every model has) is refused here, naming the config's key
+    (docs/models-and-hardware.md)."""
     value = cfg.get(key)
     if value is None:
         return 0
-    allowed = f"must be an integer of at most {MAX_CONFIG_INT:,}"
+    lowest = 1 if key in _REQUIRED_SIZES else 0
+    allowed = f"must be an integer >= {lowest} and at most {MAX_CONFIG_INT:,}"
     if isinstance(value, bool):
         raise invalid(f"{name}: {key}", value, allowed)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
-    if isinstance(value, int) and abs(value) <= MAX_CONFIG_INT:
+    if isinstance(value, int) and lowest <= value <= MAX_CONFIG_INT:
         return value
     raise invalid(f"{name}: {key}", value, allowed)
 
@@ -102,6 +116,62 @@ def _as_number(value: object) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
+# A weight of more bits than float32's is no quantisation servesim knows.
+_MAX_WEIGHT_BITS = 32
+
+
+def _check_bits(value: object, field: str) -> None:
+    """A numeric bit width (a number or a numeric string) must be in (0, 32]; anything
+    non-numeric says nothing and is ignored, as before."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (ValueError, OverflowError):
+        return
+    if not (math.isfinite(number) and 0 < number <= _MAX_WEIGHT_BITS):
+        raise invalid(field, value, f"must be a number of bits > 0 and <= {_MAX_WEIGHT_BITS}")
+
+
+def _check_quantization_config(qcfg: object, name: str) -> None:
+    """Refuse a non-positive (or absurd) bit width where the weight width is read from."""
+    if not isinstance(qcfg, dict):
+        return
+    _check_bits(qcfg.get("bits"), f"{name}: quantization_config.bits")
+    groups = qcfg.get("config_groups")
+    if isinstance(groups, dict):
+        for key in sorted(groups):
+            group = groups[key]
+            weights = group.get("weights") if isinstance(group, dict) else None
+            if isinstance(weights, dict):
+                _check_bits(
+                    weights.get("num_bits"),
+                    f"{name}: quantization_config.config_groups.{key}.weights.num_bits",
+                )
+
+
+def _check_rope_scaling(scaling: object, name: str) -> None:
+    """`rope_scaling.factor` and `original_max_position_embeddings` stretch the context limit:
+    when numeric they must be positive (a non-numeric value is ignored, as before)."""
+    if not isinstance(scaling, dict):
+        return
+    for key, allowed in (
+        ("factor", "must be a finite number > 0"),
+        ("original_max_position_embeddings", "must be a number > 0"),
+    ):
+        value = scaling.get(key)
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if numeric and not (_finite(value) and value > 0):
+            raise invalid(f"{name}: rope_scaling.{key}", value, allowed)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
 def weight_bytes_from_quantization_config(qcfg: object) -> float:
     """Weight width in bytes from a `quantization_config` block; 0 when it says nothing."""
     if not isinstance(qcfg, dict):
@@ -138,9 +208,11 @@ def weight_bytes_from_name(name: str) -> float:
 
 
 def parse_hf_config(raw: dict, name: str) -> ModelConfig:
-    """Map a HuggingFace config.json dict to a ModelConfig (docs/behaviour.md §5). Does not validate
-    ranges: `load_model` calls `validate_model`, so a caller building from a dict decides what to
-    check.
+    """Map a HuggingFace config.json dict to a ModelConfig (docs/behaviour.md §5). Refuses a
+    value no config can mean, naming its key: a size or count that is negative, not an integer
+    or beyond 2^40 (a written 0 for layers, hidden size or heads), a bit width outside (0, 32], a
+    non-positive rope factor. The checks across fields (heads, dtype, experts) are
+    `validate_model`'s, which `load_model` calls, so a caller building from a dict decides.
     """
     if not isinstance(raw, dict):
         raise invalid(f"{name}: config", type(raw).__name__, "must be a JSON object")
@@ -186,7 +258,8 @@ def parse_hf_config(raw: dict, name: str) -> ModelConfig:
         # ship in BF16, the MXFP4 format's companion precision.
         bytes_per_param = _DTYPE_BYTES["bfloat16"]
 
-    weight_bytes = weight_bytes_from_quantization_config(cfg.get("quantization_config"))
+    _check_quantization_config(qcfg, name)
+    weight_bytes = weight_bytes_from_quantization_config(qcfg)
     if weight_bytes == 0.0:
         weight_bytes = weight_bytes_from_name(name)
 
@@ -198,8 +271,13 @@ def parse_hf_config(raw: dict, name: str) -> ModelConfig:
         if isinstance(head_dim, int | float) and not isinstance(head_dim, bool)
         else None
     )
-    hidden_act = cfg.get("hidden_act")
+    # Gemma-2/3 name their MLP's activation `hidden_activation` (transformers reads it there;
+    # their files may carry a `hidden_act` too); everyone else writes `hidden_act`.
+    hidden_act = cfg.get("hidden_activation")
+    if not isinstance(hidden_act, str) or not hidden_act:
+        hidden_act = cfg.get("hidden_act")
     rope_scaling = cfg.get("rope_scaling")
+    _check_rope_scaling(rope_scaling, name)
     model_type = cfg.get("model_type")
     model_type = model_type if isinstance(model_type, str) else ""
     num_layers = _int_field(cfg, "num_hidden_layers", name)
@@ -229,7 +307,8 @@ def parse_hf_config(raw: dict, name: str) -> ModelConfig:
         shared_expert_ffn_dim=shared_dim,
         config_head_dim=config_head_dim,
         hidden_act=hidden_act if isinstance(hidden_act, str) else "",
-        tie_word_embeddings=cfg.get("tie_word_embeddings") is True,
+        tie_word_embeddings=cfg.get("tie_word_embeddings") is True
+        or ("tie_word_embeddings" not in cfg and model_type in _TIED_BY_DEFAULT_MODEL_TYPES),
         max_position_embeddings=_int_field(cfg, "max_position_embeddings", name),
         rope_scaling=dict(rope_scaling) if isinstance(rope_scaling, dict) else None,
         model_type=model_type,
@@ -271,22 +350,13 @@ def _index_list(cfg: dict[str, Any], key: str, num_layers: int, name: str) -> li
 
 def _dense_layers_of_moe(cfg: dict[str, Any], num_layers: int, name: str) -> tuple[int, ...]:
     """Layers of an MoE model that keep a dense MLP, by each family's config rule."""
-    first_dense = _int_field(cfg, "first_k_dense_replace", name)
-    if first_dense < 0:
-        raise invalid(f"{name}: first_k_dense_replace", first_dense, "must be >= 0")
+    first_dense = _int_field(cfg, "first_k_dense_replace", name)  # >= 0, as every size
     listed = _index_list(cfg, "moe_layers", num_layers, name)
     moe_layers = set(listed) if listed is not None else None
     step = _int_field(cfg, "interleave_moe_layer_step", name)
     sparse_step = _int_field(cfg, "decoder_sparse_step", name)
     freq = _int_field(cfg, "moe_layer_freq", name)
     mlp_only = set(_index_list(cfg, "mlp_only_layers", num_layers, name) or ())
-    for key, value in (
-        ("interleave_moe_layer_step", step),
-        ("decoder_sparse_step", sparse_step),
-        ("moe_layer_freq", freq),
-    ):
-        if value < 0:
-            raise invalid(f"{name}: {key}", value, "must be >= 0")
     dense = []
     for i in range(num_layers):
         if moe_layers is not None:  # Llama-4 may list them outright

@@ -8,10 +8,11 @@ compressed cache, dense layers inside an MoE stack, unlisted shared experts, wei
 per module, an FP8 cache; and the layout's pipeline stages and expert sharding.
 
 Two rules turn free memory into blocks (`KV_CAPACITY_RULES`): "blis" (the default, BLIS's)
-divides the free memory of all the instance's GPUs by the bytes *one* GPU stores per block,
+divides the free memory of all the instance's GPUs by the bytes *one* GPU stores per block
+as BLIS computes them (`blis_kv_bytes_per_token`: ÷ TP even below one KV head per GPU),
 which counts every block once per GPU (tp times what vLLM reports for tp > 1); "vllm" divides
 it by what all of them store per block, as vLLM allocates (each GPU keeps its share of every
-block).
+block, at least one whole KV head: `kv_bytes_per_token`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ VLLM_RESERVED_ONE_GPU_GIB = 0.803
 VLLM_RESERVED_PER_GPU_GIB = 1.6215
 # The weight formula assumes a 3-matrix (gate/up/down) MLP; other activations mean other shapes.
 SWIGLU_ACTIVATIONS = frozenset({"silu", "swiglu", "geglu", ""})
+# Gemma 1/2/3 (and PaliGemma's Gemma text model) gate their MLP with a GELU (GeGLU: gate, up and
+# down projections, down(gelu(gate(x)) * up(x))) and write the GELU's name in hidden_act /
+# hidden_activation. The same names elsewhere (GPT-2, Phi-2, StarCoder2, Falcon) mean a
+# two-matrix MLP, so a GELU is accepted for these model types only.
+GATED_GELU_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+GELU_ACTIVATIONS = frozenset({"gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast"})
+# Gemma-2 and Gemma-3 normalise before and after both attention and MLP (four RMSNorms per
+# layer, not two); Gemma-3 also normalises queries and keys (one head_dim-wide norm each).
+_FOUR_NORM_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text"})
+_QK_NORM_MODEL_TYPES = frozenset({"gemma3", "gemma3_text"})
 # Rope types whose max_position_embeddings already is the extended context (vLLM rule).
 _ROPE_TYPES_NOT_SCALED = frozenset({"su", "longrope", "llama3"})
 KV_CAPACITY_RULES = ("blis", "vllm")
@@ -81,8 +92,8 @@ def _check_heads(model: ModelConfig, tp: int) -> None:
             f"must be divisible by num_attention_heads={model.num_heads} for KV sizing",
         )
     kv_heads = model.effective_kv_heads
-    # Fewer KV heads than ranks is accepted: vLLM replicates them, and dividing by TP then
-    # overestimates capacity slightly -- the same optimistic approximation BLIS makes.
+    # Fewer KV heads than ranks is accepted: vLLM replicates them, each GPU keeping one whole
+    # head (kv_head_shards); BLIS's division by TP (blis_kv_bytes_per_token) ignores that.
     if kv_heads >= tp and kv_heads % tp != 0:
         raise invalid("tp", tp, f"must divide num_key_value_heads={kv_heads} of {model.name!r}")
     if not (model.bytes_per_param > 0 and math.isfinite(model.bytes_per_param)):
@@ -103,24 +114,48 @@ def mla_kv_bytes_per_token(model: ModelConfig) -> float:
     )
 
 
-def kv_bytes_per_token(model: ModelConfig, tp: int = 1, pp: int = 1) -> float:
-    """KV-cache bytes one token occupies on one GPU: layers·2·head_dim·kv_heads·dtype / TP / PP
-    (MLA: the latent, on every TP GPU, / PP).
-
-    head_dim is the config's when given. The element is the compute dtype (vLLM stores KV at
-    compute precision), one byte with an FP8 cache; never the quantised weight width.
-    """
-    _check_heads(model, tp)
+def kv_head_shards(model: ModelConfig, tp: int) -> int:
+    """Into how many distinct shards TP splits the KV cache: TP, or the KV-head count when
+    there are fewer KV heads than GPUs (vLLM replicates each head on tp / kv_heads GPUs, so
+    every GPU holds one whole head), or 1 for MLA (the latent is on every GPU)."""
     if model.is_mla:
-        return mla_kv_bytes_per_token(model) / pp
-    per_token = (
+        return 1
+    return min(tp, model.effective_kv_heads)
+
+
+def _model_kv_bytes_per_token(model: ModelConfig) -> float:
+    """KV-cache bytes of one token over the whole model (every layer, every KV head once)."""
+    if model.is_mla:
+        return mla_kv_bytes_per_token(model)
+    return (
         2.0
         * model.num_layers
         * _head_dim(model)
         * model.effective_kv_heads
         * model.kv_bytes_per_element
     )
-    return per_token / (tp * pp)
+
+
+def kv_bytes_per_token(model: ModelConfig, tp: int = 1, pp: int = 1) -> float:
+    """KV-cache bytes one token occupies on one GPU, as vLLM stores it:
+    layers·2·head_dim·kv_heads·dtype / min(TP, kv_heads) / PP (with fewer KV heads than TP
+    GPUs each GPU keeps one whole head; MLA: the latent, on every TP GPU, / PP).
+
+    head_dim is the config's when given. The element is the compute dtype (vLLM stores KV at
+    compute precision), one byte with an FP8 cache; never the quantised weight width.
+    """
+    _check_heads(model, tp)
+    return _model_kv_bytes_per_token(model) / (kv_head_shards(model, tp) * pp)
+
+
+def blis_kv_bytes_per_token(model: ModelConfig, tp: int = 1, pp: int = 1) -> float:
+    """BLIS's KVBytesPerToken (SPEC-blis-current §8.4), which the `blis` capacity rule keeps
+    for parity: the whole model's KV / TP / PP even when there are fewer KV heads than TP GPUs
+    (it then undercounts what each GPU holds); MLA's latent is not divided by TP."""
+    _check_heads(model, tp)
+    if model.is_mla:
+        return mla_kv_bytes_per_token(model) / pp
+    return _model_kv_bytes_per_token(model) / (tp * pp)
 
 
 def _attention_params(model: ModelConfig) -> int:
@@ -153,7 +188,7 @@ def model_param_breakdown(model: ModelConfig) -> dict[str, int]:
         "experts": 0,
         "shared_experts": 0,
         "router": 0,
-        "norms": layers * 2 * hidden + hidden,
+        "norms": layers * _norm_params_per_layer(model) + hidden,
         "lm_head": 0 if model.tie_word_embeddings else model.vocab_size * hidden,
     }
     if model.is_moe:
@@ -168,6 +203,24 @@ def model_param_breakdown(model: ModelConfig) -> dict[str, int]:
     else:
         parts["dense_mlp"] = layers * 3 * hidden * model.intermediate_dim
     return parts
+
+
+def _norm_params_per_layer(model: ModelConfig) -> int:
+    """RMSNorm weights of one layer: two of hidden (before attention and MLP), four for
+    Gemma-2/3, plus Gemma-3's query and key norms of head_dim each."""
+    norms = (4 if model.model_type in _FOUR_NORM_MODEL_TYPES else 2) * model.hidden_dim
+    if model.model_type in _QK_NORM_MODEL_TYPES and not model.is_mla:
+        norms += 2 * _head_dim(model)
+    return norms
+
+
+def has_gated_mlp(model: ModelConfig) -> bool:
+    """Whether the MLP is the three-matrix gated one (gate, up, down) the weight formula counts:
+    a SwiGLU-family activation (or none written), or a GELU in a Gemma config (GeGLU)."""
+    act = model.hidden_act
+    if act in SWIGLU_ACTIVATIONS:
+        return True
+    return act in GELU_ACTIVATIONS and model.model_type in GATED_GELU_MODEL_TYPES
 
 
 def model_param_count(model: ModelConfig) -> int:
@@ -221,11 +274,13 @@ def kv_capacity(
     if not (gpu.memory_gib > 0 and math.isfinite(gpu.memory_gib)):
         raise invalid(f"GPU {gpu.name!r}: MemoryGiB", gpu.memory_gib, "must be > 0")
     where = f"model {model.name!r}"
-    if model.hidden_act not in SWIGLU_ACTIVATIONS:
+    if not has_gated_mlp(model):
         raise invalid(
             f"{where}: hidden_act",
             model.hidden_act,
-            "KV capacity auto-calculation supports only silu, swiglu, geglu (or unset); "
+            "KV capacity auto-calculation supports only gated (three-matrix) MLPs: silu, "
+            "swiglu, geglu (or unset), or gelu, gelu_pytorch_tanh, gelu_new, gelu_fast in a "
+            f"Gemma config (model_type {', '.join(sorted(GATED_GELU_MODEL_TYPES))}); "
             "set total_kv_blocks explicitly",
         )
     if model.moe_count_missing:
@@ -245,8 +300,8 @@ def kv_capacity(
     if model.is_mla:  # the latent is replicated on every TP GPU; stages split the layers
         per_block = int(per_token / pp * block_size)
     elif rule == "vllm":  # fewer KV heads than TP GPUs: each keeps a whole head
-        per_block = int(per_token / pp / min(tp, model.effective_kv_heads) * block_size)
-    else:
+        per_block = int(per_token / pp / kv_head_shards(model, tp) * block_size)
+    else:  # BLIS's KVBytesPerToken (blis_kv_bytes_per_token), in BLIS's order of operations
         per_block = int(per_token / gpus * block_size)
     if per_block <= 0:
         raise invalid(f"{where}: KV bytes per block", per_block, "must be > 0")

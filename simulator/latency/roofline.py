@@ -42,7 +42,7 @@ def validate_roofline_inputs(model: ModelConfig, gpu: GPUSpec, tp: int) -> None:
         raise invalid(f"model {model.name!r} num_kv_heads", model.num_kv_heads, "must be >= 0")
     if model.intermediate_dim < 0:
         raise invalid(
-            f"model {model.name!r} intermediate_dim", model.intermediate_dim, "must be >= 0"
+            f"model {model.name!r}: intermediate_size", model.intermediate_dim, "must be >= 0"
         )
     if not _positive_finite(model.bytes_per_param):
         raise invalid(
