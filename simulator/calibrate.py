@@ -329,10 +329,10 @@ def trace_case(
     `network.measured_rtt_ms`, and `network_bandwidth_mbps`) is added to the simulated
     latencies exactly as the calibration report adds it (`calibration_report.network_ms`)."""
     from .api import as_scenario
-    from .calibration_report import network_ms, not_streamed, nothing_to_compare
+    from .calibration_report import network_ms, nothing_to_compare
     from .validate import NothingToScore, measured_trace
     from .workload.server_settings import PrefixCaching, recorded_server
-    from .workload.trace import client_of, read_header, read_rows, trace_spans
+    from .workload.trace import client_of, not_streamed, read_header, read_rows, trace_spans
 
     sc = as_scenario(scenario) if scenario is not None else None
     hardware = overrides.get("hardware") or (sc.hardware if sc is not None else None) or "H100"

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, counted, invalid
+from .workload.trace import not_streamed
 
 BYTES_PER_TOKEN = 4
 PERCENTILES = (50, 90, 95, 99)
@@ -77,14 +78,6 @@ def _sim_times_from_trace(data: Path) -> dict[str, tuple[float, float, int, int]
         for r in read_rows(data)
         if r.status == "ok"
     }
-
-
-def not_streamed(header: dict[str, Any], row: Any) -> bool:
-    """Whether a row of a recorded trace (`mode: real`) has no measured TTFT because the
-    client did not stream the answer (`streaming` false): its first chunk is then the first
-    byte of the whole body, so first chunk − send is E2E, not TTFT, and an ITL taken from it
-    is about 0. A simulated or generated trace's times are the simulator's, streamed or not."""
-    return header.get("mode", "generated") == "real" and not row.streaming
 
 
 def left_out(

@@ -21,6 +21,7 @@ import contextlib
 import signal
 import types
 from collections.abc import Callable, Iterator
+from typing import Any
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -57,6 +58,16 @@ class Stop:
         self.first: int | None = None
         self.reported = False
         self.closed = False  # the command is over: its status is decided
+        # The signal mask to restore once the handlers are in place (`stopping_on_signals`).
+        self.held: Any = None
+
+    def release(self) -> None:
+        """Let the signals held while the handlers were installed through: one that came
+        meanwhile is handled now, in the caller (call it inside the `try` that catches it).
+        Later calls do nothing."""
+        held, self.held = self.held, None
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def record(self, exc: KeyboardInterrupt) -> int:
         """The signal to report for `exc`: the first one received (a KeyboardInterrupt that
@@ -98,45 +109,52 @@ def stopping_on_signals(then_ignore: bool = False) -> Iterator[Stop]:
     ignored. On leaving, the previous handlers come back, or with `then_ignore` (a program's
     entry point, which exits right after) the signals are ignored: restoring the default
     would let a signal in the last instant print a KeyboardInterrupt traceback. Outside the
-    main thread signal handlers cannot be installed; the block then runs unprotected."""
+    main thread signal handlers cannot be installed; the block then runs unprotected.
+
+    The handlers are installed with both signals held pending in this thread (where POSIX
+    allows), so none can be handled half-way through, outside any `try`; the block calls
+    `Stop.release()` inside its own `try`, and a signal that came meanwhile is handled there
+    (recorded, or raised where the block catches it). A block that never releases them gets
+    them on leaving. Whatever happens, leaving removes the block's state: a signal escaping
+    the `with` line once left every later block interrupted before it began."""
     if _active:
         yield _active[-1]
         return
     stop = Stop()
-    _active.append(stop)  # before the handlers, which look it up
-    # A signal the caller set to be ignored stays ignored (a shell's background job
-    # ignores SIGINT, so a Ctrl-C meant for the script does not stop its jobs).
-    previous = {s: signal.getsignal(s) for s in HANDLED_SIGNALS}
-    previous = {s: handler for s, handler in previous.items() if handler is not signal.SIG_IGN}
+    previous: dict[int, Any] = {}
+    stop.held = _hold(HANDLED_SIGNALS)
     try:
-        _install(stop, list(previous))
-    except ValueError:  # not the main thread
-        _active.remove(stop)
-        yield stop
-        return
-    try:
+        _active.append(stop)  # before the handlers, which look it up
+        # A signal the caller set to be ignored stays ignored (a shell's background job
+        # ignores SIGINT, so a Ctrl-C meant for the script does not stop its jobs).
+        wanted = {s: signal.getsignal(s) for s in HANDLED_SIGNALS}
+        try:
+            for number, handler in wanted.items():
+                if handler is not signal.SIG_IGN:
+                    signal.signal(number, _on_signal)
+                    previous[number] = handler
+        except ValueError:  # not the main thread
+            pass
+        except KeyboardInterrupt as exc:  # only where signals cannot be held (no POSIX)
+            stop.record(exc)
         yield stop
     finally:
-        for s, handler in previous.items():
+        for number, handler in previous.items():
             if then_ignore:
-                signal.signal(s, signal.SIG_IGN)
+                signal.signal(number, signal.SIG_IGN)
             elif handler is not None:  # None: a handler not set from Python, left as it is
-                signal.signal(s, handler)
-        _active.remove(stop)
+                signal.signal(number, handler)
+        if stop in _active:
+            _active.remove(stop)
+        stop.release()
 
 
-def _install(stop: Stop, signals: list[int]) -> None:
-    """Put `_on_signal` on `signals`. A signal can arrive between two installations, once
-    the first handler is in force: it is recorded in `stop.first` (the caller finds it there
-    and does not start its work) rather than raised out of the `with` line, where nothing
-    would catch it. Installing a handler twice is harmless, so an interrupt right after an
-    installation simply repeats it."""
-    while signals:
-        try:
-            signal.signal(signals[0], _on_signal)
-            signals.pop(0)
-        except KeyboardInterrupt as exc:
-            stop.record(exc)
+def _hold(signals: tuple[int, ...]) -> Any:
+    """Hold `signals` pending in this thread; the mask to restore, None where a process
+    cannot mask signals (then they are handled as they come)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, signals)
 
 
 @contextlib.contextmanager
@@ -145,7 +163,8 @@ def interruptible(describe_loss: Callable[[], str]) -> Iterator[None]:
     attaches `describe_loss()` (what was not written, what is kept), for the first signal."""
     with stopping_on_signals() as stop:
         try:
-            if stop.first is not None:  # it came while the handlers were being installed
+            stop.release()  # a signal held while the handlers were installed comes here
+            if stop.first is not None:
                 raise Interrupted(stop.first)
             yield
         except KeyboardInterrupt as exc:

@@ -693,8 +693,7 @@ def streamed_positions(run: RunSpec, positions: list[int]) -> list[int]:
     except in a recorded trace (`mode: real`) whose rows say `streaming` false."""
     if run.kind != "trace":
         return positions
-    from .calibration_report import not_streamed
-    from .workload.trace import read_header, read_rows
+    from .workload.trace import not_streamed, read_header, read_rows
 
     header = read_header(run.trace_header)
     if header.get("mode", "generated") != "real":

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -298,37 +299,52 @@ def test_a_signal_the_caller_ignores_stays_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
-def _signal_sent_after_installing(monkeypatch, installed: int, sent: int) -> None:
-    """`signal.signal` sends `sent` to this process right after it installs a handler on
+def _signal_sent_after_installing(monkeypatch, installed: int, sent: int) -> list:
+    """`signal.signal` sends `sent` to this thread right after it installs a handler on
     `installed`: the moment CI met, a signal delivered while the entry point's handlers were
-    still being installed, when the first was already in force."""
+    still being installed, when the first was already in force. Sent to the main thread
+    itself (`pthread_kill`), so that it is held there as a program's only thread holds it
+    (a plain kill could be taken by another thread of pytest's). Returns the signal masks in
+    force at each installation."""
     real_signal = signal.signal
+    masks = []
 
     def installing(number, handler):
         previous = real_signal(number, handler)
+        masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
         if number == installed and handler not in (signal.SIG_IGN, signal.SIG_DFL):
-            os.kill(os.getpid(), sent)
-            time.sleep(0.01)  # the handler runs here, inside this call
+            signal.pthread_kill(threading.main_thread().ident, sent)
+            time.sleep(0.01)  # unheld, the handler would run here, inside this call
         return previous
 
     monkeypatch.setattr(signal, "signal", installing)
+    return masks
 
 
-def test_a_signal_while_the_handlers_are_installed_is_recorded_not_raised(monkeypatch):
-    """CI once sent SIGINT while `stopping_on_signals` was installing SIGTERM's handler: the
+def _handlers() -> dict:
+    return {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def test_signals_are_held_while_the_handlers_are_installed(monkeypatch):
+    """CI once met SIGINT while `stopping_on_signals` was installing SIGTERM's handler: the
     SIGINT handler (already in force) raised out of the `with` line, which nothing caught, and
-    the program printed a traceback with status 1. The signal is recorded instead, and every
-    handler is still installed (and restored on leaving)."""
-    from simulator.interruption import stopping_on_signals
+    the program printed a traceback with status 1. Both signals are now held pending while the
+    handlers go in, and come through at `Stop.release()`, which the block calls inside its
+    own `try`; leaving restores the handlers and the mask."""
+    from simulator.interruption import Interrupted, stopping_on_signals
 
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    _signal_sent_after_installing(monkeypatch, signal.SIGTERM, signal.SIGINT)
+    before, mask_before = _handlers(), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    masks = _signal_sent_after_installing(monkeypatch, signal.SIGTERM, signal.SIGINT)
     with stopping_on_signals() as stop:
-        assert stop.first == signal.SIGINT
-        assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
-        assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
+        assert stop.first is None  # held: nothing handled yet
+        assert all({signal.SIGINT, signal.SIGTERM} <= mask for mask in masks[:2])
+        with pytest.raises(Interrupted) as caught:
+            stop.release()
+        assert caught.value.signal_number == stop.first == signal.SIGINT
+        stop.release()  # a second call does nothing
     monkeypatch.undo()
-    assert {s: signal.getsignal(s) for s in before} == before
+    assert _handlers() == before
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask_before
 
 
 def test_interruptible_raises_a_signal_that_came_while_installing(monkeypatch):
@@ -344,6 +360,34 @@ def test_interruptible_raises_a_signal_that_came_while_installing(monkeypatch):
     assert caught.value.message() == "interrupted by SIGINT; nothing written"
 
 
+def test_a_failure_while_installing_leaves_no_state_behind(monkeypatch):
+    """Whatever escapes the installation (here an error; in a process with other threads,
+    a signal one of them took), leaving restores the handlers and the mask and forgets the
+    block: one that escaped once left every later block interrupted before it began."""
+    from simulator import interruption
+
+    before, mask_before = _handlers(), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    real_signal = signal.signal
+
+    def failing(number, handler):
+        previous = real_signal(number, handler)
+        if number == signal.SIGTERM and handler is interruption._on_signal:
+            raise RuntimeError("boom")
+        return previous
+
+    monkeypatch.setattr(signal, "signal", failing)
+    with pytest.raises(RuntimeError), interruption.stopping_on_signals():
+        pass
+    monkeypatch.undo()
+    assert interruption._active == [] and interruption.active_stop() is None
+    assert _handlers()[signal.SIGINT] == before[signal.SIGINT]
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask_before
+    ran = False
+    with interruption.interruptible(lambda: ""):
+        ran = True
+    assert ran
+
+
 def test_the_entry_point_reports_a_signal_that_came_while_installing(monkeypatch, capsys):
     """`main` does not start the command when a signal came during the installation; it exits
     with 128 + N and one line, as for any other interrupt."""
@@ -355,11 +399,15 @@ def test_the_entry_point_reports_a_signal_that_came_while_installing(monkeypatch
     monkeypatch.setattr(os, "environ", dict(os.environ))
     _signal_sent_after_installing(monkeypatch, signal.SIGTERM, signal.SIGINT)
     monkeypatch.setattr(sys, "argv", ["servesim", "run", "--help"])
-    monkeypatch.setattr(cli, "_run_app", lambda stop: pytest.fail("the command started"))
+    from simulator.cli import commands
+
+    started = []
+    monkeypatch.setattr(commands, "app_for", lambda argv: started.append(argv))
     with pytest.raises(SystemExit) as exited:
         cli.main()
     monkeypatch.undo()
     for s in (signal.SIGINT, signal.SIGTERM):  # main leaves them ignored; pytest needs them
         signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
     assert exited.value.code == 128 + signal.SIGINT
+    assert not started
     assert capsys.readouterr().err.strip() == "error: interrupted by SIGINT"

@@ -44,8 +44,7 @@ def main() -> None:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
     with stopping_on_signals(then_ignore=True) as stop:
-        # A signal while the handlers were installed is already in `stop.first`.
-        status = _run_app(stop) if stop.first is None else 0
+        status = _run_app(stop)
         if stop.first is not None:
             if not stop.reported:
                 stop.reported = True
@@ -61,6 +60,9 @@ def _run_app(stop: Stop) -> int:
     once; from the moment the status is decided, signals are ignored."""
     status = 0
     try:
+        stop.release()  # a signal that came while the handlers were installed comes here
+        if stop.first is not None:  # recorded there (where signals cannot be held)
+            raise KeyboardInterrupt  # recorded below; the first signal stays `first`
         from ..atomic_io import guard_stdout
         from ..errors import ServesimError
 

@@ -913,6 +913,14 @@ def never_went_out(status: str, error_message: str) -> bool:
     return status != "ok" and error_message.startswith(NOT_SENT_PREFIX)
 
 
+def not_streamed(header: dict[str, Any], row: Any) -> bool:
+    """Whether a row of a recorded trace (`mode: real`) has no measured TTFT because the
+    client did not stream the answer (`streaming` false): its first chunk is then the first
+    byte of the whole body, so first chunk − send is E2E, not TTFT, and an ITL taken from it
+    is about 0. A simulated or generated trace's times are the simulator's, streamed or not."""
+    return header.get("mode", "generated") == "real" and not row.streaming
+
+
 def _most_outstanding(sends: list[int], ends: list[int]) -> int:
     """The most requests between send and last chunk at any instant (0 when no row records
     its last chunk): a completion at the very instant of a send frees its slot first."""
