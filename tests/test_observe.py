@@ -823,3 +823,29 @@ def test_a_signal_mid_run_keeps_the_measurement(stub, tmp_path, signals, status)
     by_id = {r.request_id: r for r in rows}
     assert by_id["3"].status == "incomplete" and by_id["3"].num_chunks == 0
     assert_causal(rows)
+
+
+def test_a_signal_while_the_record_is_built_keeps_the_measurement(stub, monkeypatch):
+    """Once the requests are done and observe's own signal handling is over, a first signal
+    (here raised where the rows are sorted, as its handler would raise it) used to escape
+    with the finished measurement lost: the command then said "no request was sent". The
+    record is kept, marked interrupted by that signal."""
+    import builtins
+
+    from simulator.interruption import Interrupted
+    from simulator.observe import observation
+
+    stub.configure(ttft_ms=2, itl_ms=1)
+    real_sorted = builtins.sorted
+    raised = []
+
+    def sorted_then_signal(*args, **kwargs):
+        if not raised:
+            raised.append(True)
+            raise Interrupted(signal.SIGTERM)
+        return real_sorted(*args, **kwargs)
+
+    monkeypatch.setattr(observation, "sorted", sorted_then_signal, raising=False)
+    obs = observe(traffic(n=3, output=2), server_url=stub.url, model=MODEL)
+    assert raised and len(obs.rows) == 3 and obs.counts()["ok"] == 3
+    assert obs.interrupted and obs.signal_number == signal.SIGTERM

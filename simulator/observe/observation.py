@@ -556,10 +556,31 @@ async def observe_requests(
             # is kept (the first signal decides the exit status).
             if not (handle_interrupt and run.started) or run.in_flight:
                 raise
-            run.interrupted = True
-            run.signal_number = signal_of(exc)
+            _interrupted_after(run, exc)
     finally:
         await server.aclose()
+    while True:
+        try:
+            return _observation(run, options, created_at, measured_rtt_ms)
+        except KeyboardInterrupt as exc:
+            # The measurement is over: a signal now only marks it interrupted, and the record
+            # is built again (a later signal is ignored once the first has decided).
+            if not (handle_interrupt and run.started):
+                raise
+            _interrupted_after(run, exc)
+
+
+def _interrupted_after(run: _Dispatcher, exc: KeyboardInterrupt) -> None:
+    """Mark `run` interrupted by the signal behind `exc`, unless one already did."""
+    if not run.interrupted:
+        run.interrupted = True
+        run.signal_number = signal_of(exc)
+
+
+def _observation(
+    run: _Dispatcher, options: ObserveOptions, created_at: str, measured_rtt_ms: float
+) -> Observation:
+    """The finished run's record: its rows in request order, the header, the chunk times."""
     rows = sorted(run.rows, key=lambda r: int(r.request_id))
     header = {
         "trace_version": 3,
