@@ -358,7 +358,10 @@ def replay(
         )
     except ValidationError as exc:
         raise ConfigError(format_spec_error(exc, "replay")) from None
-    return simulate(sc, **overrides)
+    result = simulate(sc, **overrides)
+    if isinstance(scenario, str | PathLike):
+        result.scenario_file = fspath(scenario)  # an input no output of the result may replace
+    return result
 
 
 def slo_with_workload_targets(sc: Scenario) -> dict[str, Any] | None:

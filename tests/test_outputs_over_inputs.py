@@ -115,6 +115,11 @@ def test_python_outputs_refuse_the_files_their_run_read(tmp_path):
     replayed = simulator.replay(header, data)
     with pytest.raises(ConfigError, match=r"report: .* is the trace data \(trace.data\)"):
         replayed.report(data)
+    with_scenario = simulator.replay(header, data, scenario=scenario)  # the file guarded too
+    with pytest.raises(ConfigError, match="report: .* is the scenario file"):
+        with_scenario.report(scenario)
+    with pytest.raises(ConfigError, match="trace header: .* is the scenario file"):
+        with_scenario.write_trace(tmp_path / "s")
     study = simulator.sweep(
         str(scenario), {"workload.rate": [5]}, seeds=[1], workers=1, out=tmp_path / "sw"
     )
