@@ -522,6 +522,13 @@ def _unlike_measured_row(
     blocks hold more KV than the instance's GPUs have memory is not vLLM's per-GPU count
     (BLIS's rows for TP > 1 can count each block once per GPU): the rule computes those."""
     eng = scenario.engine
+    stock_gpu = get_gpu(gpu.name)
+    if gpu.memory_gib != stock_gpu.memory_gib:
+        # A hardware file's entry replacing the built-in GPU the row was measured on.
+        return (
+            f"the GPU has {gpu.memory_gib:g} GiB, the built-in {stock_gpu.name} the row was "
+            f"measured on {stock_gpu.memory_gib:g}"
+        )
     for name, stock in MEASURED_ROW_SETTINGS.items():
         if getattr(eng, name) != stock:
             return f"engine.{name} is {getattr(eng, name)}, the row was measured at {stock}"

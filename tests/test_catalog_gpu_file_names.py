@@ -77,3 +77,19 @@ def test_an_entry_with_a_new_name_gets_the_defaults_not_another_gpus(tmp_path):
 def test_the_file_table_keeps_its_own_spelling(tmp_path):
     """load_gpu_file returns the table as written; get_gpu canonicalises."""
     assert set(load_gpu_file(_gpu_file(tmp_path, "h100"))) == {"h100"}
+
+
+def test_a_measured_block_count_is_not_taken_for_a_gpu_the_file_changed(tmp_path):
+    """defaults.yaml's 29,205 blocks were measured on the built-in 80 GiB H100; a file entry
+    replacing it with 141 GiB gets its blocks computed from its own memory, as it did before
+    the entry took the built-in's name."""
+    path = tmp_path / "gpus.yaml"
+    path.write_text("h100:" + H100_FIGURES.replace("MemoryGiB: 80", "MemoryGiB: 141"))
+    scenario = {"model": MODEL, "hardware": "H100", "hardware_file": str(path)}
+    deployment = resolve_deployment(scenario)
+    assert deployment.engine.total_kv_blocks == 56_903  # the `vllm` rule on 141 GiB
+    assert deployment.describe()["kv_blocks_source"] == "auto"
+    same = tmp_path / "same.yaml"
+    same.write_text("h100:" + H100_FIGURES)
+    stock = resolve_deployment(scenario | {"hardware_file": str(same)})
+    assert stock.engine.total_kv_blocks == 29_205  # the stock figures: the row applies
