@@ -10,6 +10,7 @@ parallelism; vLLM's `--enable-expert-parallel` is `ep` = tp·dp.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -136,6 +137,16 @@ class Parallelism:
                 self.ep,
                 f"must divide tp x dp = {group} and divide or be a multiple of tp = {self.tp}",
             )
+        if self.dp > 1 and self.ep <= self.tp:
+            # With DP ranks the expert layers span them: sliced over tp x dp (ep 1), or whole
+            # experts over a multiple of tp; EP inside each rank is no vLLM layout.
+            raise invalid(
+                "ep",
+                self.ep,
+                f"with dp = {self.dp} the expert layers span the ranks: 1 (each expert sliced "
+                f"over tp x dp = {group} GPUs, vLLM's default) or a multiple of tp = {self.tp} "
+                "(whole experts across ranks; enable_expert_parallel gives tp x dp)",
+            )
         if model.num_local_experts % self.ep:
             raise invalid(
                 "ep",
@@ -189,11 +200,11 @@ class Links:
         return self.peers(range(group))
 
     def peers(self, gpus: Sequence[int]) -> tuple[int, int]:
-        """(peers on the same fabric, peers across the network) of the first of `gpus` among
-        them (GPUs numbered in placement order, domain by domain)."""
-        home = gpus[0] // self.domain_gpus
-        local = sum(1 for g in gpus if g // self.domain_gpus == home)
-        return local - 1, len(gpus) - local
+        """(peers on the same fabric, peers across the network) of the member of `gpus` (GPUs
+        numbered in placement order, domain by domain) with the most peers across it, the
+        one in the domain holding fewest members: an exchange waits for its slowest member."""
+        fewest = min(Counter(g // self.domain_gpus for g in gpus).values())
+        return fewest - 1, len(gpus) - fewest
 
 
 def links_for(gpu: GPUSpec) -> Links:

@@ -409,7 +409,11 @@ def model_shape(
     dense_group = attention_params + dense_params
     # Expert outputs are combined by the TP all-reduce unless experts span DP ranks (then an
     # all-to-all returns them).
-    moe_allreduces = expert_layers if layout.ep_ranks == 1 else 0
+    # Sliced over the DP ranks too, a rank's outputs still need its TP all-reduce after the
+    # ranks' exchange.
+    moe_allreduces = (
+        expert_layers if layout.ep_ranks == 1 or layout.experts_tensor_parallel_over_ranks else 0
+    )
     return ModelShape(
         layers=layers,
         attention_weight_bytes=layers * attention_params * w_bytes / tp
@@ -801,19 +805,17 @@ class PhysicsModel(StepTimeModel):
             # The group's GPUs as vLLM places them (rank by rank, then stage): with pipeline
             # stages a stage's group is not consecutive GPUs.
             group = layout.expert_group_gpus(stage)
-            local_peers, remote_peers = links.peers(group)
-            d_bytes = float(self.model.hidden_dim) * self.model.bytes_per_param
             if layout.experts_tensor_parallel_over_ranks:
-                # Every GPU computes its expert slices for every rank's tokens: the ranks'
-                # hidden states are all-gathered before each MoE layer ((dp - 1) other ranks'
-                # per token of this rank) and the partial outputs reduce-scattered over the
-                # group after it (dp·(G - 1)/G), spread over the G - 1 peers.
-                size = len(group)
-                dp = layout.dp
-                per_token = (
-                    shape.moe_layers * d_bytes * ((dp - 1) + dp * (size - 1) / size) / (size - 1)
-                )
+                # Every GPU computes its expert slices for every rank's tokens: each GPU
+                # exchanges with the GPUs at its TP position in the other dp - 1 ranks, the
+                # ranks' hidden states all-gathered before each MoE layer and the partial
+                # outputs reduce-scattered after it, d·B per token of its rank each way and
+                # peer; the rank's TP all-reduce then completes them (`moe_allreduces`).
+                local_peers, remote_peers = links.peers(group[:: layout.tp])
+                d_bytes = float(self.model.hidden_dim) * self.model.bytes_per_param
+                per_token = shape.moe_layers * 2 * d_bytes
             else:
+                local_peers, remote_peers = links.peers(group)
                 # Each GPU dispatches its 1/tp share of the rank's tokens to the k experts'
                 # GPUs and receives the results back (combine); (ep - 1)/ep of them live
                 # elsewhere.

@@ -593,6 +593,7 @@ DECODE_CASES = [
     ("mistralai/mixtral-8x7b-v0.1", "A100-80", 2, 1, 1),
     ("redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic", "H100", 4, 1, 1),
     ("deepseek-ai/DeepSeek-V3", "H200", 8, 2, 16),
+    ("qwen/qwen3-30b-a3b", "H100", 2, 2, 1),  # experts sliced over both ranks (no EP)
 ]
 
 

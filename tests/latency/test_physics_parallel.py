@@ -212,10 +212,10 @@ def test_dp_ranks_without_ep_slice_the_experts_over_every_rank_by_hand():
     making the expert layers one tensor-parallel group of tp x dp GPUs (until 2026-12-07 each
     rank kept its own copy of every expert: a quarter of the KV capacity and 2.5x the decode
     step at DP4 for Qwen3-30B-A3B). Mixtral, 4 ranks of TP1: each GPU holds 1/4 of every
-    expert (as EP4's whole experts), computes it for all 4 ranks' tokens, which are
-    all-gathered before each of the 32 MoE layers (3 other ranks' hidden states per token of
-    its rank, 4,096 x 2 B each) and reduce-scattered after it (4 x 3/4 of them), over 3 NVLink
-    peers at 450 GB/s: per token 32 x 4,096 x 2 B x (3 + 3) / 450e9 s."""
+    expert (as EP4's whole experts) and computes it for all 4 ranks' tokens, exchanged with
+    the 3 other ranks' GPUs at its TP position: the hidden states all-gathered before each of
+    the 32 MoE layers and the outputs reduce-scattered after it, 4,096 x 2 B per token of its
+    rank each way and peer, over NVLink at 450 GB/s: 32 x 2 x 8,192 B x 3 / 450e9 s."""
     layout = Parallelism(1, dp=4)
     assert layout.experts_tensor_parallel_over_ranks
     assert (layout.expert_shards, layout.ep_ranks) == (4, 4)
@@ -223,9 +223,14 @@ def test_dp_ranks_without_ep_slice_the_experts_over_every_rank_by_hand():
     ep = PhysicsModel(MIXTRAL, H100, 1, BARE, parallelism=Parallelism(1, dp=4, ep=4))
     stage = m.stages[0]
     assert stage.shape.expert_weight_bytes == ep.stages[0].shape.expert_weight_bytes
-    assert stage.alltoall_s_per_token == pytest.approx(32 * 4096 * 2 * 6 / 450e9)
+    assert stage.alltoall_s_per_token == pytest.approx(32 * 2 * 8192 * 3 / 450e9)
     assert (stage.collectives, stage.network_steps) == (2 * 32, 0)
-    assert stage.shape.allreduces == ep.stages[0].shape.allreduces  # no TP all-reduce there
+    # The rank's TP all-reduce still completes the MoE outputs (free at TP 1, not at TP 2).
+    assert stage.shape.allreduces == ep.stages[0].shape.allreduces + 32
+    tp2 = PhysicsModel(MIXTRAL, H100, 2, BARE)
+    tp2_dp2 = PhysicsModel(MIXTRAL, H100, 2, BARE, parallelism=Parallelism(2, dp=2))
+    assert tp2_dp2.stages[0].shape.allreduces == tp2.stages[0].shape.allreduces
+    assert tp2_dp2.stages[0].collectives == tp2.stages[0].collectives + 2 * 32
     # Each rank's share of the KV memory is EP4's too: the expert fraction per GPU is 1/4.
     from simulator.api import resolve_deployment
 
@@ -246,6 +251,10 @@ def test_an_expert_group_spans_the_ranks_stage_by_stage():
     links = links_for(H100)
     assert links.peers(layout.expert_group_gpus(0)) == (3, 4)
     assert links.peers(range(8)) == links.alltoall_peers(8) == (7, 0)
+    # An uneven group is priced for its member with the most remote peers: of GPUs 0, 1, 6,
+    # 7 (node 0) and 12, 13 (node 1), GPU 12 has 1 local and 4 remote peers.
+    assert Parallelism(2, pp=3, dp=3, ep=6).expert_group_gpus(0) == [0, 1, 6, 7, 12, 13]
+    assert links.peers([0, 1, 6, 7, 12, 13]) == (1, 4)
     qwen = load_model("qwen/qwen3-235b-a22b")
     m = PhysicsModel(qwen, H100, 4, BARE, parallelism=layout)
     assert all(stage.network_steps > 0 for stage in m.stages)
@@ -361,6 +370,7 @@ def test_pipeline_hand_off_crosses_nodes_when_stages_do():
         (Parallelism(2, ep=2), LLAMA_70B, "ep: invalid value 2; expert parallelism needs an MoE"),
         (Parallelism(4, ep=3), MIXTRAL, "ep: invalid value 3; must divide tp x dp = 4"),
         (Parallelism(1, dp=16, ep=16), MIXTRAL, "ep: invalid value 16; must divide the 8 experts"),
+        (Parallelism(2, dp=2, ep=2), MIXTRAL, "ep: invalid value 2; with dp = 2 the expert layers"),
         (Parallelism(1, pp=81), LLAMA_70B, "pp: invalid value 81; must be at most the 80 layers"),
     ],
 )
