@@ -217,6 +217,13 @@ def resolve_deployment(
         make_priority_policy(eng.priority_policy)
     with in_field("engine.preemption_policy"):
         make_preemption_policy(eng.preemption_policy)
+    if eng.slo_priorities and not (
+        eng.preemption_policy == "priority" or eng.priority_policy == "slo-class"
+    ):
+        warn_once(
+            "engine.slo_priorities is read by preemption_policy 'priority' and priority_policy "
+            "'slo-class' only; with neither set it changes nothing"
+        )
     with in_field("engine.batch_formation"):
         make_batch_formation(eng.batch_formation)
     _validate_cluster(scenario)

@@ -288,3 +288,17 @@ def test_a_priority_scheduler_with_constant_priorities_says_it_keeps_arrival_ord
         engine = {"scheduler": "priority-fcfs", "priority_policy": "slo-class"}
         simulator.simulate({**base, "engine": engine})
     assert not [r for r in caplog.records if "keeps arrival order" in r.getMessage()]
+
+
+def test_class_priorities_nothing_reads_are_said_to_change_nothing(caplog):
+    """A BLIS-current bundle with only admission.slo_priorities: neither priority preemption
+    nor the slo-class priority policy reads them, so the run says so."""
+    base = {"workload": {"num_requests": 3, "rate": 1}, "latency": {"model": "roofline"}}
+    with caplog.at_level("WARNING", logger="servesim"):
+        simulator.simulate({**base, "engine": {"slo_priorities": {"batch": 5}}})
+    assert any("changes nothing" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="servesim"):
+        engine = {"slo_priorities": {"batch": 5}, "preemption_policy": "priority"}
+        simulator.simulate({**base, "engine": engine})
+    assert not any("changes nothing" in r.getMessage() for r in caplog.records)
