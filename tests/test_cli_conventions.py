@@ -395,6 +395,10 @@ def test_an_unknown_option_is_one_line_and_exits_2():
         (["run", "--seed", "3", ""], "SCENARIO"),
         (["report", ""], "SOURCE"),
         (["plot", ""], "RESULT_DIR"),
+        # Repeatable path options (list[Path]): `calibrate --traces ''` searched the folder.
+        (["calibrate", "--traces", ""], "--traces"),
+        (["calibrate", "--trace-header", "", "--trace-data", "x.csv"], "--trace-header"),
+        (["compose", "--from", ""], "--from"),
     ],
 )
 def test_an_empty_path_is_refused_not_taken_for_the_current_folder(argv, option, tmp_path):
@@ -439,3 +443,18 @@ def test_an_empty_value_after_an_unknown_option_is_the_unknown_option_s_error():
     # A known flag before the empty positional keeps it the scenario's error.
     argv = ["run", "--quiet", ""]
     assert empty_path_option(app_for(argv), argv) == "SCENARIO"
+
+
+def test_blis_spellings_and_stated_defaults_are_taken(tmp_path):
+    """`--log warn` is BLIS's spelling of warning; `--think-time-ms 0`, the stated default,
+    changes nothing without --concurrency (it was refused, though the scenario field's 0 ran);
+    a bad `--start` for calibrate names the flag before anything loads."""
+    for extra in (["--log", "warn"], ["--think-time-ms", "0"]):
+        done = _servesim_main(["run", "--num-requests", "2", "-q", *extra])
+        assert done.returncode == 0, done.stderr
+    refused = _servesim_main(["run", "--num-requests", "2", "-q", "--think-time-ms", "5"])
+    assert refused.returncode == 2 and "give --concurrency" in refused.stderr
+    start = _servesim_main(["calibrate", "-q", "--start", str(tmp_path / "absent.yaml")])
+    assert start.returncode == 2
+    assert start.stderr.startswith("error: --start: invalid value ")
+    assert "must be one of shipped, physical or a coefficients FILE" in start.stderr

@@ -143,7 +143,9 @@ def empty_path_option(command_line: Any, argv: list[str]) -> str | None:
         descriptor = getattr(param, "type_descriptor", None)  # typer's own click
         annotation = getattr(descriptor, "annotation", None)
         click_path = type(getattr(param, "type", None)).__name__ == "Path"  # the click package
-        is_path = (isinstance(annotation, type) and issubclass(annotation, PurePath)) or click_path
+        # A repeatable option's annotation is list[Path]: its items are paths too.
+        item = (getattr(annotation, "__args__", None) or (annotation,))[0]
+        is_path = (isinstance(item, type) and issubclass(item, PurePath)) or click_path
         kind = getattr(param, "param_type_name", "")
         if kind == "option":
             known_options.update(param.opts, getattr(param, "secondary_opts", ()))

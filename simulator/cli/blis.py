@@ -73,11 +73,12 @@ def closed_loop_overrides(flags: dict[str, Any], workload: dict[str, Any]) -> di
             )
         workload["workload.concurrency"] = users
     if think_ms is not None:
-        if users is None:
-            raise ConfigError("--think-time-ms: applies to closed-loop users; give --concurrency")
         if think_ms < 0:
             raise ConfigError(f"--think-time-ms: invalid value {think_ms}; must be >= 0 (ms)")
-        workload["workload.think_time_us"] = think_ms * 1000
+        if users is not None:
+            workload["workload.think_time_us"] = think_ms * 1000
+        elif think_ms:  # 0, the default, is no pause: nothing to refuse
+            raise ConfigError("--think-time-ms: applies to closed-loop users; give --concurrency")
     seconds = flags.get("timeout")
     if seconds is not None:
         if flags.get("timeout_us") is not None:

@@ -385,6 +385,16 @@ def register(app: typer.Typer) -> None:
                     f"--prior: invalid value {excerpt(prior)}; must be one of "
                     + ", ".join(cal.PRIOR_CENTRES)
                 )
+            if start is not None and start not in named_starts:
+                from ..latency.physics import load_coefficients_file
+
+                try:  # read now: before the runs load and replay, and naming the flag
+                    load_coefficients_file(start)
+                except ConfigError as exc:
+                    raise ConfigError(
+                        f"--start: invalid value {excerpt(str(start))}; must be one of "
+                        f"{cal.START_SHIPPED}, {cal.START_PHYSICAL} or a coefficients FILE ({exc})"
+                    ) from None
             flags = {
                 "model": model,
                 "hardware": hardware,

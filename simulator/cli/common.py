@@ -27,10 +27,17 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_HELP = "log level on stderr: " + " | ".join(LOG_LEVELS)
 
 
+# BLIS (logrus) spells warning `warn`; both are taken.
+LOG_ALIASES = {"warn": "warning"}
+
+
 def setup_logging(level: str) -> None:
-    if level.lower() not in LOG_LEVELS:
-        raise ConfigError(f"--log: invalid value {level!r}; valid: {', '.join(LOG_LEVELS)}")
-    numeric = getattr(logging, level.upper())
+    name = LOG_ALIASES.get(level.lower(), level.lower())
+    if name not in LOG_LEVELS:
+        raise ConfigError(
+            f"--log: invalid value {level!r}; valid: {', '.join(LOG_LEVELS)} (or warn)"
+        )
+    numeric = getattr(logging, name.upper())
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(message)s")
 
 

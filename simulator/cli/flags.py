@@ -298,7 +298,8 @@ def common_flags(
         _opt(
             "--vllm-version",
             _SIM,
-            "vLLM version whose fitted coefficients to use, e.g. 0.15.1 (default: the model's)",
+            "vLLM version whose fitted coefficients to use, e.g. 0.15.1: physics' fit for the "
+            "GPU (default: its newest) and blackbox's defaults.yaml row (default: the model's)",
         ),
     ] = None,
     total_kv_blocks: Annotated[

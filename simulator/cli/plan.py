@@ -80,6 +80,7 @@ def register(app: typer.Typer) -> None:
                 "--saturation-rate",
                 help="also find, per GPU, the largest request rate (req/s) one instance "
                 "sustains while passing (bisection; about 6 more probes per GPU)",
+                metavar="",  # a switch: it takes no value
             ),
         ] = False,
         gpu: Annotated[

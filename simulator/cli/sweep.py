@@ -106,7 +106,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--check-invariants/--no-check-invariants",
                 metavar="",
-                help="check the laws in every run (default: the sweep file's, off)",
+                help="check the laws in every run (default: the base scenario's check_invariants, "
+                "off)",
                 show_default=False,
             ),
         ] = None,
