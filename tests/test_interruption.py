@@ -306,13 +306,19 @@ def _signal_sent_after_installing(monkeypatch, installed: int, sent: int) -> lis
     itself (`pthread_kill`), so that it is held there as a program's only thread holds it
     (a plain kill could be taken by another thread of pytest's). Returns the signal masks in
     force at each installation."""
+    from simulator.interruption import _on_signal
+
     real_signal = signal.signal
     masks = []
+    done = []
 
     def installing(number, handler):
         previous = real_signal(number, handler)
         masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
-        if number == installed and handler not in (signal.SIG_IGN, signal.SIG_DFL):
+        # Only while installing servesim's own handler, and once: restoring whatever handler
+        # the process had before (another test's, in a full run) must send nothing.
+        if number == installed and handler is _on_signal and not done:
+            done.append(True)
             signal.pthread_kill(threading.main_thread().ident, sent)
             time.sleep(0.01)  # unheld, the handler would run here, inside this call
         return previous
