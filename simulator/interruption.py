@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -117,6 +118,9 @@ def stopping_on_signals(then_ignore: bool = False) -> Iterator[Stop]:
     (recorded, or raised where the block catches it). A block that never releases them gets
     them on leaving. Whatever happens, leaving removes the block's state: a signal escaping
     the `with` line once left every later block interrupted before it began."""
+    if threading.current_thread() is not threading.main_thread():
+        yield Stop()  # handlers belong to the main thread; this block is not the command's
+        return
     if _active:
         yield _active[-1]
         return
@@ -128,15 +132,15 @@ def stopping_on_signals(then_ignore: bool = False) -> Iterator[Stop]:
         # A signal the caller set to be ignored stays ignored (a shell's background job
         # ignores SIGINT, so a Ctrl-C meant for the script does not stop its jobs).
         wanted = {s: signal.getsignal(s) for s in HANDLED_SIGNALS}
-        try:
-            for number, handler in wanted.items():
-                if handler is not signal.SIG_IGN:
-                    signal.signal(number, _on_signal)
-                    previous[number] = handler
-        except ValueError:  # not the main thread
-            pass
-        except KeyboardInterrupt as exc:  # only where signals cannot be held (no POSIX)
-            stop.record(exc)
+        for number, handler in wanted.items():
+            if handler is signal.SIG_IGN:
+                continue
+            previous[number] = handler  # first: restored on leaving whatever comes next
+            try:
+                signal.signal(number, _on_signal)
+            except KeyboardInterrupt as exc:  # only where signals cannot be held (no POSIX)
+                stop.record(exc)
+                signal.signal(number, _on_signal)  # again: ours ignore the next ones now
         yield stop
     finally:
         for number, handler in previous.items():

@@ -6,6 +6,7 @@ as `--x/--no-x`, renamed flags keep their old name, and `run`'s progress bar kno
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -453,7 +454,19 @@ def test_blis_spellings_and_stated_defaults_are_taken(tmp_path):
         done = _servesim_main(["run", "--num-requests", "2", "-q", *extra])
         assert done.returncode == 0, done.stderr
     refused = _servesim_main(["run", "--num-requests", "2", "-q", "--think-time-ms", "5"])
-    assert refused.returncode == 2 and "give --concurrency" in refused.stderr
+    assert refused.returncode == 2 and "applies to closed-loop users" in refused.stderr
+    # On a scenario whose users are closed-loop already, the flag applies (0 included: it
+    # was dropped there once it no longer needed --concurrency).
+    closed = tmp_path / "closed.yaml"
+    closed.write_text("workload: {num_requests: 8, concurrency: 2, think_time_us: 2000000}\n")
+    out = {}
+    for think in ("0", "2000"):
+        path = tmp_path / f"{think}.json"
+        done = _servesim_main(["run", str(closed), "-q", "--think-time-ms", think,
+                               "--results-path", str(path)])  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        out[think] = json.loads(path.read_text())["vllm_estimated_duration_s"]
+    assert out["0"] < out["2000"] - 4  # four rounds per user, 2 s of thinking each
     start = _servesim_main(["calibrate", "-q", "--start", str(tmp_path / "absent.yaml")])
     assert start.returncode == 2
     assert start.stderr.startswith("error: --start: invalid value ")

@@ -417,3 +417,32 @@ def test_the_entry_point_reports_a_signal_that_came_while_installing(monkeypatch
     assert exited.value.code == 128 + signal.SIGINT
     assert not started
     assert capsys.readouterr().err.strip() == "error: interrupted by SIGINT"
+
+
+def test_a_block_in_another_thread_is_not_the_commands():
+    """Outside the main thread no handler can be installed, and the block runs unprotected;
+    it must not register as the active one either: the main thread's block then took it for
+    an outer block and installed nothing."""
+    from simulator.interruption import active_stop, stopping_on_signals
+
+    inside, go_on = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        with stopping_on_signals():
+            inside.set()
+            go_on.wait(10)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        seen["active"] = active_stop()
+        before = signal.getsignal(signal.SIGTERM)
+        with stopping_on_signals() as stop:
+            stop.release()
+            seen["installed"] = signal.getsignal(signal.SIGTERM) is not before
+    finally:
+        go_on.set()
+        thread.join(10)
+    assert seen == {"active": None, "installed": True}

@@ -75,10 +75,9 @@ def closed_loop_overrides(flags: dict[str, Any], workload: dict[str, Any]) -> di
     if think_ms is not None:
         if think_ms < 0:
             raise ConfigError(f"--think-time-ms: invalid value {think_ms}; must be >= 0 (ms)")
-        if users is not None:
-            workload["workload.think_time_us"] = think_ms * 1000
-        elif think_ms:  # 0, the default, is no pause: nothing to refuse
-            raise ConfigError("--think-time-ms: applies to closed-loop users; give --concurrency")
+        # With --concurrency, or a scenario whose users are closed-loop already; the scenario
+        # refuses a think time for an open loop (0, no pause, passes).
+        workload["workload.think_time_us"] = think_ms * 1000
     seconds = flags.get("timeout")
     if seconds is not None:
         if flags.get("timeout_us") is not None:
