@@ -145,7 +145,7 @@ class Parallelism:
                 self.ep,
                 f"with dp = {self.dp} the expert layers span the ranks: 1 (each expert sliced "
                 f"over tp x dp = {group} GPUs, vLLM's default) or a multiple of tp = {self.tp} "
-                "(whole experts across ranks; enable_expert_parallel gives tp x dp)",
+                f"above it (whole experts across ranks; enable_expert_parallel gives {group})",
             )
         if model.num_local_experts % self.ep:
             raise invalid(
@@ -198,6 +198,26 @@ class Links:
         """(peers on the same fabric, peers across the network) of one GPU in an aligned
         group of `group` GPUs."""
         return self.peers(range(group))
+
+    def exchange_s(self, groups: Sequence[Sequence[int]], bytes_per_peer: float) -> float:
+        """Seconds for every member of each group to send `bytes_per_peer` to every other
+        member of its group: the slowest member's time, its same-domain peers over the
+        scale-up link and the rest over the network at once (either link may be the slower)."""
+        worst = 0.0
+        for gpus in groups:
+            counts = Counter(g // self.domain_gpus for g in gpus)
+            for members in counts.values():
+                local, remote = members - 1, len(gpus) - members
+                worst = max(
+                    worst,
+                    bytes_per_peer * local / (self.scale_up_gb_per_s * 1e9),
+                    bytes_per_peer * remote / (self.scale_out_gb_per_s * 1e9),
+                )
+        return worst
+
+    def crosses_domains(self, gpus: Sequence[int]) -> bool:
+        """Do `gpus` sit on more than one scale-up fabric?"""
+        return len({g // self.domain_gpus for g in gpus}) > 1
 
     def peers(self, gpus: Sequence[int]) -> tuple[int, int]:
         """(peers on the same fabric, peers across the network) of the member of `gpus` (GPUs

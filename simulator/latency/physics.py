@@ -811,14 +811,14 @@ class PhysicsModel(StepTimeModel):
                 # ranks' hidden states all-gathered before each MoE layer and the partial
                 # outputs reduce-scattered after it, d·B per token of its rank each way and
                 # peer; the rank's TP all-reduce then completes them (`moe_allreduces`).
-                local_peers, remote_peers = links.peers(group[:: layout.tp])
+                exchanges = [group[t :: layout.tp] for t in range(layout.tp)]
                 d_bytes = float(self.model.hidden_dim) * self.model.bytes_per_param
                 per_token = shape.moe_layers * 2 * d_bytes
             else:
-                local_peers, remote_peers = links.peers(group)
                 # Each GPU dispatches its 1/tp share of the rank's tokens to the k experts'
                 # GPUs and receives the results back (combine); (ep - 1)/ep of them live
                 # elsewhere.
+                exchanges = [group]
                 dispatch = self._dispatch_bytes_per_element()
                 per_token = (
                     shape.moe_layers
@@ -828,13 +828,11 @@ class PhysicsModel(StepTimeModel):
                     / tp
                     / layout.ep
                 )
-            # The two links carry their shares at once; the slower one sets the time.
-            alltoall_s_per_token = max(
-                per_token * local_peers / (links.scale_up_gb_per_s * 1e9),
-                per_token * remote_peers / (links.scale_out_gb_per_s * 1e9),
-            )
+            # Each member's two links carry their shares at once; the slowest member sets
+            # the time.
+            alltoall_s_per_token = links.exchange_s(exchanges, per_token)
+            alltoall_network = any(links.crosses_domains(g) for g in exchanges)
             alltoall_steps = 2 * shape.moe_layers
-            alltoall_network = remote_peers > 0
         collectives = (0 if tp_over_network else ring_steps) + (
             0 if alltoall_network else alltoall_steps
         )

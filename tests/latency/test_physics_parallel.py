@@ -260,6 +260,25 @@ def test_an_expert_group_spans_the_ranks_stage_by_stage():
     assert all(stage.network_steps > 0 for stage in m.stages)
 
 
+def test_an_exchange_is_priced_for_its_slowest_member_on_either_link():
+    """Each member of an exchange sends to its same-domain peers over the scale-up link and to
+    the rest over the network at once; the slowest member sets the time, whichever link is
+    slower. Links of 32 GB/s inside a node and 50 GB/s between nodes (physics.yaml's default
+    row), 12 GPUs on nodes of 8: a member of the full node has 7 local and 4 remote peers,
+    max(7/32, 4/50) = 0.21875 s per GB per peer; one of the other node 3 and 8,
+    max(3/32, 8/50) = 0.16. The first sets the time (the fewest-local rule chose the second)."""
+    links = Links(32, 50, 8)
+    assert links.exchange_s([range(12)], 1e9) == pytest.approx(7 / 32)
+    assert links.crosses_domains(range(12)) and not links.crosses_domains(range(8))
+    # DP without EP exchanges by TP position: TP16 x DP5 on one 72-GPU GB200 rack puts GPUs
+    # 64-79 of the last rank beyond it, so positions 8-15 cross the network (position 0 does
+    # not: GPUs 0, 16, 32, 48, 64).
+    gb200 = get_gpu("GB200")
+    qwen = load_model("qwen/qwen3-235b-a22b")
+    m = PhysicsModel(qwen, gb200, 16, BARE, parallelism=Parallelism(16, dp=5))
+    assert m.stages[0].network_steps == 2 * 94
+
+
 # --- tensor parallelism across nodes -------------------------------------------------------------
 
 
