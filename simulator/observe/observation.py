@@ -542,6 +542,7 @@ async def observe_requests(
         force_output=options.force_output,
         max_connections=options.max_concurrency,
     )
+    run: _Dispatcher | None = None
     try:
         measured_rtt_ms = await server.check()
         created_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -558,7 +559,12 @@ async def observe_requests(
                 raise
             _interrupted_after(run, exc)
     finally:
-        await server.aclose()
+        try:
+            await server.aclose()  # a second, quick close once the run closed it
+        except KeyboardInterrupt as exc:
+            if not (handle_interrupt and run is not None and run.started):
+                raise
+            _interrupted_after(run, exc)
     while True:
         try:
             return _observation(run, options, created_at, measured_rtt_ms)
