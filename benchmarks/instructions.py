@@ -73,6 +73,9 @@ class CountFailed(RuntimeError):
 
 _RUNNING: set[subprocess.Popen] = set()  # counted processes, stopped when one fails
 _RUNNING_LOCK = threading.Lock()
+# Set once a count failed: a process started after that (its thread was slower to start
+# than the failure) is stopped at once too.
+_STOPPING = threading.Event()
 
 
 def count(case: str, requests: int, tree: Path | None, tool: str = "valgrind") -> int:
@@ -97,6 +100,8 @@ def count(case: str, requests: int, tree: Path | None, tool: str = "valgrind") -
     )
     with _RUNNING_LOCK:
         _RUNNING.add(process)
+        if _STOPPING.is_set():
+            process.kill()
     try:
         _stdout, stderr = process.communicate()
     finally:
@@ -113,6 +118,7 @@ def count(case: str, requests: int, tree: Path | None, tool: str = "valgrind") -
 
 def _stop_running() -> None:
     with _RUNNING_LOCK:
+        _STOPPING.set()
         for process in _RUNNING:
             process.kill()
 
@@ -120,6 +126,7 @@ def _stop_running() -> None:
 def count_all(jobs: list[tuple], workers: int, tool: str = "valgrind") -> list[int]:
     """`count` for each (label, tree, case, requests) job, `workers` at a time; the first
     failure stops the others (their processes are killed) and is raised."""
+    _STOPPING.clear()
     pool = ThreadPoolExecutor(max_workers=workers)
     futures = [pool.submit(count, case, n, tree, tool) for _label, tree, case, n in jobs]
     try:

@@ -191,11 +191,13 @@ def test_closed_loop_flags():
             ["--concurrency", "4", "--workload-spec", "x.yaml"],
             "cannot be combined with --workload-spec",
         ),
-        (["--think-time-ms", "5"], "give --concurrency"),
         (["--concurrency", "0"], "must be >= 1"),
     ]:
         with pytest.raises(ConfigError, match=needle):
             _workload(args)
+    # Without --concurrency a think time is passed on: a scenario whose users are closed-loop
+    # takes it, an open-loop one refuses it (tests/test_cli_conventions.py).
+    assert _workload(["--think-time-ms", "5"]) == {"workload.think_time_us": 5_000}
 
 
 def test_concurrency_keeps_users_in_flight(tmp_path):
