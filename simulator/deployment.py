@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,8 @@ def resolve_deployment(
     tp = scenario.tp or int(defaults.get("tensor_parallelism") or 1)
     validate_tp(model, tp)
     model = apply_precision(model, gpu, scenario.weight_dtype, scenario.engine.kv_cache_dtype)
+    if scenario.latency.model == "physics":
+        model = served_dtype(model)
     if scenario.dp not in (None, 1) and scenario.latency.model == "trained-physics":
         raise invalid("dp", scenario.dp, DP_NEEDS_RANK_PRICING)
     layout = Parallelism.of(
@@ -508,6 +510,28 @@ def capacity_rule(scenario: Scenario) -> str:
     if rule == "auto":
         return "vllm" if scenario.latency.model == "physics" else "blis"
     return rule
+
+
+FP32_BYTES = 4.0
+
+
+def served_dtype(model: ModelConfig) -> ModelConfig:
+    """`model` as vLLM serves it with `--dtype auto`: an FP32 checkpoint runs in FP16 (its
+    compute, the weights it loads and its KV cache two bytes wide); every other dtype as it
+    is. BLIS's backends keep the checkpoint's width (BLIS's own mapping)."""
+    if model.bytes_per_param != FP32_BYTES:
+        return model
+
+    def halved(width: float) -> float:
+        return 0.0 if width == FP32_BYTES else width  # 0: the compute width, now 2 bytes
+
+    return replace(
+        model,
+        bytes_per_param=2.0,
+        weight_bytes_per_param=halved(model.weight_bytes_per_param),
+        kv_cache_bytes_per_element=halved(model.kv_cache_bytes_per_element),
+        expert_weight_bytes_per_param=halved(model.expert_weight_bytes_per_param),
+    )
 
 
 # The settings a measured defaults.yaml block count was logged at: a stock vLLM server's.
