@@ -332,7 +332,7 @@ def trace_case(
     from .calibration_report import network_ms, nothing_to_compare
     from .validate import NothingToScore, measured_trace
     from .workload.server_settings import PrefixCaching, recorded_server
-    from .workload.trace import client_of, not_streamed, read_header, read_rows, trace_spans
+    from .workload.trace import client_of, read_header, read_rows, trace_spans
 
     sc = as_scenario(scenario) if scenario is not None else None
     hardware = overrides.get("hardware") or (sc.hardware if sc is not None else None) or "H100"
@@ -365,7 +365,7 @@ def trace_case(
     warm_up = int(header.get("warm_up_requests") or 0)
     rows = read_rows(Path(trace_data))
     try:
-        measured_run = measured_trace(Path(trace_data), warm_up)
+        measured_run = measured_trace(Path(trace_data), warm_up, header)
     except NothingToScore:  # a damaged row is its own error, naming the row
         raise ConfigError(
             nothing_to_compare(
@@ -383,7 +383,7 @@ def trace_case(
     model = overrides.get("model") or (sc.model if sc is not None else "")
     ttft_ms, e2e_ms = chosen.ttft_ms, chosen.e2e_ms
     # A request the client did not stream measured no TTFT (its first chunk is the body's).
-    streamed = np.asarray([not not_streamed(header, rows[i]) for i in chosen.positions], bool)
+    streamed = chosen.streamed_mask
     added = [
         network_ms(
             header,

@@ -568,6 +568,28 @@ class MeasuredRun:
     # `positions`; the throughput window starts at `window_start_s` on that clock.
     arrival_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     window_start_s: float = 0.0
+    # Per scored request (following `positions`), whether the client streamed its answer: a
+    # recorded row with `streaming` false measured no TTFT (`trace.not_streamed`). None: all.
+    streamed: np.ndarray | None = None
+
+    @property
+    def streamed_mask(self) -> np.ndarray:
+        """`streamed`, with None as every request."""
+        if self.streamed is None:
+            return np.ones(len(self.positions), dtype=bool)
+        return self.streamed
+
+    def only(self, keep: np.ndarray) -> MeasuredRun:
+        """The scored requests where `keep` (following `positions`) is true."""
+        return replace(
+            self,
+            positions=[p for p, k in zip(self.positions, keep, strict=True) if k],
+            ttft_ms=self.ttft_ms[keep],
+            e2e_ms=self.e2e_ms[keep],
+            output_tokens=self.output_tokens[keep],
+            arrival_s=self.arrival_s[keep] if self.arrival_s.size else self.arrival_s,
+            streamed=None if self.streamed is None else self.streamed[keep],
+        )
 
     def after_warm_up(self, warm_up_s: float, run: str = "") -> MeasuredRun:
         """The requests that arrived `warm_up_s` or more after the run's first: a freshly
@@ -586,14 +608,7 @@ class MeasuredRun:
                 NothingToScore,
             )
         return replace(
-            self,
-            positions=[p for p, k in zip(self.positions, keep, strict=True) if k],
-            ttft_ms=self.ttft_ms[keep],
-            e2e_ms=self.e2e_ms[keep],
-            output_tokens=self.output_tokens[keep],
-            arrival_s=self.arrival_s[keep],
-            window_s=self.window_s - warm_up_s,
-            window_start_s=warm_up_s,
+            self.only(keep), window_s=self.window_s - warm_up_s, window_start_s=warm_up_s
         )
 
 
@@ -608,8 +623,9 @@ def measured_requests(run: RunSpec) -> MeasuredRun:
     if run.kind == "trace":
         from .workload.trace import read_header
 
-        warm_up = int(read_header(run.trace_header).get("warm_up_requests") or 0)
-        return measured_trace(run.requests_csv, warm_up)
+        header = read_header(run.trace_header)
+        warm_up = int(header.get("warm_up_requests") or 0)
+        return measured_trace(run.requests_csv, warm_up, header)
     from .workload.trace import read_groundtruth_rows
 
     path = run.requests_csv
@@ -635,14 +651,17 @@ class NothingToScore(ConfigError):
     """A measured run without a successful request (after its warm-up) to score or fit."""
 
 
-def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
+def measured_trace(
+    path: Path, warm_up_requests: int = 0, header: dict[str, Any] | None = None
+) -> MeasuredRun:
     """The measured side of a recorded trace (observe's data file): the `status == ok` rows
     with both chunk times, after the first `warm_up_requests` rows (the load generator's
     warm-up, which the header counts), TTFT = first chunk − send and E2E = last chunk − send
     (send_time_us; arrival_time_us when it is 0); the window runs from the first send to the
-    last chunk of any request, over the rows that were sent (`trace.never_sent`). `validate`
+    last chunk of any request, over the rows that were sent (`trace.never_sent`). With the
+    trace's `header`, a recorded row not streamed is marked (`MeasuredRun.streamed`). `validate`
     scores and `calibrate` fits these requests."""
-    from .workload.trace import never_sent, read_rows, refuse_decreasing_times
+    from .workload.trace import never_sent, not_streamed, read_rows, refuse_decreasing_times
 
     rows = read_rows(path)
     ok = [
@@ -681,25 +700,12 @@ def measured_trace(path: Path, warm_up_requests: int = 0) -> MeasuredRun:
         window_s=(max(ends) - first_us) / 1e6,
         requests=len(rows),
         arrival_s=np.asarray([(sent[i] - first_us) / 1e6 for i in ok]),
+        streamed=np.asarray([not not_streamed(header or {}, rows[i]) for i in ok], dtype=bool),
     )
 
 
 # The figures only a streamed answer measures (its first chunk is the first token).
 STREAMED_METRICS = ("ttft_mean_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms")
-
-
-def streamed_positions(run: RunSpec, positions: list[int]) -> list[int]:
-    """Of the scored rows at `positions`, those whose answer the client streamed: all of them
-    except in a recorded trace (`mode: real`) whose rows say `streaming` false."""
-    if run.kind != "trace":
-        return positions
-    from .workload.trace import not_streamed, read_header, read_rows
-
-    header = read_header(run.trace_header)
-    if header.get("mode", "generated") != "real":
-        return positions
-    rows = read_rows(run.requests_csv)
-    return [i for i in positions if not not_streamed(header, rows[i])]
 
 
 def _figures(m: MeasuredRun) -> dict[str, float]:
@@ -832,21 +838,14 @@ def validate_run(
         result.request_records, measured.positions, reported, measured.window_start_s
     )
     figures = _figures(measured)
-    streamed = streamed_positions(run, measured.positions)
-    if len(streamed) < len(measured.positions):
+    streamed = measured.streamed_mask
+    if not streamed.all():
         # A request the client did not stream measured no TTFT (its first chunk is the whole
         # body's): TTFT and ITL are of the streamed requests alone, on both sides.
-        keep = np.isin(measured.positions, streamed)
-        only = replace(
-            measured,
-            positions=streamed,
-            ttft_ms=measured.ttft_ms[keep],
-            e2e_ms=measured.e2e_ms[keep],
-            output_tokens=measured.output_tokens[keep],
-        )
+        only = measured.only(streamed)
         sub_measured = _figures(only)
         sub_predicted, _ = _predicted(
-            result.request_records, streamed, reported, measured.window_start_s
+            result.request_records, only.positions, reported, measured.window_start_s
         )
         for name in STREAMED_METRICS:
             figures[name], predicted[name] = sub_measured[name], sub_predicted[name]
@@ -865,8 +864,8 @@ def validate_run(
         "wall_s": time.perf_counter() - started_s,
         "scores": score(figures, predicted),
     }
-    if len(streamed) < len(measured.positions):
-        outcome["not_streamed"] = len(measured.positions) - len(streamed)
+    if not streamed.all():
+        outcome["not_streamed"] = int(np.count_nonzero(~streamed))
     if load is not None:
         outcome["load"] = load
     return outcome
