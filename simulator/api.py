@@ -121,6 +121,12 @@ def as_scenario(scenario: Scenario | dict | str | Path) -> Scenario:
     )
 
 
+def scenario_file(scenario: object) -> str | None:
+    """The YAML file a scenario argument names (a path), None for a dict or a Scenario: an
+    input the run's outputs must not replace."""
+    return fspath(scenario) if isinstance(scenario, str | PathLike) else None
+
+
 def _shown(value: object, limit: int = 80) -> str:
     """`repr(value)` cut to one short line, for a message."""
     try:
@@ -235,7 +241,7 @@ def simulate(
     if options is not None and not isinstance(options, EngineOptions):
         raise ConfigError(f"options: expected an EngineOptions or None; got {_shown(options)}")
     sc = keyword_overrides(as_scenario(scenario), overrides)
-    given = fspath(scenario) if isinstance(scenario, str | PathLike) else None
+    given = scenario_file(scenario)
     if sc.cluster.trace.path is not None:
         from .input_files import refuse_writing_inputs, scenario_input_files
 
@@ -359,8 +365,7 @@ def replay(
     except ValidationError as exc:
         raise ConfigError(format_spec_error(exc, "replay")) from None
     result = simulate(sc, **overrides)
-    if isinstance(scenario, str | PathLike):
-        result.scenario_file = fspath(scenario)  # an input no output of the result may replace
+    result.scenario_file = scenario_file(scenario)  # simulate was given the Scenario
     return result
 
 

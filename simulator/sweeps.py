@@ -359,7 +359,7 @@ def sweep(
     `backend="ray"` runs the same tasks on a Ray cluster (`ray_address`; default a local Ray
     started on the spot; Ray is the optional extra `ray`). Rows are identical to the local
     backend's: each task is a whole simulation with its own seed."""
-    from .api import as_scenario
+    from .api import as_scenario, scenario_file
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend: invalid value {backend!r}; valid: {', '.join(BACKENDS)}")
@@ -486,9 +486,7 @@ def sweep(
         skipped=skipped,
         out=out_dir,
         seeds=seed_list,
-        input_files=scenario_input_files(
-            sc.model_dump(), os.fspath(base) if isinstance(base, str | os.PathLike) else None
-        ),
+        input_files=scenario_input_files(sc.model_dump(), scenario_file(base)),
     )
     if out_dir is not None:
         write_outputs(result, out_dir)
