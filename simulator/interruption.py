@@ -67,8 +67,7 @@ class Stop:
         meanwhile is handled now, in the caller (call it inside the `try` that catches it).
         Later calls do nothing."""
         held, self.held = self.held, None
-        if held is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        _restore(held)
 
     def record(self, exc: KeyboardInterrupt) -> int:
         """The signal to report for `exc`: the first one received (a KeyboardInterrupt that
@@ -156,9 +155,25 @@ def stopping_on_signals(then_ignore: bool = False) -> Iterator[Stop]:
 def _hold(signals: tuple[int, ...]) -> Any:
     """Hold `signals` pending in this thread; the mask to restore, None where a process
     cannot mask signals (then they are handled as they come)."""
-    if not hasattr(signal, "pthread_sigmask"):
+    if not signals or not hasattr(signal, "pthread_sigmask"):
         return None
     return signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+
+
+def _restore(mask: Any) -> None:
+    """Put back the mask `_hold` returned (a signal held meanwhile is handled now)."""
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+@contextlib.contextmanager
+def signals_held(signals: tuple[int, ...]) -> Iterator[None]:
+    """Inside the block `signals` wait in this thread (where the platform can hold them)."""
+    mask = _hold(signals)
+    try:
+        yield
+    finally:
+        _restore(mask)
 
 
 @contextlib.contextmanager

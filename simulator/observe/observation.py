@@ -34,7 +34,7 @@ import yaml
 from ..atomic_io import atomic_open
 from ..engine.request import Request, RequestState, group_prefix_tokens
 from ..errors import ConfigError, invalid
-from ..interruption import HANDLED_SIGNALS, active_stop, signal_of
+from ..interruption import HANDLED_SIGNALS, active_stop, signal_of, signals_held
 from ..limits import MAX_TIME_S, MAX_TIME_US
 from ..workload.generator import SessionManager
 from ..workload.trace import (
@@ -497,24 +497,11 @@ def _signals_caught(run: _Dispatcher, enabled: bool) -> Iterator[None]:
     finally:
         # Held back while the handlers are swapped: in between, asyncio's reset would let a
         # SIGTERM end the process. One that comes meanwhile reaches the restored handler.
-        with _signals_blocked(list(previous)):
+        with signals_held(tuple(previous)):
             for sig, handler in previous.items():
                 loop.remove_signal_handler(sig)
                 if handler is not None:
                     signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _signals_blocked(signals: list[int]) -> Iterator[None]:
-    """Delay `signals` (the calling thread) inside the block; where the platform cannot, not."""
-    if not signals or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 async def observe_requests(
@@ -555,29 +542,31 @@ async def observe_requests(
             # A signal an instant before the handlers were in place or after they were
             # removed, when nothing is in flight: once a request was started, the record
             # is kept (the first signal decides the exit status).
-            if not (handle_interrupt and run.started) or run.in_flight:
+            if run.in_flight:
                 raise
-            _interrupted_after(run, exc)
+            _interrupted_after(run, exc, handle_interrupt)
     finally:
         try:
             await server.aclose()  # a second, quick close once the run closed it
         except KeyboardInterrupt as exc:
-            if not (handle_interrupt and run is not None and run.started):
-                raise
-            _interrupted_after(run, exc)
+            _interrupted_after(run, exc, handle_interrupt)
     while True:
         try:
             return _observation(run, options, created_at, measured_rtt_ms)
         except KeyboardInterrupt as exc:
             # The measurement is over: a signal now only marks it interrupted, and the record
             # is built again (a later signal is ignored once the first has decided).
-            if not (handle_interrupt and run.started):
-                raise
-            _interrupted_after(run, exc)
+            _interrupted_after(run, exc, handle_interrupt)
 
 
-def _interrupted_after(run: _Dispatcher, exc: KeyboardInterrupt) -> None:
-    """Mark `run` interrupted by the signal behind `exc`, unless one already did."""
+def _interrupted_after(
+    run: _Dispatcher | None, exc: KeyboardInterrupt, handle_interrupt: bool
+) -> None:
+    """A signal (`exc`) once the requests are done: mark `run` interrupted by it (unless one
+    already did) when its record is kept, i.e. interrupts are handled and a request was
+    started; else let it end the observation (raise `exc`)."""
+    if not (handle_interrupt and run is not None and run.started):
+        raise exc
     if not run.interrupted:
         run.interrupted = True
         run.signal_number = signal_of(exc)
