@@ -194,10 +194,12 @@ class Links:
         """Do GPUs numbered first..last (placed in order, domain by domain) span domains?"""
         return first_gpu // self.domain_gpus != last_gpu // self.domain_gpus
 
-    def alltoall_peers(self, group: int) -> tuple[int, int]:
-        """(peers on the same fabric, peers across the network) of one GPU in an aligned
-        group of `group` GPUs."""
-        return self.peers(range(group))
+    def member_peers(self, gpus: Sequence[int]) -> list[tuple[int, int]]:
+        """Per scale-up domain `gpus` (numbered in placement order, domain by domain) span,
+        in the order they first appear: (peers on the same fabric, peers across the network)
+        of a member there."""
+        counts = Counter(g // self.domain_gpus for g in gpus)
+        return [(members - 1, len(gpus) - members) for members in counts.values()]
 
     def exchange_s(self, groups: Sequence[Sequence[int]], bytes_per_peer: float) -> float:
         """Seconds for every member of each group to send `bytes_per_peer` to every other
@@ -205,9 +207,7 @@ class Links:
         scale-up link and the rest over the network at once (either link may be the slower)."""
         worst = 0.0
         for gpus in groups:
-            counts = Counter(g // self.domain_gpus for g in gpus)
-            for members in counts.values():
-                local, remote = members - 1, len(gpus) - members
+            for local, remote in self.member_peers(gpus):
                 worst = max(
                     worst,
                     bytes_per_peer * local / (self.scale_up_gb_per_s * 1e9),
@@ -218,13 +218,6 @@ class Links:
     def crosses_domains(self, gpus: Sequence[int]) -> bool:
         """Do `gpus` sit on more than one scale-up fabric?"""
         return len({g // self.domain_gpus for g in gpus}) > 1
-
-    def peers(self, gpus: Sequence[int]) -> tuple[int, int]:
-        """(peers on the same fabric, peers across the network) of the member of `gpus` (GPUs
-        numbered in placement order, domain by domain) with the most peers across it, the
-        one in the domain holding fewest members: an exchange waits for its slowest member."""
-        fewest = min(Counter(g // self.domain_gpus for g in gpus).values())
-        return fewest - 1, len(gpus) - fewest
 
 
 def links_for(gpu: GPUSpec) -> Links:

@@ -249,12 +249,15 @@ def test_an_expert_group_spans_the_ranks_stage_by_stage():
     assert layout.expert_group_gpus(0) == [0, 1, 2, 3, 8, 9, 10, 11]
     assert layout.expert_group_gpus(1) == [4, 5, 6, 7, 12, 13, 14, 15]
     links = links_for(H100)
-    assert links.peers(layout.expert_group_gpus(0)) == (3, 4)
-    assert links.peers(range(8)) == links.alltoall_peers(8) == (7, 0)
+    assert links.member_peers(layout.expert_group_gpus(0)) == [(3, 4), (3, 4)]
+    assert links.member_peers(range(8)) == [(7, 0)]
     # An uneven group is priced for its member with the most remote peers: of GPUs 0, 1, 6,
     # 7 (node 0) and 12, 13 (node 1), GPU 12 has 1 local and 4 remote peers.
     assert Parallelism(2, pp=3, dp=3, ep=6).expert_group_gpus(0) == [0, 1, 6, 7, 12, 13]
-    assert links.peers([0, 1, 6, 7, 12, 13]) == (1, 4)
+    assert links.member_peers([0, 1, 6, 7, 12, 13]) == [(3, 2), (1, 4)]
+    assert links.exchange_s([[0, 1, 6, 7, 12, 13]], 1e9) == pytest.approx(
+        4 / links.scale_out_gb_per_s
+    )
     qwen = load_model("qwen/qwen3-235b-a22b")
     m = PhysicsModel(qwen, H100, 4, BARE, parallelism=layout)
     assert all(stage.network_steps > 0 for stage in m.stages)
@@ -531,4 +534,4 @@ def test_provenance_says_what_is_measured_and_what_is_carried_over():
     assert "pipeline terms are assumptions" in pipelined["efficiencies"]
     roofline = build_step_time_model("roofline", MIXTRAL, get_gpu("MI300X"), 2).provenance()
     assert roofline["efficiencies"].startswith("MFU 0.45 prefill / 0.3 decode carried over from")
-    assert Links(450.0, 50.0, 8).alltoall_peers(16) == (7, 8)
+    assert Links(450.0, 50.0, 8).member_peers(range(16)) == [(7, 8), (7, 8)]
