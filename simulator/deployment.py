@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .catalog.defaults import lookup_coefficients, model_defaults
 from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.models import load_model, validate_tp
-from .catalog.precision import apply_precision
+from .catalog.precision import apply_precision, served_dtype
 from .catalog.types import GPUSpec, ModelConfig
 from .cluster.cluster import InstanceSetup
 from .engine.batching import EngineConfig
@@ -510,28 +510,6 @@ def capacity_rule(scenario: Scenario) -> str:
     if rule == "auto":
         return "vllm" if scenario.latency.model == "physics" else "blis"
     return rule
-
-
-FP32_BYTES = 4.0
-
-
-def served_dtype(model: ModelConfig) -> ModelConfig:
-    """`model` as vLLM serves it with `--dtype auto`: an FP32 checkpoint runs in FP16 (its
-    compute, the weights it loads and its KV cache two bytes wide); every other dtype as it
-    is. BLIS's backends keep the checkpoint's width (BLIS's own mapping)."""
-    if model.bytes_per_param != FP32_BYTES:
-        return model
-
-    def halved(width: float) -> float:
-        return 0.0 if width == FP32_BYTES else width  # 0: the compute width, now 2 bytes
-
-    return replace(
-        model,
-        bytes_per_param=2.0,
-        weight_bytes_per_param=halved(model.weight_bytes_per_param),
-        kv_cache_bytes_per_element=halved(model.kv_cache_bytes_per_element),
-        expert_weight_bytes_per_param=halved(model.expert_weight_bytes_per_param),
-    )
 
 
 # The settings a measured defaults.yaml block count was logged at: a stock vLLM server's.

@@ -113,19 +113,21 @@ def build_speculation(
         drafter = NgramDrafter(overhead)
     elif spec.method == "draft_model":
         from .catalog.models import load_model, validate_tp
-        from .catalog.precision import apply_precision
+        from .catalog.precision import apply_precision, served_dtype
         from .latency import build_step_time_model
 
         draft = apply_precision(
             load_model(spec.draft_model), gpu, "auto", scenario.engine.kv_cache_dtype
         )
+        lat = scenario.latency
+        draft_latency_model = spec.draft_latency_model or lat.model
+        if draft_latency_model == "physics":  # as the target: what vLLM's dtype=auto serves
+            draft = served_dtype(draft)
         draft_tp = spec.draft_tp or tp
         validate_tp(draft, draft_tp, "speculative.draft_tp" if spec.draft_tp else "tp")
-        lat = scenario.latency
         draft_step = build_step_time_model(
-            spec.draft_latency_model or lat.model, draft, gpu, draft_tp, None, None,
-            lat.vllm_version,
-        )  # fmt: skip
+            draft_latency_model, draft, gpu, draft_tp, None, None, lat.vllm_version
+        )
         drafter = DraftModelDrafter(
             draft_step.decode_step_time_us,
             overhead,

@@ -46,3 +46,24 @@ def test_an_fp32_checkpoint_is_served_in_fp16_under_physics(tmp_path):
     }
     assert blis[fp32].model.bytes_per_param == 4.0
     assert blis[fp32].engine.total_kv_blocks < blis[bf16].engine.total_kv_blocks
+
+
+def test_an_fp32_draft_model_is_served_in_fp16_under_physics_too(tmp_path):
+    """The draft model of speculative decoding is priced, and takes its weights and KV share
+    from the cache, as vLLM serves it: an FP32 draft as its BF16 twin under physics."""
+    fp32, bf16 = _model(tmp_path, "float32"), _model(tmp_path, "bfloat16")
+
+    def drafted(draft: str, latency: str):
+        spec = {"method": "draft_model", "draft_model": draft, "num_speculative_tokens": 3,
+                "acceptance_rate": 0.7}  # fmt: skip
+        scenario = {"model": "meta-llama/llama-3.1-70b-instruct", "tp": 4, "hardware": "H100",
+                    "speculative": spec, "latency": {"model": latency}}  # fmt: skip
+        return resolve_deployment(scenario)
+
+    assert drafted(fp32, "physics").engine.total_kv_blocks == (
+        drafted(bf16, "physics").engine.total_kv_blocks
+    )
+    # BLIS's roofline keeps the draft's 4 bytes: its weights leave fewer blocks.
+    assert drafted(fp32, "roofline").engine.total_kv_blocks < (
+        drafted(bf16, "roofline").engine.total_kv_blocks
+    )

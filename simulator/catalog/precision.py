@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from simulator.catalog.models import dtype_bytes
 from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import invalid
 
@@ -88,6 +89,28 @@ def apply_precision(
     return model
 
 
+FP32_BYTES = dtype_bytes("float32")
+
+
+def served_dtype(model: ModelConfig) -> ModelConfig:
+    """`model` as vLLM serves it with `--dtype auto`: an FP32 checkpoint runs in FP16 (its
+    compute, the weights it loads and its KV cache two bytes wide); every other dtype as it
+    is. BLIS's backends keep the checkpoint's width (BLIS's own mapping)."""
+    if model.bytes_per_param != FP32_BYTES:
+        return model
+
+    def halved(width: float) -> float:
+        return 0.0 if width == FP32_BYTES else width  # 0: the compute width, now 2 bytes
+
+    return replace(
+        model,
+        bytes_per_param=2.0,
+        weight_bytes_per_param=halved(model.weight_bytes_per_param),
+        kv_cache_bytes_per_element=halved(model.kv_cache_bytes_per_element),
+        expert_weight_bytes_per_param=halved(model.expert_weight_bytes_per_param),
+    )
+
+
 def gemm_precision(model: ModelConfig, gpu: GPUSpec) -> str:
     """The tensor-core precision the model's GEMMs run at on `gpu`: "fp4", "fp8" or "bf16".
 
@@ -135,6 +158,7 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "WEIGHT_DTYPES",
     "apply_precision",
+    "served_dtype",
     "describe_precision",
     "gemm_precision",
     "kv_cache_dtypes_on",
