@@ -33,6 +33,7 @@ from .cluster.infra_spec import (
     LifecycleSpec,
     NodePoolSpec,
 )
+from .engine.preemption import SLO_CLASS_PRIORITY, SLO_PRIORITY_BOUND
 from .errors import ConfigError, excerpt, require_path
 from .input_files import read_yaml_mapping
 from .limits import (
@@ -199,8 +200,13 @@ class LatencySpec(_Strict):
         return self
 
 
-SloClassName = Literal["critical", "standard", "batch", "sheddable", "background"]
-SloPriority = integer(-100, 100, "", "BLIS accepts class priorities from -100 to 100")
+SloClassName = Literal[tuple(SLO_CLASS_PRIORITY)]  # the classes the engine prioritises
+SloPriority = integer(
+    -SLO_PRIORITY_BOUND,
+    SLO_PRIORITY_BOUND,
+    "",
+    f"BLIS accepts class priorities from -{SLO_PRIORITY_BOUND} to {SLO_PRIORITY_BOUND}",
+)
 
 
 class EngineSpec(_Strict):
