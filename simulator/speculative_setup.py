@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from .errors import ConfigError, invalid
+from .errors import ConfigError, in_field, invalid
 from .limits import Gpus, TimeUs, integer
 
 if TYPE_CHECKING:
@@ -116,18 +116,26 @@ def build_speculation(
         from .catalog.precision import apply_precision, served_dtype
         from .latency import build_step_time_model
 
-        draft = apply_precision(
-            load_model(spec.draft_model), gpu, "auto", scenario.engine.kv_cache_dtype
-        )
+        with in_field("speculative.draft_model"):
+            draft_config = load_model(spec.draft_model)
+        draft = apply_precision(draft_config, gpu, "auto", scenario.engine.kv_cache_dtype)
         lat = scenario.latency
         draft_latency_model = spec.draft_latency_model or lat.model
         if draft_latency_model == "physics":  # as the target: what vLLM's dtype=auto serves
             draft = served_dtype(draft)
         draft_tp = spec.draft_tp or tp
         validate_tp(draft, draft_tp, "speculative.draft_tp" if spec.draft_tp else "tp")
-        draft_step = build_step_time_model(
-            draft_latency_model, draft, gpu, draft_tp, None, None, lat.vllm_version
+        # The drafter's pricing fails for the drafter's fields (a blackbox without coefficients
+        # for the draft model, an unknown name), not the target's.
+        draft_field = (
+            "speculative.draft_latency_model" if spec.draft_latency_model else "latency.model"
         )
+        try:
+            draft_step = build_step_time_model(
+                draft_latency_model, draft, gpu, draft_tp, None, None, lat.vllm_version
+            )
+        except ConfigError as exc:
+            raise type(exc)(f"{draft_field} (pricing the draft model): {exc}") from None
         drafter = DraftModelDrafter(
             draft_step.decode_step_time_us,
             overhead,

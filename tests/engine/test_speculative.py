@@ -409,6 +409,12 @@ def test_the_drafter_takes_kv_capacity_from_an_auto_sized_cache():
         ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5,
           "draft_model": "meta-llama/llama-3.1-8b-instruct", "draft_tp": 3},
          r"^speculative\.draft_tp: invalid value 3; must divide num_attention_heads=32"),
+        # The drafter's own names, not the target's (QA: these said "unknown model" alone).
+        ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5,
+          "draft_model": "nope/x"}, r"^speculative\.draft_model: unknown model 'nope/x'"),
+        ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5,
+          "draft_model": "meta-llama/llama-3.1-8b-instruct", "draft_latency_model": "bogus"},
+         r"^speculative\.draft_latency_model \(pricing the draft model\): unknown latency"),
     ],
 )  # fmt: skip
 def test_bad_speculative_sections_name_the_field(spec, message):
