@@ -111,9 +111,12 @@ class GammaArrivals(ArrivalProcess):
         cv_eff = 1.0 if cv is None else cv
         self.shape = 1.0 / (cv_eff * cv_eff)
         self.scale_us = self.mean_gap_us * cv_eff * cv_eff
-        if fit_shape_scale(self.name, shape, scale_us):
+        fitted = fit_shape_scale(self.name, shape, scale_us)
+        if fitted:
             self.shape, self.scale_us = float(shape), float(scale_us)
-        self.falls_back_to_poisson = self.shape < MIN_GAMMA_SHAPE
+        # The fallback replaces a cv too large to sample; a fitted law is sampled as given
+        # (BLIS too: shape 0.005 gives its mean gap shape x scale and a CV near 14).
+        self.falls_back_to_poisson = not fitted and self.shape < MIN_GAMMA_SHAPE
         if self.falls_back_to_poisson:
             log.warning(
                 "gamma arrival shape %.4f (cv=%.2f) is below %.2f; using Poisson as BLIS does",

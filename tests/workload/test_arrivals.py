@@ -133,6 +133,17 @@ def test_gamma_tiny_shape_falls_back_to_poisson() -> None:
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)
 
 
+def test_a_fitted_gamma_law_is_sampled_as_given_however_small_its_shape() -> None:
+    """The Poisson fallback is for a cv too large to sample; a fitted shape 0.005 with scale
+    2e7 µs has mean gap shape x scale = 1e5 µs and CV 1/sqrt(0.005) ~ 14, whatever the rate
+    (QA: it became Poisson at the rate, a mean gap of 1e6 µs and CV 1)."""
+    gamma = make_arrivals("gamma", 1.0, shape=0.005, scale_us=2e7)
+    assert not gamma.falls_back_to_poisson
+    gaps = gamma.gaps_us(np.random.default_rng(1), 200_000).astype(float)
+    assert gaps.mean() == pytest.approx(0.005 * 2e7, rel=0.15)
+    assert gaps.std() / gaps.mean() > 8
+
+
 def test_same_seed_same_gaps() -> None:
     a = _gaps("weibull", 2.0, seed=3)
     b = _gaps("weibull", 2.0, seed=3)
