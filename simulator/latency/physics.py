@@ -610,6 +610,13 @@ def default_coefficients(
     if vllm_version is not None and version_key(vllm_version) != version_key(fit_vllm):
         note = f"; no fit for vLLM {vllm_version}, nearest used"
     kind = "calibrated" if fit_gpu == gpu.name else "transferred"
+    if kind == "calibrated" and not _is_builtin_gpu(gpu):
+        # A GPU file's entry under the fit's name but with other figures is another GPU: the
+        # fit's efficiencies carry to it as to any other (its peaks price the steps).
+        kind = "transferred"
+        note += (
+            f"; the GPU's figures ({gpu.source or 'as given'}) differ from the built-in {fit_gpu}"
+        )
     source = CoefficientSource(
         kind,
         fit_gpu,
@@ -620,6 +627,16 @@ def default_coefficients(
         tuple(m.lower() for m in entry.get("models", ())),
     )
     return coefficients, source
+
+
+def _is_builtin_gpu(gpu: GPUSpec) -> bool:
+    """Whether `gpu` has the figures of the built-in GPU of its name (its source aside)."""
+    from simulator.catalog.hardware import get_gpu
+
+    try:
+        return get_gpu(gpu.name) == gpu
+    except ConfigError:
+        return False
 
 
 def coefficients_from_mapping(data: Mapping[str, Any], where: str) -> PhysicsCoefficients:

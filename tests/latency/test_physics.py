@@ -377,6 +377,19 @@ def test_other_gpus_use_the_h100_fit_transferred_and_say_so() -> None:
     assert PhysicsModel(LLAMA2_7B, H100, 1).provenance()["gpu_covered_by_fit"] is True
 
 
+def test_a_gpu_entry_named_as_the_fits_gpu_with_other_figures_is_not_calibrated() -> None:
+    """A GPU file's "H100" with half the FLOPS and 60 % of the bandwidth is priced with the fit
+    transferred, and says so (QA: it claimed "calibrated for this GPU"); an entry with the
+    built-in figures stays calibrated."""
+    other = replace(H100, tflops_peak=500.0, bw_peak_tbs=2.0, source="GPU file 'h100.yaml'")
+    provenance = PhysicsModel(LLAMA2_7B, other, 1).provenance()
+    assert provenance["source"] == "transferred"
+    assert provenance["gpu_covered_by_fit"] is False
+    assert "differ from the built-in H100" in provenance["coefficients"]
+    same = replace(H100, source="GPU file 'h100.yaml'")
+    assert PhysicsModel(LLAMA2_7B, same, 1).provenance()["gpu_covered_by_fit"] is True
+
+
 def test_coefficients_file_round_trip_and_errors(tmp_path: Path) -> None:
     good = tmp_path / "c.yaml"
     good.write_text("latency_model: physics\ncoefficients:\n  per_step_overhead_us: 123\n")
