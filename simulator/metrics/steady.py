@@ -55,7 +55,13 @@ INFLIGHT_E2E_MULTIPLE = 2.0
 INFLIGHT_GROWTH_FRACTION = 0.1
 INFLIGHT_NOISE_SIGMAS = 3.0
 
-_LOST = (RequestState.DROPPED, RequestState.TIMED_OUT, RequestState.FAILED)
+# Dropped covers both kinds: unservable, and dropped by an immediate drain.
+_LOST = (
+    RequestState.DROPPED,
+    RequestState.DROPPED_ON_DRAIN,
+    RequestState.TIMED_OUT,
+    RequestState.FAILED,
+)
 _UNFINISHED = (RequestState.QUEUED, RequestState.RUNNING, RequestState.CREATED)
 
 

@@ -164,6 +164,26 @@ def test_lost_or_unfinished_requests_say_not_steady_before_too_short():
     assert judge(short[:2] + [_req(30_000, state=RequestState.TIMED_OUT)]).verdict == ("not steady")
 
 
+@pytest.mark.parametrize(
+    "lost_state",
+    [
+        RequestState.DROPPED,
+        RequestState.DROPPED_ON_DRAIN,
+        RequestState.TIMED_OUT,
+        RequestState.FAILED,
+    ],
+)
+def test_every_way_of_losing_a_request_counts_as_lost(lost_state):
+    """Each end state in which a request was admitted and got no answer counts towards the
+    1 % loss rule: 9 of 400 requests dropped by an immediate drain read "steady" (QA)."""
+    steady = [_req(i * 50_000, 20_000, 60_000) for i in range(400)]
+    assert judge(steady).verdict == "steady"
+    lost = [_req(r.arrival_us, state=lost_state) for r in steady[:9]]
+    verdict = judge(lost + steady[9:])
+    assert verdict.lost_requests == 9
+    assert verdict.verdict == "not steady"
+
+
 def test_a_burst_of_arrivals_at_the_end_is_not_a_growing_queue():
     """Every request takes 100 ms (no queue: E2E constant). 60 arrivals 12 ms apart, 250 10 ms
     apart, then the last 40 in a burst 2 ms apart (3.298 s in all). The window starts at
