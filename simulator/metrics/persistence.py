@@ -35,6 +35,9 @@ FRAME_NAMES = (
     "requests", "steps", "instances", "transfers", "timeline", "fleet_instances", "nodes",
     "per_model",
 )  # fmt: skip
+# The names a saved result may have in its folder; saving again replaces these and keeps the
+# rest.
+OWN_FILES = frozenset({SUMMARY_FILE, *(f"{name}.parquet" for name in FRAME_NAMES)})
 DICT_NAMES = (
     "per_slo", "kv_metrics", "anomalies", "pd_metrics", "session_counts", "scenario",
     "fleet_metrics", "session_metrics", "slo",
@@ -138,8 +141,10 @@ def save_result(result: Any, directory: str | Path) -> Path:
 
     Everything is written to a temporary sibling folder first, then renamed into place: a
     crash never leaves a half-written result, and an existing saved result at `directory` is
-    replaced only once the new one is complete. A folder that exists but is not a saved
-    result (no summary.json, not empty) is refused rather than replaced.
+    replaced only once the new one is complete. Files in it that are not part of a saved
+    result (`servesim report`'s report.html, `servesim plot`'s PNGs, the user's own) are
+    kept. A folder that exists but is not a saved result (no summary.json, not empty) is
+    refused rather than replaced.
     """
     from ..atomic_io import check_output_folder, write_failed
 
@@ -176,6 +181,7 @@ def _replace_folder(result: Any, target: Path) -> None:
     try:
         _write_folder(result, tmp)
         if target.exists():
+            _carry_over(target, tmp)
             old = parent / f".{target.name}.{uuid.uuid4().hex}.old"
             target.rename(old)
             try:
@@ -189,6 +195,34 @@ def _replace_folder(result: Any, target: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Put into the new result's folder everything of the old one that is not the old
+    result's: a report or plots written into the folder, or the user's own files, which
+    saving again used to delete with the old result.
+
+    The old result's own files are never carried, even those the new result does not write
+    (an empty frame gets no file): load_result would read a stale table as this run's. The
+    entries are hard-linked (copied where the file system cannot link) rather than moved, so
+    until the new folder is renamed into place the old one is complete, whatever happens."""
+    for entry in old.iterdir():
+        if entry.name in OWN_FILES:
+            continue
+        destination = new / entry.name
+        if entry.is_symlink():
+            destination.symlink_to(entry.readlink())
+        elif entry.is_dir():
+            shutil.copytree(entry, destination, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry, destination)
+
+
+def _link_or_copy(source: Any, destination: Any) -> None:
+    try:
+        Path(destination).hardlink_to(source)
+    except OSError:
+        shutil.copy2(source, destination)
 
 
 def load_result(directory: str | Path) -> SavedResult:

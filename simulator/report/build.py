@@ -12,6 +12,7 @@ from . import figures
 from .figures import fmt
 from .page import Section, Table, card, esc, render
 from .run_data import HEADLINE_FIELDS, run_data
+from .run_source import slo_problem
 from .study_data import plan_data, sweep_data, sweep_from_folder
 
 # Verdict -> badge colour.
@@ -655,7 +656,8 @@ _RESULTS_MAPPINGS = (
     "fleet", "pd",
 )  # fmt: skip
 # Each per-request number and its largest value: times within the simulator's clock (s or
-# ms), token counts within its prompt size.
+# ms), token counts within its prompt size. Every request of a results file has all of them,
+# a number (0 for a stage it did not reach), whether servesim or BLIS wrote it.
 _RECORD_NUMBERS = {
     "arrived_at": MAX_TIME_S, "num_prefill_tokens": MAX_TOKENS, "num_decode_tokens": MAX_TOKENS,
     "ttft_ms": MAX_TIME_MS, "itl_ms": MAX_TIME_MS, "e2e_ms": MAX_TIME_MS,
@@ -676,6 +678,9 @@ def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
     for key in _RESULTS_MAPPINGS:
         if doc.get(key) is not None and not isinstance(doc[key], dict):
             raise refuse(key, doc[key], "must be a mapping")
+    problem = slo_problem(doc.get("slo") or {})
+    if problem is not None:
+        raise refuse(*problem)
     for key in HEADLINE_FIELDS:
         # The Overview's figures: counts, rates, latencies and a duration, none negative.
         value = doc.get(key)
@@ -689,11 +694,17 @@ def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
         if not isinstance(record, dict):
             raise refuse(f"requests[{i}]", record, "must be a mapping")
         for field, limit in _RECORD_NUMBERS.items():
-            value = record.get(field)
-            if value is None:
-                continue
+            allowed = f"must be a number from 0 to {limit:,}"
+            # A missing or null number was read as 0 or cast from NaN to a huge negative
+            # integer: a page of nonsense (an E2E mean of -4.6e13 ms) with exit status 0.
+            if field not in record:
+                raise ConfigError(
+                    f"report: {str(path)!r}: requests[{i}].{field}: missing; {allowed} "
+                    "(as --results-path writes it)"
+                )
+            value = record[field]
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise refuse(f"requests[{i}].{field}", value, "must be a number")
+                raise refuse(f"requests[{i}].{field}", value, allowed)
             # NaN (JSON's non-standard NaN), or a time past the clock: a page of nonsense.
             if not 0 <= value <= limit:
                 raise refuse(f"requests[{i}].{field}", value, f"must be from 0 to {limit:,}")

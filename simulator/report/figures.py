@@ -386,7 +386,9 @@ def time_series(data: dict[str, Any]) -> list[Chart]:
             "ts-batch",
             f"Batch size ({bin_text})",
             "requests per step (requests)",
-            "Requests that got a token in each engine step: how much work one step does.",
+            "Requests that got tokens in each engine step (steps.batch_size): each one with a "
+            "prefill chunk or a decode in it, whether or not the step gave it an output token. "
+            "How much work one step does.",
             False,
         ),
         (

@@ -10,6 +10,7 @@ None for what it lacks, so each report section can say precisely why it is missi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.request import RequestState
+from ..errors import ConfigError, shorten
 
 COMPLETED = RequestState.COMPLETED.value
 REJECTED = RequestState.REJECTED.value
@@ -94,8 +96,6 @@ def of(result: Any) -> RunSource:
         return _from_live(result)
     if hasattr(result, "requests") and hasattr(result, "steps"):
         return _from_saved(result)
-    from ..errors import ConfigError
-
     raise ConfigError(
         f"report: cannot report a {type(result).__name__}; give a Result, a saved result "
         "(load_result), a SweepResult, a PlanResult or a results document"
@@ -270,7 +270,7 @@ def _from_saved(saved: Any) -> RunSource:
         instances=saved.instances if len(saved.instances) else None,
         instance_ids=ids,
         roles=_roles(scenario, ids),
-        slo=_slo_from_summary(summary, scenario),
+        slo=_saved_slo(saved, summary, scenario),
         steady=_judge(requests),
         anomalies=dict(saved.anomalies or {}),
         kv_metrics=dict(saved.kv_metrics or {}),
@@ -285,6 +285,61 @@ def _from_saved(saved: Any) -> RunSource:
         per_model=saved.per_model if len(saved.per_model) > 1 else None,
         latency=dict(scenario.get("resolved", {}).get("latency", {})),
     )
+
+
+def slo_problem(slo: dict[str, Any]) -> tuple[str, Any, str] | None:
+    """The first entry of an SLO report (`Result.slo`, as a results file or a saved folder
+    keeps it) that the Overview cannot draw, as (where, value, what is allowed); None when
+    every entry it reads is of the kind the run wrote. An edited file otherwise failed deep
+    inside the page's tables with a traceback."""
+
+    def number(where: str, value: Any) -> tuple[str, Any, str] | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return where, value, "must be a number >= 0 or null"
+        if not 0 <= value < math.inf:
+            return where, value, "must be a number >= 0 or null"
+        return None
+
+    def targets(where: str, value: Any) -> tuple[str, Any, str] | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            return where, value, "must be a mapping"
+        # Every target is a latency in ms; "classes" is the scenario's own spec, not drawn.
+        found = (number(f"{where}.{k}", v) for k, v in value.items() if k != "classes")
+        return next((f for f in found if f is not None), None)
+
+    checks = [targets("slo.targets", slo.get("targets"))]
+    checks += [number(f"slo.{k}", slo.get(k)) for k in ("slo_attainment", "goodput_rps")]
+    per_class = slo.get("per_class")
+    if per_class is not None and not isinstance(per_class, dict):
+        checks.append(("slo.per_class", per_class, "must be a mapping"))
+    elif per_class:
+        for name, block in per_class.items():
+            where = f"slo.per_class.{name}"
+            if not isinstance(block, dict):
+                checks.append((where, block, "must be a mapping"))
+                continue
+            checks.append(targets(f"{where}.targets", block.get("targets")))
+    return next((c for c in checks if c is not None), None)
+
+
+def _saved_slo(saved: Any, summary: dict[str, Any], scenario: dict[str, Any]) -> dict[str, Any]:
+    """The SLO report as the run had it (per-class attainment, met requests, each class's
+    targets); only a folder saved before 2026-12-07 lacks it and gets what its summary keeps."""
+    if not saved.slo:
+        return _slo_from_summary(summary, scenario)
+    problem = slo_problem(saved.slo)
+    if problem is not None:
+        where, value, allowed = problem
+        file = str(saved.path / "summary.json") if saved.path is not None else "summary.json"
+        raise ConfigError(
+            f"report: {file!r}: {where}: invalid value {shorten(repr(value))}; {allowed} (as "
+            "save_result writes it)"
+        )
+    return dict(saved.slo)
 
 
 def _slo_from_summary(summary: dict[str, Any], scenario: dict[str, Any]) -> dict[str, Any]:

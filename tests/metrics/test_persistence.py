@@ -63,7 +63,7 @@ def test_save_replaces_existing_result_only_when_complete(result, tmp_path):
     save_result(result, target)
     (target / "stale.txt").write_text("old")
     save_result(load_result(target), target)
-    assert not (target / "stale.txt").exists()
+    assert (target / "stale.txt").read_text() == "old"  # not part of the saved result: kept
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no temporary folders left
 
 
