@@ -21,7 +21,7 @@ import simpy
 
 from ..invariants import STALLED_STEPS_LIMIT, stalled
 from ..latency.base import StepBatch, StepTimeModel
-from .events import PriorityEvent, PriorityTimeout
+from .events import PriorityEvent, timeout_at_priority
 
 if TYPE_CHECKING:
     from .instance import Instance
@@ -74,6 +74,7 @@ class LockstepGroup:
 
     def _run(self):
         env = self.env
+        step_timeout = timeout_at_priority(self.priority)
         ranks = self.ranks
         empty_steps = 0
         while True:
@@ -116,8 +117,8 @@ class LockstepGroup:
             end_us = now_us + step_us
             for rank in ranks:
                 rank.release_lagged()
-                rank.step_in_flight(end_us, step_us)
-            yield PriorityTimeout(env, step_us, self.priority)
+                rank.step_in_flight(end_us)
+            yield step_timeout(env, step_us)
             for rank, batch in zip(ranks, batches, strict=True):
                 if batch is not None:
                     rank.finish_rank_step(step_us)

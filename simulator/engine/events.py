@@ -64,3 +64,19 @@ class PriorityEvent(simpy.Event):
 def event_after(env: simpy.Environment, delay_us: int, priority: int) -> simpy.Event:
     """An event that fires `delay_us` from now with the given priority (a `PriorityTimeout`)."""
     return PriorityTimeout(env, delay_us, priority)
+
+
+_timeout_classes: dict[int, type[simpy.Timeout]] = {}
+
+
+def timeout_at_priority(priority: int) -> type[simpy.Timeout]:
+    """A `simpy.Timeout` subclass whose events carry `priority`: `cls(env, delay)` is
+    `PriorityTimeout(env, delay, priority)` without a constructor of its own, for the loops
+    that make one per engine step (a Python frame per event less: benchmarks/
+    instructions.py). One class per priority, made on first use."""
+    cls = _timeout_classes.get(priority)
+    if cls is None:
+        cls = type(f"PriorityTimeout{priority}", (PriorityTimeout,), {"tie_priority": priority})
+        cls.__init__ = simpy.Timeout.__init__
+        _timeout_classes[priority] = cls
+    return cls

@@ -24,8 +24,8 @@ from .events import (
     STEP,
     TIMEOUT,
     PriorityEvent,
-    PriorityTimeout,
     event_after,
+    timeout_at_priority,
 )
 from .request import Request
 
@@ -65,12 +65,11 @@ class Instance:
         self._timeout_priority = TIMEOUT + offset
         self.inbox = simpy.Store(env)
         self.pending_enqueue: set[Request] = set()
-        # The step in flight (end and duration, µs), and the scheduling lag: a request that
+        # When the step in flight ends (µs), and the scheduling lag: a request that
         # reaches the engine while a step runs misses the next `scheduling_lag_steps` planned
         # steps (StepTimeModel.scheduling_lag_steps); `_lagged` holds each such request with
         # the number of plans it still has to miss.
         self._inflight_end_us = 0
-        self._inflight_step_us = 0
         self.scheduling_lag_steps = step_model.scheduling_lag_steps()
         self._lagged: list[list] = []
         self._decode_step_time = step_model.decode_step_time_us
@@ -328,10 +327,10 @@ class Instance:
             step_us += self._warm_up_extra_us(batch)
         return step_us
 
-    def step_in_flight(self, end_us: int, step_us: int) -> None:
-        """The group's step now running (its end and duration): a request reaching this rank
+    def step_in_flight(self, end_us: int) -> None:
+        """The group's step now running ends at `end_us`: a request reaching this rank
         meanwhile waits for it (the scheduling lag)."""
-        self._inflight_end_us, self._inflight_step_us = end_us, step_us
+        self._inflight_end_us = end_us
 
     def finish_rank_step(self, step_us: int) -> None:
         """Apply the step this rank planned, which lasted the group's `step_us`."""
@@ -348,6 +347,7 @@ class Instance:
         decode_step_time = self._decode_step_time
         on_finished = self.on_finished
         priority = self._step_priority
+        step_timeout = timeout_at_priority(priority)
         steady_decoders = engine.steady  # None with the decode fast path off
         # The duration of a steady step already planned where the previous one finished
         # (`SteadyDecoders.finish_and_plan`); 0 when the next step is still to plan.
@@ -371,23 +371,22 @@ class Instance:
                     self._idle = PriorityEvent(env, priority)
                     yield self._idle
                     self._idle = None
+                now = env.now
                 # A step of steady decoders alone (nothing waits, none is warming up) is
                 # priced from its aggregates, as coalesced steps are; anything else builds the
                 # batch.
                 may_be_steady = (
                     steady_decoders is not None and engine.running and not self.warm_requests
                 )
-                steady = steady_decoders.plan_step(env.now) if may_be_steady else None
+                steady = steady_decoders.plan_step(now) if may_be_steady else None
                 if steady is not None:
                     step_us = decode_step_time(steady[0], steady[1])
                 else:
                     # If tried, the steady plan changed nothing; plan_step would try it again.
                     batch = (
-                        engine.plan_general_step(env.now)
-                        if may_be_steady
-                        else engine.plan_step(env.now)
+                        engine.plan_general_step(now) if may_be_steady else engine.plan_step(now)
                     )
-                    if not self._runnable(batch, env.now):
+                    if not self._runnable(batch, now):
                         if self._lagged:  # nothing planned to miss: they join the next plan
                             self.release_lagged(all_of_them=True)
                             continue
@@ -420,25 +419,25 @@ class Instance:
                         step_us += self._warm_up_extra_us(batch)
             if self._lagged:
                 self.release_lagged()  # before coalescing: the queue is no longer empty
-            now = env.now
             end_us = now + step_us
             # finish_quiet_steps' own first test, made here: in a busy cluster another event
             # nearly always comes first, and the call would be all the work.
             if end_us < peek() and self.coalesce_steps and not self.warm_requests:
                 end_us, step_us = finish_quiet_steps(self, end_us, step_us)
-            self._inflight_end_us, self._inflight_step_us = end_us, step_us
-            yield PriorityTimeout(env, end_us - now, priority)
+            self._inflight_end_us = end_us
+            yield step_timeout(env, end_us - now)
             if self.terminated:
                 return  # the instance went away mid-step; its requests were settled then
+            now = end_us  # env.now, which the timeout just reached
             # A step of steady requests alone is finished, and the next one planned if it is
             # such a step too, in one call; warm-up requests need the general plan's pricing.
             planned_us = (
                 -1
                 if self.warm_requests or steady_decoders is None
-                else steady_decoders.finish_and_plan(self._inflight_step_us, decode_step_time)
+                else steady_decoders.finish_and_plan(step_us, decode_step_time)
             )
             if planned_us < 0:
-                for req in engine.finish_step(self._inflight_step_us):
+                for req in engine.finish_step(step_us):
                     on_finished(req)
                 planned_us = 0
             if self.check_invariants:
