@@ -71,8 +71,16 @@ class KVCache:
         self._never_hashed = True
         self._hash_to_block: dict[int, int] = {}
         self.used_blocks = 0
+        # A hit per prefix block found cached, a miss per block allocated new, decode blocks
+        # included: `hit_rate`, BLIS's per-instance figure that the routers read, is
+        # hits / (hits + misses).
         self.cache_hits = 0
         self.cache_misses = 0
+        # Blocks holding prompt tokens, counted once per admission (a preempted request's
+        # return is another): what the prefix lookup was asked about, whatever the output
+        # length, as vLLM's prefix-cache queries count prompt tokens. The CPU-tier rates'
+        # denominator.
+        self.prompt_blocks_looked_up = 0
         self.peak_used_blocks = 0
         # Optional CPU tier (docs/behaviour.md §2.4): "evict" writes a block's content there when
         # the GPU reuses the block (vLLM's offloading connector); "mirror" as soon as it is hashed.
@@ -202,11 +210,16 @@ class KVCache:
             self._free_stale += revived
             req.block_ids.extend(cached)
             self.cache_hits += len(cached)
+            self.prompt_blocks_looked_up += -(-req.prefill_target // bs)
         else:
             new_needed = -(-end_token // bs) - len(req.block_ids)
             if new_needed > self.total_blocks - self.used_blocks:
                 return False
         if new_needed > 0:
+            # Holding no block yet (a prefix hit gave it some): an admission, not a later
+            # chunk or a decode. Checked only here, as most decode calls take no new block.
+            if not req.block_ids:
+                self.prompt_blocks_looked_up += -(-req.prefill_target // bs)
             self._take_new_blocks(req, new_needed)
         self._hash_full_blocks(req, start_token, end_token)
         return True

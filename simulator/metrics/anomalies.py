@@ -10,6 +10,8 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from ..engine.request import Request, RequestState
 from .request_table import request_columns
 from .summary import class_masks
@@ -92,12 +94,14 @@ def jain_fairness(values: Iterable[float]) -> float:
 
 
 def tenant_tokens(requests: Sequence) -> dict[str, int]:
-    """Output tokens of completed requests per tenant ("default" when untagged), by tenant;
-    read as columns (`requests`: a run's records or request objects)."""
+    """Output tokens of completed requests per tenant ("default" when untagged), by tenant,
+    for every tenant that sent a request: one whose requests were all rejected, dropped or
+    timed out has 0, so the fairness index sees it starved rather than absent (BLIS-current
+    lists only tenants with a completion). Read as columns (`requests`: a run's records or
+    request objects)."""
     columns = request_columns(requests, ("generated_tokens",), ("state", "tenant_id"))
     completed = columns["state"] == RequestState.COMPLETED
-    tokens = columns["generated_tokens"][completed]
+    tokens = np.where(completed, columns["generated_tokens"], 0)
     return {
-        name: int(tokens[rows].sum())
-        for name, rows in class_masks(columns["tenant_id"][completed]).items()
+        name: int(tokens[rows].sum()) for name, rows in class_masks(columns["tenant_id"]).items()
     }

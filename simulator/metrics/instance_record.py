@@ -41,6 +41,7 @@ class KVRecord:
     peak_used_blocks: int
     cache_hits: int
     cache_misses: int
+    prompt_blocks_looked_up: int
     hit_rate: float
     cpu: CPUTierRecord | None
 

@@ -233,8 +233,11 @@ class Result:
 
     @cached_property
     def instances(self) -> pandas.DataFrame:
-        """One row per instance: routed, completed, tokens, batch size, KV use, cache hits."""
-        return instance_views.instances_frame(self.instance_records, self.instance_ids, self.routed)
+        """One row per instance the run created (a changing fleet's never-created slots
+        left out): routed, completed, tokens, batch size, KV use, cache hits."""
+        return instance_views.instances_frame(
+            self.instance_records, self.instance_ids, self.routed, self.infrastructure
+        )
 
     @cached_property
     def transfers(self) -> pandas.DataFrame:
@@ -275,11 +278,12 @@ class Result:
             self.scenario.get("engine", {}).get("priority_policy", "constant"),
             self.admission_rejections,
             self.routing_rejections,
+            self.infrastructure,
         )
 
     @cached_property
     def kv_metrics(self) -> dict[str, float]:
-        return instance_views.kv_metrics(self.summary, self.instance_records)
+        return instance_views.kv_metrics(self.summary, self.instance_records, self.infrastructure)
 
     @cached_property
     def per_tenant(self) -> dict[str, Any]:

@@ -117,4 +117,5 @@ def test_tenant_tokens():
         done("c", 0, 1, tokens=7),
         done("d", 0, 1, tenant="t2", tokens=100, state=RequestState.RUNNING),
     ]
-    assert tenant_tokens(rs) == {"default": 7, "t1": 15}
+    # t2 sent a request that did not complete: listed, with nothing served.
+    assert tenant_tokens(rs) == {"default": 7, "t1": 15, "t2": 0}

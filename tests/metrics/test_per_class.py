@@ -42,12 +42,12 @@ def per_class_reference(requests, key) -> dict:
 
 
 def tenant_tokens_reference(requests) -> dict:
+    # Every tenant that sent a request is listed, with 0 when none of its requests completed.
     out: dict[str, int] = {}
     for r in requests:
-        if r.state is RequestState.COMPLETED:
-            out[r.tenant_id or "default"] = out.get(r.tenant_id or "default", 0) + (
-                r.generated_tokens
-            )
+        name = r.tenant_id or "default"
+        served = r.generated_tokens if r.state is RequestState.COMPLETED else 0
+        out[name] = out.get(name, 0) + served
     return {k: out[k] for k in sorted(out)}
 
 

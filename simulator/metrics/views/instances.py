@@ -15,6 +15,19 @@ from ..instance_record import InstanceRecord
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ..fleet_record import FleetRecord
+
+
+def created_slots(count: int, infrastructure: FleetRecord | None) -> list[int]:
+    """Indices of the `count` instances that existed in the run: all of them, except a
+    changing fleet's slots that were never created (state None; the per-instance summary
+    blocks skip them too, cluster.py). Such a slot never ran, so as a row of zeros it would
+    pass for an idle instance: lower HOL's mean queue and BLIS's mean hit rate, and count as
+    an instance HOL could compare with."""
+    if infrastructure is None:
+        return list(range(count))
+    return [i for i, rec in enumerate(infrastructure.records) if rec.state is not None]
+
 
 def mean_queue_length(instance: InstanceRecord) -> float:
     queue = instance.steps.queue_length
@@ -22,13 +35,18 @@ def mean_queue_length(instance: InstanceRecord) -> float:
 
 
 def instances_frame(
-    instances: Sequence[InstanceRecord], instance_ids: list[str], routed: list[int]
+    instances: Sequence[InstanceRecord],
+    instance_ids: list[str],
+    routed: list[int],
+    infrastructure: FleetRecord | None = None,
 ) -> pd.DataFrame:
-    """One row per instance: routed, completed, tokens, batch size, KV use, cache hits."""
+    """One row per instance the run created: routed, completed, tokens, batch size, KV use,
+    cache hits."""
     import pandas as pd
 
     rows = []
-    for i, (iid, eng) in enumerate(zip(instance_ids, instances, strict=True)):
+    for i in created_slots(len(instances), infrastructure):
+        iid, eng = instance_ids[i], instances[i]
         steps = eng.steps
         n_steps = len(steps)
         rows.append(
@@ -54,10 +72,16 @@ def instances_frame(
     return pd.DataFrame(rows)
 
 
-def kv_metrics(summary: dict[str, Any], instances: Sequence[InstanceRecord]) -> dict[str, float]:
-    """Preemption rate, prefix-cache hit rate and, with a CPU tier, its traffic and thrashing."""
+def kv_metrics(
+    summary: dict[str, Any],
+    instances: Sequence[InstanceRecord],
+    infrastructure: FleetRecord | None = None,
+) -> dict[str, float]:
+    """Preemption rate, prefix-cache hit rate and, with a CPU tier, its traffic and thrashing,
+    over the instances the run created."""
     completed = summary["completed_requests"]
     preemptions = summary["preemption_count"]
+    instances = [instances[i] for i in created_slots(len(instances), infrastructure)]
     hit_rates = [e.kv.hit_rate for e in instances]
     tiers = [e.kv.cpu for e in instances if e.kv.cpu is not None]
     hits = sum(e.kv.cache_hits for e in instances)
@@ -72,10 +96,13 @@ def kv_metrics(summary: dict[str, Any], instances: Sequence[InstanceRecord]) -> 
         "kv_thrashing_rate": 0.0,
     }
     if tiers:
-        # Block-level hit rate over both tiers: (GPU hits + CPU reloads) / blocks looked at.
+        # Block-level hit rates over the prompt blocks the admissions looked up, as vLLM's
+        # prefix-cache queries count prompt tokens: hits + misses would count every decode
+        # block as a failed lookup, so the rates would fall as outputs grow with the same
+        # prompts. (The GPU rates above keep BLIS's hits + misses, which the routers read.)
         reloaded = sum(t.reloaded_blocks for t in tiers)
         offloaded = sum(t.offloaded_blocks for t in tiers)
-        looked = lookups + reloaded
+        looked = sum(e.kv.prompt_blocks_looked_up for e in instances)
         metrics["cpu_hit_rate"] = reloaded / looked if looked else 0.0
         metrics["combined_hit_rate"] = (hits + reloaded) / looked if looked else 0.0
         metrics["offloaded_blocks"] = offloaded
@@ -100,12 +127,14 @@ def anomaly_counters(
     priority_policy: str,
     admission_rejections: int,
     routing_rejections: int,
+    infrastructure: FleetRecord | None = None,
 ) -> dict[str, int]:
     """BLIS's anomaly counters (docs/behaviour.md §10.4), plus routing rejections."""
     # From the step logs directly: building the instances DataFrame would import pandas,
     # which a run that prints its report never needs.
     mean_queue = {
-        iid: mean_queue_length(eng) for iid, eng in zip(instance_ids, instances, strict=True)
+        instance_ids[i]: mean_queue_length(instances[i])
+        for i in created_slots(len(instances), infrastructure)
     }
     return {
         "priority_inversions": priority_inversions(records, priority_policy),
