@@ -86,21 +86,40 @@ _MemoryFraction = number(0, 1, "", "a fraction of the GPU's memory", lo_open=Tru
 
 
 class LengthSpec(_Strict):
-    """A token-length distribution: gaussian (clamped to [min, max]) or constant."""
+    """A token-length distribution: gaussian (clamped to [min, max]) or constant.
+
+    A gaussian field left None is the preset's (`workload.preset`), else 512 / 256 / 2 / 7000
+    (`presets.DISTRIBUTION_DEFAULTS`): None rather than those numbers, so that a dump of the
+    scenario (a result's `scenario`) read back still tells a given field from a default."""
 
     distribution: Literal["gaussian", "constant"] = "gaussian"
-    mean: TokenAmount = 512
-    stdev: TokenAmount = 256
-    min: PositiveTokens = 2
-    max: PositiveTokens = 7000
+    mean: TokenAmount | None = None
+    stdev: TokenAmount | None = None
+    min: PositiveTokens | None = None
+    max: PositiveTokens | None = None
     value: Tokens | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "LengthSpec":
-        if self.distribution == "constant" and self.value is None:
-            raise ValueError("constant distribution needs `value`")
-        if self.distribution == "gaussian" and self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        # A field of the other law would run ignored (`{value: 10}` gave N(512, 256) lengths).
+        if self.distribution == "constant":
+            if self.value is None:
+                raise ValueError("constant distribution needs `value`")
+            for name in ("mean", "stdev", "min", "max"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name}: invalid value {getattr(self, name)!r}; it applies to "
+                        "distribution gaussian (a constant length has only `value`)"
+                    )
+        else:
+            if self.value is not None:
+                raise ValueError(
+                    f"value: invalid value {self.value!r}; it applies to distribution constant "
+                    "(write `distribution: constant`)"
+                )
+            # A bound not given comes from a preset (synthetic.py), which checks the merged law.
+            if self.min is not None and self.max is not None and self.min > self.max:
+                raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
         return self
 
 
@@ -190,6 +209,18 @@ class LatencySpec(_Strict):
     vllm_version: str | None = Field(None, max_length=64)
     # Fitted coefficients written by `servesim calibrate` (latency model physics).
     coeffs_file: Path | None = None
+
+    @field_validator("vllm_version", mode="before")
+    @classmethod
+    def _version_is_text(cls, value: Any) -> Any:
+        # An unquoted 0.23 reaches here as a float; its text is no safe version (YAML reads
+        # 0.10 as 0.1), so the author is asked to quote it rather than have it converted.
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(
+                f"expected a version string, not a number: YAML reads {value!r} unquoted as a "
+                f'number; quote it (vllm_version: "{value!r}")'
+            )
+        return value
 
     @model_validator(mode="after")
     def _pair(self) -> "LatencySpec":
@@ -416,10 +447,11 @@ class ClusterSpec(_Strict):
         from .cluster.routing import resolve_scorers
 
         pd = self.pd
-        for pool in (pd.prefill, pd.decode):
+        for role, pool in (("prefill", pd.prefill), ("decode", pd.decode)):
             given = pool.given("routing_scorers")
             if given is not None:
-                resolved = resolve_scorers(given, self.routing.profile)
+                field = f"pd.{role}.routing_scorers (--{role}-routing-scorers)"
+                resolved = resolve_scorers(given, self.routing.profile, field=field)
                 pool._set_resolved({"routing_scorers": resolved})  # noqa: SLF001
         if pd.enabled:
             if pd.prefill_instances == 0 or pd.decode_instances == 0:
@@ -698,6 +730,9 @@ def load_scenario(path: str | Path) -> "Scenario":
         scenario.hardware_file = _resolve(base, scenario.hardware_file)
     if scenario.model_config_folder is not None:
         scenario.model_config_folder = _resolve(base, scenario.model_config_folder)
+    elif "model" in scenario.model_fields_set and (model := _model_path(base, scenario.model)):
+        # With model_config_folder, `model` is only the model's name.
+        scenario.model = model
     if scenario.latency.coeffs_file is not None:
         scenario.latency.coeffs_file = _resolve(base, scenario.latency.coeffs_file)
     if scenario.workload_spec is not None:
@@ -708,6 +743,24 @@ def load_scenario(path: str | Path) -> "Scenario":
 
 def _resolve(base: Path, p: Path) -> Path:
     return p if p.is_absolute() else base / p
+
+
+def _model_path(base: Path, model: str) -> str | None:
+    """`model` resolved from the scenario's folder when it names a relative path (as
+    `catalog.models.load_model` would take it: `./` or `../`, a .json file, or something
+    that exists there), else None: a registry name such as meta-llama/llama-3.1-8b-instruct
+    stays a name, and an absolute or `~` path needs no folder."""
+    text = model.strip()
+    if not text or text.startswith(("/", "~")) or "\x00" in text:
+        return None
+    candidate = base / text
+    try:
+        exists = candidate.exists()
+    except (OSError, ValueError):  # a name too long to be a path is no path
+        exists = False
+    if text.startswith(".") or text.endswith(".json") or exists:
+        return str(candidate)
+    return None
 
 
 def explicitly_set(scenario: Scenario, dotted: str) -> bool:

@@ -163,7 +163,10 @@ def common_flags(
     model: Annotated[
         str | None,
         _opt(
-            "--model", _SIM, "bundled HF id (`servesim models`), or a config folder or .json file"
+            "--model",
+            _SIM,
+            "bundled HF id (`servesim models`), or a config folder or .json file (default "
+            "meta-llama/llama-3.1-8b-instruct)",
         ),
     ] = None,
     model_config_folder: Annotated[
@@ -192,12 +195,26 @@ def common_flags(
         ),
     ] = None,
     hardware: Annotated[
-        str | None, _opt("--hardware", _SIM, "GPU type, e.g. H100 (`servesim hardware`)")
+        str | None,
+        _opt(
+            "--hardware",
+            _SIM,
+            "GPU type, e.g. H100 (`servesim hardware`; default: the model's GPU in the defaults "
+            "table, else H100)",
+        ),
     ] = None,
     hardware_config: Annotated[
         Path | None, _opt("--hardware-config", _SIM, "extra GPU table file (YAML/JSON)")
     ] = None,
-    tp: Annotated[int | None, _opt("--tp", _SIM, "tensor parallelism: GPUs per instance")] = None,
+    tp: Annotated[
+        int | None,
+        _opt(
+            "--tp",
+            _SIM,
+            "tensor parallelism: GPUs per instance (default: the model's in the defaults "
+            "table, else 1)",
+        ),
+    ] = None,
     pp: Annotated[
         int | None,
         _opt(
@@ -789,7 +806,7 @@ def common_flags(
     ] = None,
     loading_delay: Annotated[
         float | None,
-        _opt("--loading-delay-s", _FL, "mean time to load an instance's weights, s"),
+        _opt("--loading-delay-s", _FL, "mean time to load an instance's weights, s (default 0)"),
     ] = None,
     loading_delay_legacy: Annotated[
         float | None,
@@ -830,7 +847,14 @@ def common_flags(
 
 
 def workload_flags(
-    rate: Annotated[float | None, _opt("--rate", _WL, "arrival rate, requests/s")] = None,
+    rate: Annotated[
+        float | None,
+        _opt(
+            "--rate",
+            _WL,
+            "arrival rate, requests/s (default 1; with --workload-spec, the spec's aggregate_rate)",
+        ),
+    ] = None,
     arrival: Annotated[
         str | None, _opt("--arrival", _WL, "arrival process: poisson (default) | constant")
     ] = None,
@@ -844,14 +868,18 @@ def workload_flags(
     prompt_tokens_stdev: Annotated[
         float | None,
         _opt(
-            "--prompt-tokens-stdev", _WL, "prompt length standard deviation, tokens (default 256)"
+            "--prompt-tokens-stdev",
+            _WL,
+            "prompt length standard deviation, tokens (default 256, or the preset's)",
         ),
     ] = None,
     prompt_tokens_min: Annotated[
-        int | None, _opt("--prompt-tokens-min", _WL, "shortest prompt, tokens (default 2)")
+        int | None,
+        _opt("--prompt-tokens-min", _WL, "shortest prompt, tokens (default 2, or the preset's)"),
     ] = None,
     prompt_tokens_max: Annotated[
-        int | None, _opt("--prompt-tokens-max", _WL, "longest prompt, tokens (default 7000)")
+        int | None,
+        _opt("--prompt-tokens-max", _WL, "longest prompt, tokens (default 7000, or the preset's)"),
     ] = None,
     output_tokens: Annotated[
         float | None,
@@ -860,14 +888,18 @@ def workload_flags(
     output_tokens_stdev: Annotated[
         float | None,
         _opt(
-            "--output-tokens-stdev", _WL, "output length standard deviation, tokens (default 256)"
+            "--output-tokens-stdev",
+            _WL,
+            "output length standard deviation, tokens (default 256, or the preset's)",
         ),
     ] = None,
     output_tokens_min: Annotated[
-        int | None, _opt("--output-tokens-min", _WL, "shortest output, tokens (default 2)")
+        int | None,
+        _opt("--output-tokens-min", _WL, "shortest output, tokens (default 2, or the preset's)"),
     ] = None,
     output_tokens_max: Annotated[
-        int | None, _opt("--output-tokens-max", _WL, "longest output, tokens (default 7000)")
+        int | None,
+        _opt("--output-tokens-max", _WL, "longest output, tokens (default 7000, or the preset's)"),
     ] = None,
     timeout_us: Annotated[
         int | None,

@@ -18,6 +18,9 @@ from .snapshot import InstanceSnapshot
 # BLIS's flag defaults (--token-bucket-capacity, --token-bucket-refill-rate).
 DEFAULT_TOKEN_BUCKET_CAPACITY = 10_000.0
 DEFAULT_TOKEN_BUCKET_REFILL_RATE = 1_000.0
+# The bucket's parameters as a scenario names them (errors are told with these).
+CAPACITY_FIELD = "cluster.admission.token_bucket_capacity (--token-bucket-capacity)"
+REFILL_RATE_FIELD = "cluster.admission.token_bucket_refill_rate (--token-bucket-refill-rate)"
 
 
 class AdmissionPolicy:
@@ -97,16 +100,17 @@ def make_admission_policy(
     token_bucket_capacity: float | None = None,
     token_bucket_refill_rate: float | None = None,
 ) -> AdmissionPolicy:
-    """Build the policy `name`; the bucket parameters are used by `token-bucket` only."""
+    """Build the policy `name`; the bucket parameters are used by `token-bucket` only. Errors
+    name the parameters by their scenario paths, where they come from."""
     if name not in ADMISSION_POLICIES:
         raise unknown("admission policy", name, ADMISSION_POLICIES)
     if name == TokenBucket.name:
-        # Unlike BLIS (10,000 tokens, 1,000 tokens/s by default), the bucket must be sized
-        # explicitly: its behaviour is entirely in these two numbers.
-        for field, value in (
-            ("token_bucket_capacity (--token-bucket-capacity)", token_bucket_capacity),
-            ("token_bucket_refill_rate (--token-bucket-refill-rate)", token_bucket_refill_rate),
+        for field, value, most in (
+            (CAPACITY_FIELD, token_bucket_capacity, MAX_TOKEN_BUCKET_TOKENS),
+            (REFILL_RATE_FIELD, token_bucket_refill_rate, MAX_TOKEN_RATE_PER_S),
         ):
+            # Unlike BLIS (10,000 tokens, 1,000 tokens/s by default), the bucket must be sized
+            # explicitly: its behaviour is entirely in these two numbers.
             if value is None:
                 raise invalid(
                     field,
@@ -115,11 +119,12 @@ def make_admission_policy(
                     f"{DEFAULT_TOKEN_BUCKET_CAPACITY:g} tokens and "
                     f"{DEFAULT_TOKEN_BUCKET_REFILL_RATE:g} tokens/s",
                 )
+            _check_positive(field, value, most)
         return TokenBucket(token_bucket_capacity, token_bucket_refill_rate)
     return ADMISSION_POLICIES[name]()
 
 
 def _check_positive(field: str, value: float, most: float) -> None:
-    # The scenario schema bounds both already; this guards direct construction.
+    # The scenario schema bounds both already; this guards calls from Python.
     if not (is_finite_positive(value) and value <= most):
         raise invalid(field, value, f"must be a finite number > 0 and at most {most:g}")

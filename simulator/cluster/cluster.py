@@ -204,13 +204,16 @@ def decider_for(spec: PDSpec, block_size: int) -> PDDecider:
     """The PD decider a spec names; unset thresholds take the decider defaults."""
     from .disaggregation import make_decider
 
-    return make_decider(
-        spec.decider,
-        prefix_threshold=spec.prefix_threshold,
-        prefix_mode=spec.prefix_mode,
-        prompt_length_threshold=spec.prompt_length_threshold,
-        block_size=block_size,
-    )
+    # The registry's error names the decider but not where it was given (scenario or
+    # --pd-decider both set this field).
+    with in_field("cluster.pd.decider"):
+        return make_decider(
+            spec.decider,
+            prefix_threshold=spec.prefix_threshold,
+            prefix_mode=spec.prefix_mode,
+            prompt_length_threshold=spec.prompt_length_threshold,
+            block_size=block_size,
+        )
 
 
 _NO_ADAPTERS: frozenset[str] = frozenset()

@@ -141,7 +141,15 @@ class Router:
 
     def _admit(self, req: Request) -> None:
         now = self.env.now
-        snapshots = self.candidates(req) if self.admission.uses_snapshots else []
+        # BLIS builds the candidates' snapshots for every admission decision, and building
+        # one re-reads it when stale. With a refresh interval that read decides what routing
+        # sees a routing latency later (or what the next request sees, when this one is
+        # rejected), so it is done here even for a policy that ignores snapshots. Live
+        # snapshots (interval 0) have nothing to refresh.
+        if self.admission.uses_snapshots or self.snapshots.interval_us > 0:
+            snapshots = self.candidates(req)
+        else:
+            snapshots = []
         admitted, reason = self.admission.admit(req, now, snapshots)
         self.trace.record_admission(req, now, admitted, reason)
         if not admitted:

@@ -30,7 +30,8 @@ from .snapshot import InstanceSnapshot
 DEFAULT_SCORERS = "prefix-affinity:3,queue-depth:2,kv-utilization:2"
 # Router-side prefix index capacity per instance, in block hashes (BLIS's value).
 PREFIX_INDEX_CAPACITY_BLOCKS = 10_000
-SCORERS_FIELD = "routing.scorers (--routing-scorers)"
+# As the scenario names it: an error found while building the cluster is told with this path.
+SCORERS_FIELD = "cluster.routing.scorers (--routing-scorers)"
 
 # kv_probe(instance index, request) -> leading full prompt blocks present in that engine's cache.
 KVProbe = Callable[[int, Request], int]
@@ -552,17 +553,25 @@ def routing_profile(name: str) -> RoutingProfile:
     return ROUTING_PROFILES[name]
 
 
-def resolve_scorers(scorers: str | None, profile: str) -> str | None:
+def resolve_scorers(scorers: str | None, profile: str, field: str | None = None) -> str | None:
     """The scorer list `profile` means by `scorers`: its default list when None (servesim's
     own profile leaves None alone: the routing module's default is that list), with each bare
     name whose meaning changed replaced by the profile's registered one. Anything malformed is
-    left as it is, for the parser to report."""
+    left as it is, for the parser to report.
+
+    With `field`, two entries that name the same scorer once resolved are refused here, named
+    as given: the parser sees only the resolved list, in which `queue-depth:1` has become
+    `queue-depth@current:1`."""
     prof = routing_profile(profile)
     if scorers is None or (isinstance(scorers, str) and not scorers.strip()):
         if prof is BLIS_MAR:
             return scorers
         scorers = prof.default_scorers
-    if not prof.meanings or not isinstance(scorers, str):
+    if not isinstance(scorers, str):
+        return scorers
+    if field is not None:
+        _refuse_repeats(scorers, prof, field)
+    if not prof.meanings:
         return scorers
     pieces = []
     for piece in scorers.split(","):
@@ -570,6 +579,26 @@ def resolve_scorers(scorers: str | None, profile: str) -> str | None:
         meant = prof.meanings.get(name.strip())
         pieces.append(f"{meant}{sep}{rest}" if meant else piece)
     return ",".join(pieces)
+
+
+def _refuse_repeats(scorers: str, prof: RoutingProfile, field: str) -> None:
+    """Refuse two well-formed entries of `scorers` that mean the same scorer under `prof`."""
+    seen: dict[type[Scorer], str] = {}
+    for raw in scorers.split(","):
+        piece = raw.strip()
+        name = piece.partition(":")[0].strip()
+        meant = prof.meanings.get(name, name)
+        if piece.count(":") != 1 or meant not in SCORERS:
+            continue
+        cls = SCORERS[meant]
+        if cls in seen:
+            first = seen[cls]
+            renamed = sorted(
+                {n.partition(":")[0].strip() for n in (first, piece)} & prof.meanings.keys()
+            )
+            why = "".join(f" ({prof.name} reads {n!r} as {prof.meanings[n]!r})" for n in renamed)
+            raise _repeated(field, cls, first, piece, why)
+        seen[cls] = piece
 
 
 def resolve_routing(
@@ -582,7 +611,8 @@ def resolve_routing(
     """The routing settings a scenario means under `profile` (unset = the profile's)."""
     prof = routing_profile(profile)
     return {
-        "scorers": resolve_scorers(scorers, profile),
+        # Relative to the routing spec, whose validator calls this (cluster.routing).
+        "scorers": resolve_scorers(scorers, profile, field="scorers (--routing-scorers)"),
         "snapshot_refresh_interval_us": prof.snapshot_refresh_interval_us
         if snapshot_refresh_interval_us is None
         else snapshot_refresh_interval_us,
@@ -599,8 +629,24 @@ def _valid_names() -> str:
     return ", ".join(sorted(SCORERS))
 
 
+def _pinned_name(cls: type[Scorer]) -> str:
+    """The name that means `cls` under every profile (`queue-depth@mar` for the scorer that a
+    bare `queue-depth` means under blis-mar only)."""
+    names = [n for n, c in SCORERS.items() if c is cls]
+    return next((n for n in names if "@" in n), names[0])
+
+
+def _repeated(field: str, cls: type[Scorer], first: str, piece: str, why: str = "") -> ConfigError:
+    return invalid(
+        field,
+        piece,
+        f"scorer {_pinned_name(cls)!r} is listed twice, as {first!r} and {piece!r}{why}; "
+        "list it once",
+    )
+
+
 def _check_scorer(
-    name: str, weight: float, piece: str, field: str, seen: set[str]
+    name: str, weight: float, piece: str, field: str, seen: dict[type[Scorer], str]
 ) -> tuple[str, float]:
     if name not in SCORERS:
         raise ConfigError(f"{field}: unknown scorer {name!r} in {piece!r}; valid: {_valid_names()}")
@@ -608,9 +654,12 @@ def _check_scorer(
         raise invalid(field, piece, "the weight must be a number")
     if not math.isfinite(weight) or weight <= 0:
         raise invalid(field, piece, "the weight must be a finite number > 0")
-    if name in seen:
-        raise invalid(field, piece, f"scorer {name!r} is listed twice")
-    seen.add(name)
+    # By the scorer a name means, not by the name: `queue-depth` and `queue-depth@mar` are one
+    # scorer, which would otherwise run twice at double weight.
+    cls = SCORERS[name]
+    if cls in seen:
+        raise _repeated(field, cls, seen[cls], piece)
+    seen[cls] = piece
     return name, float(weight)
 
 
@@ -623,7 +672,7 @@ def parse_scorers(text: str, field: str = SCORERS_FIELD) -> list[tuple[str, floa
             f"give name:weight pairs, e.g. {DEFAULT_SCORERS!r}; valid: {_valid_names()}",
         )
     out: list[tuple[str, float]] = []
-    seen: set[str] = set()
+    seen: dict[type[Scorer], str] = {}
     for raw in text.split(","):
         piece = raw.strip()
         parts = piece.split(":")
@@ -648,7 +697,7 @@ def check_scorers(
     """Validate an already split scorer list with the same rules as `parse_scorers`."""
     if not scorers:
         raise invalid(field, list(scorers), f"give at least one scorer; valid: {_valid_names()}")
-    seen: set[str] = set()
+    seen: dict[type[Scorer], str] = {}
     return [_check_scorer(n, w, f"{n}:{w}", field, seen) for n, w in scorers]
 
 

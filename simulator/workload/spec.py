@@ -573,7 +573,9 @@ class WorkloadSpec(_Strict):
 
 # Fields that a model-level check names at the start of its message ("rate_fraction: ..."):
 # the error's place then ends with that field, as a field check's would.
-FIELD_MESSAGES = frozenset({"rate_fraction", "arrival", "think_time"})
+FIELD_MESSAGES = frozenset(
+    {"rate_fraction", "arrival", "think_time", "value", "mean", "stdev", "min", "max"}
+)
 
 # Names pydantic inserts into error locations for tagged unions (the scenario's workload).
 _UNION_TAGS = frozenset({"synthetic", "v2"})
@@ -607,24 +609,56 @@ def model_classes(annotation: object) -> list[type[BaseModel]]:
     return [c for arg in typing.get_args(annotation) for c in model_classes(arg)]
 
 
+def _members(annotation: object) -> list[object]:
+    """The alternatives of an annotation: a union's members, Annotated and Optional unwrapped."""
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def _step(annotation: object, part: str | int) -> list[object]:
+    """The annotations that `part` of an error's location reaches from `annotation`."""
+    import collections.abc
+    import typing
+
+    out: list[object] = []
+    for m in _members(annotation):
+        origin, args = typing.get_origin(m), typing.get_args(m)
+        if origin in (dict, collections.abc.Mapping) and len(args) == 2:
+            # A mapping's key is the user's (`slo.classes.batch`), not a field name: the step
+            # lands on the value's type, whatever the key.
+            out.append(args[1])
+        elif isinstance(part, int):
+            if origin in (list, tuple, set, frozenset, collections.abc.Sequence):
+                out.extend(a for a in args if a is not Ellipsis)
+        elif isinstance(m, type) and issubclass(m, BaseModel):
+            out.extend(
+                f.annotation for name, f in m.model_fields.items() if part in (name, f.alias)
+            )
+    return out
+
+
 def _classes_at(model: type, loc: tuple) -> list[type[BaseModel]]:
     """The models that may hold `loc`'s last step, walking from `model` through nested
-    models (list items and union members included); [] where the walk cannot follow (a
+    models, list items, mapping values and union members; [] where the walk cannot follow (a
     free-form mapping, a tagged union's member it cannot tell)."""
-    classes = [model]
+    annotations: list[object] = [model]
     for part in loc[:-1]:
-        if isinstance(part, int):
-            continue  # a list's item: the classes already are the item's models
-        classes = [
-            m
-            for c in classes
-            for name, f in c.model_fields.items()
-            if part in (name, f.alias)
-            for m in model_classes(f.annotation)
-        ]
-        if not classes:
+        annotations = [a for ann in annotations for a in _step(ann, part)]
+        if not annotations:
             return []
-    return classes
+    return [
+        m
+        for a in annotations
+        for m in _members(a)
+        if isinstance(m, type) and issubclass(m, BaseModel)
+    ]
 
 
 def _keys_of(classes: list[type[BaseModel]]) -> list[str]:
@@ -648,7 +682,10 @@ def format_spec_error(exc: ValidationError, source: str, model: type | None = No
         if err["type"] == "extra_forbidden" and loc:
             parent = shorten(_location(loc[:-1]) or "(top level)", 120)
             classes = _classes_at(model, loc) if model is not None else []
-            form = next((p for p in err["loc"] if p in _UNION_TAGS), None)
+            # The workload's form matters only for a key of the workload itself: deeper (a
+            # client's key) the walk has reached the one model that holds it.
+            raw = [p for p in err["loc"] if not str(p).startswith("function-")]
+            form = raw[-2] if len(raw) >= 2 and raw[-2] in _UNION_TAGS else None
             if form is not None:
                 # The workload's two forms: the keys of the one it was read as.
                 read_as = [c for c in classes if (c is WorkloadSpec) == (form == "v2")]
@@ -668,6 +705,12 @@ def format_spec_error(exc: ValidationError, source: str, model: type | None = No
             parts.append(f"{parent}: unknown key {excerpt(loc[-1], 60)}{hint}")
             continue
         text = str(err["msg"]).removeprefix("Value error, ")
+        if len(loc) >= 2 and loc[-1] == "[key]":
+            # pydantic places a mapping key's error at (..., key, "[key]"): the key is the
+            # value at fault, in the mapping's place, not a field of a field named after it.
+            where = shorten(_location(loc[:-2]) or "(top level)", 120)
+            parts.append(f"{where}: key {excerpt(loc[-2], 60)}: {shorten(one_line(text), 300)}")
+            continue
         field, sep, rest = text.partition(": ")
         if sep and field in FIELD_MESSAGES:
             # A model-level check about one of its fields: name the field in the place.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import unknown
+from ..errors import in_field, invalid, unknown
 from ..scenario import LengthSpec, SyntheticWorkload
 from .presets import DISTRIBUTION_DEFAULTS, distribution_spec, presets
 from .spec import WorkloadSpec, workload_spec_from_dict
@@ -23,19 +23,35 @@ V2_EQUIVALENTS = {"workload.rate": "aggregate_rate", "workload.num_requests": "n
 
 
 def _gaussian_flags(spec: LengthSpec | None, base: dict[str, Any], which: str) -> dict[str, Any]:
-    """distribution_spec keyword arguments for one length law (a preset's or the defaults)."""
+    """distribution_spec keyword arguments for one length law: the fields `spec` sets, the
+    others the preset's (or the defaults without one), so `--prompt-tokens-max 600` beside
+    `--workload chatbot` caps chatbot's prompts rather than drawing N(512, 256)."""
     keys = {f"{which}_tokens": "mean", f"{which}_tokens_stdev": "stdev"}
     keys |= {f"{which}_tokens_min": "min", f"{which}_tokens_max": "max"}
+    flags = {k: base[k] for k in keys}
     if spec is None or spec.distribution == "constant":
-        return {k: base[k] for k in keys}
-    return {k: getattr(spec, field) for k, field in keys.items()}
+        return flags
+    for key, field in keys.items():
+        if getattr(spec, field) is not None:
+            flags[key] = getattr(spec, field)
+    low, high = flags[f"{which}_tokens_min"], flags[f"{which}_tokens_max"]
+    if low > high:
+        side = "prompt_tokens" if which == "prompt" else "output_tokens"
+        raise invalid(
+            f"workload.{side}.{'max' if spec.max is not None else 'min'}",
+            high if spec.max is not None else low,
+            f"min ({low}) must be <= max ({high}); the bound not given is the preset's "
+            "or the default",
+        )
+    return flags
 
 
 def synthetic_to_spec(workload: SyntheticWorkload) -> WorkloadSpec:
     name = workload.preset
     known = presets()
     if name is not None and name != "distribution" and name not in known:
-        raise unknown("workload preset", name, [*known, "distribution"])
+        with in_field("workload.preset"):
+            raise unknown("workload preset", name, [*known, "distribution"])
     base = known.get(name or "", DISTRIBUTION_DEFAULTS)
     spec = distribution_spec(
         workload.rate,

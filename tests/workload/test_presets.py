@@ -296,3 +296,49 @@ def test_spec_to_yaml_round_trips_rich_spec() -> None:
     assert loaded == spec
     # Explicit zero timeout (no deadline) survives; it differs from "absent" for sessions.
     assert loaded.clients[0].timeout == 0
+
+
+def test_a_length_field_beside_a_preset_replaces_that_field_alone() -> None:
+    """`--workload chatbot --prompt-tokens-max 600` caps chatbot's prompts (256, 100, 2, 800
+    in §9.1's table) at 600; the fields not given stay the preset's, not the defaults'
+    512 / 256 / 2 / 7000 (QA: it drew N(512, 256) clamped to [2, 600])."""
+    from simulator.scenario import SyntheticWorkload
+    from simulator.workload.synthetic import synthetic_to_spec
+
+    def law(workload: dict) -> tuple:
+        spec = synthetic_to_spec(SyntheticWorkload(**workload))
+        return _params(spec.clients[0].input_distribution)
+
+    assert law({"preset": "chatbot"}) == TABLE["chatbot"][1]
+    assert law({"preset": "chatbot", "prompt_tokens": {"max": 600}}) == (256, 100, 2, 600)
+    assert law({"preset": "chatbot", "prompt_tokens": {"mean": 100}}) == (100, 100, 2, 800)
+    # Without a preset the defaults fill in, as before.
+    assert law({"prompt_tokens": {"max": 600}}) == (512, 256, 2, 600)
+    # The merged law is checked: chatbot's min 2 above a given max of 1.
+    with pytest.raises(ConfigError, match=r"^workload\.prompt_tokens\.max: invalid value 1; min"):
+        law({"preset": "chatbot", "prompt_tokens": {"max": 1}})
+
+
+@pytest.mark.parametrize(
+    ("length", "message"),
+    [
+        ({"value": 10}, "value: invalid value 10; it applies to distribution constant"),
+        ({"distribution": "gaussian", "value": 10}, "value: invalid value 10"),
+        ({"distribution": "constant", "value": 10, "mean": 5}, "mean: invalid value 5"),
+        ({"distribution": "constant", "value": 10, "max": 50}, "max: invalid value 50"),
+    ],
+)
+def test_a_length_field_of_the_other_law_is_refused(length: dict, message: str) -> None:
+    """`{value: 10}` ran as N(512, 256) without a word (QA): a field the law ignores is
+    refused, naming it."""
+    import simulator
+
+    with pytest.raises(ConfigError, match=rf"workload\.output_tokens\.{message}"):
+        simulator.simulate({"workload": {"num_requests": 5, "output_tokens": length}})
+
+
+def test_an_unknown_preset_in_a_scenario_names_its_field() -> None:
+    import simulator
+
+    with pytest.raises(ConfigError, match=r"^workload\.preset: unknown workload preset 'chatbott'"):
+        simulator.simulate({"workload": {"preset": "chatbott", "num_requests": 5}})
