@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import ConfigError, invalid, unknown
+from .limits import MAX_REQUESTS
 from .metrics.results import BLIS_SUMMARY_FIELDS
 from .scenario import Scenario
 
@@ -75,6 +76,20 @@ def _default_prices() -> dict[str, float]:
 DEFAULT_PRICES_USD_PER_GPU_HOUR: dict[str, float] = _default_prices()
 
 ProbeCallback = Callable[[dict[str, Any]], None]
+
+
+class MissingPriceError(ConfigError):
+    """A GPU compared with others has no price (one from a hardware_file). `gpu` names it,
+    so that the command line can say how to give one in its own syntax (`--price`)."""
+
+    def __init__(self, gpu: str) -> None:
+        self.gpu = gpu
+        super().__init__(
+            f"plan: no price for GPU {gpu!r}; pass prices={{{gpu!r}: USD/h}} "
+            f"(known: {', '.join(DEFAULT_PRICES_USD_PER_GPU_HOUR)})"
+        )
+
+
 # The fraction of offered requests that must meet their per-request targets at every seed.
 DEFAULT_MIN_ATTAINMENT = 0.99
 
@@ -161,7 +176,7 @@ class PlanResult:
                 s=80,
                 color=line.get_color(),
                 zorder=3,
-                label=once("meets every SLO"),
+                label=once("meets every SLO") if len(met) else None,
             )
             if "steady" in probes:
                 steady = probes["steady"].astype("boolean").fillna(True).astype(bool)
@@ -216,9 +231,12 @@ class PlanResult:
         else:
             b = self.best
             layout = self.layouts.get(b.gpu, f"TP {b.tp}")
+            # A single GPU from a hardware_file may have no price: it wins alone, unpriced.
+            cost = (
+                "(no price)" if math.isnan(b.cost_per_hour_usd) else f"${b.cost_per_hour_usd:.2f}/h"
+            )
             lines.append(
-                f"best: {b.gpu} x {b.instances} instance(s) ({layout}, {b.total_gpus} GPUs), "
-                f"${b.cost_per_hour_usd:.2f}/h"
+                f"best: {b.gpu} x {b.instances} instance(s) ({layout}, {b.total_gpus} GPUs), {cost}"
             )
         return "\n".join(lines)
 
@@ -332,8 +350,41 @@ def required_requests(bounds: Mapping[str, float], min_attainment: float) -> int
     """Requests per probe for the SLOs to mean something: ten requests beyond the strictest
     percentile bounded (p99 -> 1,000) or attainment target, and MIN_PROBE_REQUESTS."""
     strictest = max([_percentile(m) for m in bounds] + [min_attainment], default=0.5)
-    tail = max(1.0 - strictest, 1e-6)
+    # Rounded so that 1 - 0.9999 is 1e-4, not 1.0000000000001e-4 (100,001 requests).
+    tail = max(round(1.0 - strictest, 12), 1e-6)
     return max(MIN_PROBE_REQUESTS, math.ceil(SAMPLES_BEYOND_PERCENTILE / tail - 1e-9))
+
+
+# The most requests a one-instance probe may need (min_attainment 0.9999): about 40 s of
+# simulation per seed on one instance, and a probe of n instances runs n times as many, so a
+# stricter target would leave the plan silent for hours and a larger fleet's probe past
+# MAX_REQUESTS mid-plan.
+MAX_REQUESTS_PER_INSTANCE = 100_000
+
+
+def check_min_attainment(value: Any, name: str = "min_attainment") -> None:
+    """Raise ConfigError (naming `name`, the API keyword or the CLI flag) unless `value` is an
+    attainment a finite plan can show: a fraction below 1 whose probes need at most
+    MAX_REQUESTS_PER_INSTANCE requests per instance."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise invalid(name, value, "must be a fraction in [0, 1)")
+    if value >= 1:
+        raise invalid(
+            name,
+            value,
+            "a 100 % attainment cannot be shown by a finite run (a probe needs "
+            f"{SAMPLES_BEYOND_PERCENTILE} requests beyond the target: 10 / (1 - attainment) "
+            "per instance); use a fraction below 1, e.g. 0.999",
+        )
+    needed = required_requests({}, value)
+    if needed > MAX_REQUESTS_PER_INSTANCE:
+        raise invalid(
+            name,
+            value,
+            f"each probe would run {needed:,} requests per instance "
+            f"({SAMPLES_BEYOND_PERCENTILE} beyond the target), more than the "
+            f"{MAX_REQUESTS_PER_INSTANCE:,} a plan runs; use at most 0.9999, e.g. 0.999",
+        )
 
 
 def per_request_targets(
@@ -463,6 +514,19 @@ def plan(
             "search (it sizes cluster.num_instances of the scenario's one deployment); plan "
             "each deployment as a scenario of its own"
         )
+    if sc.events:
+        # Events name instances (instance_2 does not exist in a probe of 1 or 2) and add ones
+        # the probe's price does not count: plan sizes the fleet it is given, from the start.
+        first = sc.events[0]
+        named = first.target or first.node or first.pool or first.deployment
+        raise ConfigError(
+            f"plan: the scenario lists `events` (events[0]: {first.action}"
+            + (f" {named}" if named else "")
+            + f" at {first.at_s:g} s), which plan does not take: its probes size "
+            "cluster.num_instances from 1 up, where an event's instance may not exist and an "
+            "added one would go unpriced; remove `events` to plan the fleet, then run the "
+            "chosen fleet with them (`servesim run`, or `sweep` over cluster.num_instances)"
+        )
     pools = sc.cluster.pd
     own_gpu = [
         f"cluster.pd.{role}.hardware ({pool.hardware})"
@@ -486,12 +550,7 @@ def plan(
         or not 0 <= min_goodput <= 1
     ):
         raise invalid("min_goodput", min_goodput, "must be a fraction in [0, 1]")
-    if (
-        isinstance(min_attainment, bool)
-        or not isinstance(min_attainment, int | float)
-        or not 0 <= min_attainment <= 1
-    ):
-        raise invalid("min_attainment", min_attainment, "must be a fraction in [0, 1]")
+    check_min_attainment(min_attainment)
     if isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances < 1:
         raise invalid("max_instances", max_instances, "must be an integer >= 1")
     seed_list = _seeds(seeds)
@@ -548,6 +607,17 @@ def plan(
             return None
         return max(run_requests, needed * instances)
 
+    longest = probe_requests(max_instances)
+    if longest is not None and longest > MAX_REQUESTS:
+        # Found now rather than when the search reaches that count, hours in.
+        raise invalid(
+            "max_instances",
+            max_instances,
+            f"a probe of {max_instances:,} instances would run {longest:,} requests "
+            f"({needed:,} per instance), more than one run holds ({MAX_REQUESTS:,}); use at "
+            f"most {MAX_REQUESTS // needed:,} instances, or a lower min_attainment",
+        )
+
     disaggregated = sc.cluster.pd.enabled
     if disaggregated and max_instances < 2:
         raise invalid("max_instances", max_instances, "a disaggregated plan needs at least 2")
@@ -570,14 +640,12 @@ def plan(
         )
     missing = [g for g in gpu_names if g.lower() not in price_table]
     if missing and len(gpu_names) > 1:
-        raise ConfigError(
-            f"plan: no price for GPU {missing[0]!r}; pass prices={{{missing[0]!r}: USD/h}} "
-            f"(known: {', '.join(DEFAULT_PRICES_USD_PER_GPU_HOUR)})"
-        )
+        raise MissingPriceError(missing[0])
 
     probes: list[dict[str, Any]] = []
     answers: list[dict[str, Any]] = []
     not_planned: list[str] = []
+    unplanned: set[str] = set()
     provenance: dict[str, dict[str, Any]] = {}
     layouts: dict[str, str] = {}
     # Each GPU's batch limits: unset ones are a stock vLLM server's on that GPU under physics
@@ -638,7 +706,11 @@ def plan(
                 # is checked once on a run twice as long: a batching server near its capacity
                 # fills its batch for several E2Es, which a short run's judge can read as a
                 # queue growing; a real overload stays saturated when run longer.
-                while requests is not None and requests * 2 <= planned * MAX_EXTENSION:
+                while (
+                    requests is not None
+                    and requests * 2 <= planned * MAX_EXTENSION
+                    and requests * 2 <= MAX_REQUESTS
+                ):
                     if not (undecided(figures, min_attainment) or _too_short(runs)):
                         if rechecked_saturation or not fails_only_as_saturated(
                             runs, bounds, min_attainment, min_goodput
@@ -700,6 +772,7 @@ def plan(
             # or the model lacks what the formula needs): its runs would price a machine that
             # cannot exist, so the GPU is not planned.
             found = None
+            unplanned.add(gpu)
             not_planned.append(
                 f"{gpu}: not planned: the model does not fit its {_layout_text(unfit[0])} "
                 "layout (no KV capacity; see the KV-capacity warning); a larger TP, or "
@@ -789,7 +862,9 @@ def plan(
         seeds=seed_list,
         max_instances=max_instances,
         prices_usd_per_gpu_hour={g: price_table.get(g.lower(), math.nan) for g in gpu_names},
-        warnings=not_planned + mixed_evidence(provenance),
+        # A GPU not planned was never simulated: its evidence compares nothing.
+        warnings=not_planned
+        + mixed_evidence({g: p for g, p in provenance.items() if g not in unplanned}),
         min_attainment=float(min_attainment),
         targets={**own, **targets},
         run_requests=run_requests,
@@ -899,7 +974,8 @@ def _margin(row: Mapping[str, Any], bounds: Mapping[str, float]) -> float:
 def evidence(provenance: Mapping[str, Any]) -> str:
     """How a GPU's step times are known: `calibrated` (physics, fitted on this GPU),
     `transferred` (physics, another GPU's fit), `physical defaults`, `given` (a coefficients
-    file) or `analytical`/`fitted` for BLIS's backends."""
+    file) or `analytical`/`fitted` for BLIS's backends, `fitted (transferred)` when the fit
+    says which GPUs it saw and this is not one of them (trained-physics off the H100)."""
     if provenance.get("latency_model") == "physics":
         return str(provenance.get("source", "given"))
     source = str(provenance.get("coefficients", ""))
@@ -909,6 +985,10 @@ def evidence(provenance: Mapping[str, Any]) -> str:
         return "analytical"
     if source.startswith("given"):
         return "given"
+    # Only a fit that records its GPUs can say this; absent (blackbox's per-GPU fits, the
+    # global fits that record none) is not read as uncovered.
+    if provenance.get("gpu_covered_by_fit") is False:
+        return "fitted (transferred)"
     return "fitted"
 
 
@@ -935,8 +1015,9 @@ def mixed_evidence(provenance: Mapping[str, Mapping[str, Any]]) -> list[str]:
     parts = [f"{gpu}: {kind}" for gpu, kind in kinds.items()]
     return [
         "the GPUs' step times rest on different evidence (" + "; ".join(parts) + "); a "
-        "calibrated GPU is measured, a transferred one uses another GPU's fit as fractions of "
-        "its own peaks, so their comparison carries that GPU's transfer error "
+        "GPU fitted on itself (calibrated) is measured, a transferred one uses a fit made on "
+        "other GPUs as fractions of its own peaks, so their comparison carries that GPU's "
+        "transfer error "
         "(docs/latency-models.md)"
     ]
 

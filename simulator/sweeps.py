@@ -77,10 +77,14 @@ class SweepResult(SweepTables):
 
 
 def _same_number(value: Any) -> Any:
-    """`value` with an integral float as the int it equals (5.0 as 5), for comparing grid
-    values; anything else as it is."""
+    """`value` with an integral float as the int it equals (5.0 as 5), inside mappings and
+    lists too, for comparing grid values and keying their runs; anything else as it is."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, dict):
+        return {k: _same_number(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_same_number(v) for v in value]
     return value
 
 
@@ -156,8 +160,11 @@ def _point_scenario(
 def _unset_fields(base: Scenario, paths: list[str], source: str) -> Scenario:
     """The base with each dotted path removed, so the schema's default applies: a grid value
     `null` means "unset" (`cluster.pd: [null, {...}]` compares no PD with a PD setup), not
-    the value None, which most fields refuse. A path under an unset section is a no-op."""
-    data = base.model_dump(mode="python")
+    the value None, which most fields refuse. A path under an unset section is a no-op.
+    Only what the base's author set is carried over, as `apply_overrides` does: re-validating
+    every default as if given would refuse a constant length's defaulted gaussian bounds and
+    take a preset's lengths for given ones."""
+    data = base.model_dump(mode="python", exclude_unset=True)
     for dotted in paths:
         *parents, leaf = dotted.split(".")
         node: Any = data
@@ -225,9 +232,14 @@ def _inputs_digest(base: Scenario, grid: dict[str, list[Any]]) -> dict[str, str]
     return digest
 
 
-def _run_key(base_json: str, params: dict[str, Any], seed: int) -> str:
+def _run_key(base_json: str, params: dict[str, Any], seed: int, as_given: bool = False) -> str:
+    """The run's file name in runs.d: a hash of the base, the point and the seed. 10 and 10.0
+    are one value to the scenario, so one run: an integral float is hashed as its int, which
+    leaves the keys of integer grids as they were. `as_given` hashes the values as written,
+    as sweeps did until 2026-12-07, so that their folders of float grids still resume."""
+    point = params if as_given else {k: _same_number(v) for k, v in params.items()}
     doc = json.dumps(
-        {"base": base_json, "params": params, "seed": seed}, sort_keys=True, default=str
+        {"base": base_json, "params": point, "seed": seed}, sort_keys=True, default=str
     )
     return hashlib.sha256(doc.encode()).hexdigest()[:24]
 
@@ -430,6 +442,11 @@ def sweep(
         runs_dir.mkdir(parents=True, exist_ok=True)
         done = _load_done(runs_dir)
     metrics_by_key = {t[2]: done[t[2]] for t in tasks if t[2] in done}
+    for _p, _si, key, point, seed in tasks if done else ():
+        # A run written under its values' old key (an integral float hashed as written).
+        legacy = _run_key(base_json, point, seed, as_given=True)
+        if key not in metrics_by_key and legacy in done:
+            metrics_by_key[key] = done[legacy]
     todo = [t for t in tasks if t[2] not in metrics_by_key]
     skipped = len(tasks) - len(todo)
 

@@ -523,3 +523,173 @@ def test_k_times_the_load_needs_at_most_k_times_the_instances() -> None:
         assert answers[48] <= answers[rate] <= k * answers[48], answers
     probes = res.frontier  # at 240 req/s: each instance of a probe serves >= 1,000 requests
     assert (probes["requests"] >= 1000 * probes["instances"]).all()
+
+
+# --- QA fixes: evidence off the fit's GPUs, attainment bounds, events, prices, legend -------
+
+
+def test_a_fit_that_never_saw_the_gpu_is_transferred_evidence() -> None:
+    """trained-physics' fit saw H100 only: an A100's step times are that fit on the A100's
+    peaks. Both read `fitted` and the plan compared them without a word (QA: "best: A100-80
+    x 1"); the uncovered GPU is now `fitted (transferred)` and the plan warns."""
+    from simulator.catalog.hardware import get_gpu
+    from simulator.catalog.models import load_model
+    from simulator.latency import build_step_time_model
+    from simulator.plan import evidence, mixed_evidence
+
+    model = load_model("meta-llama/llama-3.1-8b-instruct")
+    provenance = {
+        g: build_step_time_model("trained-physics", model, get_gpu(g), 1).provenance()
+        for g in ("H100", "A100-80")
+    }
+    assert [evidence(p) for p in provenance.values()] == ["fitted", "fitted (transferred)"]
+    (warning,) = mixed_evidence(provenance)
+    assert "H100: fitted; A100-80: fitted (transferred)" in warning
+    # A fit that records no GPUs (blackbox's per-GPU fits) is not read as uncovered.
+    assert evidence({"latency_model": "blackbox", "coefficients": "BLIS's fit for H100"}) == (
+        "fitted"
+    )
+
+
+@pytest.fixture
+def no_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan that gets as far as simulating fails at once rather than running for hours."""
+    import simulator.sweeps
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the plan started simulating")
+
+    monkeypatch.setattr(simulator.sweeps, "sweep", refuse)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        (1, "min_attainment: invalid value 1; a 100 % attainment cannot be shown by a finite"),
+        (1.0, "use a fraction below 1, e.g. 0.999"),
+        (0.99999, "each probe would run 1,000,000 requests per instance"),
+        (1.5, "min_attainment: invalid value 1.5; must be a fraction in [0, 1)"),
+    ],
+)
+def test_an_attainment_no_finite_run_can_show_is_refused_up_front(
+    no_simulation, value: float, needle: str
+) -> None:
+    """QA: min_attainment 1 made every probe 10,000,000 requests per instance (the plan was
+    silent for minutes, and from 11 instances a probe exceeded a run's request limit)."""
+    with pytest.raises(ConfigError) as err:
+        plan(BASE, SLO, min_attainment=value, workers=1)
+    assert needle in str(err.value)
+
+
+def test_the_strictest_attainment_allowed_needs_a_round_number_of_requests() -> None:
+    from simulator.plan import MAX_REQUESTS_PER_INSTANCE, required_requests
+
+    assert required_requests({}, 0.9999) == MAX_REQUESTS_PER_INSTANCE == 100_000
+    assert required_requests({"ttft_p99_ms": 1.0}, 0.99) == 1_000
+
+
+def test_a_fleet_whose_probe_would_exceed_a_runs_requests_is_refused_up_front(
+    no_simulation,
+) -> None:
+    """At 10,000 requests per instance (0.999), a probe of 20,000 instances would run 2 x 10^8
+    requests, more than one run holds: said before the search, not when it gets there."""
+    with pytest.raises(ConfigError, match=r"max_instances: invalid value 20000; a probe of "
+                       r"20,000 instances would run 200,000,000 requests"):  # fmt: skip
+        plan(BASE, SLO, min_attainment=0.999, max_instances=20_000, workers=1)
+
+
+def test_cli_refuses_a_full_attainment_naming_the_flag(
+    cli_app: typer.Typer, scenario_file: Path, no_simulation
+) -> None:
+    args = ["plan", str(scenario_file), "--slo", "ttft_p99_ms=50", "--min-attainment", "1"]
+    res = CliRunner().invoke(cli_app, args)
+    assert res.exit_code == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: --min-attainment: invalid value 1.0; a 100 % attainment")
+
+
+def test_a_scenario_with_events_is_refused_as_plan_does_not_search_them(no_simulation) -> None:
+    """QA: events naming instance_2 failed the first probe (1 instance) with a message that
+    read as a sweep grid's error. Plan sizes cluster.num_instances from 1 up, so an event's
+    instance may not exist and an added one would go unpriced: refused, saying why."""
+    scenario = {
+        **BASE,
+        "cluster": {"num_instances": 3},
+        "events": [{"at_s": 5, "action": "drain_instance", "target": "instance_2"}],
+    }
+    with pytest.raises(ConfigError) as err:
+        plan(scenario, SLO, workers=1)
+    text = str(err.value)
+    assert text.startswith(
+        "plan: the scenario lists `events` (events[0]: drain_instance instance_2 at 5 s), "
+        "which plan does not take"
+    )
+    assert "grid" not in text
+
+
+@pytest.fixture
+def unpriced_gpu_scenario(tmp_path: Path) -> Path:
+    """BASE with a hardware_file defining MyGPU, which has no default price."""
+    spec = {"TFlopsPeak": 989.5, "TFlopsFP8": 1979.0, "BwPeakTBs": 3.35, "mfuPrefill": 0.45,
+            "mfuDecode": 0.3, "MemoryGiB": 80}  # fmt: skip
+    (tmp_path / "gpus.yaml").write_text(yaml.safe_dump({"MyGPU": spec}))
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "hardware_file": "gpus.yaml"}))
+    return path
+
+
+def test_cli_asks_for_a_missing_price_as_a_flag(
+    cli_app: typer.Typer, unpriced_gpu_scenario: Path, no_simulation
+) -> None:
+    """QA: the command line said `pass prices={'MyGPU': USD/h}`, a Python argument."""
+    args = ["plan", str(unpriced_gpu_scenario), "--slo", "ttft_p99_ms=50", "--gpu", "H100"]
+    res = CliRunner().invoke(cli_app, [*args, "--gpu", "MyGPU"])
+    assert res.exit_code == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: --price: no price for GPU 'MyGPU'")
+    assert "pass --price MyGPU=USD_PER_HOUR" in lines[0] and "prices=" not in lines[0]
+    # The Python API keeps its own wording.
+    with pytest.raises(ConfigError, match=r"pass prices=\{'MyGPU': USD/h\}"):
+        plan(unpriced_gpu_scenario, SLO, gpus=["H100", "MyGPU"], workers=1)
+
+
+def test_an_unpriced_winner_says_so_rather_than_nan(result) -> None:
+    """QA: a single GPU from a hardware_file won with `$nan/h`."""
+    from dataclasses import replace
+
+    from simulator.plan import PlanChoice
+
+    alone = replace(result, best=PlanChoice("MyGPU", 3, 1, math.nan, gpus=3))
+    last = alone.table().splitlines()[-1]
+    assert last == "best: MyGPU x 3 instance(s) (TP 1, 3 GPUs), (no price)"
+
+
+def test_the_legend_names_only_what_the_plot_shows(result) -> None:
+    """QA: with no probe meeting the SLOs the legend still read "meets every SLO"."""
+
+    def legend(res) -> list[str]:
+        return [t.get_text() for t in res.plot().axes[0].get_legend().get_texts()]
+
+    assert "meets every SLO" in legend(result)
+    none_meet = plan(BASE, SLO, seeds=(1,), max_instances=2, workers=1)
+    assert not none_meet.frontier["meets"].any()
+    assert "meets every SLO" not in legend(none_meet)
+
+
+def test_gpus_never_planned_draw_no_evidence_warning() -> None:
+    """Neither GPU fits Llama-3.1-70B at TP 1, so neither is simulated: the warning that their
+    evidence differs (H100 calibrated, L40S transferred) compared nothing."""
+    scenario = {
+        **BASE,
+        "model": "meta-llama/llama-3.1-70b-instruct",
+        "tp": 1,
+        "latency": {"model": "physics"},
+        "engine": {},
+    }
+    res = plan(scenario, {"ttft_p90_ms": 2000.0}, gpus=["H100", "L40S"], seeds=(1,),
+               max_instances=2, workers=1)  # fmt: skip
+    assert list(res.per_gpu["evidence"]) == ["calibrated", "transferred"]
+    assert len(res.warnings) == 2
+    assert all(": not planned: " in w for w in res.warnings)

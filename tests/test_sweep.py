@@ -12,6 +12,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+import simulator
 import simulator.sweeps as sweep_mod
 from simulator.cli.sweep import format_points_table, register
 from simulator.errors import ConfigError
@@ -324,6 +325,31 @@ def test_null_grid_value_runs_the_default() -> None:
     assert "null (default)" in repr(res)
     table = format_points_table(res)
     assert table.splitlines()[1].split()[1:3] == ["default", "default"]
+
+
+def test_a_null_grid_value_keeps_what_the_base_left_unset() -> None:
+    """Unsetting a path re-reads only what the base's author wrote: a constant length's
+    gaussian bounds are not given (QA: the sweep refused `max: 7000`), and a preset's length
+    with one field given keeps the preset's others (chatbot's prompts: mean 256, capped at 600,
+    here constant 64-token outputs)."""
+    from simulator.sweeps import _point_scenario
+    from simulator.workload.synthetic import synthetic_to_spec
+
+    base = simulator.Scenario(
+        workload={
+            "preset": "chatbot",
+            "num_requests": 20,
+            "prompt_tokens": {"max": 600},
+            "output_tokens": {"distribution": "constant", "value": 64},
+        }
+    )
+    point = _point_scenario(base, {"engine.total_kv_blocks": None}, seed=1)
+    [client] = synthetic_to_spec(point.workload).clients
+    params = client.input_distribution.params
+    assert (params["mean"], params["std_dev"], params["min"], params["max"]) == (256, 100, 2, 600)
+    assert client.output_distribution.params == {"value": 64}
+    res = sweep(base, {"engine.total_kv_blocks": [None, 2000]}, seeds=[1], workers=1)
+    assert list(res.runs["completed_requests"]) == [20, 20]
 
 
 def test_points_table_has_itl_p99_and_new_fields(serial: sweep_mod.SweepResult) -> None:
@@ -654,3 +680,101 @@ def test_throughput_axes_name_what_is_counted():
     assert metric_label("tokens_per_sec") == "tokens_per_sec (tokens / s)"
     assert metric_label("goodput_tokens_per_s") == "goodput_tokens_per_s (tokens / s)"
     assert metric_label("goodput_rps") == "goodput_rps (requests / s)"
+
+
+# --- QA fixes: a grid's rate on a v2 spec is silent; 10 and 10.0 are one run ---------------
+
+V2_BASE = {
+    "workload": {
+        "version": "2",
+        "aggregate_rate": 14,
+        "num_requests": 20,
+        "clients": [
+            {
+                "id": "c",
+                "rate_fraction": 1,
+                "arrival": {"process": "poisson"},
+                "input_distribution": {"type": "constant", "params": {"value": 64}},
+                "output_distribution": {"type": "constant", "params": {"value": 8}},
+            }
+        ],
+    }
+}
+
+
+def _rate_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if "replaces the workload spec" in r.getMessage()
+    ]
+
+
+def test_a_rate_grid_on_a_v2_spec_warns_of_no_flag(tmp_path: Path, caplog) -> None:
+    """docs/sweeps.md: a grid's workload.rate is a v2 spec's aggregate_rate. QA: `sweep -q`
+    printed `--rate 5 replaces the workload spec's aggregate_rate 14 ...`, a flag nobody
+    gave, twice per value (validation, then the run). `simulate`'s keyword still says it
+    once, under its own name; the command line's --rate: tests/test_cli_workloads.py."""
+    res = sweep(V2_BASE, {"workload.rate": [5, 10]}, seeds=[1], workers=1)
+    assert list(res.runs["workload.rate"]) == [5, 10]
+    assert _rate_warnings(caplog) == []
+    (tmp_path / "sweep.yaml").write_text(
+        yaml.safe_dump({"base": V2_BASE, "grid": {"workload.rate": [5, 10]}, "seeds": [1]})
+    )
+    from simulator.cli import app
+
+    cli = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "-q", "--workers", "1"])
+    assert cli.exit_code == 0, cli.output
+    assert cli.stderr == "" and _rate_warnings(caplog) == []
+    simulator.simulate(V2_BASE, workload__rate=20)
+    assert _rate_warnings(caplog) == [
+        "workload__rate 20 replaces the workload spec's aggregate_rate 14 (BLIS ignores --rate "
+        "when a workload spec is given)"
+    ]
+
+
+def test_resuming_reads_10_and_10_0_as_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The duplicate check already took 5 and 5.0 for one value; the run key did not, so the
+    same grid written [10.0, 20.0] re-simulated every run of [10, 20]."""
+    out = tmp_path / "out"
+    first = sweep(BASE, {"workload.rate": [10, 20]}, seeds=[1], workers=1, out=out)
+
+    def boom(sc: object) -> dict:
+        raise AssertionError("resumed sweep simulated a finished run")
+
+    monkeypatch.setattr(sweep_mod, "_simulate_row", boom)
+    again = sweep(BASE, {"workload.rate": [10.0, 20.0]}, seeds=[1], workers=1, out=out)
+    assert again.skipped == 2 and again.simulated == 0
+    metrics = [c for c in first.metrics if c in again.runs]
+    pd.testing.assert_frame_equal(again.runs[metrics], first.runs[metrics])
+    with pytest.raises(ConfigError, match="duplicate values"):  # nested values alike
+        sweep(BASE, {"cluster.pd": [{"prefill_instances": 1}, {"prefill_instances": 1.0}]})
+
+
+def test_run_keys_of_folders_written_before_the_fix_still_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An integer grid's key is what it was (hashed here as the old code hashed it), and a
+    float grid's runs, written under the old key of its values as given, are found too."""
+    import hashlib
+    import json
+
+    old = json.dumps({"base": "b", "params": {"workload.rate": 10}, "seed": 1}, sort_keys=True)
+    assert (
+        sweep_mod._run_key("b", {"workload.rate": 10}, 1)
+        == (hashlib.sha256(old.encode()).hexdigest()[:24])
+    )
+    out = tmp_path / "out"
+    real_key = sweep_mod._run_key
+    monkeypatch.setattr(  # the code before the fix: values hashed as written
+        sweep_mod, "_run_key", lambda b, p, s, as_given=False: real_key(b, p, s, as_given=True)
+    )
+    sweep(BASE, {"workload.rate": [10.0, 20.0]}, seeds=[1], workers=1, out=out)
+    monkeypatch.setattr(sweep_mod, "_run_key", real_key)
+
+    def boom(sc: object) -> dict:
+        raise AssertionError("resumed sweep simulated a finished run")
+
+    monkeypatch.setattr(sweep_mod, "_simulate_row", boom)
+    again = sweep(BASE, {"workload.rate": [10.0, 20.0]}, seeds=[1], workers=1, out=out)
+    assert again.skipped == 2 and again.simulated == 0

@@ -119,7 +119,12 @@ def register(app: typer.Typer) -> None:
         def go() -> None:
             from ..api import as_scenario
             from ..input_files import refuse_writing_inputs, scenario_input_files
-            from ..plan import plan
+            from ..plan import (
+                DEFAULT_PRICES_USD_PER_GPU_HOUR,
+                MissingPriceError,
+                check_min_attainment,
+                plan,
+            )
 
             check_writable("--plot", plot)
             check_writable("--report", report)
@@ -131,24 +136,33 @@ def register(app: typer.Typer) -> None:
             )
             slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
             prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
+            check_min_attainment(min_attainment, "--min-attainment")
 
             def progress(row: dict[str, Any]) -> None:
                 verdict = "meets" if row["meets"] else "misses"
                 typer.echo(f"[{row['gpu']}] {row['instances']} instance(s): {verdict}", err=True)
 
-            result = plan(
-                sc,
-                slos,
-                gpus=gpu or None,
-                seeds=parse_seeds(seeds),
-                max_instances=max_instances,
-                min_goodput=min_goodput,
-                min_attainment=min_attainment,
-                saturation_rate=saturation_rate,
-                workers=workers,
-                prices=prices,
-                progress=None if quiet else progress,
-            )
+            try:
+                result = plan(
+                    sc,
+                    slos,
+                    gpus=gpu or None,
+                    seeds=parse_seeds(seeds),
+                    max_instances=max_instances,
+                    min_goodput=min_goodput,
+                    min_attainment=min_attainment,
+                    saturation_rate=saturation_rate,
+                    workers=workers,
+                    prices=prices,
+                    progress=None if quiet else progress,
+                )
+            except MissingPriceError as exc:
+                # The API's message gives the fix as a `prices=` argument; here it is a flag.
+                raise ConfigError(
+                    f"--price: no price for GPU {exc.gpu!r}, and the GPUs compared are ranked "
+                    f"by price; pass --price {exc.gpu}=USD_PER_HOUR (priced by default: "
+                    f"{', '.join(DEFAULT_PRICES_USD_PER_GPU_HOUR)})"
+                ) from None
             for warning in result.warnings:
                 typer.echo(f"warning: {warning}", err=True)
             typer.echo(result.table())
