@@ -450,18 +450,21 @@ def test_a_pool_on_its_own_gpu_is_refused_rather_than_priced_as_another():
         plan("scenarios/pd_2p2d.yaml", {"ttft_p99_ms": 1_000.0}, seeds=(1,), workers=1)
 
 
+# Llama-3.1-70B at TP 1 (132 GiB of weights): fits neither an H100 (80 GiB) nor an L40S (48).
+UNFIT_70B = {
+    **BASE,
+    "model": "meta-llama/llama-3.1-70b-instruct",
+    "tp": 1,
+    "latency": {"model": "physics"},
+    "engine": {},
+}
+
+
 def test_a_gpu_the_model_does_not_fit_is_not_planned() -> None:
     """Llama-3.1-70B at TP 1 needs 132 GiB; one L40S offers 43. Its KV capacity fell back to
     1,000,000 blocks and `plan` chose "L40S x 1 instance, $1/h", a machine that cannot
     exist. Such a GPU is now reported infeasible with a warning, and nothing is simulated."""
-    scenario = {
-        **BASE,
-        "model": "meta-llama/llama-3.1-70b-instruct",
-        "tp": 1,
-        "latency": {"model": "physics"},
-        "engine": {},
-    }
-    res = plan(scenario, {"ttft_p90_ms": 2000.0}, gpus=["H100", "L40S"], seeds=(1,),
+    res = plan(UNFIT_70B, {"ttft_p90_ms": 2000.0}, gpus=["H100", "L40S"], seeds=(1,),
                max_instances=2, workers=1)  # fmt: skip
     assert res.best is None
     assert list(res.per_gpu["feasible"]) == [False, False]
@@ -681,14 +684,7 @@ def test_the_legend_names_only_what_the_plot_shows(result) -> None:
 def test_gpus_never_planned_draw_no_evidence_warning() -> None:
     """Neither GPU fits Llama-3.1-70B at TP 1, so neither is simulated: the warning that their
     evidence differs (H100 calibrated, L40S transferred) compared nothing."""
-    scenario = {
-        **BASE,
-        "model": "meta-llama/llama-3.1-70b-instruct",
-        "tp": 1,
-        "latency": {"model": "physics"},
-        "engine": {},
-    }
-    res = plan(scenario, {"ttft_p90_ms": 2000.0}, gpus=["H100", "L40S"], seeds=(1,),
+    res = plan(UNFIT_70B, {"ttft_p90_ms": 2000.0}, gpus=["H100", "L40S"], seeds=(1,),
                max_instances=2, workers=1)  # fmt: skip
     assert list(res.per_gpu["evidence"]) == ["calibrated", "transferred"]
     assert len(res.warnings) == 2
