@@ -595,6 +595,9 @@ def report_data(obj: Any) -> dict[str, Any]:
         return plan_data(obj)
     if hasattr(obj, "points") and hasattr(obj, "runs") and hasattr(obj, "params"):
         return sweep_data(obj)
+    if isinstance(obj, dict):
+        # A results document handed over in Python gets the checks a file gets.
+        _check_results_document("report: the results document", obj)
     return run_data(obj)
 
 
@@ -637,16 +640,7 @@ def load_input(path: str | Path) -> Any:
         )
     check_path(p, "report")
     doc = read_json(p, "report")
-    if (
-        not isinstance(doc, dict)
-        or not isinstance(doc.get("requests"), list)
-        or ("completed_requests" not in doc)
-    ):
-        raise ConfigError(
-            f"report: {str(p)!r} is not a results file (expected the JSON that --results-path "
-            "writes: the summary fields and a 'requests' list)"
-        )
-    _check_results_document(p, doc)
+    _check_results_document(f"report: {str(p)!r}", doc)
     return doc
 
 
@@ -665,13 +659,23 @@ _RECORD_NUMBERS = {
 }  # fmt: skip
 
 
-def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
-    """A results JSON edited after it was written: a wrong kind of entry is one ConfigError
-    naming it, not a failure deep inside the page's tables."""
+def _check_results_document(source: str, doc: Any) -> None:
+    """A results JSON edited after it was written (`source` says which, as "report: 'PATH'"):
+    a wrong kind of entry is one ConfigError naming it, not a failure deep inside the page's
+    tables."""
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("requests"), list)
+        or ("completed_requests" not in doc)
+    ):
+        raise ConfigError(
+            f"{source} is not a results file (expected the JSON that --results-path writes: "
+            "the summary fields and a 'requests' list)"
+        )
 
     def refuse(where: str, value: Any, allowed: str) -> ConfigError:
         return ConfigError(
-            f"report: {str(path)!r}: {where}: invalid value {shorten(repr(value))}; {allowed} "
+            f"{source}: {where}: invalid value {shorten(repr(value))}; {allowed} "
             "(as --results-path writes it)"
         )
 
@@ -699,7 +703,7 @@ def _check_results_document(path: Path, doc: dict[str, Any]) -> None:
             # integer: a page of nonsense (an E2E mean of -4.6e13 ms) with exit status 0.
             if field not in record:
                 raise ConfigError(
-                    f"report: {str(path)!r}: requests[{i}].{field}: missing; {allowed} "
+                    f"{source}: requests[{i}].{field}: missing; {allowed} "
                     "(as --results-path writes it)"
                 )
             value = record[field]

@@ -90,6 +90,21 @@ def test_a_missing_or_null_request_number_is_one_error(tmp_path, results_doc, ed
     assert not (tmp_path / "bad.html").exists()
 
 
+def test_a_results_document_given_in_python_is_checked_as_a_file_is(tmp_path, results_doc):
+    """`write_report(doc, path)` on a document read in a notebook went straight to the page
+    and read a missing arrival as 0."""
+    from simulator.errors import ConfigError
+
+    doc = json.loads(json.dumps(results_doc))
+    doc["requests"][0].pop("arrived_at")
+    with pytest.raises(ConfigError, match=r"^report: the results document: requests\[0\]"):
+        write_report(doc, tmp_path / "bad.html")
+    assert not (tmp_path / "bad.html").exists()
+    with pytest.raises(ConfigError, match="is not a results file"):
+        report_data({"requests": []})
+    assert report_data(json.loads(json.dumps(results_doc)))["kind"] == "run"
+
+
 def test_a_results_file_with_unfinished_requests_still_reports(tmp_path):
     """What a valid file holds for a request cut by the horizon (zeros, never null) draws."""
     path = tmp_path / "r.json"
