@@ -745,8 +745,13 @@ class RoundRobin(RoutingPolicy):
     ) -> RoutingDecision:
         _require(candidates)
         pos = self.counter % len(candidates)
-        self.counter += 1
         return RoutingDecision(candidates[pos].index, f"round-robin[{pos}]")
+
+    def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
+        # The turn passes when a choice is committed: PD routing asks the decode pool first
+        # and drops the answer when the request goes to the unified pool instead, which gave
+        # every disaggregated request of an alternating workload the same decode instance.
+        self.counter += 1
 
 
 class LeastLoaded(RoutingPolicy):

@@ -245,3 +245,43 @@ def test_scorer_errors_name_the_scenario_path():
     assert msg.startswith(
         "cluster.routing.scorers (--routing-scorers): unknown scorer 'bogus' in 'bogus:1'"
     ), msg
+
+
+def test_round_robin_spreads_pd_decodes_when_some_requests_go_unified():
+    """PD routing asks the decode pool for its choice before the decider; a request then sent
+    to the unified pool drops it. Round-robin's turn passes only with a committed choice, so
+    long prompts (disaggregated, threshold 500) alternating with short ones (unified) split
+    over both decode instances (QA: all 20 went to instance_1, none to instance_2)."""
+
+    def client(cid: str, prompt_tokens: int) -> dict:
+        return {
+            "id": cid,
+            "rate_fraction": 0.5,
+            "arrival": {"process": "constant"},
+            "input_distribution": {"type": "constant", "params": {"value": prompt_tokens}},
+            "output_distribution": {"type": "constant", "params": {"value": 8}},
+        }
+
+    pd_setup = {
+        "prefill_instances": 1,
+        "decode_instances": 2,
+        "decider": "prompt-length",
+        "prompt_length_threshold": 500,
+    }
+    result = simulator.simulate(
+        {
+            "model": "meta-llama/llama-3.1-8b-instruct",
+            "latency": {"model": "roofline"},
+            "cluster": {"num_instances": 4, "routing": {"policy": "round-robin"}, "pd": pd_setup},
+            "workload": {
+                "version": "2",
+                "aggregate_rate": 10,
+                "num_requests": 40,
+                "clients": [client("long", 1024), client("short", 100)],
+            },
+        }
+    )
+    routed = dict(zip(result.instances["instance_id"], result.instances["routed"], strict=True))
+    # instance_0 prefills the 20 long prompts, instance_1 and _2 decode them, instance_3
+    # (unified) serves the 20 short ones whole.
+    assert routed == {"instance_0": 20, "instance_1": 10, "instance_2": 10, "instance_3": 20}

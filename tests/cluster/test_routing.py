@@ -82,13 +82,22 @@ def test_registries():
     ]
 
 
+def _committed(policy, candidates):
+    """Route and commit, as the router does: the turn passes with `observe`."""
+    decision = policy.route(R, candidates, 0)
+    policy.observe(R, next(c for c in candidates if c.index == decision.target))
+    return decision.target
+
+
 def test_round_robin_cycles_over_candidate_position():
     rr = make_routing_policy("round-robin", rng=rng())
     cands = snaps([5, 0, 9])
-    assert [rr.route(R, cands, 0).target for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [_committed(rr, cands) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     # The counter is global: with a different candidate list it continues at counter mod len.
     sub = [snap(5), snap(7)]
-    assert [rr.route(R, sub, 0).target for _ in range(3)] == [7, 5, 7]  # counter 7, 8, 9
+    assert [_committed(rr, sub) for _ in range(3)] == [7, 5, 7]  # counter 7, 8, 9
+    # A choice asked for and not used (PD's decode pre-selection) does not pass the turn.
+    assert rr.route(R, sub, 0).target == rr.route(R, sub, 0).target == 5  # counter 10
 
 
 def test_decision_carries_reason_and_no_scores():
