@@ -49,10 +49,15 @@ def unrecorded_settings(
     default to another one (`deployment.unrecorded_token_budget`). Given these, the replay
     simulates the run's deployment."""
     from .deployment import resolve_deployment, unrecorded_token_budget
-    from .workload.server_settings import recorded_settings
+    from .workload.server_settings import SHARED_BY_DEPLOYMENTS, recorded_settings
 
     default = Scenario()
     recorded, _, _ = recorded_settings(default, {}, trace_header, trace_data)
+    if scenario.deployments:
+        # A replay with the run's deployments takes no more than this from the header (the
+        # header's server is one deployment's), so a top-level setting that equals it is
+        # still the run's to pass.
+        recorded = {p: v for p, v in recorded.items() if p in SHARED_BY_DEPLOYMENTS}
     ran = _flat(scenario.model_dump(mode="json", exclude=_NOT_DEPLOYMENT))
     stock = _flat(default.model_dump(mode="json", exclude=_NOT_DEPLOYMENT))
     missing = object()

@@ -37,6 +37,7 @@ from .scenario import DEFAULT_LATENCY_MODEL
 from .workload.server_settings import (
     SERVER_CONFIG,
     recorded_prefix_caching,
+    server_config_near,
     vllm_batch_defaults_for,
 )
 
@@ -241,8 +242,8 @@ def default_groundtruth(command: str = "ground truth") -> Path:
 
 def discover_runs(folder: Path, forced_output: bool = True, traces: bool = False) -> list[RunSpec]:
     """Every `requests/<run>.requests.csv` with its meta.json, sorted by dataset and run; with
-    `traces`, also every BLIS observe cell (`<cell>/trace.yaml` + `trace.csv` under a folder
-    with `server_config.json`), after them.
+    `traces`, also every BLIS observe cell (`<cell>/trace.yaml` + `trace.csv` with a
+    `server_config.json` in the cell's folder or the folder above), after them.
 
     With `forced_output` (the default), a run whose profile forced its output length
     (ignore_eos) replays every successful request at that length (`forced_output_tokens`);
@@ -276,8 +277,7 @@ def discover_runs(folder: Path, forced_output: bool = True, traces: bool = False
                 spec = dataclasses.replace(spec, forced_output_tokens=None)
             runs.append(spec)
     for dataset, cell_folders in cells:
-        server = _server_config(dataset, cell_folders[0].name)
-        runs.extend(_cell_spec(dataset, cell, server) for cell in cell_folders)
+        runs.extend(_cell_spec(dataset, cell) for cell in cell_folders)
     if not runs:
         raise ConfigError(f"ground truth: no *{REQUESTS_SUFFIX} files under {str(folder)!r}")
     return runs
@@ -367,30 +367,64 @@ def _run_spec(dataset: Path, name: str, csv_path: Path) -> RunSpec:
     )
 
 
-def _server_config(dataset: Path, cell: str) -> dict[str, Any]:
-    path = dataset / SERVER_CONFIG
-    if not path.exists():
+def _server_config(cell: Path) -> tuple[Path, dict[str, Any]]:
+    """The `server_config.json` of an observe cell and its contents, found where `replay` and
+    `calibrate` find it (`server_config_near`: in the cell's folder, else the folder above), so
+    that a cell copied out with its configuration is scored as it is replayed."""
+    path = server_config_near(cell / TRACE_DATA)
+    if path is None:
+        tried = " and ".join(
+            repr(str((where / SERVER_CONFIG).resolve())) for where in (cell, cell.parent)
+        )
         raise ConfigError(
-            f"ground truth: {str(path)!r} is missing (needed for {cell}: the server's settings)"
+            f"ground truth: {SERVER_CONFIG!r} is missing (needed for {cell.name}: the server's "
+            f"settings; looked for {tried})"
         )
     config = read_json(path, "ground truth")
     if not isinstance(config, dict):
         raise ConfigError(
             f"ground truth: {str(path)!r} must be a JSON object, not {type(config).__name__}"
         )
-    return config
+    return path, config
 
 
-def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
-    """A BLIS observe cell, replayed with the dataset's server settings (its README)."""
+# A trace header's `server` key for each server_config.json key `_cell_spec` reads: the header
+# outranks the configuration, as in `server_settings.recorded_server`.
+_HEADER_KEYS = {
+    "model": "model",
+    "tensor_parallel_size": "tensor_parallel",
+    "tensor_parallelism": "tensor_parallel",
+    "max_num_seqs": "max_num_seqs",
+    "block_size": "block_size",
+    "max_model_len": "max_model_len",
+    "max_seq_len": "max_model_len",
+}
+
+
+def _cell_spec(dataset: Path, cell: Path) -> RunSpec:
+    """A BLIS observe cell, replayed with the server that recorded it as `replay` reads it:
+    the trace header's `server` section first, then `server_config.json` (its README)."""
     from .latency.physics import version_key
     from .workload.trace import read_header, trace_spans
 
-    config_path = dataset / SERVER_CONFIG
+    config_path, server = _server_config(cell)
+    header_path = cell / TRACE_HEADER
+    recorded = read_header(header_path).get("server")
+    # Only what the header records (replay skips empty and zero entries the same way).
+    header = {
+        key: value
+        for key, value in (recorded if isinstance(recorded, dict) else {}).items()
+        if value not in (None, "", 0)
+    }
 
     unrecorded: dict[str, int] = {}
 
     def cfg(*keys: str, default: int | None = None) -> int:
+        for key in keys:
+            if _HEADER_KEYS.get(key) in header:
+                return _positive_int(
+                    header[_HEADER_KEYS[key]], f"server.{_HEADER_KEYS[key]}", header_path
+                )
         for key in keys:
             if server.get(key) is not None:
                 return _positive_int(server[key], key, config_path)
@@ -399,14 +433,17 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
             return default
         raise ConfigError(f"ground truth: {str(config_path)!r}: missing key {keys[0]!r}")
 
+    if "model" in header:
+        model = bundled_model(header["model"], header_path)
+    else:
+        model = bundled_model(_require(server, "model", config_path), config_path)
+
     # What the server took for a batch limit the configuration does not record: vLLM's own
     # default on the GPU (server_settings.vllm_batch_defaults), not BLIS's.
     default_tokens, default_seqs = vllm_batch_defaults_for(HARDWARE)
 
     max_num_seqs = cfg("max_num_seqs", default=default_seqs)
     max_num_batched_tokens = cfg("max_num_batched_tokens", default=default_tokens)
-    header_path = cell / TRACE_HEADER
-    read_header(header_path)
     spans = trace_spans(cell / TRACE_DATA)
     caching = recorded_prefix_caching(header_path)
     server_version = server.get("vllm_version")
@@ -424,7 +461,7 @@ def _cell_spec(dataset: Path, cell: Path, server: dict[str, Any]) -> RunSpec:
         name=cell.name,
         requests_csv=cell / TRACE_DATA,
         meta_json=config_path,
-        model=bundled_model(_require(server, "model", config_path), config_path),
+        model=model,
         tp=cfg("tensor_parallel_size", "tensor_parallelism"),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -975,20 +1012,15 @@ def _prompt_cycle_cached(requests_csv: Path, _mtime_ns: int, _size: int) -> int 
 def distinct_prompts(run: RunSpec) -> int | None:
     """The number of distinct prompts the load generator cycled through, in order: the period
     of the request file's prompt lengths (`prompt_cycle`; every vLLM 0.15.1 run cycles
-    through 100), else system prompts x users per system prompt from its profile. None for an
-    observe cell, which records its own prompts."""
+    through 100). None when the lengths show no cycle, and for an observe cell, which records
+    its own prompts.
+
+    The profile's system prompts x users is not a fallback: it says how many prompts the
+    generator could draw, not that it sent them in a fixed cycle, and a replay that cycled
+    them anyway would credit the server with prefix hits nothing shows it had."""
     if run.kind == "trace":
         return None
-    cycle = _prompt_cycle_of(Path(run.requests_csv))
-    if cycle is not None:
-        return cycle
-    profile = run.requests_csv.parent.parent / "runs" / run.name / "profile.yaml"
-    document = _optional_yaml(profile)
-    try:
-        shared = document["data"]["shared_prefix"]
-        return int(shared["num_unique_system_prompts"]) * int(shared["num_users_per_system_prompt"])
-    except (KeyError, TypeError, ValueError, OverflowError):
-        return None
+    return _prompt_cycle_of(Path(run.requests_csv))
 
 
 def shared_prefix_trace(
@@ -1080,9 +1112,9 @@ def reused_prompts(run: RunSpec, prompt_reuse: bool | None = None) -> int | None
     prompts = distinct_prompts(run)
     if prompts is None and prompt_reuse:
         raise ConfigError(
-            f"--prompt-reuse: {run.name}: its prompt lengths repeat in no cycle, and there is "
-            f"no runs/{run.name}/profile.yaml with data.shared_prefix.num_unique_system_prompts "
-            "and num_users_per_system_prompt"
+            f"--prompt-reuse: {run.name}: its prompt lengths repeat in no cycle, so there are "
+            "no repeated prompts to replay (--no-prompt-reuse, or leave both out, replays "
+            "every prompt as new)"
         )
     return prompts
 

@@ -484,22 +484,31 @@ def test_validate_scores_physics_with_a_coefficients_file(
 def test_prompt_reuse_shares_each_distinct_prompt_whole(
     fake_groundtruth: Path, tmp_path: Path
 ) -> None:
-    """The profile's 2 system prompts x 2 users = 4 prompts, cycled: request i reuses i mod 4."""
+    """Prompt lengths cycling with period 3 (500, 507, 514, twice): 3 prompts, request i reuses
+    i mod 3, each shared whole. Without a cycle (every prompt 500 long) --prompt-reuse is
+    refused: the profile's system prompts x users is no fallback (docs/cli.md)."""
     from simulator.validate import distinct_prompts, reuse_trace
     from simulator.workload.trace import load_trace
 
     run = discover_runs(fake_groundtruth)[0]
-    with pytest.raises(ConfigError, match="--prompt-reuse: .*profile.yaml"):
+    with pytest.raises(ConfigError, match="--prompt-reuse: "):
         reuse_trace(run, tmp_path)
     profile = fake_groundtruth / DATASET / "runs" / run.name / "profile.yaml"
     profile.write_text(
         '{"data": {"shared_prefix": {"num_unique_system_prompts": 2,'
         ' "num_users_per_system_prompt": 2}}}'
     )
-    assert distinct_prompts(run) == 4
+    assert distinct_prompts(run) is None  # the profile's 4 is not a cycle
+    lengths = [500, 507, 514] * 2
+    rows = [(i * 100_000, n, 20, 0, 0.03, 0.25) for i, n in enumerate(lengths)]
+    _write_run(fake_groundtruth / DATASET, run.name, "general", rows)
+    run = discover_runs(fake_groundtruth)[0]
+    assert distinct_prompts(run) == 3
     _, requests = load_trace(*reuse_trace(run, tmp_path))
-    assert [r.prefix_group for r in requests] == [f"system-{i % 4}" for i in range(6)]
-    assert all(r.segments == [(("prefix", r.prefix_group), 500)] for r in requests)
+    assert [r.prefix_group for r in requests] == [f"system-{i % 3}" for i in range(6)]
+    assert [r.segments for r in requests] == [
+        [(("prefix", f"system-{i % 3}"), n)] for i, n in enumerate(lengths)
+    ]
     reused = CliRunner().invoke(
         app, ["validate", str(fake_groundtruth), "--runs", "general", "--prompt-reuse"]
     )
@@ -690,7 +699,9 @@ def test_forced_length_is_replayed_and_the_reported_count_scored(
 
     dataset = fake_groundtruth / DATASET
     name = "20260101-020000-llama-2-7b-tp1-codegen"
-    rows = [(i * 100_000, 500, 3 if i % 2 else 20, 0, 0.03, 0.25) for i in range(6)]
+    # Prompt lengths cycling with period 3, for the prompt-reuse case below.
+    prompts = [500, 507, 514]
+    rows = [(i * 100_000, prompts[i % 3], 3 if i % 2 else 20, 0, 0.03, 0.25) for i in range(6)]
     rows.append((700_000, 500, 2, 1, "", 240.0))  # failed: keeps its own count
     _write_run(dataset, name, "codegen", rows)
     run = select_runs(discover_runs(fake_groundtruth), ["codegen"])[0]
@@ -725,8 +736,7 @@ def test_forced_length_is_replayed_and_the_reported_count_scored(
             _force_output(
                 fake_groundtruth,
                 name,
-                '{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 20,'
-                ' "num_unique_system_prompts": 2, "num_users_per_system_prompt": 1}}}',
+                '{"server": {"ignore_eos": true}, "data": {"shared_prefix": {"output_len": 20}}}',
             )
             run = select_runs(discover_runs(fake_groundtruth, forced_output=True), ["codegen"])[0]
         case = cal.groundtruth_case(run, reuse, tmp_path / f"work-{reuse}")

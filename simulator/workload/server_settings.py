@@ -28,10 +28,14 @@ limits, block size, GPU KV blocks, context length, the vLLM version), then, for 
 request CSV, its run's `meta.json` and `exp-config.yaml` and its dataset folder's name, then,
 for a vLLM server whose batch limits none records, vLLM's defaults on the replayed GPU
 (above). A trace that BLIS generated records none of it and is replayed exactly as before.
+A scenario with `deployments` takes only prefix caching and the vLLM version from the
+recording: the rest describes one server and would reach every deployment
+(SHARED_BY_DEPLOYMENTS).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable
@@ -204,6 +208,13 @@ HEADER_SERVER_FIELDS = {
     "max_model_len": "engine.max_model_len",
 }
 BATCH_LIMITS = ("engine.max_num_scheduled_tokens", "engine.max_num_running_reqs")
+# What a recording says that holds for every deployment of a scenario with `deployments`. The
+# rest (model, TP, limits, block size, KV blocks, context length) describes the one server a
+# trace header or server_config.json records: on a multi-model run's export, the first
+# deployment's. Set at the top level it would reach every deployment that does not set it
+# itself (an A100 qwen running the H100 llama's 1,024 sequences and 131,072-token context), so
+# such a replay keeps each deployment's own settings (docs/traces.md).
+SHARED_BY_DEPLOYMENTS = frozenset({"engine.enable_prefix_caching", "latency.vllm_version"})
 
 
 def read_server_config(path: Path) -> tuple[dict[str, Any], str | None]:
@@ -257,6 +268,9 @@ class RecordedServer:
     settings: dict[str, Any]
     sources: dict[str, str]
     prefix_caching: PrefixCaching
+    # The recorded settings a replay of a scenario with `deployments` does not apply
+    # (`recorded_settings`, SHARED_BY_DEPLOYMENTS).
+    set_aside: tuple[str, ...] = ()
 
     def line(self, followed: Iterable[str]) -> str:
         """`recorded server: model Qwen/Qwen3-14B (trace header), … ` for the settings a replay
@@ -270,7 +284,17 @@ class RecordedServer:
                     f"{path.rsplit('.', 1)[-1]} {_shown(self.settings[path])}"
                 )
         shown = [f"{', '.join(items)} ({source})" for source, items in by_source.items()]
-        return f"recorded server: {'; '.join(shown)}" if shown else ""
+        lines = [f"recorded server: {'; '.join(shown)}"] if shown else []
+        if self.set_aside:
+            aside = ", ".join(
+                f"{path.rsplit('.', 1)[-1]} {_shown(self.settings[path])}"
+                for path in self.set_aside
+            )
+            lines.append(
+                f"recorded server: {aside} not applied: the scenario's deployments keep their "
+                "own settings (a recording describes one server)"
+            )
+        return "\n".join(lines)
 
     def replaced_line(self, scenario: Any, given: Iterable[str], followed: Iterable[str]) -> str:
         """The recorded settings the scenario file replaced with values of its own (`--scenario`
@@ -279,7 +303,7 @@ class RecordedServer:
         replay then simulates another server than the one that recorded the trace."""
         from ..scenario import explicitly_set
 
-        skipped = {*given, *followed, "engine.enable_prefix_caching"}
+        skipped = {*given, *followed, *self.set_aside, "engine.enable_prefix_caching"}
         mine, theirs = [], []
         for path, recorded in self.settings.items():
             # Only what the file set: a default (or the stand-in for a recorded model servesim
@@ -441,6 +465,12 @@ def recorded_settings(
         and not (path == "model" and unfollowed is not None)
         and not (path == "engine.total_kv_blocks" and own_cache)
     }
+    if scenario.deployments:
+        aside = tuple(path for path in settings if path not in SHARED_BY_DEPLOYMENTS)
+        settings = {path: settings[path] for path in settings if path not in aside}
+        recorded = dataclasses.replace(recorded, set_aside=aside)
+        # The deployments' models are the ones simulated, not the scenario's top-level one.
+        unfollowed = None
     return settings, recorded, unfollowed
 
 
