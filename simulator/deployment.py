@@ -590,9 +590,13 @@ def _total_kv_blocks(
         # With `deployments`, this is the scenario's top-level layout, which no instance need
         # run (each deployment is resolved on its own, with its own warning): not a warning.
         level = logging.INFO if scenario.deployments else logging.WARNING
+        # A named deployment is resolved as a scenario of its own, with the layout the
+        # user gave that deployment: the warning says which one, as its other warnings do.
+        whose = f"{_WHOSE[-1]}: " if _WHOSE and _WHOSE[-1] else ""
         log.log(
             level,
-            "KV capacity auto-calculation failed (%s); using %d blocks",
+            "%sKV capacity auto-calculation failed (%s); using %d blocks",
+            whose,
             exc,
             FALLBACK_KV_BLOCKS,
         )

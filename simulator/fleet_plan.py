@@ -94,6 +94,23 @@ def plan_fleet(
         )
     _check_pools(scenario, specs, resolved)
     extra = _extra_slots(scenario, specs)
+    # A deployment that never has an instance, for a model no other deployment can serve:
+    # its model's requests would wait for an instance that never comes. (An idle variant of
+    # a model another deployment serves is harmless.)
+    can_serve = {
+        resolved[d.name].model.name.lower() for d in specs if d.num_instances + extra[d.name]
+    }
+    for d in specs:
+        key = resolved[d.name].model.name.lower()
+        if scenario.deployments and d.num_instances + extra[d.name] == 0 and key not in can_serve:
+            raise invalid(
+                f"deployments[{d.name}].num_instances",
+                0,
+                f"no instance of any deployment can ever serve its model {key!r}: nothing "
+                "starts one of this deployment later (no autoscaler scales it up, no "
+                "add_instance event names it); give it at least 1 instance, or remove the "
+                "deployment",
+            )
     setups: list[InstanceSetup] = []
     slots: list[SlotPlan] = []
     aliases: dict[str, list[str]] = {}
@@ -103,7 +120,10 @@ def plan_fleet(
         aliases.setdefault(key, [])
         if d.model:
             aliases[key].append(d.model)
-        if scenario.model and not scenario.deployments:
+        elif scenario.model:
+            # A deployment without a model serves the scenario's: clients may ask for it by
+            # the scenario's own spelling (say `llama-3.1-8b-instruct`), which the catalog's
+            # full name does not match.
             aliases[key].append(scenario.model)
         weights = model_weight_bytes(dep.model) / dep.gpus
         for k in range(d.num_instances + extra[d.name]):
@@ -169,6 +189,13 @@ def latency_entry(dep: Deployment, role: str) -> dict[str, Any]:
     entry.setdefault("gpu", dep.gpu.name)
     entry.setdefault("layout", (dep.parallelism or Parallelism(dep.tp)).describe())
     entry.setdefault("precision", describe_precision(dep.model, dep.gpu))
+    # The batch limits this deployment's engines run with, for the Engine Policies block
+    # (`metrics.views.text.engine_policies`), which the scenario's top-level resolution
+    # would otherwise describe though no instance runs it; not part of the Latency Model
+    # block (`text.latency_provenance` leaves them out).
+    entry["max_num_running_reqs"] = dep.engine.max_num_running_reqs
+    entry["max_num_scheduled_tokens"] = dep.engine.max_num_scheduled_tokens
+    entry["batch_limits_source"] = dep.batch_limits_source
     return entry
 
 
@@ -217,7 +244,26 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
                 apply_overrides(base, changes, source=f"deployments[{d.name}]")
             )
     except ConfigError as exc:
-        raise ConfigError(f"deployments[{d.name}]: {exc}") from None
+        raise ConfigError(
+            f"deployments[{d.name}]: {_as_deployment_field(str(exc), changes)}"
+        ) from None
+
+
+# A deployment's field -> the scenario's field it sets when the deployment is resolved.
+_SCENARIO_FIELD = {
+    "latency_model": "latency.model",
+    "total_kv_blocks": "engine.total_kv_blocks",
+    "max_model_len": "engine.max_model_len",
+}
+
+
+def _as_deployment_field(message: str, changes: dict[str, Any]) -> str:
+    """`message` with the scenario field it starts with named as the deployment's field the
+    user wrote (`latency.model: ...` -> `latency_model: ...`), when the deployment set it."""
+    for mine, theirs in _SCENARIO_FIELD.items():
+        if theirs in changes and message.startswith(f"{theirs}:"):
+            return f"{mine}:{message[len(theirs) + 1 :]}"
+    return message
 
 
 def _check_pools(

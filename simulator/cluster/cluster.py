@@ -344,7 +344,10 @@ def run_simulation(
     if fleet is not None:
         n = len(setups)
         instance_ids = [slot.instance_id for slot in fleet.slots]
-        served = ServedModels(fleet.slots[0].model_key)
+        # Untagged requests go to the first deployment's model (docs/infrastructure.md):
+        # `model_aliases` is keyed in deployment order, while the first slot belongs to
+        # whichever deployment has the first instance.
+        served = ServedModels(next(iter(fleet.model_aliases), fleet.slots[0].model_key))
         for key, aliases in fleet.model_aliases.items():
             served.add_model(key, *aliases)
         instance_models = [slot.model_key for slot in fleet.slots]

@@ -735,23 +735,29 @@ def _require(candidates: Sequence[InstanceSnapshot]) -> None:
 
 
 class RoundRobin(RoutingPolicy):
+    """Takes the candidates in turn, one turn counter per served model: the candidates of a
+    request are its model's instances, and one counter shared by every model let the
+    models' traffic take each other's turns (two models alternating on two instances each
+    sent every request of one model to the same instance). A single-model run has one
+    counter, as in BLIS."""
+
     name = "round-robin"
 
     def __init__(self) -> None:
-        self.counter = 0
+        self.counters: dict[str, int] = {}
 
     def route(
         self, req: Request, candidates: Sequence[InstanceSnapshot], now_us: int
     ) -> RoutingDecision:
         _require(candidates)
-        pos = self.counter % len(candidates)
+        pos = self.counters.get(candidates[0].model, 0) % len(candidates)
         return RoutingDecision(candidates[pos].index, f"round-robin[{pos}]")
 
     def observe(self, req: Request, chosen: InstanceSnapshot) -> None:
         # The turn passes when a choice is committed: PD routing asks the decode pool first
         # and drops the answer when the request goes to the unified pool instead, which gave
         # every disaggregated request of an alternating workload the same decode instance.
-        self.counter += 1
+        self.counters[chosen.model] = self.counters.get(chosen.model, 0) + 1
 
 
 class LeastLoaded(RoutingPolicy):

@@ -213,12 +213,17 @@ class Result:
                 aliases[key] = key
                 aliases.update({n.lower(): key for n in names})
         models = self.instance_models or [""] * len(self.instance_records)
+        # Untagged requests go to the first deployment's model (the aliases are in deployment
+        # order), which need not be the first instance's when that deployment starts empty.
+        untagged = models[0] if models else ""
+        if self.fleet is not None and self.fleet.model_aliases:
+            untagged = next(iter(self.fleet.model_aliases))
         return per_model_frame(
             self.request_records,
             self.instance_records,
             models,
             aliases,
-            models[0] if models else "",
+            untagged,
             self.duration_s,
         )
 

@@ -91,7 +91,10 @@ def latency_provenance(scenario: dict[str, Any]) -> dict[str, Any]:
     if "latency_by_role" in resolved:
         out["by_role"] = resolved["latency_by_role"]
     if "latency_by_deployment" in resolved:
-        out["by_deployment"] = resolved["latency_by_deployment"]
+        out["by_deployment"] = {
+            name: {k: v for k, v in entry.items() if k not in BATCH_LIMIT_FIELDS}
+            for name, entry in resolved["latency_by_deployment"].items()
+        }
     return out
 
 
@@ -156,13 +159,26 @@ def batch_limit(scenario: dict[str, Any] | None, name: str) -> Any:
 def engine_policies(scenario: dict[str, Any] | None) -> dict[str, Any]:
     """The wait-queue order, priority, batch formation and preemption policies the run's
     engines used (every instance uses the scenario's `engine` section), then the batch
-    limits its deployment resolved; what the run does not say (a result saved before these
-    were recorded) is left out."""
+    limits its deployment resolved (with named deployments that differ from the top level,
+    theirs: once when they agree, else `by_deployment`); what the run does not say (a result
+    saved before these were recorded) is left out."""
     engine = (scenario or {}).get("engine") or {}
     resolved = (scenario or {}).get("resolved") or {}
     policies = {name: engine[name] for name in ENGINE_POLICY_FIELDS if name in engine}
     if engine.get("slo_priorities"):  # only when set: the defaults are BLIS's, in engine.md
         policies["slo_priorities"] = engine["slo_priorities"]
+    by_deployment = {
+        name: {k: entry[k] for k in BATCH_LIMIT_FIELDS if k in entry}
+        for name, entry in (resolved.get("latency_by_deployment") or {}).items()
+    }
+    if any(by_deployment.values()):
+        # Named deployments that differ from the top-level resolution: no instance runs
+        # the top level's limits (a deployment on another GPU has vLLM's default for that
+        # GPU), so the block says the deployments' own, once when they agree.
+        distinct = {json.dumps(v, sort_keys=True) for v in by_deployment.values()}
+        if len(distinct) == 1:
+            return policies | next(iter(by_deployment.values()))
+        return policies | {"by_deployment": by_deployment}
     return policies | {name: resolved[name] for name in BATCH_LIMIT_FIELDS if name in resolved}
 
 
