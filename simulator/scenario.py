@@ -85,6 +85,10 @@ class _Strict(BaseModel):
 _MemoryFraction = number(0, 1, "", "a fraction of the GPU's memory", lo_open=True)
 
 
+# The gaussian fields' former defaults, as a dumped constant law carried them.
+_GAUSSIAN_DEFAULTS_WRITTEN = {"mean": 512, "stdev": 256, "min": 2, "max": 7000}
+
+
 class LengthSpec(_Strict):
     """A token-length distribution: gaussian (clamped to [min, max]) or constant.
 
@@ -98,6 +102,19 @@ class LengthSpec(_Strict):
     min: PositiveTokens | None = None
     max: PositiveTokens | None = None
     value: Tokens | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_written_defaults(cls, data: Any) -> Any:
+        # Scenarios dumped before 2026-12-07 (a saved result's `scenario`) wrote a constant
+        # law with the gaussian defaults filled in; those are not fields a user gave.
+        if isinstance(data, dict) and data.get("distribution") == "constant":
+            data = {
+                k: v
+                for k, v in data.items()
+                if not (k in _GAUSSIAN_DEFAULTS_WRITTEN and v == _GAUSSIAN_DEFAULTS_WRITTEN[k])
+            }
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "LengthSpec":
@@ -216,9 +233,11 @@ class LatencySpec(_Strict):
         # An unquoted 0.23 reaches here as a float; its text is no safe version (YAML reads
         # 0.10 as 0.1), so the author is asked to quote it rather than have it converted.
         if isinstance(value, int | float) and not isinstance(value, bool):
+            # The number may have lost digits already (0.10 arrives as 0.1): no version is
+            # suggested from it.
             raise ValueError(
-                f"expected a version string, not a number: YAML reads {value!r} unquoted as a "
-                f'number; quote it (vllm_version: "{value!r}")'
+                "expected a version string, not a number: YAML reads an unquoted version as a "
+                'number (0.10 as 0.1); quote it as written, e.g. vllm_version: "0.23.0"'
             )
         return value
 
@@ -733,6 +752,12 @@ def load_scenario(path: str | Path) -> "Scenario":
     elif "model" in scenario.model_fields_set and (model := _model_path(base, scenario.model)):
         # With model_config_folder, `model` is only the model's name.
         scenario.model = model
+    for deployment in scenario.deployments:
+        if deployment.model is not None and (model := _model_path(base, deployment.model)):
+            deployment.model = model
+    spec = scenario.speculative
+    if spec is not None and spec.draft_model and (model := _model_path(base, spec.draft_model)):
+        spec.draft_model = model
     if scenario.latency.coeffs_file is not None:
         scenario.latency.coeffs_file = _resolve(base, scenario.latency.coeffs_file)
     if scenario.workload_spec is not None:
@@ -790,6 +815,24 @@ def not_a_section(where: str, inside: str, value: Any) -> ConfigError:
     )
 
 
+def authored_fields(model: BaseModel) -> dict[str, Any]:
+    """The fields the model's author set, as `model_dump(exclude_unset=True)` gives them, and
+    also those set by assignment inside a section left to its default (`sc.cluster.num_instances
+    = 3` marks the field set on `cluster` but not `cluster` on the scenario, so the plain dump
+    dropped it: a sweep point then ran one instance where `simulate(sc)` ran three)."""
+    data: dict[str, Any] = {}
+    given = model.model_fields_set
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            section = authored_fields(value)
+            if section or name in given:
+                data[name] = section
+        elif name in given:
+            data[name] = model.model_dump(mode="python", include={name}, exclude_unset=True)[name]
+    return data
+
+
 def apply_overrides(
     scenario: Scenario, overrides: dict[str, Any], source: str = "overrides"
 ) -> "Scenario":
@@ -798,7 +841,7 @@ def apply_overrides(
     defaults are still defaults: a rule that reads "left unset" (blackbox when alpha/beta
     coefficients come without a model, a node pool's memory from its GPU) reads the copy as
     it read the original."""
-    data = scenario.model_dump(mode="python", exclude_unset=True)
+    data = authored_fields(scenario)
     full: dict[str, Any] | None = None  # every field, defaults included: what a path crosses
     for dotted, value in overrides.items():
         node = data

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from .errors import ConfigError, in_field, invalid
+from .errors import ConfigError, invalid
 from .limits import Gpus, TimeUs, integer
 
 if TYPE_CHECKING:
@@ -116,8 +116,12 @@ def build_speculation(
         from .catalog.precision import apply_precision, served_dtype
         from .latency import build_step_time_model
 
-        with in_field("speculative.draft_model"):
+        try:
             draft_config = load_model(spec.draft_model)
+        except ConfigError as exc:
+            # The loader names the target's field (`model: path ... does not exist`).
+            why = str(exc).removeprefix("model: ")
+            raise type(exc)(f"speculative.draft_model: {why}") from None
         draft = apply_precision(draft_config, gpu, "auto", scenario.engine.kv_cache_dtype)
         lat = scenario.latency
         draft_latency_model = spec.draft_latency_model or lat.model
@@ -135,7 +139,11 @@ def build_speculation(
                 draft_latency_model, draft, gpu, draft_tp, None, None, lat.vllm_version
             )
         except ConfigError as exc:
-            raise type(exc)(f"{draft_field} (pricing the draft model): {exc}") from None
+            # A drafter takes no coefficients of its own: the way out is another model.
+            raise type(exc)(
+                f"{draft_field} (pricing the draft model): {exc}; for the draft model alone, "
+                "set speculative.draft_latency_model (e.g. roofline)"
+            ) from None
         drafter = DraftModelDrafter(
             draft_step.decode_step_time_us,
             overhead,

@@ -37,7 +37,7 @@ from .input_files import (
 from .interruption import ignore_interrupts_in_worker
 from .limits import MAX_SEED, MAX_SWEEP_RUNS
 from .metrics.study import TEXT_COLUMNS, SweepTables, summarize_points
-from .scenario import Scenario, TraceSpec, not_a_section, scenario_from_dict
+from .scenario import Scenario, TraceSpec, authored_fields, not_a_section, scenario_from_dict
 from .version import package_version
 from .workload.spec import format_spec_error, model_classes
 from .workload.synthetic import V2_EQUIVALENTS
@@ -164,7 +164,7 @@ def _unset_fields(base: Scenario, paths: list[str], source: str) -> Scenario:
     Only what the base's author set is carried over, as `apply_overrides` does: re-validating
     every default as if given would refuse a constant length's defaulted gaussian bounds and
     take a preset's lengths for given ones."""
-    data = base.model_dump(mode="python", exclude_unset=True)
+    data = authored_fields(base)
     for dotted in paths:
         *parents, leaf = dotted.split(".")
         node: Any = data

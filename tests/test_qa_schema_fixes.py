@@ -86,11 +86,12 @@ def test_an_unknown_pd_decider_names_its_field(tmp_path):
 @pytest.mark.parametrize("value", ["0.23", "1", "0.10"])
 def test_an_unquoted_vllm_version_is_refused_with_a_hint_to_quote_it(tmp_path, value):
     message = _refusal(tmp_path, f"latency: {{vllm_version: {value}}}\n")
-    read = repr(float(value)) if "." in value else value  # what YAML made of it
     assert (
-        f"latency.vllm_version: expected a version string, not a number: YAML reads {read} "
-        f'unquoted as a number; quote it (vllm_version: "{read}")'
+        "latency.vllm_version: expected a version string, not a number: YAML reads an unquoted "
+        'version as a number (0.10 as 0.1); quote it as written, e.g. vllm_version: "0.23.0"'
     ) in message
+    # No version is suggested from the number, which may have lost digits (0.10 -> "0.1").
+    assert 'vllm_version: "0.1"' not in message
 
 
 def test_a_quoted_vllm_version_and_a_boolean_are_told_as_before(tmp_path):
@@ -124,6 +125,24 @@ def test_a_relative_model_path_resolves_from_the_scenarios_folder(tmp_path, monk
     from simulator.deployment import resolve_deployment
 
     assert resolve_deployment(scenario).model.name == "mycfg"
+
+
+def test_deployment_and_draft_model_paths_resolve_from_the_scenarios_folder(tmp_path, monkeypatch):
+    """Every `model` a scenario names by path follows the same rule: a deployment's and the
+    drafter's too (they resolved from the working folder)."""
+    sub = _model_folder(tmp_path)
+    path = sub / "s.yaml"
+    path.write_text(
+        "deployments: [{name: a, model: ./mycfg/config.json}]\n"
+        "speculative: {method: draft_model, draft_model: ./mycfg, num_speculative_tokens: 2,"
+        " acceptance_rate: 0.5}\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    scenario = load_scenario(path)
+    assert Path(scenario.deployments[0].model) == sub / "mycfg" / "config.json"
+    assert Path(scenario.speculative.draft_model) == sub / "mycfg"
 
 
 def test_a_missing_relative_model_path_is_told_from_the_scenarios_folder(tmp_path):
@@ -161,7 +180,10 @@ def test_a_model_name_stays_a_name(tmp_path):
 def test_the_scenario_doc_lists_model_among_the_relative_paths():
     intro = (DOCS / "scenario.md").read_text().split("```", 1)[0]
     paths = " ".join(intro.split("Relative paths inside a", 1)[1].split())
-    assert "resolve from the scenario's folder, and so does `model` when it is a path" in paths
+    assert (
+        "resolve from the scenario's folder, and so do `model`, `deployments[].model` and "
+        "`speculative.draft_model` when they are paths"
+    ) in paths
 
 
 def _run_help() -> dict[str, str]:

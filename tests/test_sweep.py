@@ -778,3 +778,20 @@ def test_run_keys_of_folders_written_before_the_fix_still_resume(
     monkeypatch.setattr(sweep_mod, "_simulate_row", boom)
     again = sweep(BASE, {"workload.rate": [10.0, 20.0]}, seeds=[1], workers=1, out=out)
     assert again.skipped == 2 and again.simulated == 0
+
+
+def test_a_field_assigned_inside_a_default_section_survives_a_point() -> None:
+    """`sc.cluster.num_instances = 3` marks the field set on `cluster` but not `cluster` on the
+    scenario: a null grid value (and any override) re-read the scenario without it, so every
+    point ran one instance where `simulate(sc)` ran three."""
+    from simulator.scenario import apply_overrides
+    from simulator.sweeps import _point_scenario
+
+    base = simulator.Scenario(workload={"num_requests": 5})
+    base.cluster.num_instances = 3
+    base.cluster.routing.policy = "least-loaded"
+    point = _point_scenario(base, {"engine.total_kv_blocks": None}, seed=1)
+    assert (point.cluster.num_instances, point.cluster.routing.policy) == (3, "least-loaded")
+    overridden = apply_overrides(base, {"engine.max_num_running_reqs": 8})
+    assert overridden.cluster.num_instances == 3
+    assert overridden.engine.max_num_running_reqs == 8

@@ -629,14 +629,19 @@ def default_coefficients(
     return coefficients, source
 
 
+# The GPU figures physics prices a step from; memory and the roofline's MFU never reach it.
+_PRICED_FIGURES = ("tflops_peak", "tflops_fp8", "tflops_fp8_dense", "tflops_fp4", "bw_peak_tbs")
+
+
 def _is_builtin_gpu(gpu: GPUSpec) -> bool:
-    """Whether `gpu` has the figures of the built-in GPU of its name (its source aside)."""
+    """Whether `gpu` has the priced figures of the built-in GPU of its name."""
     from simulator.catalog.hardware import get_gpu
 
     try:
-        return get_gpu(gpu.name) == gpu
+        builtin = get_gpu(gpu.name)
     except ConfigError:
         return False
+    return all(getattr(builtin, f) == getattr(gpu, f) for f in _PRICED_FIGURES)
 
 
 def coefficients_from_mapping(data: Mapping[str, Any], where: str) -> PhysicsCoefficients:

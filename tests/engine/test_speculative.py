@@ -415,6 +415,16 @@ def test_the_drafter_takes_kv_capacity_from_an_auto_sized_cache():
         ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5,
           "draft_model": "meta-llama/llama-3.1-8b-instruct", "draft_latency_model": "bogus"},
          r"^speculative\.draft_latency_model \(pricing the draft model\): unknown latency"),
+        # A path the loader cannot read blamed the target's `model` field.
+        ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5,
+          "draft_model": "./nope.json"},
+         r"^speculative\.draft_model: path '\./nope\.json' does not exist"),
+        # A drafter has no coefficients to give: the advice is another latency model.
+        ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5,
+          "draft_model": "meta-llama/llama-3.1-8b-instruct", "draft_latency_model": "blackbox",
+          "draft_tp": 4},
+         r"^speculative\.draft_latency_model \(pricing the draft model\): blackbox: .*; for "
+         r"the draft model alone, set speculative\.draft_latency_model \(e\.g\. roofline\)$"),
     ],
 )  # fmt: skip
 def test_bad_speculative_sections_name_the_field(spec, message):

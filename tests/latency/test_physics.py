@@ -388,6 +388,9 @@ def test_a_gpu_entry_named_as_the_fits_gpu_with_other_figures_is_not_calibrated(
     assert "differ from the built-in H100" in provenance["coefficients"]
     same = replace(H100, source="GPU file 'h100.yaml'")
     assert PhysicsModel(LLAMA2_7B, same, 1).provenance()["gpu_covered_by_fit"] is True
+    # Memory and the roofline's MFU are not what physics prices a step from.
+    other_memory = replace(H100, memory_gib=79.6, mfu_decode=0.2, source="GPU file 'h100.yaml'")
+    assert PhysicsModel(LLAMA2_7B, other_memory, 1).provenance()["gpu_covered_by_fit"] is True
 
 
 def test_coefficients_file_round_trip_and_errors(tmp_path: Path) -> None:

@@ -342,3 +342,21 @@ def test_an_unknown_preset_in_a_scenario_names_its_field() -> None:
 
     with pytest.raises(ConfigError, match=r"^workload\.preset: unknown workload preset 'chatbott'"):
         simulator.simulate({"workload": {"preset": "chatbott", "num_requests": 5}})
+
+
+def test_a_constant_law_dumped_with_the_former_defaults_reads_back() -> None:
+    """Results saved before 2026-12-07 carry a constant law with the gaussian defaults filled
+    in (mean 512, stdev 256, min 2, max 7000); `simulate(result.scenario)` must still run it.
+    A gaussian field that is not a former default is still refused."""
+    import simulator
+
+    dumped = {"distribution": "constant", "mean": 512.0, "stdev": 256.0, "min": 2, "max": 7000}
+    scenario = simulator.Scenario(
+        workload={"num_requests": 5, "output_tokens": {**dumped, "value": 7}}
+    )
+    assert scenario.workload.output_tokens.mean is None
+    assert scenario.workload.output_tokens.value == 7
+    with pytest.raises(ConfigError, match=r"workload\.output_tokens\.mean: invalid value 500"):
+        simulator.simulate(
+            {"workload": {"num_requests": 5, "output_tokens": {**dumped, "mean": 500, "value": 7}}}
+        )
