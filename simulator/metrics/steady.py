@@ -210,7 +210,12 @@ def judge(records: Sequence[Any]) -> SteadyState:
                 f"{counts[1]} → {counts[2]} over the window, {excess[1]} → {excess[2]} beyond "
                 f"the arrivals of the last median E2E ({e2e_median_s:,.1f} s) in its second half"
             )
-    if state.verdict == "saturated" or _lost_or_unfinished(state, n):
+    if state.verdict == "saturated":
+        # Still said: a run whose requests were dropped (at a decode instance's KV, say) never
+        # served them, and they count in its backlog; the loss is the first thing to see.
+        state.reasons.extend(_loss_reasons(state, n))
+        return state
+    if _lost_or_unfinished(state, n):
         return state
     if not settled:
         state.verdict = "too short"
@@ -222,18 +227,25 @@ def judge(records: Sequence[Any]) -> SteadyState:
     return state
 
 
-def _lost_or_unfinished(state: SteadyState, n: int) -> bool:
-    """Judge `state` "not steady" if requests were unfinished at the end or more than
-    LOSS_FRACTION of the `n` lost; whether it did. Said before "too short": a run that lost
-    requests is not steady however long it ran, and only this verdict warns."""
+def _loss_reasons(state: SteadyState, n: int) -> list[str]:
+    """What the run left undone: requests unfinished at the end, and more than LOSS_FRACTION
+    of the `n` lost."""
+    reasons = []
     if state.unfinished_at_end:
-        state.verdict = "not steady"
-        state.reasons.append(
+        reasons.append(
             f"{state.unfinished_at_end} requests were still queued or running at the end"
         )
     if state.lost_requests > LOSS_FRACTION * n:
+        reasons.append(f"{state.lost_requests} of {n} requests were dropped, timed out or failed")
+    return reasons
+
+
+def _lost_or_unfinished(state: SteadyState, n: int) -> bool:
+    """Judge `state` "not steady" if it left requests undone (`_loss_reasons`); whether it
+    did. Said before "too short": a run that lost requests is not steady however long it ran,
+    and only this verdict warns."""
+    reasons = _loss_reasons(state, n)
+    if reasons:
         state.verdict = "not steady"
-        state.reasons.append(
-            f"{state.lost_requests} of {n} requests were dropped, timed out or failed"
-        )
-    return state.verdict == "not steady"
+        state.reasons.extend(reasons)
+    return bool(reasons)

@@ -143,6 +143,12 @@ def test_judge_by_hand():
     assert judge(steady[:20]).verdict == "too short"
     rejected = steady + [_req(2_000_000 + i, state=RequestState.REJECTED) for i in range(500)]
     assert judge(rejected).verdict == "steady"  # refusals never queued
+    # A saturated run that also lost requests says so (QA: a PD run that dropped 28 of 50 at
+    # its decode instances' KV read only "saturated: the backlog grew").
+    dropped = [_req(r.arrival_us, state=RequestState.DROPPED) for r in growing[:9]]
+    verdict = judge(dropped + growing[9:])
+    assert verdict.verdict == "saturated"
+    assert verdict.reasons[-1] == "9 of 200 requests were dropped, timed out or failed"
 
 
 def test_lost_or_unfinished_requests_say_not_steady_before_too_short():
