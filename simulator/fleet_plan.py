@@ -213,15 +213,8 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
     hardware = d.hardware
     if hardware is None and d.pool is not None:
         hardware = next(p.gpu_type for p in scenario.node_pools if p.name == d.pool)
-    changes = {
-        "model": d.model,
-        "hardware": hardware,
-        "tp": d.tp,
-        "pp": d.pp,
-        "latency.model": d.latency_model,
-        "engine.total_kv_blocks": d.total_kv_blocks,
-        "engine.max_model_len": d.max_model_len,
-    }
+    changes = {"model": d.model, "hardware": hardware, "tp": d.tp, "pp": d.pp}
+    changes |= {path: getattr(d, field) for field, path in _SCENARIO_FIELD.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
     if d.ep is not None or d.enable_expert_parallel is not None:
         # A deployment that sets either expert option sets both: half inherited from the
@@ -249,7 +242,8 @@ def _resolve_named_deployment(scenario: Scenario, d: DeploymentSpec) -> Deployme
         ) from None
 
 
-# A deployment's field -> the scenario's field it sets when the deployment is resolved.
+# A deployment's field -> the scenario's field of another name it sets when the deployment is
+# resolved (model, hardware, tp and pp keep their names).
 _SCENARIO_FIELD = {
     "latency_model": "latency.model",
     "total_kv_blocks": "engine.total_kv_blocks",

@@ -35,7 +35,10 @@ from .errors import ConfigError, excerpt, invalid
 from .input_files import read_json, read_yaml
 from .scenario import DEFAULT_LATENCY_MODEL
 from .workload.server_settings import (
+    HEADER_SERVER_FIELDS,
     SERVER_CONFIG,
+    SERVER_CONFIG_FIELDS,
+    header_server,
     recorded_prefix_caching,
     server_config_near,
     vllm_batch_defaults_for,
@@ -388,16 +391,14 @@ def _server_config(cell: Path) -> tuple[Path, dict[str, Any]]:
     return path, config
 
 
-# A trace header's `server` key for each server_config.json key `_cell_spec` reads: the header
-# outranks the configuration, as in `server_settings.recorded_server`.
+# A trace header's `server` key for each server_config.json key `_cell_spec` reads (the two
+# keys that set the same scenario field): the header outranks the configuration, as in
+# `server_settings.recorded_server`.
 _HEADER_KEYS = {
-    "model": "model",
-    "tensor_parallel_size": "tensor_parallel",
-    "tensor_parallelism": "tensor_parallel",
-    "max_num_seqs": "max_num_seqs",
-    "block_size": "block_size",
-    "max_model_len": "max_model_len",
-    "max_seq_len": "max_model_len",
+    config_key: header_key
+    for config_key, path in SERVER_CONFIG_FIELDS.items()
+    for header_key, header_path in HEADER_SERVER_FIELDS.items()
+    if header_path == path
 }
 
 
@@ -409,13 +410,7 @@ def _cell_spec(dataset: Path, cell: Path) -> RunSpec:
 
     config_path, server = _server_config(cell)
     header_path = cell / TRACE_HEADER
-    recorded = read_header(header_path).get("server")
-    # Only what the header records (replay skips empty and zero entries the same way).
-    header = {
-        key: value
-        for key, value in (recorded if isinstance(recorded, dict) else {}).items()
-        if value not in (None, "", 0)
-    }
+    header = header_server(read_header(header_path))
 
     unrecorded: dict[str, int] = {}
 

@@ -32,6 +32,7 @@ from ..metrics.results import Result
 from ..metrics.slo import SloPolicy, slo_report
 from ..metrics.steady import judge
 from ..metrics.summary import compute_summary
+from ..metrics.views.instances import created_slots
 from ..rng import subsystem_rng
 from ..scenario import ClusterSpec, PDSpec
 from ..workload.generator import SessionManager
@@ -575,10 +576,11 @@ def run_simulation(
     if len(engines) > 1:
         # Instance-level views count what each engine served: sub-requests, not parents.
         by_instance = served_stats(arrived, pd.parents if pd is not None else (), instance_ids)
-        for i, (iid, record) in enumerate(zip(instance_ids, records, strict=True)):
-            if infra is not None and infra.records[i].state is None:
-                continue  # a slot the fleet never used
-            per_instance.append(compute_summary(iid, by_instance[i], [record], end_of(record)))
+        for i in created_slots(len(records), infra):  # not the slots the fleet never used
+            record = records[i]
+            per_instance.append(
+                compute_summary(instance_ids[i], by_instance[i], [record], end_of(record))
+            )
     result = Result(
         summary=summary,
         request_records=arrived,

@@ -328,6 +328,15 @@ def _shown(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
+def header_server(header: dict[str, Any]) -> dict[str, Any]:
+    """A trace header's `server` section, without the entries that record nothing (null,
+    empty, 0): what a replay, and validate, take from it."""
+    server = header.get("server")
+    if not isinstance(server, dict):
+        return {}
+    return {name: value for name, value in server.items() if value not in (None, "", 0)}
+
+
 def recorded_server(
     trace_header: str | os.PathLike[str] | None,
     trace_data: str | os.PathLike[str],
@@ -352,10 +361,9 @@ def recorded_server(
             recorded["latency.vllm_version"] = version
         settings.update(recorded)
         sources.update(dict.fromkeys(recorded, config.name))
-    server = read_header(trace_header).get("server") if trace_header is not None else None
-    server = server if isinstance(server, dict) else {}
+    server = header_server(read_header(trace_header)) if trace_header is not None else {}
     for name, path in HEADER_SERVER_FIELDS.items():
-        if server.get(name) not in (None, "", 0):
+        if name in server:
             settings[path] = server[name]
             sources[path] = "trace header"
     # Only a vLLM server took vLLM's defaults (a trace servesim exported records its own).

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 def created_slots(count: int, infrastructure: FleetRecord | None) -> list[int]:
     """Indices of the `count` instances that existed in the run: all of them, except a
-    changing fleet's slots that were never created (state None; the per-instance summary
-    blocks skip them too, cluster.py). Such a slot never ran, so as a row of zeros it would
+    changing fleet's slots that were never created (state None). `infrastructure` is the
+    run's fleet record, or the live fleet (cluster.py's per-instance summaries), whose
+    `records` are the same. Such a slot never ran, so as a row of zeros it would
     pass for an idle instance: lower HOL's mean queue and BLIS's mean hit rate, and count as
     an instance HOL could compare with."""
     if infrastructure is None:
