@@ -644,8 +644,7 @@ def plan(
 
     probes: list[dict[str, Any]] = []
     answers: list[dict[str, Any]] = []
-    not_planned: list[str] = []
-    unplanned: set[str] = set()
+    not_planned: dict[str, str] = {}  # GPU -> why it was not planned
     provenance: dict[str, dict[str, Any]] = {}
     layouts: dict[str, str] = {}
     # Each GPU's batch limits: unset ones are a stock vLLM server's on that GPU under physics
@@ -772,8 +771,7 @@ def plan(
             # or the model lacks what the formula needs): its runs would price a machine that
             # cannot exist, so the GPU is not planned.
             found = None
-            unplanned.add(gpu)
-            not_planned.append(
+            not_planned[gpu] = (
                 f"{gpu}: not planned: the model does not fit its {_layout_text(unfit[0])} "
                 "layout (no KV capacity; see the KV-capacity warning); a larger TP, or "
                 "engine.total_kv_blocks given explicitly, plans it"
@@ -863,8 +861,8 @@ def plan(
         max_instances=max_instances,
         prices_usd_per_gpu_hour={g: price_table.get(g.lower(), math.nan) for g in gpu_names},
         # A GPU not planned was never simulated: its evidence compares nothing.
-        warnings=not_planned
-        + mixed_evidence({g: p for g, p in provenance.items() if g not in unplanned}),
+        warnings=list(not_planned.values())
+        + mixed_evidence({g: p for g, p in provenance.items() if g not in not_planned}),
         min_attainment=float(min_attainment),
         targets={**own, **targets},
         run_requests=run_requests,
