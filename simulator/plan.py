@@ -527,6 +527,28 @@ def plan(
             "added one would go unpriced; remove `events` to plan the fleet, then run the "
             "chosen fleet with them (`servesim run`, or `sweep` over cluster.num_instances)"
         )
+    if sc.autoscaler:
+        # The autoscaler adds instances the probe's price does not count: a probe of one
+        # instance that it grows to three would "meet the SLOs at 1 instance".
+        scaler = sc.autoscaler[0]
+        raise ConfigError(
+            f"plan: the scenario has an `autoscaler` (autoscaler[0]: {scaler.signal}, "
+            f"{scaler.min_instances}-{scaler.max_instances} instances), which plan does not "
+            "take: a probe's price counts cluster.num_instances, and the autoscaler would run "
+            "more than that; remove `autoscaler` to plan the fixed fleet, then run the chosen "
+            "fleet with it (`servesim run`)"
+        )
+    if sc.node_pools:
+        # Node pools bound the fleet by their nodes and price it per node; plan prices GPUs
+        # per instance and grows the count past what the pools could place.
+        first_pool = sc.node_pools[0]
+        raise ConfigError(
+            f"plan: the scenario has `node_pools` (node_pools[0]: {first_pool.name}, "
+            f"{first_pool.max_nodes} x {first_pool.gpus_per_node} {first_pool.gpu_type}), "
+            "which plan does not take: it prices each instance's GPUs at --price and searches "
+            "instance counts the pools' nodes may not hold; remove `node_pools` to plan the "
+            "fleet, then run the chosen fleet on its nodes (`servesim run`)"
+        )
     pools = sc.cluster.pd
     own_gpu = [
         f"cluster.pd.{role}.hardware ({pool.hardware})"

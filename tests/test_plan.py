@@ -689,3 +689,48 @@ def test_gpus_never_planned_draw_no_evidence_warning() -> None:
     assert list(res.per_gpu["evidence"]) == ["calibrated", "transferred"]
     assert len(res.warnings) == 2
     assert all(": not planned: " in w for w in res.warnings)
+
+
+@pytest.mark.parametrize(
+    ("extra", "start"),
+    [
+        (
+            {
+                "autoscaler": [
+                    {
+                        "signal": "in_flight",
+                        "scale_up_threshold": 24,
+                        "scale_down_threshold": 6,
+                        "min_instances": 1,
+                        "max_instances": 3,
+                    }  # fmt: skip
+                ]
+            },
+            "plan: the scenario has an `autoscaler` (autoscaler[0]: in_flight, 1-3 instances), "
+            "which plan does not take",
+        ),
+        (
+            {
+                "node_pools": [
+                    {
+                        "name": "h100",
+                        "gpu_type": "H100",
+                        "gpus_per_node": 2,
+                        "initial_nodes": 1,
+                        "min_nodes": 1,
+                        "max_nodes": 1,
+                    }  # fmt: skip
+                ]
+            },
+            "plan: the scenario has `node_pools` (node_pools[0]: h100, 1 x 2 H100), which plan "
+            "does not take",
+        ),
+    ],
+)
+def test_autoscaled_or_node_pool_fleets_are_refused(extra, start, no_simulation) -> None:
+    """QA: an autoscaled scenario's one-instance probe, grown to three by its autoscaler at
+    60 req/s, "met the SLOs at 1 instance" priced as one GPU; node pools price per node and
+    bound the count plan searches. Both are refused, saying why, before any probe runs."""
+    with pytest.raises(ConfigError) as err:
+        plan({**BASE, **extra}, SLO, workers=1)
+    assert str(err.value).startswith(start)
