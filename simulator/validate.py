@@ -243,7 +243,12 @@ def default_groundtruth(command: str = "ground truth") -> Path:
     )
 
 
-def discover_runs(folder: Path, forced_output: bool = True, traces: bool = False) -> list[RunSpec]:
+def discover_runs(
+    folder: Path,
+    forced_output: bool = True,
+    traces: bool = False,
+    names: Sequence[str] | None = None,
+) -> list[RunSpec]:
     """Every `requests/<run>.requests.csv` with its meta.json, sorted by dataset and run; with
     `traces`, also every BLIS observe cell (`<cell>/trace.yaml` + `trace.csv` with a
     `server_config.json` in the cell's folder or the folder above), after them.
@@ -252,7 +257,8 @@ def discover_runs(folder: Path, forced_output: bool = True, traces: bool = False
     (ignore_eos) replays every successful request at that length (`forced_output_tokens`);
     without it (the README's replay) at the count the client reported, which undercounts.
     `traces` is off by default so that callers that read the request CSVs themselves
-    (calibrate's ground-truth cases) see only that layout."""
+    (calibrate's ground-truth cases) see only that layout. With `names`, only the runs
+    `select_runs` would keep are read, so that another run's broken files do not stop them."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"ground truth: {str(folder)!r} is not a folder")
@@ -271,19 +277,21 @@ def discover_runs(folder: Path, forced_output: bool = True, traces: bool = False
             + (" or vllm-0.23.0-h100-qwen3-14b/<cell>/trace.yaml" if traces else "")
             + ")"
         )
-    runs = []
+    # (name, how to read it): a run's files are read only once it is selected.
+    found: list[tuple[str, Callable[[], RunSpec]]] = []
     for dataset in datasets:
         for csv_path in sorted((dataset / "requests").glob(f"*{REQUESTS_SUFFIX}")):
             name = csv_path.name.removesuffix(REQUESTS_SUFFIX)
-            spec = _run_spec(dataset, name, csv_path)
-            if not forced_output:
-                spec = dataclasses.replace(spec, forced_output_tokens=None)
-            runs.append(spec)
+            found.append((name, functools.partial(_run_spec, dataset, name, csv_path)))
     for dataset, cell_folders in cells:
-        runs.extend(_cell_spec(dataset, cell) for cell in cell_folders)
-    if not runs:
+        found.extend((c.name, functools.partial(_cell_spec, dataset, c)) for c in cell_folders)
+    if not found:
         raise ConfigError(f"ground truth: no *{REQUESTS_SUFFIX} files under {str(folder)!r}")
-    return runs
+    selected = set(_selected_names([name for name, _ in found], names))
+    runs = [read() for name, read in found if name in selected]
+    if forced_output:
+        return runs
+    return [dataclasses.replace(spec, forced_output_tokens=None) for spec in runs]
 
 
 def _require(data: dict, key: str, where: Path) -> Any:
@@ -519,15 +527,20 @@ def check_warm_up_s(value: Any, field_name: str = "warm_up_s") -> float:
 
 def select_runs(runs: list[RunSpec], names: Sequence[str] | None) -> list[RunSpec]:
     """Runs whose name equals or contains one of `names`; a name matching none is an error."""
+    keep = set(_selected_names([r.name for r in runs], names))
+    return [r for r in runs if r.name in keep]
+
+
+def _selected_names(available: list[str], names: Sequence[str] | None) -> list[str]:
+    """The names of `available` that equal or contain one of `names` (all when none)."""
     if not names:
-        return runs
+        return available
     for wanted in names:
-        if not any(wanted in r.name for r in runs):
+        if not any(wanted in name for name in available):
             raise ConfigError(
-                f"--runs: no run matches {excerpt(wanted)}; "
-                f"available: {', '.join(r.name for r in runs)}"
+                f"--runs: no run matches {excerpt(wanted)}; available: {', '.join(available)}"
             )
-    return [r for r in runs if any(wanted in r.name for wanted in names)]
+    return [name for name in available if any(wanted in name for wanted in names)]
 
 
 # ------------------------------------------------------------------------------------ scoring
@@ -1188,7 +1201,7 @@ def validate_datasets(
     if vllm_version is not None:
         version_key(vllm_version, "vllm_version")
 
-    specs = select_runs(discover_runs(Path(folder), forced_output, traces=traces), runs)
+    specs = discover_runs(Path(folder), forced_output, traces=traces, names=runs)
     rows, load, outcomes = [], [], []
     for spec in specs:
         overrides = dict(extra_overrides or {})

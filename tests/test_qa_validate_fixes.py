@@ -97,6 +97,26 @@ def test_a_bad_header_value_names_the_header(tmp_path: Path) -> None:
         discover_runs(dataset, traces=True)
 
 
+def test_selecting_runs_does_not_read_the_others(tmp_path: Path) -> None:
+    """QA: `validate --runs cellA` failed on cellB's bad header, a run it was not asked to
+    read; the names are known from the folders, and only the selected runs' files are read.
+    The bad cell still fails when it is selected (or when every run is)."""
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    shutil.copy(V23 / "server_config.json", dataset / "server_config.json")
+    _cell(dataset / "cellA")
+    _cell(dataset / "cellB", {"type": "vllm", "max_num_seqs": -3})
+    (run,) = discover_runs(dataset, traces=True, names=["cellA"])
+    assert run.name == "cellA"
+    for names in (["cellB"], None):
+        with pytest.raises(ConfigError, match=r"cellB.*trace\.yaml'.*server\.max_num_seqs"):
+            discover_runs(dataset, traces=True, names=names)
+    with pytest.raises(
+        ConfigError, match=r"--runs: no run matches 'cellC'; available: cellA, cellB"
+    ):
+        discover_runs(dataset, traces=True, names=["cellC"])
+
+
 # ------------------------------------------------- 2: a cell with its own server_config.json
 
 
