@@ -159,6 +159,42 @@ def network_ms(
     return rtt_ms + upload_ms, rtt_ms + upload_ms + download_ms
 
 
+# A simulated run whose requests share ids with the recording but not their prompts is a
+# replay of something else (ids are 0, 1, 2, ... in every run): at or above this share of the
+# matched requests, the report refuses it rather than scoring unrelated requests.
+OTHER_RUN_SHARE = 0.1
+
+
+def prompt_tokens_of(row: Any) -> tuple[int, ...]:
+    """The prompt lengths a replay of `row` may record: the suffix it sends (a v3 export keeps
+    a group's prefix apart) or, for a prefix-group row, the suffix with its prefix (a Result,
+    or a v2 export, counts the whole prompt)."""
+    from .workload.trace import REPLAY_PREFIX_TOKENS
+
+    tokens = (row.replay_input_tokens,)
+    if row.prefix_group:
+        prefix = REPLAY_PREFIX_TOKENS if row.prefix_length is None else row.prefix_length
+        tokens += (row.input_tokens + prefix,)
+    return tokens
+
+
+def refuse_another_run(
+    other_prompt: list[tuple[str, int, int]], matched: int, real_data: Path, simulated: Any
+) -> None:
+    """Refuse a simulated side whose matched requests' prompts are not the recording's."""
+    if not other_prompt or len(other_prompt) < OTHER_RUN_SHARE * matched:
+        return
+    rid, real_tokens, sim_tokens = other_prompt[0]
+    side = repr(str(simulated)) if isinstance(simulated, str | Path) else "the simulated run"
+    raise ConfigError(
+        f"calibration report: {side} is not a replay of {str(real_data)!r}: "
+        f"{len(other_prompt):,} of the {matched:,} requests matched by id have another prompt "
+        f"length (request {rid}: {real_tokens:,} tokens recorded, {sim_tokens:,} simulated); "
+        "replay this trace (`servesim replay --trace-header ... --trace-data ... "
+        "--trace-output SIM`) and compare SIM.csv"
+    )
+
+
 def join(
     real_header: Path,
     real_data: Path,
@@ -197,6 +233,7 @@ def join(
     first_sent_us = min(sent, default=0)
     real_ttft, sim_ttft, real_e2e, sim_e2e = [], [], [], []
     skipped_status = unmatched = early = unstreamed = 0
+    other_prompt: list[tuple[str, int, int]] = []  # (request id, real, simulated) tokens
     for i, row in enumerate(rows):
         if i < warm_up:
             continue
@@ -211,6 +248,8 @@ def join(
             unmatched += 1
             continue
         ttft_us, e2e_us, n_in, n_out = simulated_row
+        if n_in not in prompt_tokens_of(row):
+            other_prompt.append((row.request_id, row.replay_input_tokens, n_in))
         added_ttft_ms, added_e2e_ms = network_ms(
             header, n_in, n_out, rtt_ms, network_bandwidth_mbps
         )
@@ -223,6 +262,7 @@ def join(
             continue
         real_ttft.append((row.first_chunk_time_us - sent_us) / 1e3)
         sim_ttft.append(ttft_us / 1e3 + added_ttft_ms)
+    refuse_another_run(other_prompt, len(real_e2e), real_data, simulated)
     if not real_e2e:
         raise ConfigError(
             nothing_to_compare(
@@ -241,6 +281,8 @@ def join(
         **({"warm_up_s_skipped": early} if warm_up_s > 0 else {}),
         "unmatched": unmatched,
         "matched": len(real_e2e),
+        # Matched by id with another prompt length: fewer than the share refused above.
+        **({"prompt_tokens_differ": len(other_prompt)} if other_prompt else {}),
         # Matched but not streamed: E2E only (no measured TTFT).
         **({"not_streamed": unstreamed} if unstreamed else {}),
         "rtt_ms": rtt_ms,

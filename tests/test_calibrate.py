@@ -257,6 +257,45 @@ def test_cli_report_only_with_a_simulated_trace(real_trace) -> None:
     assert "quality excellent" in result.output
 
 
+def test_cli_report_refuses_a_simulated_trace_of_another_run(real_trace, tmp_path) -> None:
+    """QA: --sim-trace joins by request id alone, and ids are 0, 1, 2, ... in every run: a
+    replay of another cell was scored as this one (MAPE 25 %, "poor", no warning). A
+    simulated side whose matched prompts differ (here every prompt 7 tokens longer, in at
+    least OTHER_RUN_SHARE of them) is refused; one differing prompt is only counted."""
+    import csv
+
+    from simulator.calibration_report import OTHER_RUN_SHARE
+
+    header, data = real_trace
+    with open(data, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+
+    def with_longer_prompts(count: int, name: str) -> Path:
+        changed = [dict(r) for r in rows]
+        ok = [r for r in changed if r["status"] == "ok"]
+        for r in ok[:count]:
+            r["input_tokens"] = str(int(r["input_tokens"]) + 7)
+            r["server_input_tokens"] = ""
+        path = tmp_path / name
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(changed)
+        return path
+
+    matched = sum(r["status"] == "ok" for r in rows)
+    args = ["calibrate", "--trace-header", str(header), "--trace-data", str(data)]
+    other = with_longer_prompts(matched, "other.csv")
+    result = CliRunner().invoke(app, [*args, "--sim-trace", str(other)])
+    assert result.exit_code == 2, result.output
+    assert f"'{other}' is not a replay of '{data}': {matched:,} of the {matched:,}" in result.output
+    one = with_longer_prompts(1, "one.csv")
+    assert OTHER_RUN_SHARE * matched > 1
+    report = calibration_report(header, data, one)
+    assert report["trace_info"]["prompt_tokens_differ"] == 1
+    assert "prompt_tokens_differ" not in calibration_report(header, data, data)["trace_info"]
+
+
 def test_cli_report_refuses_a_real_trace_whose_times_go_backwards(real_trace, tmp_path) -> None:
     """A first chunk before its send printed a negative TTFT MAPE, rated "good"."""
     import csv
