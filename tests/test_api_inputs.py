@@ -130,6 +130,11 @@ def test_outputs_and_plots_name_a_wrong_argument(tmp_path, monkeypatch):
         plots.write_plots(run, 6)
     with pytest.raises(ConfigError, match="^result: expected a Result .*; got str 'x'"):
         plots.latency_cdfs("x")
+    # QA: these two raised AttributeError ('int' object has no attribute 'requests'/'steps').
+    with pytest.raises(ConfigError, match=r"^compare_latency_cdfs: results\['a'\]: expected a "):
+        plots.compare_latency_cdfs({"ok": run, "a": 5})
+    with pytest.raises(ConfigError, match="^result: expected a Result .*; got int 5"):
+        plots.instance_capacities(5)
     assert list(tmp_path.iterdir()) == []  # nothing written into the working folder
 
 

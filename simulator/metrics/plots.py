@@ -40,15 +40,15 @@ MAX_BANDS = 8
 _NICE_STEPS = (1, 2, 5)
 
 
-def _require_result(result: Any) -> None:
+def _require_result(result: Any, argument: str = "result") -> None:
     """A plot's `result` is a run (`simulate`'s Result or `load_result`'s SavedResult):
-    anything else is a ConfigError naming the argument, not an AttributeError from inside."""
+    anything else is a ConfigError naming the `argument`, not an AttributeError from inside."""
     kind = type(result)
     fields = getattr(kind, "__dataclass_fields__", {})  # a SavedResult holds its frames as fields
     frames = all(hasattr(kind, name) or name in fields for name in ("requests", "steps"))
     if not (frames and isinstance(getattr(result, "summary", None), dict)):
         raise ConfigError(
-            "result: expected a Result (simulate) or a SavedResult (load_result); got "
+            f"{argument}: expected a Result (simulate) or a SavedResult (load_result); got "
             f"{type(result).__name__} {excerpt(result)}"
         )
 
@@ -218,6 +218,8 @@ def compare_latency_cdfs(results: Mapping[str, Any]) -> Figure:
     routing policy: `compare_latency_cdfs({"round-robin": r1, "weighted": r2})`."""
     if not isinstance(results, Mapping) or not results:
         raise ConfigError("compare_latency_cdfs: needs a non-empty mapping of name -> result")
+    for name, result in results.items():
+        _require_result(result, f"compare_latency_cdfs: results[{name!r}]")
     fig = _figure(12, 3.8)
     axes = fig.subplots(1, 3)
     fig.suptitle(f"Latency distributions of {len(results)} runs")
@@ -265,6 +267,7 @@ def instance_capacities(result: Any) -> pd.DataFrame:
     A live result reads each engine; a loaded one has only the scenario: the resolved block
     count (`scenario["resolved"]["total_kv_blocks"]`), except for an instance whose steps and
     `instances` row give its own (a PD pool or deployment with other hardware or blocks)."""
+    _require_result(result)
     ids = list(getattr(result, "instance_ids", None) or [])
     engines = getattr(result, "engines", None)
     if engines and len(engines) == len(ids):
