@@ -857,6 +857,31 @@ def apply_overrides(
             if not isinstance(node, dict):
                 raise not_a_section(f"{source}: {dotted}", ".".join(keys[: depth + 1]), node)
         node[keys[-1]] = value
+    if source == FLAGS_SOURCE:
+        _check_think_time_flag(data, overrides)
     updated = scenario_from_dict(data, source=source)
     updated._base_dir = scenario._base_dir  # noqa: SLF001
     return updated
+
+
+# The `source` the command line's overrides carry (api.with_overrides).
+FLAGS_SOURCE = "command-line flags"
+
+
+def _check_think_time_flag(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """`--think-time-ms` (which sets workload.think_time_us) without closed-loop users, named
+    as the flag was given and with the flag to add; a scenario file's `think_time_us` without
+    `concurrency` is refused by `SyntheticWorkload`, which names the fields."""
+    think_us = overrides.get("workload.think_time_us")
+    workload = data.get("workload")
+    if not isinstance(think_us, int | float) or isinstance(think_us, bool) or think_us <= 0:
+        return  # none, 0 (no pause: allowed), or a bad value the field's check reports
+    if not isinstance(workload, dict) or V2_ONLY_KEYS & set(workload):
+        return
+    if workload.get("concurrency"):
+        return
+    raise ConfigError(
+        f"--think-time-ms {think_us / 1000:g}: a think time applies to closed-loop users "
+        "(the pause after each response); add --concurrency N (the number of users), or "
+        "leave --think-time-ms out for open-loop traffic"
+    )

@@ -39,6 +39,9 @@ from .lengths import LengthDistribution, from_dist_spec, ratio_from_dist_spec
 from .spec import DEFAULT_PREFIX_LENGTH, ActiveWindow, ArrivalSpec, ClientSpec, WorkloadSpec
 
 CHUNK = 1024  # draws per numpy call: amortises call overhead without holding much memory
+# A request keyed for the merge of the clients' streams: (arrival, rank, order, the request
+# (None: a closed-loop round's place), the session it opens when it is one's first request).
+Keyed = tuple[int, int, int, "Request | None", object]
 
 
 class _Draws:
@@ -535,7 +538,7 @@ class SessionManager:
     def finalize(self) -> dict[str, int]:
         """Every session's single outcome; closed-loop sessions still open when the run ended
         were cut by the horizon (INV-11)."""
-        counts = {"completed": 0, "cancelled": 0, "horizon_interrupted": 0}
+        counts = {"completed": 0, "cancelled": 0, "horizon_interrupted": 0, "budget_exhausted": 0}
         for session in self.sessions.values():
             if session.rounds:
                 session.outcome = session.open_loop_outcome()
@@ -661,15 +664,16 @@ class WorkloadStream:
         """Do requests of this workload follow others' completions (sessions, users)?"""
         return self.spec.has_sessions
 
-    def _client_requests(self, plan: ClientPlan) -> Iterator[tuple[int, int, int, Request]]:
-        """One client's requests in arrival order, keyed for the merge."""
+    def _client_requests(self, plan: ClientPlan) -> Iterator[Keyed]:
+        """One client's requests in arrival order, keyed for the merge: (arrival, client,
+        order, request, the session a first round opens)."""
         mt = plan.multi_turn
         order = itertools.count()
         if mt is None:
             for t, period in plan.arrival_instants(self.horizon_us):
-                yield (t, plan.index, next(order), plan.new_request(t, period=period))
+                yield (t, plan.index, next(order), plan.new_request(t, period=period), None)
             return
-        pending: list[tuple[int, int, int, Request]] = []  # open-loop rounds not yet due
+        pending: list[Keyed] = []  # open-loop rounds not yet due
         started = 0
         for t, period in plan.arrival_instants(self.horizon_us):
             while pending and pending[0][0] <= t:
@@ -682,8 +686,9 @@ class WorkloadStream:
             started += 1
             first = plan.new_request(t, period=period)
             session = Session(session_id, plan, mt.max_rounds)
-            self.sessions.register(first, session)
-            yield (t, plan.index, next(order), first)
+            # Registered by `__iter__` when `first` is sent: a session whose first round falls
+            # past num_requests (the merge draws each client's next item ahead) never existed.
+            yield (t, plan.index, next(order), first, session)
             if plan.closed_loop:
                 # Later rounds come from the closed loop, but they count against num_requests
                 # where open loop would place them, as in BLIS: it expands every round, cuts
@@ -694,7 +699,7 @@ class WorkloadStream:
                     arrival += mt.think_time_us + output
                     if self.horizon_us is not None and arrival >= self.horizon_us:
                         break
-                    heapq.heappush(pending, (arrival, plan.index, next(order), None))
+                    heapq.heappush(pending, (arrival, plan.index, next(order), None, None))
                     output = plan.planned_outputs.next()
                 continue
             # Open loop: every round is known now; round r+1 follows round r by the think
@@ -707,7 +712,7 @@ class WorkloadStream:
                     break
                 nxt = plan.new_request(arrival, plan.next_round_context(prev, prev.output_tokens))
                 nxt.session_id, nxt.round_index = session_id, r
-                heapq.heappush(pending, (arrival, plan.index, next(order), nxt))
+                heapq.heappush(pending, (arrival, plan.index, next(order), nxt, None))
                 rounds.append(nxt)
                 prev = nxt
             session.rounds = rounds
@@ -723,11 +728,13 @@ class WorkloadStream:
             merged = self._with_users(merged, users, limit)
         clock_end = MAX_TIME_US
         i = 0
-        for place, (t, index, _, req) in enumerate(merged):
+        for place, (t, index, _, req, session) in enumerate(merged):
             if limit is not None and place >= limit:
                 return
             if req is None:  # a closed-loop round's place (`_client_requests`)
                 continue
+            if session is not None:  # a session's first request: the session now exists
+                self.sessions.register(req, session)
             # Every time a generated request carries (its arrival, its deadline) must be on
             # the clock; closed-loop rounds are checked where they are made.
             if t > clock_end or req.deadline_us > clock_end:
@@ -739,7 +746,7 @@ class WorkloadStream:
 
     def _with_users(
         self, merged: Iterable, users: list[ClientPlan], limit: int | None
-    ) -> Iterator[tuple[int, int, int, Request]]:
+    ) -> Iterator[Keyed]:
         """The open-loop requests with each closed-loop user's first request, as BLIS does:
         open-loop requests first take their share of num_requests (so they are generated up
         front), users then start while requests are left, and what remains after that is the
@@ -753,9 +760,9 @@ class WorkloadStream:
         firsts = []
         for plan in users:
             for arrival, u, req, session in user_sessions(plan, self.seed, left):
-                self.sessions.register(req, session)
                 # Ranked after every client index: open-loop requests come first at a tie.
-                firsts.append((arrival, len(self.plans) + plan.index, u, req))
+                # The session is registered when `__iter__` sends the request.
+                firsts.append((arrival, len(self.plans) + plan.index, u, req, session))
             if left is not None:
                 left -= min(left, plan.spec.concurrency_users)
         self.sessions.follow_up_budget = left
