@@ -298,6 +298,7 @@ def check_run(result: Result, engines: list[VLLMEngine] | None = None) -> None:
         f"summary counts {summary['total_output_tokens']} output tokens, requests hold {produced}",
     )
     _check_itl_pool(result, end_us)
+    _check_sessions(result, end_us)
     if result.pd is not None:
         _check_pd_run(result, end_us)
 
@@ -329,6 +330,29 @@ def _check_itl_pool(result: Result, end_us: int) -> None:
         end_us,
         f"the pooled gaps add up to {pooled_us} µs; the completed requests' first-to-last "
         f"token times to {span_us} µs",
+    )
+
+
+def _check_sessions(result: Result, end_us: int) -> None:
+    """Every session ends once (INV-11), and a session exists once it sent a request: its
+    first request arrived, or fell past the horizon (`not_arrived`)."""
+    counts = result.session_counts
+    if not counts:
+        return
+    ended = sum(n for outcome, n in counts.items() if outcome != "total")
+    _require(
+        ended == counts["total"],
+        "every session ends exactly once (INV-11)",
+        end_us,
+        f"outcomes add up to {ended}, total is {counts['total']}",
+    )
+    sent = {r.session_id for r in result.request_records if r.session_id}
+    _require(
+        len(sent) <= counts["total"] <= len(sent) + result.not_arrived,
+        "a session exists once it sent a request (INV-11)",
+        end_us,
+        f"{counts['total']} sessions counted; {len(sent)} sent a request that arrived "
+        f"({result.not_arrived} requests never arrived)",
     )
 
 

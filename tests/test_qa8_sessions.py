@@ -163,3 +163,25 @@ def test_a_bad_rate_fraction_says_it_must_be_above_zero(value):
     spec["cohorts"][0]["rate_fraction"] = 0
     with pytest.raises(ConfigError, match=r"rate_fraction: required \(a number > 0\)"):
         workload_spec_from_dict(spec)
+
+
+def test_check_invariants_catches_a_session_counted_without_a_request():
+    """The law the old generator broke, as an invariant: check_invariants now fails a run
+    whose session outcomes do not add up, or that counts a session with no request."""
+    from types import SimpleNamespace
+
+    from simulator import invariants
+
+    request = SimpleNamespace(session_id="s1")
+    phantom = {"completed": 1, "cancelled": 0, "horizon_interrupted": 1, "budget_exhausted": 0}
+    cases = {
+        "every session ends exactly once": {**phantom, "total": 1},
+        "a session exists once it sent a request": {**phantom, "total": 2},
+    }
+    for law, counts in cases.items():
+        run = SimpleNamespace(session_counts=counts, request_records=[request], not_arrived=0)
+        with pytest.raises(invariants.InvariantViolation, match=law):
+            invariants._check_sessions(run, 0)
+    fine = {**phantom, "horizon_interrupted": 0, "total": 1}
+    run = SimpleNamespace(session_counts=fine, request_records=[request], not_arrived=0)
+    invariants._check_sessions(run, 0)
