@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .cluster.cluster import run_simulation
+from .cluster.cluster import InstanceSetup, run_simulation
 from .deployment import (
     DP_NEEDS_RANK_PRICING,
     FALLBACK_KV_BLOCKS,
@@ -23,6 +23,7 @@ from .deployment import (
     instance_setups,
     new_run_warnings,
     pool_deployments,
+    transfer_bytes_per_token,
     warn_once,
 )
 from .deployment import resolve_deployment as resolve_scenario_deployment
@@ -37,7 +38,7 @@ from .errors import (
     require_path,
 )
 from .fleet_plan import deployments_latency, latency_entry, plan_fleet, uses_fleet
-from .latency.kv_capacity import blis_kv_bytes_per_token, kv_bytes_per_token
+from .latency.kv_capacity import kv_bytes_per_token
 from .limits import MAX_REQUESTS
 from .metrics.results import Result
 from .scenario import (
@@ -284,7 +285,7 @@ def simulate(
         seed=sc.seed,
         model_name=deployment.model.name,
         setups=setups,
-        pd_kv_bytes_per_token=_transfer_bytes_per_token(sc, deployment),
+        pd_kv_bytes_per_token=_transfer_bytes_per_token(sc, deployment, setups),
         progress=progress,
         check_invariants=sc.check_invariants,
         max_in_flight=sc.trace.max_in_flight if sc.trace is not None else None,
@@ -305,19 +306,26 @@ def simulate(
     return result
 
 
-def _transfer_bytes_per_token(sc: Scenario, deployment: Deployment) -> float:
+def _transfer_bytes_per_token(
+    sc: Scenario, deployment: Deployment, setups: list[InstanceSetup] | None = None
+) -> float:
     """The KV bytes per token a PD transfer moves: what one GPU of the prefill instance holds
-    (its TP and PP shard; an MLA latent whole on every TP GPU), each GPU sending its own share
-    over its own lane of the link. Under BLIS's backends as BLIS sizes it (the whole KV / TP,
-    even with fewer KV heads than GPUs), else as vLLM stores it (one whole head per GPU then)."""
+    (`deployment.transfer_bytes_per_token`), from the prefill pool's own deployment: the one
+    its instances' setups carry (a `role: prefill` deployment's, or the `cluster.pd.prefill`
+    pool's), else the pool's as `cluster.pd.prefill` describes it. (Until 2026-12-07 the
+    setups were not read, and a `role: prefill` deployment's TP and PP were ignored: the
+    scenario `plan_fleet` returns describes its pools by their sizes alone.) `plan_fleet`
+    refuses prefill deployments of different sizes unless `cluster.pd.kv_bytes_per_token`
+    overrides them."""
     if not sc.cluster.pd.enabled:
         return kv_bytes_per_token(deployment.model)
-    prefill = pool_deployments(sc, deployment)["prefill"]
-    layout = prefill.parallelism
-    per_gpu = (
-        kv_bytes_per_token if prefill.step_model.name == "physics" else blis_kv_bytes_per_token
+    prefill = next(
+        (s.deployment for s in setups or () if s.role == "prefill" and s.deployment is not None),
+        None,
     )
-    return per_gpu(prefill.model, prefill.tp, layout.pp if layout is not None else 1)
+    if prefill is None:
+        prefill = pool_deployments(sc, deployment)["prefill"]
+    return transfer_bytes_per_token(prefill)
 
 
 def replay(

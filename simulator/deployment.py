@@ -28,10 +28,12 @@ from .latency import build_step_time_model, latency_model_class
 from .latency.base import StepTimeModel
 from .latency.kv_capacity import (
     GIB_BYTES,
+    blis_kv_bytes_per_token,
     compute_kv_blocks,
     derive_max_model_len,
     kv_bytes_per_token,
     model_context_limit,
+    model_weight_bytes,
 )
 from .latency.parallel import Parallelism
 from .scenario import Scenario, apply_overrides
@@ -380,7 +382,9 @@ def instance_setups(scenario: Scenario, deployment: Deployment) -> list[Instance
     deployment: its roofline uses the pool's GPU and TP, and its KV capacity is resolved for
     that GPU (docs/behaviour.md §7.4)."""
     cluster = scenario.cluster
-    unified = InstanceSetup(deployment.engine, deployment.step_model, "unified", deployment.dp)
+    unified = InstanceSetup(
+        deployment.engine, deployment.step_model, "unified", deployment.dp, deployment
+    )
     pd = cluster.pd
     if not pd.enabled:
         return [unified] * cluster.num_instances
@@ -388,7 +392,7 @@ def instance_setups(scenario: Scenario, deployment: Deployment) -> list[Instance
     pools = pool_deployments(scenario, deployment)
     for role, count in (("prefill", pd.prefill_instances), ("decode", pd.decode_instances)):
         pool = pools[role]
-        setups += [InstanceSetup(pool.engine, pool.step_model, role, pool.dp)] * count
+        setups += [InstanceSetup(pool.engine, pool.step_model, role, pool.dp, pool)] * count
     return setups + [unified] * (cluster.num_instances - len(setups))
 
 
@@ -424,9 +428,22 @@ def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, De
         except ConfigError as exc:
             # Name the pool: the bare field (`tp`, `dp`, a GPU) reads as the top level's.
             raise ConfigError(f"cluster.pd.{role}: {exc}") from None
-    prefill_len = out["prefill"].engine.max_model_len
-    decode_len = out["decode"].engine.max_model_len
-    if decode_len and (prefill_len == 0 or decode_len < prefill_len):
+    warn_decode_context_limit([out["prefill"]], [out["decode"]])
+    return out
+
+
+def warn_decode_context_limit(prefill: list[Deployment], decode: list[Deployment]) -> None:
+    """Warn when a decode deployment's context limit is below a prefill deployment's: a
+    disaggregated request is length-capped there (docs/pd.md). The pools are given either as
+    `cluster.pd.prefill` / `decode` overrides or as deployments with `role: prefill` /
+    `decode` (until 2026-12-07 only the first form warned); 0 is no limit."""
+    prefill_lens = [d.engine.max_model_len for d in prefill]
+    decode_lens = [d.engine.max_model_len for d in decode if d.engine.max_model_len]
+    if not decode_lens or not prefill_lens:
+        return
+    prefill_len = 0 if 0 in prefill_lens else max(prefill_lens)
+    decode_len = min(decode_lens)
+    if prefill_len == 0 or decode_len < prefill_len:
         warn_once(
             "the decode pool's context limit (%d tokens) is below the prefill pool's (%s): a "
             "disaggregated request the prefill pool accepts but the decode pool could not is "
@@ -435,7 +452,19 @@ def pool_deployments(scenario: Scenario, deployment: Deployment) -> dict[str, De
             decode_len,
             f"{prefill_len} tokens" if prefill_len else "none",
         )
-    return out
+
+
+def transfer_bytes_per_token(prefill: Deployment) -> float:
+    """The KV bytes per token a PD transfer moves from an instance of `prefill`: what one of
+    its GPUs holds (its TP and PP shard; an MLA latent whole on every TP GPU), each GPU sending
+    its own share over its own lane of the link. Under BLIS's backends as BLIS sizes it (the
+    whole KV / TP, even with fewer KV heads than GPUs), else as vLLM stores it (one whole head
+    per GPU then)."""
+    layout = prefill.parallelism
+    per_gpu = (
+        kv_bytes_per_token if prefill.step_model.name == "physics" else blis_kv_bytes_per_token
+    )
+    return per_gpu(prefill.model, prefill.tp, layout.pp if layout is not None else 1)
 
 
 def _validate_cluster(scenario: Scenario) -> None:
@@ -528,8 +557,13 @@ def _unlike_measured_row(
     (None when it does). A row is what a stock vLLM server of (model, GPU, TP) allocated: at
     utilisation 0.9, 16-token blocks, the model's own weight and cache dtypes, on TP GPUs
     alone; another setting there changes the count (an FP8 cache doubles it). And a row whose
-    blocks hold more KV than the instance's GPUs have memory is not vLLM's per-GPU count
-    (BLIS's rows for TP > 1 can count each block once per GPU): the rule computes those."""
+    blocks' KV does not fit beside the weights in the memory vLLM may use (the GPUs' memory x
+    utilisation) is not vLLM's per-GPU count (BLIS's rows for TP > 1 can count each block once
+    per GPU): the rule computes those. (Until 2026-12-07 the KV alone was compared with all the
+    GPUs' memory, and Llama-4-Scout FP8 at TP 2 took 74.5 GiB of KV beside 100.4 GiB of
+    weights on 2 x 80 GiB.) The activation reserve is left out: the rows were logged by
+    servers that kept less than the formula's (Llama-3.1-8B's 29,205 blocks on one H100 leave
+    1.5 MiB beside the weights at 0.9)."""
     eng = scenario.engine
     stock_gpu = get_gpu(gpu.name)
     if gpu.memory_gib != stock_gpu.memory_gib:
@@ -546,11 +580,14 @@ def _unlike_measured_row(
     if layout.gpus != tp:
         return f"the instance has {layout.gpus} GPUs (pipeline, data or expert parallel), not TP"
     kv_bytes = blocks * eng.block_size_tokens * kv_bytes_per_token(model, tp) * tp
-    memory = gpu.memory_gib * GIB_BYTES * tp
-    if kv_bytes > memory:
+    weight_bytes = model_weight_bytes(model)
+    usable = gpu.memory_gib * GIB_BYTES * eng.gpu_memory_utilization * tp
+    if kv_bytes + weight_bytes > usable:
         return (
-            f"its KV ({kv_bytes / GIB_BYTES:,.0f} GiB) exceeds the {memory / GIB_BYTES:,.0f} "
-            f"GiB of the instance's {tp} GPU(s)"
+            f"its KV ({kv_bytes / GIB_BYTES:,.1f} GiB) and the weights "
+            f"({weight_bytes / GIB_BYTES:,.1f} GiB) exceed the {usable / GIB_BYTES:,.1f} GiB "
+            f"vLLM may use on the instance's {tp} GPU(s) ({gpu.memory_gib:g} GiB x "
+            f"{eng.gpu_memory_utilization:g} utilisation x {tp})"
         )
     return None
 

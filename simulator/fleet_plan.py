@@ -13,7 +13,15 @@ from .catalog.hardware import get_gpu, load_gpu_file
 from .catalog.precision import describe_precision
 from .cluster.cluster import InstanceSetup
 from .cluster.infra_spec import DeploymentSpec, LifecycleSpec, NodePoolSpec
-from .deployment import Deployment, instance_setups, resolve_deployment, warn_once, warnings_of
+from .deployment import (
+    Deployment,
+    instance_setups,
+    resolve_deployment,
+    transfer_bytes_per_token,
+    warn_decode_context_limit,
+    warn_once,
+    warnings_of,
+)
 from .errors import ConfigError, invalid
 from .latency.kv_capacity import model_weight_bytes
 from .latency.parallel import Parallelism
@@ -141,7 +149,7 @@ def plan_fleet(
                     weight_bytes=weights,
                 )
             )
-            setups.append(InstanceSetup(dep.engine, dep.step_model, d.role))
+            setups.append(InstanceSetup(dep.engine, dep.step_model, d.role, deployment=dep))
     if not slots:
         raise ConfigError("deployments: no instances (every num_instances is 0, no autoscaler)")
     plan = FleetPlan(
@@ -156,15 +164,15 @@ def plan_fleet(
         else {},
     )
     if (pd_roles or scenario.cluster.pd.enabled) and plan.dynamic:
-        raise ConfigError(
-            "prefill/decode pools run on a fixed fleet: node_pools, loading delays, "
-            "warm-up, events and autoscaler are not supported with them"
-        )
+        raise _fixed_fleet_refusal(scenario)
     if scenario.cluster.pd.enabled:
         # Lifecycle settings that change nothing on a fixed fleet (e.g. retry_on_failure with
         # no failure): the PD pools are the cluster's, with their per-pool overrides.
         return instance_setups(scenario, deployment), None, scenario
     if pd_roles:
+        by_role = {r: [resolved[d.name] for d in specs if d.role == r] for r in pd_roles}
+        _check_transfer_sizes(scenario, specs, resolved)
+        warn_decode_context_limit(by_role["prefill"], by_role["decode"])
         counts = {r: sum(d.num_instances for d in specs if d.role == r) for r in order}
         scenario = apply_overrides(
             scenario,
@@ -178,6 +186,56 @@ def plan_fleet(
         )
     _check_event_targets(scenario, plan)
     return setups, plan, scenario
+
+
+def _check_transfer_sizes(
+    scenario: Scenario, specs: list[DeploymentSpec], resolved: dict[str, Deployment]
+) -> None:
+    """A PD transfer is sized with one figure of KV bytes per token, what one GPU of a prefill
+    instance holds (docs/pd.md): prefill deployments whose GPUs hold different shares (another
+    TP or PP) are refused, unless `cluster.pd.kv_bytes_per_token` gives the figure."""
+    if scenario.cluster.pd.kv_bytes_per_token is not None:
+        return
+    sizes = {
+        d.name: transfer_bytes_per_token(resolved[d.name]) for d in specs if d.role == "prefill"
+    }
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{name} {size:,.0f} B" for name, size in sizes.items())
+        raise ConfigError(
+            "deployments: the prefill deployments' GPUs hold different KV bytes per token "
+            f"({listed}), and a KV transfer is sized with one figure: give every role: prefill "
+            "deployment the same tp and pp, or set cluster.pd.kv_bytes_per_token"
+        )
+
+
+def _fixed_fleet_refusal(scenario: Scenario) -> ConfigError:
+    """PD pools run on a fixed fleet: the error names each setting that makes the fleet
+    change (as `FleetPlan.dynamic` reads them), with its value, and what is allowed."""
+    lc = scenario.instance_lifecycle
+    given: list[tuple[str, str]] = []
+    if scenario.node_pools:
+        given.append(("node_pools", ", ".join(repr(p.name) for p in scenario.node_pools)))
+    if scenario.events:
+        events = ", ".join(f"{e.action} at {e.at_s:g} s" for e in scenario.events)
+        given.append(("events", f"[{events}]"))
+    if scenario.autoscaler:
+        scaled = ", ".join(repr(a.deployment or "(first deployment)") for a in scenario.autoscaler)
+        given.append(("autoscaler", f"[{scaled}]"))
+    for name, value in (
+        ("warm_up_request_count", lc.warm_up_request_count),
+        ("loading_delay.mean_s", lc.loading_delay.mean_s),
+        ("load_bandwidth_gb_per_s", lc.load_bandwidth_gb_per_s),
+    ):
+        if value:
+            given.append((f"instance_lifecycle.{name}", f"{value:g}"))
+    if not given:  # slots that start later: only events and autoscalers add them today
+        given.append(("deployments", "instances that start after t = 0"))
+    named = ", ".join(f"{field}: invalid value {value}" for field, value in given)
+    return ConfigError(
+        f"{named}; prefill/decode pools run on a fixed fleet, routable from t = 0: with them "
+        "node_pools, events and autoscaler must be empty and instance_lifecycle's "
+        "warm_up_request_count, loading_delay.mean_s and load_bandwidth_gb_per_s 0"
+    )
 
 
 def latency_entry(dep: Deployment, role: str) -> dict[str, Any]:

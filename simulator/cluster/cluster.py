@@ -8,7 +8,7 @@ source --(router inbox Store)--> router --(instance inbox Store)--> instance ste
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,12 +40,19 @@ from .admission import AdmissionPolicy, make_admission_policy
 from .decisions import DecisionTrace
 from .prefix_index import CacheSignalView
 from .router import Router, ServedModels
-from .routing import SCORERS_FIELD, RoutingPolicy, check_routing_policy_name, make_routing_policy
+from .routing import (
+    SCORERS_FIELD,
+    RoutingPolicy,
+    check_routing_policy_name,
+    kv_probe_from_caches,
+    make_routing_policy,
+)
 from .snapshot import InstanceSnapshot, SnapshotCache
 
 if TYPE_CHECKING:
     # Node lifecycles and prefill/decode disaggregation are imported by the runs that have a
     # dynamic fleet or disaggregate (start-up of the others).
+    from ..deployment import Deployment
     from ..metrics.fleet_record import FleetRecord
     from ..metrics.pd_record import PDRecord
     from .disaggregation import PDDecider
@@ -276,6 +283,9 @@ class InstanceSetup:
     # Data-parallel attention ranks: the instance runs dp schedulers in lockstep, each a
     # routable target of its own (engine/dp_group.py).
     dp: int = 1
+    # The resolved deployment the instance runs (its model, GPU and layout: a PD transfer is
+    # sized from the prefill pool's), when its planner knows it; not part of its identity.
+    deployment: Deployment | None = field(default=None, compare=False, repr=False)
 
 
 def rank_layout(
@@ -385,7 +395,8 @@ def run_simulation(
     if signal_delay_us > 0:
         # The router's view of the prefix caches lags them (BLIS's --cache-signal-delay).
         cache_view = CacheSignalView(
-            lambda i: engines[i].kv.hash_index,
+            # An instance without prefix caching reuses nothing it holds: the router sees none.
+            lambda i: engines[i].kv.hash_index if engines[i].config.enable_prefix_caching else {},
             n,
             block_size,
             signal_delay_us,
@@ -394,9 +405,9 @@ def run_simulation(
         )
         kv_probe = cache_view.probe
     else:
-
-        def kv_probe(index: int, req: Request) -> int:
-            return len(engines[index].kv.cached_prefix_blocks(req, req.input_tokens))
+        kv_probe = kv_probe_from_caches(
+            lambda i: engines[i].kv, lambda i: engines[i].config.enable_prefix_caching
+        )
 
     trace = DecisionTrace(cluster.trace.level, cluster.trace.counterfactual_k)
     instances: list[Instance] = []

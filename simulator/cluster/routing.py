@@ -503,12 +503,20 @@ def make_scorer(name: str, *, block_size: int = 16, kv_probe: KVProbe | None = N
     return SCORERS[name].build(block_size=block_size, kv_probe=kv_probe)
 
 
-def kv_probe_from_caches(get_cache: Callable[[int], KVCache | None]) -> KVProbe:
-    """A `kv_probe` for `precise-prefix-cache` that reads instance `index`'s engine cache."""
+def kv_probe_from_caches(
+    get_cache: Callable[[int], KVCache | None],
+    reuses_prefixes: Callable[[int], bool] | None = None,
+) -> KVProbe:
+    """A `kv_probe` (the `precise-prefix-cache` scorer's, PD's decode-cache decider's) that
+    reads instance `index`'s engine cache. `reuses_prefixes(index)` says whether that
+    instance's engine reuses a cached prefix (`engine.enable_prefix_caching`): when it does
+    not, the probe finds 0 blocks, since the engine will compute the whole prompt whatever
+    its cache holds (until 2026-12-07 it counted them, and a decider kept requests on a decode
+    instance for a cache it never read)."""
 
     def probe(index: int, req: Request) -> int:
         cache = get_cache(index)
-        if cache is None:
+        if cache is None or (reuses_prefixes is not None and not reuses_prefixes(index)):
             return 0
         # max_tokens = the whole prompt: every full prompt block may match.
         return len(cache.cached_prefix_blocks(req, req.input_tokens))
