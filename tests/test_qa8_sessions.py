@@ -185,3 +185,39 @@ def test_check_invariants_catches_a_session_counted_without_a_request():
     fine = {**phantom, "horizon_interrupted": 0, "total": 1}
     run = SimpleNamespace(session_counts=fine, request_records=[request], not_arrived=0)
     invariants._check_sessions(run, 0)
+
+
+def test_session_clients_stop_at_blis_per_client_cap_of_twice_num_requests():
+    """QA: with long think times the cut at num_requests (which counts rounds where open loop
+    would place them) started 77 sessions (462 requests) where both BLIS builds start 50
+    (300): BLIS stops a client once it generated 2 x num_requests rounds, and with 6 rounds a
+    session that is 2 x 150 / 6 = 50 sessions, every one of which runs its 6 rounds."""
+    spec = {
+        "version": "2",
+        "seed": 5,
+        "aggregate_rate": 1.2,
+        "num_requests": 150,
+        "clients": [
+            {
+                "id": "agent",
+                "rate_fraction": 1,
+                "arrival": {"process": "poisson"},
+                "input_distribution": {"type": "constant", "params": {"value": 200}},
+                "output_distribution": {"type": "constant", "params": {"value": 50}},
+                "reasoning": {
+                    "multi_turn": {
+                        "max_rounds": 6,
+                        "think_time_us": 20_000_000,
+                        "context_growth": "accumulate",
+                    }
+                },
+            }
+        ],
+    }
+    result = simulator.simulate(
+        {"workload": spec, "latency": {"model": "roofline"}},
+        warn_unsteady=False,
+        check_invariants=True,
+    )
+    assert result.session_counts["total"] == 2 * 150 // 6 == 50
+    assert len(result.request_records) == 50 * 6

@@ -675,12 +675,19 @@ class WorkloadStream:
             return
         pending: list[Keyed] = []  # open-loop rounds not yet due
         started = 0
+        # BLIS's per-client cap: a client stops starting sessions once it has generated
+        # 2 x num_requests rounds (every round of each session counts, placed or not). Only
+        # sessions feel it: their later rounds sit far ahead in time, so without the cap the
+        # cut at num_requests would start more sessions than BLIS (77 against 50).
+        rounds_cap = None if self.num_requests is None else 2 * self.num_requests
         for t, period in plan.arrival_instants(self.horizon_us):
             while pending and pending[0][0] <= t:
                 yield heapq.heappop(pending)
             if mt.single_session and started:
                 # One session only: stop drawing arrivals (skipping them would never end
                 # without a horizon); its remaining rounds are yielded below.
+                break
+            if rounds_cap is not None and started * mt.max_rounds >= rounds_cap:
                 break
             session_id = f"sess_{plan.key}_{started}"
             started += 1
