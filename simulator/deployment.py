@@ -545,6 +545,20 @@ def capacity_rule(scenario: Scenario) -> str:
 MEASURED_ROW_SETTINGS = {"gpu_memory_utilization": 0.9, "block_size_tokens": 16}
 
 
+def settings_unlike_measured_row(scenario: Scenario) -> str | None:
+    """Why a measured block count (a defaults.yaml row) was not logged at this scenario's
+    engine settings (None when it was): a row is a stock server's count, at utilisation 0.9,
+    16-token blocks and the model's own weight and cache dtypes; another setting there
+    changes the count (an FP8 cache doubles it, utilisation 0.3 leaves a sixth of it)."""
+    eng = scenario.engine
+    for name, stock in MEASURED_ROW_SETTINGS.items():
+        if getattr(eng, name) != stock:
+            return f"engine.{name} is {getattr(eng, name)}, the row was measured at {stock}"
+    if eng.kv_cache_dtype != "auto" or scenario.weight_dtype != "auto":
+        return "a weight or KV-cache dtype other than the model's own is set"
+    return None
+
+
 def _unlike_measured_row(
     scenario: Scenario,
     model: ModelConfig,
@@ -572,11 +586,9 @@ def _unlike_measured_row(
             f"the GPU has {gpu.memory_gib:g} GiB, the built-in {stock_gpu.name} the row was "
             f"measured on {stock_gpu.memory_gib:g}"
         )
-    for name, stock in MEASURED_ROW_SETTINGS.items():
-        if getattr(eng, name) != stock:
-            return f"engine.{name} is {getattr(eng, name)}, the row was measured at {stock}"
-    if eng.kv_cache_dtype != "auto" or scenario.weight_dtype != "auto":
-        return "a weight or KV-cache dtype other than the model's own is set"
+    unstock = settings_unlike_measured_row(scenario)
+    if unstock is not None:
+        return unstock
     if layout.gpus != tp:
         return f"the instance has {layout.gpus} GPUs (pipeline, data or expert parallel), not TP"
     kv_bytes = blocks * eng.block_size_tokens * kv_bytes_per_token(model, tp) * tp
@@ -607,9 +619,15 @@ def _total_kv_blocks(
     # trained-physics is BLIS-current's model, whose defaults.yaml has no block counts: it
     # always computes them.
     if entry is not None and entry.total_kv_blocks and scenario.latency.model != "trained-physics":
-        if capacity_rule(scenario) == "blis":  # BLIS-Mar takes its row whatever else is set
-            return entry.total_kv_blocks, "defaults.yaml"
-        departure = _unlike_measured_row(scenario, model, gpu, tp, layout, entry.total_kv_blocks)
+        if capacity_rule(scenario) == "blis":
+            # BLIS-Mar takes its row whatever else is set; a setting that changes the count
+            # (utilisation, block size, a dtype) is taken as asked, with BLIS's formula, as
+            # BLIS-current computes it (until 2026-12-07 such settings changed nothing).
+            departure = settings_unlike_measured_row(scenario)
+        else:
+            departure = _unlike_measured_row(
+                scenario, model, gpu, tp, layout, entry.total_kv_blocks
+            )
         if departure is None:
             return entry.total_kv_blocks, "defaults.yaml"
         log.info(

@@ -420,3 +420,51 @@ def test_each_refused_blis_flag_is_told_with_its_note():
         r"error: --max-concurrency: a BLIS flag servesim does not take \(saturation detector",
         done.stderr,
     )
+
+
+def test_defaults_filepath_block_count_is_used_at_stock_settings(tmp_path):
+    """QA: a --defaults-filepath row's total_kv_blocks was ignored (the bundled 29,205 was
+    used), where BLIS-Mar runs with the file's count; it is now taken, for any backend but
+    trained-physics (whose rows carry none), unless --total-kv-blocks is given or a setting
+    that changes the count is (then the count is computed, as for the bundled row)."""
+    from simulator.cli.blis import defaults_file_overrides
+
+    path = tmp_path / "defaults.yaml"
+    path.write_text(
+        "models:\n  - {id: meta-llama/llama-3.1-8b-instruct, GPU: H100, tensor_parallelism: 1,"
+        " total_kv_blocks: 1500, alpha_coeffs: [1, 2, 3], beta_coeffs: [4, 5, 6]}\n"
+    )
+    base = {"hardware": "H100", "tp": 1, "latency.model": "roofline"}
+    extra, _ = defaults_file_overrides(path, None, base, {})
+    assert extra == {"engine.total_kv_blocks": 1500}
+    for given in ({"engine.total_kv_blocks": 900}, {"engine.gpu_memory_utilization": 0.3}):
+        extra, _ = defaults_file_overrides(path, None, {**base, **given}, {})
+        assert "engine.total_kv_blocks" not in extra
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace("1500", "-4"))
+    with pytest.raises(ConfigError, match=r"models\[0\]\.total_kv_blocks: invalid value -4"):
+        defaults_file_overrides(path.with_name("bad.yaml"), None, base, {})
+
+
+@pytest.mark.parametrize(
+    ("setting", "blocks"),
+    [
+        # BLIS's formula (BLIS-current computes these; BLIS-Mar took its row, 29,205, for
+        # all of them): the stock count is 26,312 blocks of 16 tokens at utilisation 0.9.
+        ({}, 29_205),  # stock settings: the measured row
+        ({"engine__gpu_memory_utilization": 0.3}, 1_736),
+        ({"engine__block_size_tokens": 32}, 26_312 // 2),
+        # floor(free bytes / block bytes): the 16-bit count is floor(x) with x from 26,312.5
+        # to 26,313, an 8-bit block is half the bytes, so floor(2x) = 52,625.
+        ({"engine__kv_cache_dtype": "fp8"}, 52_625),
+    ],
+)
+def test_blis_rule_takes_the_row_only_at_stock_settings(setting, blocks):
+    """QA: under BLIS's backends --gpu-memory-utilization, --kv-cache-dtype and
+    --block-size-in-tokens changed nothing (the row's 29,205 blocks), silently."""
+    import simulator
+
+    run = simulator.simulate(
+        {"latency": {"model": "roofline"}, "workload": {"num_requests": 1}}, **setting
+    )
+    assert run.scenario["resolved"]["total_kv_blocks"] == blocks

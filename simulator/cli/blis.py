@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError, excerpt
+from ..limits import MAX_KV_BLOCKS
 from .flags import WORKLOAD_FIELDS
 
 _WL = "Workload"
@@ -190,6 +191,15 @@ def _coefficients(where: str, section: dict) -> dict[str, list[float]]:
     return out
 
 
+def _row_blocks(where: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_KV_BLOCKS:
+        raise ConfigError(
+            f"{where}.total_kv_blocks: invalid value {excerpt(value)}; expected a whole number "
+            f"of blocks from 1 to {MAX_KV_BLOCKS:,}"
+        )
+    return value
+
+
 def defaults_file_overrides(
     path: Path,
     scenario: Path | None,
@@ -204,6 +214,7 @@ def defaults_file_overrides(
     model, GPU and TP in `models:`)."""
     from ..api import as_scenario, with_overrides
     from ..catalog.defaults import canonical_gpu, model_defaults
+    from ..deployment import settings_unlike_measured_row
     from ..input_files import read_yaml_mapping
     from ..scenario import Scenario, SyntheticWorkload
 
@@ -239,6 +250,31 @@ def defaults_file_overrides(
             if field.split(".")[1] not in given:
                 extra_workload[field] = value
     backend = sc.latency.model
+    # The fitted row for the run's model, GPU and TP (`models:`): blackbox's coefficients
+    # and, for every backend, the measured block count, as BLIS-Mar takes them.
+    bundled = model_defaults(sc.model) or {}
+    gpu = extra.get("hardware") or sc.hardware or bundled.get("GPU") or "H100"
+    tp = extra.get("tp") or sc.tp or bundled.get("tensor_parallelism") or 1
+    rows = data.get("models") or []
+    if not isinstance(rows, list):
+        raise ConfigError(f"{where}: models: must be a list of fitted rows")
+    row_where, fitted = "", None
+    for i, row in enumerate(rows):
+        row = _mapping(f"{where}: models[{i}]", row)
+        if (
+            _same_model(sc.model, row.get("id", ""))
+            and canonical_gpu(str(row.get("GPU", ""))) == canonical_gpu(str(gpu))
+            and row.get("tensor_parallelism") == tp
+        ):
+            row_where, fitted = f"{where}: models[{i}]", row
+            break
+    blocks = fitted.get("total_kv_blocks") if fitted is not None else None
+    if blocks is not None and sc.engine.total_kv_blocks is None:
+        blocks = _row_blocks(row_where, blocks)
+        # The file's row replaces the bundled one, under the same rule: a count logged at
+        # stock settings, used unless a setting that changes it is given (then computed).
+        if backend != "trained-physics" and settings_unlike_measured_row(sc) is None:
+            extra["engine.total_kv_blocks"] = blocks
     if sc.latency.alpha_coeffs is None:
         coefficients = None
         section = _GLOBAL_COEFFICIENTS.get(backend)
@@ -246,22 +282,8 @@ def defaults_file_overrides(
             coefficients = _coefficients(
                 f"{where}: {section}", _mapping(f"{where}: {section}", data[section])
             )
-        elif backend == "blackbox":
-            bundled = model_defaults(sc.model) or {}
-            gpu = extra.get("hardware") or sc.hardware or bundled.get("GPU") or "H100"
-            tp = extra.get("tp") or sc.tp or bundled.get("tensor_parallelism") or 1
-            rows = data.get("models") or []
-            if not isinstance(rows, list):
-                raise ConfigError(f"{where}: models: must be a list of fitted rows")
-            for i, row in enumerate(rows):
-                row = _mapping(f"{where}: models[{i}]", row)
-                if (
-                    _same_model(sc.model, row.get("id", ""))
-                    and canonical_gpu(str(row.get("GPU", ""))) == canonical_gpu(str(gpu))
-                    and row.get("tensor_parallelism") == tp
-                ):
-                    coefficients = _coefficients(f"{where}: models[{i}]", row)
-                    break
+        elif backend == "blackbox" and fitted is not None:
+            coefficients = _coefficients(row_where, fitted)
         if coefficients is not None:
             extra["latency.model"] = backend
             extra["latency.alpha_coeffs"] = coefficients["alpha_coeffs"]

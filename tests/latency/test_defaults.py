@@ -247,10 +247,14 @@ def test_a_measured_block_count_describes_a_stock_server_only() -> None:
     assert _blocks(engine={"gpu_memory_utilization": 0.5}) == (12_410, "auto")
     assert _blocks(engine={"block_size_tokens": 32}) == (14_397, "auto")  # half, at 32 tokens
     assert _blocks(pp=2) == (64_409, "auto")  # two GPUs' memory
-    # BLIS-Mar takes its row whatever else is set (its backends' `blis` rule: parity) ...
+    # BLIS-Mar took its row whatever else was set; under BLIS's backends (the `blis` rule) a
+    # setting that changes the count is now computed with BLIS's formula, as BLIS-current
+    # does (26,312 blocks of 16 tokens at stock settings: 13,156 of 32), the row kept at
+    # stock settings ...
+    assert _blocks(latency={"model": "roofline"}) == (29_205, "defaults.yaml")
     assert _blocks(latency={"model": "roofline"}, engine={"block_size_tokens": 32}) == (
-        29_205,
-        "defaults.yaml",
+        13_156,
+        "auto",
     )
     # ... and BLIS-current's trained-physics, whose defaults.yaml has no block counts,
     # always computes them: 2,802 at utilisation 0.5 for Qwen3-14B, BLIS-current's own figure.
