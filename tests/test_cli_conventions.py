@@ -178,6 +178,16 @@ def test_pd_transfer_contention_refuses_other_values():
     assert res.stderr.splitlines() == [
         "error: --pd-transfer-contention: invalid value 'yes'; valid: on, off, true, false"
     ]
+    # BLIS's bare switch followed by another flag: the next flag was read as the value and
+    # told as "invalid value '--pd-transfer-bandwidth'".
+    args = ["run", "--pd-transfer-contention", "--pd-transfer-bandwidth", "5"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [
+        "error: --pd-transfer-contention: takes a value, and '--pd-transfer-bandwidth' was read "
+        "as it; BLIS's bare switch is written `--pd-transfer-contention on` (or "
+        "`--pd-transfer-contention=true`) here"
+    ]
 
 
 def test_an_on_off_flag_runs_end_to_end():

@@ -1057,6 +1057,12 @@ def on_off(flag: str, text: str) -> bool:
     value = text.strip().lower()
     if value in ON_VALUES or value in OFF_VALUES:
         return value in ON_VALUES
+    if value.startswith("--"):
+        # BLIS's bare switch (`--flag` alone) took the next flag as its value here.
+        raise ConfigError(
+            f"{flag}: takes a value, and {text!r} was read as it; BLIS's bare switch is "
+            f"written `{flag} on` (or `{flag}=true`) here"
+        )
     raise ConfigError(f"{flag}: invalid value {text!r}; valid: on, off, true, false")
 
 
