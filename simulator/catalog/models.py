@@ -57,6 +57,36 @@ MAX_CONFIG_INT = 2**40
 # Layers are walked one by one (which are MoE, which attend a window); real models have ~10^2.
 MAX_LAYERS = 100_000
 
+# What `load_model` accepts of the sizes that set a step's bytes and FLOPs
+# (docs/models-and-hardware.md, "Size bounds"): 64 to 128 times the largest real model's, so
+# no real config comes near them, and beyond them a config is damaged. A bound on each size
+# alone still lets their product run away (2^20 hidden x 2^22 FFN x 2^16 experts x 10^5
+# layers), so the parameter count they make is bounded too, at about 1,000 times the largest
+# open model's (Kimi-K2, 1.04 x 10^12). Under it a step on any built-in GPU lasts hours, not
+# the ~10^17 µs of a hidden_size of 2^35, whose run's clock overflowed int64 µs.
+MAX_SIZES: dict[str, tuple[str, int, str]] = {
+    # ModelConfig field: (config key, bound, the largest real value it is measured against)
+    "hidden_dim": ("hidden_size", 2**20, "Llama-3.1-405B's 16,384"),
+    "intermediate_dim": ("intermediate_size", 2**22, "PaLM-540B's 73,728"),
+    "moe_expert_ffn_dim": ("moe_intermediate_size", 2**22, "PaLM-540B's dense 73,728"),
+    "shared_expert_ffn_dim": (
+        "shared_expert_intermediate_size (or n_shared_experts x moe_intermediate_size)",
+        2**22,
+        "PaLM-540B's dense 73,728",
+    ),
+    "dense_ffn_dim": ("intermediate_size_mlp", 2**22, "PaLM-540B's 73,728"),
+    "vocab_size": ("vocab_size", 2**24, "Gemma-3's 262,144"),
+    "num_heads": ("num_attention_heads", 2**14, "DeepSeek-V3's 128"),
+    "config_head_dim": ("head_dim", 2**14, "Gemma's 256"),
+    "num_local_experts": ("the expert count", 2**16, "Qwen3-Next's 512"),
+    "kv_lora_rank": ("kv_lora_rank", 2**16, "DeepSeek-V3's 512"),
+    "q_lora_rank": ("q_lora_rank", 2**16, "DeepSeek-V3's 1,536"),
+    "qk_rope_head_dim": ("qk_rope_head_dim", 2**14, "DeepSeek-V3's 64"),
+    "qk_nope_head_dim": ("qk_nope_head_dim", 2**14, "DeepSeek-V3's 128"),
+    "v_head_dim": ("v_head_dim", 2**14, "DeepSeek-V3's 128"),
+}
+MAX_PARAMETERS = 2**50  # 1,125,899,906,842,624
+
 
 # The sizes a model cannot lack: when written, they must be > 0 (absent reads as 0, which
 # validate_model refuses saying the field is missing).
@@ -412,8 +442,69 @@ def _windowed_layers(
     return tuple(layers), window, "sliding" if layers else ""
 
 
+def config_parameters(model: ModelConfig) -> int:
+    """Parameters of the config, every expert counted (as `physics` counts the weights:
+    attention or MLA projections, SwiGLU MLPs, experts, shared experts, routers, embeddings and
+    an untied LM head). Exact integers: the bound on it must not overflow itself."""
+    d, heads = model.hidden_dim, model.num_heads
+    head_dim = model.config_head_dim or d // heads
+    if model.kv_lora_rank > 0:
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        q = (
+            d * model.q_lora_rank + model.q_lora_rank * heads * qk
+            if model.q_lora_rank
+            else d * heads * qk
+        )
+        attention = (
+            q
+            + d * (model.kv_lora_rank + model.qk_rope_head_dim)
+            + model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim)
+            + heads * model.v_head_dim * d
+        )
+    else:
+        q_dim, kv_dim = heads * head_dim, model.effective_kv_heads * head_dim
+        attention = d * (q_dim + 2 * kv_dim) + q_dim * d
+    d_ff = model.intermediate_dim or 4 * d
+    if model.is_moe:
+        moe_layers = model.moe_layer_count
+        dense_layers = model.num_layers - moe_layers
+        expert = 3 * d * (model.moe_expert_ffn_dim or d_ff)
+        moe = model.num_local_experts * (expert + d) + 3 * d * model.shared_ffn_dim
+        mlp = moe_layers * moe + dense_layers * 3 * d * (model.dense_ffn_dim or d_ff)
+    else:
+        mlp = model.num_layers * 3 * d * d_ff
+    embeddings = model.vocab_size * d * (1 if model.tie_word_embeddings else 2)
+    return model.num_layers * attention + mlp + embeddings
+
+
+def _check_sizes(model: ModelConfig, where: str) -> None:
+    """The size bounds (MAX_SIZES, MAX_PARAMETERS), naming the config key, its value and the
+    range allowed."""
+    for field, (key, bound, largest) in MAX_SIZES.items():
+        value = getattr(model, field) or 0
+        if value > bound:
+            raise invalid(
+                f"{where}: {key}",
+                value,
+                f"must be an integer in [0, {bound:,}] (2^{bound.bit_length() - 1}; the "
+                f"largest real model's is {largest}); a larger size is a damaged config",
+            )
+    parameters = config_parameters(model)
+    if parameters > MAX_PARAMETERS:
+        experts = f", {model.num_local_experts:,} experts" if model.is_moe else ""
+        # The standard `<field>: invalid value <value>; <allowed>`, the count with separators.
+        raise ConfigError(
+            f"{where}: parameters: invalid value {parameters:,}; the sizes of config.json "
+            f"(hidden_size {model.hidden_dim:,}, num_hidden_layers {model.num_layers:,}, "
+            f"intermediate_size {model.intermediate_dim:,}, vocab_size {model.vocab_size:,}"
+            f"{experts}) must make at most {MAX_PARAMETERS:,} parameters (2^50, about 1,000 "
+            "times the largest open model's 1.04e12); a larger model is a damaged config"
+        )
+
+
 def validate_model(model: ModelConfig) -> None:
-    """Reject configs no latency model can use (missing sizes, unknown dtype, bad MoE)."""
+    """Reject configs no latency model can use (missing sizes, unknown dtype, bad MoE, sizes
+    beyond the bounds of docs/models-and-hardware.md)."""
     where = f"model {model.name!r}"
     for field, value in (
         ("num_hidden_layers", model.num_layers),
@@ -455,6 +546,7 @@ def validate_model(model: ModelConfig) -> None:
                 model.num_experts_per_tok,
                 f"must be <= the expert count {model.num_local_experts}",
             )
+    _check_sizes(model, where)
 
 
 def validate_tp(model: ModelConfig, tp: int, field: str = "tp") -> None:

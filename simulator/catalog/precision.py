@@ -9,6 +9,7 @@ A model's config already says how its checkpoint is stored (`torch_dtype`,
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from simulator.catalog.models import dtype_bytes
 from simulator.catalog.types import GPUSpec, ModelConfig
@@ -126,7 +127,11 @@ def gemm_precision(model: ModelConfig, gpu: GPUSpec) -> str:
 
 def peak_tflops(model: ModelConfig, gpu: GPUSpec) -> float:
     """Dense peak TFLOPS of `gpu` at the model's GEMM precision."""
-    precision = gemm_precision(model, gpu)
+    return precision_tflops(gemm_precision(model, gpu), gpu)
+
+
+def precision_tflops(precision: str, gpu: GPUSpec) -> float:
+    """Dense peak TFLOPS of `gpu` at a tensor-core precision ("fp4", "fp8" or "bf16")."""
     if precision == "fp4":
         return gpu.tflops_fp4
     if precision == "fp8":
@@ -134,15 +139,49 @@ def peak_tflops(model: ModelConfig, gpu: GPUSpec) -> float:
     return gpu.tflops_peak
 
 
+class GemmPrecisions(NamedTuple):
+    """The tensor-core precision of each part of a forward pass, as vLLM runs it."""
+
+    experts: str  # the routed experts' GEMMs
+    rest: str  # every other GEMM (attention projections, dense MLPs, shared experts, router,
+    # LM head) and the attention kernels: the non-expert weights' precision
+
+    @property
+    def mixed(self) -> bool:
+        return self.experts != self.rest
+
+
+def gemm_precisions(model: ModelConfig, gpu: GPUSpec) -> GemmPrecisions:
+    """Each part's GEMM precision. A model whose weights have one width and format runs every
+    GEMM (and its attention) at `gemm_precision`. One whose routed experts are stored apart
+    (gpt-oss: MXFP4 experts, BF16 elsewhere) runs the experts at their format's precision and
+    the rest at the other weights' precision: vLLM's MXFP4 MoE kernels use the FP4 units,
+    while the BF16 attention projections, router and LM head, and the attention itself, run
+    in BF16 (docs/models-and-hardware.md, "Precision")."""
+    if not model.expert_weight_bytes_per_param:
+        whole = gemm_precision(model, gpu)
+        return GemmPrecisions(whole, whole)
+    rest = "fp8" if model.effective_weight_bytes_per_param == 1.0 and gpu.has_fp8 else "bf16"
+    return GemmPrecisions(gemm_precision(model, gpu), rest)
+
+
 def describe_precision(model: ModelConfig, gpu: GPUSpec) -> dict[str, str]:
     """Weights, KV cache and GEMM precision in words, for the run's provenance block."""
     weights = model.weight_format or _width_name(model.effective_weight_bytes_per_param)
     if model.expert_weight_bytes_per_param:
         weights += f" experts, {_width_name(model.effective_weight_bytes_per_param)} elsewhere"
+    parts = gemm_precisions(model, gpu)
+    gemm = parts.rest
+    if parts.mixed:
+        experts, rest = precision_tflops(parts.experts, gpu), precision_tflops(parts.rest, gpu)
+        gemm = (
+            f"{parts.experts} experts ({experts:g} TFLOPS), "
+            f"{parts.rest} elsewhere and in attention ({rest:g} TFLOPS)"
+        )
     return {
         "weights": weights,
         "kv_cache": _width_name(model.kv_bytes_per_element),
-        "gemm": gemm_precision(model, gpu),
+        "gemm": gemm,
     }
 
 
@@ -155,13 +194,16 @@ def _names(table: dict[str, float]) -> str:
 
 
 __all__ = [
+    "GemmPrecisions",
     "KV_CACHE_DTYPES",
     "WEIGHT_DTYPES",
     "apply_precision",
     "served_dtype",
     "describe_precision",
     "gemm_precision",
+    "gemm_precisions",
     "kv_cache_dtypes_on",
     "peak_tflops",
+    "precision_tflops",
     "weight_dtypes_on",
 ]

@@ -51,7 +51,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from simulator.catalog.precision import describe_precision, gemm_precision, peak_tflops
+from simulator.catalog.precision import (
+    describe_precision,
+    gemm_precision,
+    gemm_precisions,
+    precision_tflops,
+)
 from simulator.catalog.types import GPUSpec, ModelConfig
 from simulator.errors import ConfigError, excerpt, invalid, is_finite_positive
 from simulator.latency.base import StepBatch, StepTimeModel
@@ -193,6 +198,8 @@ class PhysicsTerms(NamedTuple):
     """One step's work per GPU at peak rates (seconds), plus the counts overheads scale with."""
 
     memory_s: float  # weight (and embedding-row) bytes / peak bandwidth
+    # GEMM FLOPs / peak FLOP rate, each part at its precision's rate (gpt-oss on B200: the
+    # MXFP4 experts at the FP4 rate, the rest at the BF16 rate; one rate for other models).
     prefill_compute_s: float  # prefill tokens' GEMM FLOPs / peak FLOP rate
     decode_compute_s: float  # decode tokens' GEMM FLOPs / peak FLOP rate
     allreduce_transfer_s: float  # all-reduce bytes on the link / link bandwidth
@@ -314,6 +321,9 @@ class ModelShape:
     mixed_weight_widths: bool = False  # experts stored at another width (gpt-oss MXFP4)
     weight_bytes_per_param: float = 2.0
     expert_bytes_per_param: float = 2.0
+    # The routed experts' share of linear_flops_per_token (0 for a dense model): priced at the
+    # experts' own rate when it differs from the rest's (gpt-oss's MXFP4 experts on B200).
+    expert_flops_per_token: float = 0.0
 
 
 def _mla_attention_params(model: ModelConfig) -> tuple[float, float]:
@@ -446,6 +456,7 @@ def model_shape(
         mixed_weight_widths=moe and e_bytes != w_bytes,
         weight_bytes_per_param=w_bytes,
         expert_bytes_per_param=e_bytes if moe else w_bytes,
+        expert_flops_per_token=FLOPS_PER_MAC * expert_layers * k * mlp_params / tp if moe else 0.0,
     )
 
 
@@ -775,7 +786,12 @@ class PhysicsModel(StepTimeModel):
         self.model, self.gpu, self.tp, self.layout = model, gpu, tp, layout
         self.links = links or links_for(gpu)
         bytes_weight = model.effective_weight_bytes_per_param
-        self.peak_flops_per_s = peak_tflops(model, gpu) * 1e12
+        # The rate of every GEMM but the routed experts', and of the attention kernels; the
+        # experts' own (the same but for mixed-precision weights: gpt-oss on B200, FP4).
+        precisions = gemm_precisions(model, gpu)
+        self.peak_flops_per_s = precision_tflops(precisions.rest, gpu) * 1e12
+        self.expert_peak_flops_per_s = precision_tflops(precisions.experts, gpu) * 1e12
+        self.mixed_rates = precisions.mixed
         self.weight_bytes_per_param = bytes_weight
         self.peak_bytes_per_s = gpu.bw_peak_tbs * 1e12
         ranges = stage_layer_ranges(model.num_layers, layout.pp)
@@ -1003,21 +1019,59 @@ class PhysicsModel(StepTimeModel):
             row_flops = FLOPS_PER_MAC * params
         else:
             row_flops = FLOPS_PER_MAC * weight_bytes / self.weight_bytes_per_param
+        peak_flops = self.peak_flops_per_s
+        prefill_s, decode_s, row_s = (
+            prefill_flops / peak_flops,
+            decode_flops / peak_flops,
+            row_flops / peak_flops,
+        )
+        if self.mixed_rates:
+            prefill_s, decode_s, row_s = self._mixed_rate_s(
+                shape,
+                work.prefill_tokens,
+                work.decodes,
+                prefill_flops,
+                decode_flops,
+                row_flops,
+                expert_bytes,
+            )
         return PhysicsTerms(
             (weight_bytes + shape.embedding_row_bytes * tokens) / self.peak_bytes_per_s,
-            prefill_flops / self.peak_flops_per_s,
-            decode_flops / self.peak_flops_per_s,
+            prefill_s,
+            decode_s,
             stage.allreduce_s_per_token * tokens,
             stage.collectives,
             shape.layers,
             sequences,
-            row_flops / self.peak_flops_per_s,
+            row_s,
             kv_bytes / self.peak_bytes_per_s,
             single_process,
             stage.alltoall_s_per_token * tokens,
             stage.network_steps,
             prefill_attention_flops / self.peak_flops_per_s,
             decode_attention_flops / self.peak_flops_per_s,
+        )
+
+    def _mixed_rate_s(
+        self,
+        shape: ModelShape,
+        prefill_tokens: float,
+        decodes: float,
+        prefill_flops: float,
+        decode_flops: float,
+        row_flops: float,
+        expert_bytes: float,
+    ) -> tuple[float, float, float]:
+        """(prefill, decode, row) GEMM seconds at peak when the routed experts run at another
+        rate than the rest: each GEMM's FLOPs at its own part's rate."""
+        rest, experts = self.peak_flops_per_s, self.expert_peak_flops_per_s
+        prefill_experts = shape.expert_flops_per_token * prefill_tokens
+        decode_experts = shape.expert_flops_per_token * decodes
+        row_experts = FLOPS_PER_MAC * expert_bytes / shape.expert_bytes_per_param
+        return (
+            (prefill_flops - prefill_experts) / rest + prefill_experts / experts,
+            (decode_flops - decode_experts) / rest + decode_experts / experts,
+            (row_flops - row_experts) / rest + row_experts / experts,
         )
 
     def terms(self, batch: StepBatch) -> PhysicsTerms:
@@ -1185,6 +1239,10 @@ class PhysicsModel(StepTimeModel):
         prefill_s = prefill_flops / peak_flops
         decode_s = decode_flops / peak_flops
         row_s = row_flops / peak_flops
+        if self.mixed_rates:
+            prefill_s, decode_s, row_s = self._mixed_rate_s(
+                shape, 0, d, prefill_flops, decode_flops, row_flops, expert_bytes
+            )
         kv_s = kv_bytes / peak_bytes
         prefill_attention_s = prefill_attention_flops / peak_flops
         decode_attention_s = decode_attention_flops / peak_flops
