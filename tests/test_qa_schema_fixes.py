@@ -236,3 +236,23 @@ def test_kv_cpu_offload_comment_quotes_the_figures_of_each_limit():
     assert "3,982 ms TTFT mean, 625 preemptions" in comment
     assert "4,411 ms TTFT mean, 136 preemptions" in comment
     assert "preempt less" in comment and "preempts more" not in comment
+
+
+@pytest.mark.parametrize(
+    ("text", "told"),
+    [
+        (
+            "engine: {slo_priorities: [1, 2]}",
+            "engine.slo_priorities: Input should be a valid dictionary (got [1, 2])",
+        ),  # fmt: skip
+        (
+            "engine: {batch_formation: [chunked]}",
+            "engine.batch_formation: Input should be a valid string (got ['chunked'])",
+        ),  # fmt: skip
+        ("engine: {preemption_policy: {a: 1}}", "(got {'a': 1})"),
+    ],
+)
+def test_a_list_or_mapping_of_the_wrong_type_is_quoted(tmp_path, text, told):
+    """QA: a wrong-type list or mapping was told without its value (`Input should be a valid
+    string`), while a wrong-type scalar was quoted (`(got 5)`)."""
+    assert told in _refusal(tmp_path, text + "\n")

@@ -744,7 +744,10 @@ def format_spec_error(exc: ValidationError, source: str, model: type | None = No
         # A validator's message may quote a user's value with its line breaks.
         msg = shorten(one_line(text), 300)
         value = err.get("input")
-        shown = "" if isinstance(value, dict | list) else f" (got {excerpt(value)})"
+        # A section's own checks quote what they need: the whole mapping or list is shown
+        # only when its type is the fault (a list where a mapping belongs).
+        whole = isinstance(value, dict | list) and not str(err["type"]).endswith("_type")
+        shown = "" if whole else f" (got {excerpt(value)})"
         parts.append(f"{where}: {msg}{shown}")
     if len(errors) > most:
         parts.append(f"… and {len(errors) - most} more problem(s)")
