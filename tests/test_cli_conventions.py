@@ -481,3 +481,21 @@ def test_blis_spellings_and_stated_defaults_are_taken(tmp_path):
     assert start.returncode == 2
     assert start.stderr.startswith("error: --start: invalid value ")
     assert "must be one of shipped, physical or a coefficients FILE" in start.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "told"),
+    [
+        (["--max-num-seqs", "-1"], "--max-num-seqs (engine.max_num_running_reqs): must be from 1"),
+        (["--max-num-running-reqs", "-1"], "--max-num-seqs (engine.max_num_running_reqs): must"),
+        (["--trace-level", "bogus"], "--trace-level (cluster.trace.level): Input should be"),
+        (["--weight-dtype", "bogus"], "--weight-dtype (weight_dtype): Input should be"),
+    ],
+)
+def test_a_flags_bad_value_names_the_flag_beside_its_field(args, told):
+    """QA: a flag's bad value was told by the scenario field it sets alone
+    (`engine.max_num_running_reqs: must be ...` for --max-num-seqs -1)."""
+    res = runner.invoke(app, ["run", *args, "--num-requests", "2", "-q"])
+    assert res.exit_code == 2
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: command-line flags: {told}"), line

@@ -20,7 +20,7 @@ import typer
 
 from ..errors import ConfigError, excerpt
 from ..limits import MAX_KV_BLOCKS
-from .flags import WORKLOAD_FIELDS
+from .flags import WORKLOAD_FIELDS, naming_flags
 
 _WL = "Workload"
 
@@ -227,7 +227,8 @@ def defaults_file_overrides(
             f"{', '.join(sorted(_DEFAULTS_KEYS))}"
         )
     sc = as_scenario(scenario) if scenario is not None else Scenario()
-    sc = with_overrides(sc, overrides, workload)
+    with naming_flags(overrides):
+        sc = with_overrides(sc, overrides, workload)
     extra: dict[str, Any] = {}
     extra_workload: dict[str, Any] = {}
     entries = _mapping(f"{where}: defaults", data.get("defaults"))

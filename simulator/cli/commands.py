@@ -94,6 +94,7 @@ def _execute(
     from ..api import as_scenario, simulate, with_overrides
     from ..input_files import scenario_input_files
     from ..scenario import Scenario
+    from .flags import naming_flags
 
     check_writable("--results-path", results_path)
     check_writable("--timeline-path", timeline_path)
@@ -108,7 +109,8 @@ def _execute(
     for trace_file in trace_files:
         check_writable("--trace-output", trace_file)
     sc = as_scenario(scenario) if scenario is not None else Scenario()
-    sc = with_overrides(sc, overrides, workload_overrides)
+    with naming_flags(overrides):
+        sc = with_overrides(sc, overrides, workload_overrides)
     decisions_flag = "--decisions-path"
     if "cluster.trace.path" not in overrides:
         decisions_flag = "cluster.trace.path"  # from the scenario file

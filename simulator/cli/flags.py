@@ -12,8 +12,9 @@ annotations`, on purpose): typer reads every option's `Annotated[...]` with
 there, about 10 ms of every `run`'s start-up for ~130 options (tests/test_startup.py).
 """
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -1036,6 +1037,31 @@ RENAMED_FLAGS = {
         "--max-num-batched-tokens",
     ),
 }
+
+
+@contextlib.contextmanager
+def naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
+    """Errors about the fields these flag `overrides` set name the flag the user typed beside
+    the field: `--max-num-seqs (engine.max_num_running_reqs): must be ...` where the scenario
+    check says `engine.max_num_running_reqs: ...` (a scenario file's fields keep their names)."""
+    try:
+        yield
+    except ConfigError as exc:
+        text = str(exc)
+        named = text
+        # Longest paths first: `cluster.pd.prefill.tp` before `tp`.
+        for path in sorted(overrides, key=len, reverse=True):
+            flag = flag_for_field(path)
+            if flag is None or flag in named:
+                continue
+            for before in (": ", "; ", "("):
+                place = f"{before}{path}:"
+                if place in named:
+                    named = named.replace(place, f"{before}{flag} ({path}):", 1)
+                    break
+        if named == text:
+            raise
+        raise ConfigError(named) from exc
 
 
 def flag_for_field(path: str) -> str | None:

@@ -71,7 +71,10 @@ def test_cli_layout_and_precision_reach_the_provenance():
             "error: enable_expert_parallel: invalid value True; expert parallelism needs an MoE",
         ),
         (["--pp", "33"], "error: pp: invalid value 33; must be at most the 32 layers"),
-        (["--kv-capacity-rule", "exact"], "error: command-line flags: engine.kv_capacity_rule"),
+        (
+            ["--kv-capacity-rule", "exact"],
+            "error: command-line flags: --kv-capacity-rule (engine.kv_capacity_rule)",
+        ),
     ],
 )
 def test_cli_refuses_bad_layouts_and_precisions(flags, message):
