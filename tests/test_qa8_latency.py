@@ -213,3 +213,23 @@ def test_the_largest_accepted_model_runs_to_the_end(tmp_path, latency_model):
     e2e_us = summary["e2e_mean_ms"] * 1e3
     assert 3.6e9 < e2e_us < 2**63 / 1e4
     assert math.isfinite(e2e_us)
+
+
+@pytest.mark.parametrize(
+    ("version", "fit", "told"),
+    [
+        ("0.10.0", "0.15.1", "no fit for vLLM 0.10.0, older than every fit, the oldest used"),
+        ("0.16.2", "0.15.1", "no fit for vLLM 0.16.2, the nearest older one used"),
+        ("0.23.5", "0.23.0", "no fit for vLLM 0.23.5, the same minor release's used"),
+        ("0.23.0", "0.23.0", None),
+    ],
+)
+def test_the_provenance_says_which_rule_chose_the_fit(version, fit, told):
+    """QA: a release older than every fit was said to use the "nearest" fit; it gets the
+    oldest (0.15.1 for 0.10.0), and the note now says which rule chose."""
+    from simulator.catalog.hardware import get_gpu
+    from simulator.latency.physics import default_coefficients
+
+    _, source = default_coefficients(get_gpu("H100"), version)
+    assert source.fit_vllm == fit
+    assert (told in source.note) if told else "no fit" not in source.note

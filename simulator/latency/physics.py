@@ -619,7 +619,14 @@ def default_coefficients(
     coefficients = coefficients_from_mapping(entry["coefficients"], where)
     note = ""
     if vllm_version is not None and version_key(vllm_version) != version_key(fit_vllm):
-        note = f"; no fit for vLLM {vllm_version}, nearest used"
+        # Which rule chose it: a release older than every fit gets the oldest, not a near one.
+        if _minor(version_key(fit_vllm)) == _minor(version_key(vllm_version)):
+            chose = "the same minor release's used"
+        elif version_key(fit_vllm) < version_key(vllm_version):
+            chose = "the nearest older one used"
+        else:
+            chose = "older than every fit, the oldest used"
+        note = f"; no fit for vLLM {vllm_version}, {chose}"
     kind = "calibrated" if fit_gpu == gpu.name else "transferred"
     if kind == "calibrated" and not _is_builtin_gpu(gpu):
         # A GPU file's entry under the fit's name but with other figures is another GPU: the
