@@ -233,3 +233,26 @@ def test_the_provenance_says_which_rule_chose_the_fit(version, fit, told):
     _, source = default_coefficients(get_gpu("H100"), version)
     assert source.fit_vllm == fit
     assert (told in source.note) if told else "no fit" not in source.note
+
+
+def test_roofline_names_its_own_gemm_rate():
+    """QA: the precision a roofline run reported was physics's (gpt-oss on a B200: "fp4
+    experts ...") while roofline prices every GEMM at the BF16 rate there (BLIS's rule: the
+    FP8 rate only for exactly one-byte weights on a GPU that has it)."""
+    import simulator
+
+    def gemm(model: str, gpu: str, tp: int = 1) -> str:
+        run = simulator.simulate(
+            {
+                "model": model,
+                "hardware": gpu,
+                "tp": tp,
+                "latency": {"model": "roofline"},
+                "workload": {"num_requests": 1},
+            }  # fmt: skip
+        )
+        return run.scenario["resolved"]["latency"]["precision"]["gemm"]
+
+    assert gemm("openai/gpt-oss-120b", "B200") == "bf16 (2250 TFLOPS, BLIS's rule)"
+    fp8_scout = "redhatai/llama-4-scout-17b-16e-instruct-fp8-dynamic"
+    assert gemm(fp8_scout, "H100", 2) == "fp8 (1979 TFLOPS, BLIS's rule)"

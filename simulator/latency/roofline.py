@@ -175,10 +175,20 @@ class RooflineModel(StepTimeModel):
 
     def provenance(self) -> dict:
         """Adds where the GPU's MFU (this model's only efficiencies) was measured."""
+        from ..catalog.precision import describe_precision
+
+        # BLIS's rule, not physics's: the FP8 rate for exactly one-byte weights, else BF16
+        # (a plan's precision column for gpt-oss on a B200 said "fp4 experts", physics's).
+        fp8 = self.peak_flops == self.gpu.tflops_fp8 * 1e12 and self.gpu.tflops_fp8 > 0
+        precision = {
+            **describe_precision(self.model, self.gpu),
+            "gemm": f"{'fp8' if fp8 else 'bf16'} ({self.peak_flops / 1e12:g} TFLOPS, BLIS's rule)",
+        }
         return {
             **super().provenance(),
             "efficiencies": mfu_provenance(self.gpu),
             "gpu_figures": self.gpu.source,
+            "precision": precision,
         }
 
     def effective_experts(self, step_tokens: int) -> float:
