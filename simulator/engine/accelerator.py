@@ -14,9 +14,10 @@ changing a result:
 
 Neither states an engine rule of its own. It asks the reference: `VLLMEngine.tokens_to_end`
 (when a decoding request's tokens end it: its output or the context limit), `_prefill_chunk`
-(a prefill's chunk), `KVCache.append_token`'s block boundaries (restated in `_demand` and
-`_wake`, pinned by tests/engine/test_rules.py) and `KVCache.defers_hash`. A change to what
-ends a request or what a step allocates is made in the reference; this module follows it, and
+(a prefill's chunk), `KVCache.append_token`'s block boundaries and block fills (restated in
+`_demand` and `_wake`, pinned by tests/engine/test_rules.py) and `KVCache.defers_hash`
+(restated in `_wake`, `_take_block` and `unsteady_one`). A change to what ends a request or
+what a step allocates or hashes is made in the reference; this module follows it, and
 tests/engine/test_fast_paths.py checks that it did.
 """
 
@@ -37,23 +38,34 @@ if TYPE_CHECKING:
 
 _run_seq_of = attrgetter("run_seq")
 
+# What a steady request's wake needs when it can stay steady (`Request.wake_for_block`, bits):
+# a new KV block at a block start, and the hash of the block its token fills; 0: the reference
+# loop must handle it. HASHES_FILLS marks a request whose full blocks are hashed at once
+# (content a later request may look up; not deferred private content, `KVCache.defers_hash`),
+# so that the commonest wake, a private request's block take, is WAKE_BLOCK alone (1) and
+# the hot paths tell it apart with one comparison, literal 1 there for speed.
+WAKE_BLOCK = 1
+WAKE_HASH = 2
+HASHES_FILLS = 4
+
 
 class SteadyDecoders:
     """The decode fast path of one engine.
 
     Most of a busy batch is requests decoding one token per step in which nothing happens but
-    counters moving: no KV block to take, no prompt block to hash, no completion (a private
-    prompt block, whose hashing the KV cache defers, does not count: its fill is applied when
+    counters moving: no KV block to take, no block to hash, no completion (a private block,
+    whose hashing the KV cache defers, does not count: the count of full blocks is set when
     the request stops being steady, see `unsteady_one`). Such a *steady* request is not
     touched step by step: its computed and generated counts are exact as of step `sync_step`
     and advance by one per finished step; its `wake_step` (kept in a heap) is the next step at
-    which it needs individual attention, and from then on the reference loop handles it like
-    any other request until it is steady again. The step-time model gets the steady requests
-    as aggregates (their count and the sum of their contexts, kept incrementally). A step
-    takes the fast path only when nothing can differ from the reference loop: the token budget
-    covers every running request's demand and the free KV blocks cover every allocation, so
-    no request is cut short or preempted; otherwise every steady request is brought up to
-    date and the step is the reference's.
+    which it needs attention. A wake that only takes a KV block or hashes the block its token
+    fills (`WAKE_BLOCK`, `WAKE_HASH`) is done here and the request stays steady; at any other
+    the reference loop handles it like any other request until it is steady again. The
+    step-time model gets the steady requests as aggregates (their count and the sum of their
+    contexts, kept incrementally). A step takes the fast path only when nothing can differ
+    from the reference loop: the token budget covers every running request's demand and the
+    free KV blocks cover every allocation, so no request is cut short or preempted; otherwise
+    every steady request is brought up to date and the step is the reference's.
 
     The state lives here; the engine's own state (queues, KV cache, step log, counters) stays
     on the engine and is read through it.
@@ -159,27 +171,34 @@ class SteadyDecoders:
         return price(steady, self.context_offset + steady * step)
 
     def _take_blocks(self, step: int, now_us: int) -> bool:
-        """The steady requests due at `step` take their KV blocks and stay steady. False, with
-        nothing changed, when one of them needs more than a block or the blocks run short."""
+        """The steady requests due at `step` take their KV blocks (or hash the blocks their
+        tokens fill), in running order, and stay steady. False, with nothing changed, when one
+        of them needs more or the blocks run short."""
         heap = self.wake_heap
         kv = self.kv
         wakers = []
         blocks_only = True
+        hashes_only = 0  # wakers that take no block
         while heap and heap[0][0] <= step:
             entry = heapq.heappop(heap)
             req = entry[2]
             if req.steady and req.wake_step == entry[0]:
                 wakers.append(entry)
-                if not req.wake_for_block:
-                    blocks_only = False
-        if not blocks_only or len(wakers) > kv.total_blocks - kv.used_blocks:
+                need = req.wake_for_block
+                if need != 1:  # not WAKE_BLOCK alone
+                    if not need:
+                        blocks_only = False
+                    elif not need & WAKE_BLOCK:
+                        hashes_only += 1
+        blocks = len(wakers) - hashes_only
+        if not blocks_only or blocks > kv.total_blocks - kv.used_blocks:
             for entry in wakers:
                 heapq.heappush(heap, entry)
             return False
         kv.now_us = now_us
         for entry in wakers:
             self._take_block(entry[2], step)
-        self.engine.steady_block_takes += len(wakers)
+        self.engine.steady_block_takes += blocks
         # Steady steps do not pack the step log; some steady request takes a block at least
         # every block_size steps, so checking here keeps its tails short.
         steps = self.engine.steps
@@ -197,11 +216,15 @@ class SteadyDecoders:
         active = self.unsteady
         woken = False
         block_wakers: list[Request] = []
+        hashes_only = 0  # block_wakers that take no block
         while heap and heap[0][0] <= step:
             wake, _seq, req = heapq.heappop(heap)
             if req.steady and req.wake_step == wake:
-                if req.wake_for_block:
+                need = req.wake_for_block
+                if need:
                     block_wakers.append(req)  # in running order: the heap breaks ties so
+                    if need != 1 and not need & WAKE_BLOCK:
+                        hashes_only += 1
                     continue
                 self.unsteady_one(req)
                 if not woken:
@@ -214,13 +237,15 @@ class SteadyDecoders:
         kv = self.kv
         free = kv.total_blocks - kv.used_blocks
         if block_wakers:
-            if not blocks and not hashes and tokens <= budget and len(block_wakers) <= free:
+            takes = len(block_wakers) - hashes_only
+            if not blocks and not hashes and tokens <= budget and takes <= free:
                 # Nothing handled one by one takes or hashes a block this step, so the cache
-                # ends the same as if the per-request loop had handed these blocks out.
+                # ends the same as if the per-request loop had handed these blocks out and
+                # hashed these blocks (in running order, as it would).
                 for req in block_wakers:
                     self._take_block(req, step)
-                free -= len(block_wakers)
-                self.engine.steady_block_takes += len(block_wakers)
+                free -= takes
+                self.engine.steady_block_takes += takes
             else:
                 for req in block_wakers:
                     self.unsteady_one(req)
@@ -261,9 +286,11 @@ class SteadyDecoders:
             elif computed < limit:
                 tokens += 1
                 # KVCache.append_token's boundaries: a new block at a block start, a hash
-                # when the token fills a block (if it holds prompt tokens).
+                # when the token fills a block.
                 if computed % bs == 0 or not req.block_ids:
                     blocks += 1
+                    if (computed + 1) % bs == 0:  # one-token blocks
+                        hashes = True
                 elif (computed + 1) % bs == 0:
                     hashes = True
         return tokens, blocks, hashes
@@ -278,63 +305,71 @@ class SteadyDecoders:
             if req.state is not RequestState.RUNNING:
                 continue
             if req.num_new_tokens and not req.in_prefill and not req.reload_pending:
-                wake_in, block_only = wake(req, req.computed_tokens, req.generated_tokens)
-                if wake_in or block_only:
-                    self._make_steady(req, wake_in, block_only)
+                wake_in, need = wake(req, req.computed_tokens, req.generated_tokens)
+                if wake_in or need:
+                    self._make_steady(req, wake_in, need)
                     continue
             unsteady.append(req)
         self.unsteady = unsteady
 
     # ---------------------------------------------------------------- one steady request
-    def _wake(self, req: Request, computed: int, generated: int) -> tuple[int, bool]:
+    def _wake(self, req: Request, computed: int, generated: int) -> tuple[int, int]:
         """Steps from the next one until `req` (at `computed` / `generated` tokens), decoding
-        one token per step, needs attention: a KV block to take, a prompt block to hash (not
-        a private one: `lazy_hash_end` records it), or the token that ends it (0 = at once).
-        The flag says the only need then is a new KV block: a request at a block start now
-        (0, True) waits for its block as a steady one."""
+        one token per step, needs attention: a KV block to take, the block its token fills to
+        hash (unless its hashing is deferred: private content, `KVCache.defers_hash`; the count
+        of full blocks is then set by `unsteady_one`), or the token that ends it (0 = at once).
+        The second value says what the need is when it is only KV work (`WAKE_BLOCK`,
+        `WAKE_HASH`, both with one-token blocks; with `HASHES_FILLS` for a request whose fills
+        are hashed), 0 when the token ends the request: a request at a block start now
+        (0, WAKE_BLOCK) waits for its block as a steady one."""
         bs = self.block_size
         steps = -computed % bs  # next position at a block start: a new block
-        block_only = True
-        # The step whose token ends the request needs it; a need that falls on the block step
-        # too makes that step more than a block taking.
+        need = WAKE_BLOCK
+        if req.private_from_token < 0 or not self.kv.defer_private:
+            # KVCache.append_token hashes the block the token at a block's last position fills.
+            need = WAKE_BLOCK | HASHES_FILLS
+            fill = (bs - 1 - computed) % bs
+            if fill < steps:
+                steps, need = fill, WAKE_HASH | HASHES_FILLS
+            elif fill == steps:  # one-token blocks: each token takes a block and fills it
+                need = WAKE_BLOCK | WAKE_HASH | HASHES_FILLS
+        # The step whose token ends the request needs it; a need that falls on the same step
+        # makes that step more than KV work.
         end_in = self.engine.tokens_to_end(computed, generated, req.output_tokens) - 1
         if end_in <= steps:
-            steps = end_in
-            block_only = False
-        # The block holding the last prompt token is hashed once it fills up with output.
-        hash_at = computed + (bs - 1 - computed) % bs
-        if hash_at - computed <= steps and hash_at + 1 <= -(-req.prefill_target // bs) * bs:
-            if self.kv.defers_hash(req, hash_at // bs):
-                # A private block's hashing is deferred anyway (KVCache): filling it only
-                # sets the count a release short of completion hashes, so the request stays
-                # steady and `unsteady_one` sets that count if the block filled meanwhile.
-                req.lazy_hash_end = hash_at + 1
-            else:
-                steps = hash_at - computed
-                block_only = False
-        return (steps, block_only) if steps > 0 else (0, block_only)
+            return (end_in, 0) if end_in > 0 else (0, 0)
+        return steps, need
 
-    def _make_steady(self, req: Request, wake_in: int, block_only: bool) -> None:
+    def _make_steady(self, req: Request, wake_in: int, need: int) -> None:
+        """`need` as `_wake` gives it (or WAKE_BLOCK alone for a request at a block start,
+        marked here if its fills are hashed)."""
+        if need == 1 and (req.private_from_token < 0 or not self.kv.defer_private):
+            need = WAKE_BLOCK | HASHES_FILLS
         step = self.finished_steps
         req.steady = True
         req.sync_step = step
         req.wake_step = step + wake_in
-        req.wake_for_block = block_only
+        req.wake_for_block = need
         self.count += 1
         self.context_offset += req.computed_tokens - step
         heapq.heappush(self.wake_heap, (req.wake_step, req.run_seq, req))
 
     def _take_block(self, req: Request, step: int) -> None:
-        """A steady request at a block start gets its block and stays steady: nothing else of
-        it changes this step, so the reference loop has nothing to do for it."""
+        """A steady request due for KV work only (`wake_for_block`) does it and stays steady:
+        at a block start it gets its block, at a block's last position it hashes the block its
+        token fills (`_fill_block`). Nothing else of it changes this step, so the reference
+        loop has nothing to do for it."""
+        if req.wake_for_block != 1:  # not a private request's block take (WAKE_BLOCK alone)
+            self._fill_block(req, step)
+            return
         self.kv.take_block(req)  # the caller checked the room
         behind = step - req.sync_step
         # After this step's token it is one further on: when does it need attention next?
         computed = req.computed_tokens + behind + 1
         generated = req.generated_tokens + behind + 1
-        # Nearly always the next block start, a block from now: `_wake`'s answer when the
-        # token that ends the request does not come first (the block just taken holds output
-        # alone, so there is no prompt block to hash in it). That test is
+        # Nearly always the next block start, a block from now: `_wake`'s answer when the token
+        # that ends the request does not come first (the block just taken holds output alone,
+        # and its fill is not woken for: the request's hashing is deferred). That test is
         # `VLLMEngine.tokens_to_end(computed, generated, output) - 1 > to_next_block`, written
         # out as it runs every block_size tokens of every request (a call here is measurable
         # per request); tests/engine/test_rules.py pins it to `_wake`.
@@ -344,11 +379,39 @@ class SteadyDecoders:
             and req.output_tokens - generated - 1 > to_next_block
             and self.context_limit - computed - 1 > to_next_block
         ):
-            wake_in, block_only = to_next_block, True
+            wake_in, need = to_next_block, WAKE_BLOCK
         else:
-            wake_in, block_only = self._wake(req, computed, generated)
+            wake_in, need = self._wake(req, computed, generated)
         req.wake_step = wake_step = step + 1 + wake_in
-        req.wake_for_block = block_only
+        req.wake_for_block = need
+        heapq.heappush(self.wake_heap, (wake_step, req.run_seq, req))
+
+    def _fill_block(self, req: Request, step: int) -> None:
+        """`_take_block` for a request whose full blocks are hashed at once (`HASHES_FILLS`):
+        a block to take at a block start, a block to hash when this step's token fills it
+        (both with one-token blocks), as `KVCache.append_token` does for the token."""
+        need = req.wake_for_block
+        behind = step - req.sync_step
+        if need & WAKE_BLOCK:
+            self.kv.take_block(req)  # the caller checked the room
+        if need & WAKE_HASH:
+            self.kv.hash_filled_block(req, req.computed_tokens + behind + 1)
+        computed = req.computed_tokens + behind + 1
+        generated = req.generated_tokens + behind + 1
+        # After a block start, nearly always the block's last position, a block less one
+        # from now (`_wake`'s answer when the token that ends the request does not come first).
+        to_next_block = self.steps_to_next_block
+        if (
+            need == WAKE_BLOCK | HASHES_FILLS
+            and to_next_block
+            and req.output_tokens - generated - 1 > to_next_block
+            and self.context_limit - computed - 1 > to_next_block
+        ):
+            wake_in, need = to_next_block - 1, WAKE_HASH | HASHES_FILLS
+        else:
+            wake_in, need = self._wake(req, computed, generated)
+        req.wake_step = wake_step = step + 1 + wake_in
+        req.wake_for_block = need
         heapq.heappush(self.wake_heap, (wake_step, req.run_seq, req))
 
     def _sync(self, req: Request) -> None:
@@ -370,13 +433,15 @@ class SteadyDecoders:
         req.steady = False
         self.count -= 1
         self.context_offset -= req.computed_tokens - req.sync_step
-        hash_end = req.lazy_hash_end
-        if hash_end:
-            # The private prompt block skipped by `_wake`: if it filled up, the count of
-            # deferred blocks is what filling it on the reference loop would have set.
-            req.lazy_hash_end = 0
-            if req.computed_tokens + in_step >= hash_end:
-                req.deferred_hash_blocks = hash_end // self.block_size
+        private_from = req.private_from_token
+        if private_from >= 0 and self.kv.defer_private:
+            # The private blocks that filled while it was steady (`_wake` does not wake for
+            # them): the count of deferred blocks is what filling them on the reference loop
+            # would have set (`KVCache._hash_full_blocks`): its full blocks, once past the
+            # first private one.
+            full = (req.computed_tokens + in_step) // self.block_size
+            if full > private_from // self.block_size:
+                req.deferred_hash_blocks = full
 
     def unsteady_all(self, in_step: int = 0) -> None:
         if self.count:

@@ -621,7 +621,11 @@ class VLLMEngine:
                     if end > room:
                         end = max(room, computed + 1)
                         chunk = max(1, min(chunk, end - computed))
-                    while not kv.try_allocate(req, computed, end, []):
+                    # Hashed are the blocks that filled with known tokens: the last step's
+                    # accepted burst (at most k + 1 tokens back) and the sampled token at
+                    # `computed`, not the drafts or the lookahead.
+                    back = computed - spec.k - 1
+                    while not kv.try_allocate(req, back if back > 0 else 0, end, [], computed + 1):
                         preempted = True
                         served_itself, i, budget = self._preempt(req, i, budget)
                         if served_itself:
@@ -1015,4 +1019,4 @@ def _retire(req: Request) -> None:
     and fast-path bookkeeping (large ints, one object each) go, as a million finished
     requests would keep them all."""
     req.forget_block_hashes()
-    req.run_seq = req.sync_step = req.wake_step = req.lazy_hash_end = 0
+    req.run_seq = req.sync_step = req.wake_step = 0

@@ -87,13 +87,13 @@ class KVCache:
         self.cpu = cpu
         self.offload_on_evict = cpu is not None and offload_policy == "evict"
         self.offload_on_hash = cpu is not None and offload_policy == "mirror"
-        # Blocks of a request's private content (`Request.private_from_token`) are hashed
-        # only if someone could ever look them up: its own return after a preemption (or any
-        # release short of completion). Until then no lookup can find them, as no other
-        # request has that content, and an index entry would only be erased again when the
-        # block is reused; so their hashing waits for a release that needs it, and a
-        # completed request's never happens. A CPU tier sees every hashed or evicted block,
-        # so with one every block is hashed at once.
+        # Blocks of a request's private content (`Request.private_from_token`: its own prompt
+        # tokens and its output) are hashed only if someone could ever look them up: its own
+        # return after a preemption (or any release short of completion). Until then no
+        # lookup can find them, as no other request has that content, and an index entry
+        # would only be erased again when the block is reused; so their hashing waits for a
+        # release that needs it, and a completed request's never happens. A CPU tier sees
+        # every hashed or evicted block, so with one every block is hashed at once.
         self.defer_private = cpu is None and defer_private_hashes
         self.now_us = 0
 
@@ -176,12 +176,20 @@ class KVCache:
 
     # ------------------------------------------------------------------ mutation
     def try_allocate(
-        self, req: Request, start_token: int, end_token: int, cached: list[int]
+        self,
+        req: Request,
+        start_token: int,
+        end_token: int,
+        cached: list[int],
+        known_end: int = -1,
     ) -> bool:
         """Give `req` KV for tokens [start_token, end_token), first committing `cached` blocks.
 
         `cached` (from cached_prefix_blocks) is only passed when the request holds no blocks.
-        Returns False, changing nothing, when the free blocks do not suffice.
+        The blocks that become full of known tokens are hashed: those below `known_end` when
+        given (a speculative step allocates for drafts and lookahead, whose tokens are not
+        known yet), else below `end_token`. Returns False, changing nothing, when the free
+        blocks do not suffice.
         """
         bs = self.block_size
         if cached:
@@ -221,7 +229,7 @@ class KVCache:
             if not req.block_ids:
                 self.prompt_blocks_looked_up += -(-req.prefill_target // bs)
             self._take_new_blocks(req, new_needed)
-        self._hash_full_blocks(req, start_token, end_token)
+        self._hash_full_blocks(req, start_token, end_token if known_end < 0 else known_end)
         return True
 
     def _take_new_blocks(self, req: Request, count: int) -> None:
@@ -336,14 +344,13 @@ class KVCache:
                 self.cpu.store(old, self.now_us)
 
     def _hash_full_blocks(self, req: Request, start_token: int, end_token: int) -> None:
-        """Hash blocks that became full in [start_token, end_token) and hold prompt tokens.
-
-        Only blocks that contain part of what is being prefilled are hashed; a block made of
-        decode output alone is not (docs/behaviour.md §2.2).
-        """
+        """Hash the blocks that became full in [start_token, end_token): prompt and output
+        alike, as vLLM V1 caches every full block and BLIS's append branch hashes the block a
+        decode token fills (docs/behaviour.md §2.2). A private block's hashing is deferred
+        (`defer_private`): this only notes how many blocks are full."""
         bs = self.block_size
         first = start_token // bs
-        last_full = min(end_token, _hashable_limit(req, bs)) // bs
+        last_full = end_token // bs
         if last_full <= first:
             return
         private_from = req.private_from_token
@@ -368,16 +375,23 @@ class KVCache:
                     self.cpu.store(h, self.now_us)
 
     def append_token(self, req: Request, position: int) -> bool:
-        """KV for one decode token at `position`; a new block only at a block boundary."""
+        """KV for one decode token at `position`; a new block only at a block boundary, a
+        hash (or, for private content, a deferred one) when the token fills its block."""
         bs = self.block_size
         if position % bs == 0 or not req.block_ids:
             if self.used_blocks >= self.total_blocks:
                 return False
             self.take_block(req)
         end = position + 1
-        if end % bs == 0 and end <= _hashable_limit(req, bs):
+        if end % bs == 0:
             self._hash_full_blocks(req, position, end)
         return True
+
+    def hash_filled_block(self, req: Request, end: int) -> None:
+        """The token at `end` - 1, a block's last position, fills its block: what
+        `append_token` does then, for a steady decoder whose KV was taken without it
+        (engine/accelerator.py)."""
+        self._hash_full_blocks(req, end - 1, end)
 
     def check_invariants(self, holders: list[Request]) -> None:
         """Assert KV conservation against the requests that hold blocks (tests and debug)."""
@@ -496,9 +510,3 @@ class KVCache:
 
 _STALE_SLACK = 4096  # stale free-queue entries tolerated beyond as many as the live ones
 _COMPACT_AFTER = 4096  # consumed free-queue entries kept before the list is cut
-
-
-def _hashable_limit(req: Request, block_size: int) -> int:
-    """Tokens up to the end of the block holding the last prefill token: those get hashed."""
-    target = req.prefill_target
-    return -(-target // block_size) * block_size

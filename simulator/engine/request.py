@@ -112,9 +112,10 @@ class Request:
         "steady",
         "sync_step",
         "wake_step",
+        # what the wake needs when it is no more than KV work a steady request does without
+        # leaving the group (accelerator.WAKE_BLOCK, WAKE_HASH, or both as bits); 0 otherwise
         "wake_for_block",
         "run_seq",
-        "lazy_hash_end",
     )
 
     def __init__(
@@ -215,11 +216,8 @@ class Request:
         self.steady = False
         self.sync_step = 0
         self.wake_step = 0
-        self.wake_for_block = False
+        self.wake_for_block = 0
         self.run_seq = 0
-        # A steady request's private prompt block that fills up with output is not woken
-        # for: the token end at which it is full (0 = none), applied when it stops being steady.
-        self.lazy_hash_end = 0
 
     def __repr__(self) -> str:
         return (

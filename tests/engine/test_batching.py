@@ -297,11 +297,13 @@ def test_preempted_request_reprefills_and_never_exceeds_its_output_length():
         d.step()
     assert len(d.batches) == 60
     readmit, _ = d.step()
-    # b's two prompt blocks kept their hashes while free: 32 tokens hit the cache and b
-    # re-prefills the other 81 - 32 = 49 tokens; c's prompt blocks were reused by a and b at
-    # step 34, so c re-prefills all of 32 + 17 = 49 tokens.
-    assert readmit.prefill_chunks == [(32, 49), (0, 49)]
-    assert b.cached_tokens == 32 and c.cached_tokens == 0
+    # b had 80 tokens of KV (32 prompt + 48 of its 49 output tokens): 5 full blocks, all hashed
+    # (output blocks too, as vLLM). Released last block first, its 5th was the one a took at
+    # step 50; the other 4 kept their hashes while free: 64 tokens hit the cache and b
+    # re-prefills the other 81 - 64 = 17 tokens. c's blocks were reused by a and b at step
+    # 34, so c re-prefills all of 32 + 17 = 49 tokens.
+    assert readmit.prefill_chunks == [(64, 17), (0, 49)]
+    assert b.cached_tokens == 64 and c.cached_tokens == 0
     # The re-prefill step produces the next token, not a duplicate of an earlier one.
     assert (b.generated_tokens, c.generated_tokens) == (50, 18)
     d.run()

@@ -303,16 +303,17 @@ def test_append_token_fails_without_side_effects_when_cache_full():
     assert kv.append_token(r, 31) is True  # a non-boundary position needs no block
 
 
-def test_decode_only_blocks_are_not_hashed():
+def test_blocks_filled_by_decode_output_are_hashed():
     kv = KVCache(10, BS)
     a = shared("a", 16, 0)
     assert kv.try_allocate(a, 0, 16, [])
-    for pos in range(16, 33):  # block 1 filled by output tokens only
+    for pos in range(16, 33):  # block 1 filled by output tokens only (position 31 fills it)
         assert kv.append_token(a, pos)
     kv.release(a)
     b = Request("b", 0, 40, 5, segments=[(("prefix", "g"), 16), (("out", "a"), 24)])
-    # The content of b's block 1 equals a's decode block, but decode blocks carry no hash.
-    assert len(kv.cached_prefix_blocks(b, 39)) == 1
+    # b's block 1 holds a's output tokens 0-15: a's decode block, hashed when it filled (as
+    # vLLM V1 and BLIS's append branch do; docs/behaviour.md §2.2).
+    assert len(kv.cached_prefix_blocks(b, 39)) == 2
 
 
 # ---------------------------------------------------------------------------- conservation
@@ -546,10 +547,13 @@ def test_deferring_private_hashes_changes_nothing_anyone_can_see(inputs, groups,
         missing = eager._hash_to_block.items() - lazy._hash_to_block.items()
         assert lazy._hash_to_block.items() <= eager._hash_to_block.items()
         for h, _block in missing:
-            owners = [
-                j for j, r in enumerate(reqs["eager"])
-                if h in r.block_hashes(-(-r.input_tokens // BS), BS)[r.private_from_token // BS :]
-            ]  # fmt: skip
+
+            def private_hashes(r):
+                return r.block_hashes(-(-r.input_tokens // BS) + 2, BS)[
+                    r.private_from_token // BS :
+                ]
+
+            owners = [j for j, r in enumerate(reqs["eager"]) if h in private_hashes(r)]
             assert owners and all(retired[j] or reqs["lazy"][j].block_ids for j in owners), h
 
 

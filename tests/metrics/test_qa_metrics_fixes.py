@@ -163,8 +163,9 @@ def test_prompt_blocks_looked_up_count_admissions_not_decode_or_later_chunks():
     # Returning (a preemption's recompute of prompt and output) is another lookup.
     r.prefill_target = 140
     cached = kv.cached_prefix_blocks(r, 139)
-    assert len(cached) == 3  # the blocks holding prompt tokens were hashed
-    assert kv.try_allocate(r, 48, 140, cached)
+    # Every full block was hashed, output included (as BLIS and vLLM do): 140 // 16 = 8.
+    assert len(cached) == 8
+    assert kv.try_allocate(r, 8 * 16, 140, cached)
     assert kv.prompt_blocks_looked_up == 3 + 9
     # An allocation that does not fit changes nothing.
     big = Request("big", 0, 16 * 100, 1)
