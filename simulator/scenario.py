@@ -389,14 +389,25 @@ class DecisionTraceSpec(_Strict):
     path: Path | None = Field(None, description="write decisions as JSON Lines")
 
     @model_validator(mode="after")
-    def _a_path_records_decisions(self) -> "DecisionTraceSpec":
-        # A decision file with nothing recorded was written empty, without a word; a path
-        # implies the decisions it is for, as --decisions-path does.
-        if self.path is not None and self.level == "none":
+    def _what_needs_decisions_records_them(self) -> "DecisionTraceSpec":
+        # A decision file with nothing recorded was written empty, without a word, and a
+        # summary (or counterfactuals) of nothing printed zeros beside a run that routed every
+        # request (BLIS-Mar warns and prints none): each implies the decisions it is about,
+        # as --decisions-path does.
+        wanted = [
+            name
+            for name, given in (
+                ("a path", self.path is not None),
+                ("summarize", self.summarize),
+                ("counterfactual_k", self.counterfactual_k > 0),
+            )
+            if given
+        ]
+        if wanted and self.level == "none":
             if "level" in self.model_fields_set:
                 raise ValueError(
-                    "level: invalid value 'none' with a path; a decision file needs level "
-                    "decisions (or leave level unset)"
+                    f"level: invalid value 'none' with {wanted[0]}; it needs level decisions "
+                    "(or leave level unset)"
                 )
             self.level = "decisions"
         return self

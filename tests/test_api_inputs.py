@@ -234,6 +234,20 @@ def test_a_decision_file_implies_recording_decisions(tmp_path):
     assert not (tmp_path / "other.jsonl").exists()
 
 
+@pytest.mark.parametrize("trace", [{"summarize": True}, {"counterfactual_k": 2}])
+def test_a_trace_summary_or_counterfactuals_record_the_decisions(trace):
+    """QA: summarize (or counterfactual_k) without level printed `Total Decisions: 0` beside
+    a run that routed all 10 requests; each implies the decisions it is about, as a path does
+    (and is refused beside level 'none' given)."""
+    run = simulator.simulate(
+        {"cluster": {"num_instances": 2, "trace": trace}, "workload": {"num_requests": 10}},
+        warn_unsteady=False,
+    )
+    assert run.decisions.summary()["total_decisions"] == 10
+    with pytest.raises(ConfigError, match=r"cluster.trace: level: invalid value 'none' with"):
+        simulator.simulate({"cluster": {"num_instances": 2, "trace": {**trace, "level": "none"}}})
+
+
 def test_closed_loop_settings_given_to_an_open_loop_are_told(caplog):
     """--think-time-ms without --concurrency is refused, --concurrency with --rate too; a
     scenario file or Python ran both silently. Think time without users is refused; a rate
