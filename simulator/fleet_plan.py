@@ -464,8 +464,12 @@ def _check_event_targets(scenario: Scenario, plan: FleetPlan) -> None:
     for i, e in enumerate(scenario.events):
         if e.target is not None and e.target not in ids:
             raise ConfigError(
-                f"events[{i}].target: unknown instance {e.target!r}; instances are "
-                f"{ids[0]} .. {ids[-1]}"
+                f"events[{i}].target: unknown instance {e.target!r}; "
+                + (
+                    f"the only instance is {ids[0]}"
+                    if len(ids) == 1
+                    else f"instances are {ids[0]} .. {ids[-1]}"
+                )
             )
         if e.node is not None:
             if not scenario.node_pools:

@@ -188,7 +188,10 @@ def _what(value: Any) -> str:
         return "a list"
     if isinstance(value, float):
         return f"the fraction {value!r}" if math.isfinite(value) else f"the number {value!r}"
-    return f"a {type(value).__name__}"
+    if isinstance(value, int):
+        return "an integer"
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
 def _is_numpy_bool(value: Any) -> bool:

@@ -233,8 +233,8 @@ def test_kv_cpu_offload_comment_quotes_the_figures_of_each_limit():
         for line in text.splitlines()
         if line.strip().startswith("#")
     )
-    assert "3,982 ms TTFT mean, 625 preemptions" in comment
-    assert "4,411 ms TTFT mean, 136 preemptions" in comment
+    assert "3,983 ms TTFT mean, 650 preemptions" in comment
+    assert "4,613 ms TTFT mean, 123 preemptions" in comment
     assert "preempt less" in comment and "preempts more" not in comment
 
 
@@ -256,3 +256,17 @@ def test_a_list_or_mapping_of_the_wrong_type_is_quoted(tmp_path, text, told):
     """QA: a wrong-type list or mapping was told without its value (`Input should be a valid
     string`), while a wrong-type scalar was quoted (`(got 5)`)."""
     assert told in _refusal(tmp_path, text + "\n")
+
+
+def test_a_flag_given_an_integer_and_an_event_on_a_one_instance_fleet_read_well(tmp_path):
+    """QA: `expected true or false, not a int (got 1)`, and `instances are instance_0 ..
+    instance_0` for a one-instance fleet."""
+    told = _refusal(tmp_path, "check_invariants: 1\n")
+    assert "check_invariants: expected true or false, not an integer (got 1)" in told
+    scenario = {
+        "events": [{"at_s": 1, "action": "drain_instance", "target": "instance_7"}],
+        "workload": {"num_requests": 2},
+    }
+    with pytest.raises(ConfigError) as err:
+        simulate(scenario)
+    assert str(err.value).endswith("unknown instance 'instance_7'; the only instance is instance_0")
