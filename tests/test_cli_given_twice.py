@@ -31,8 +31,8 @@ RUN = ["run", "--num-requests", "2", "--rate", "1"]
             ],
             "'ttft_p99_ms' is given twice",
         ),  # fmt: skip
-        ([*RUN, "--hardware", ""], "hardware: must name a GPU"),
-        ([*RUN, "--slo-ttft-ms", "0"], "slo.ttft_ms: must be > 0"),
+        ([*RUN, "--hardware", ""], "--hardware (hardware): must name a GPU"),
+        ([*RUN, "--slo-ttft-ms", "0"], "--slo-ttft-ms (slo.ttft_ms): must be > 0"),
         (["calibrate", "--workers", "0"], "--workers: invalid value 0"),
     ],
 )
