@@ -437,7 +437,15 @@ def test_defaults_filepath_block_count_is_used_at_stock_settings(tmp_path):
     base = {"hardware": "H100", "tp": 1, "latency.model": "roofline"}
     extra, _ = defaults_file_overrides(path, None, base, {})
     assert extra == {"engine.total_kv_blocks": 1500}
-    for given in ({"engine.total_kv_blocks": 900}, {"engine.gpu_memory_utilization": 0.3}):
+    # Not beside an explicit count, a setting that changes it, or under physics (whose own
+    # rule over measured rows an explicit count would skip: a row must also fit beside the
+    # weights on TP GPUs alone) or trained-physics (which always computes).
+    for given in (
+        {"engine.total_kv_blocks": 900},
+        {"engine.gpu_memory_utilization": 0.3},
+        {"latency.model": "physics"},
+        {"latency.model": "trained-physics"},
+    ):
         extra, _ = defaults_file_overrides(path, None, {**base, **given}, {})
         assert "engine.total_kv_blocks" not in extra
     bad = tmp_path / "bad.yaml"

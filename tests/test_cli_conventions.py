@@ -490,6 +490,10 @@ def test_blis_spellings_and_stated_defaults_are_taken(tmp_path):
         (["--max-num-running-reqs", "-1"], "--max-num-seqs (engine.max_num_running_reqs): must"),
         (["--trace-level", "bogus"], "--trace-level (cluster.trace.level): Input should be"),
         (["--weight-dtype", "bogus"], "--weight-dtype (weight_dtype): Input should be"),
+        (
+            ["--summarize-trace", "--trace-level", "none"],
+            "--trace-level (cluster.trace.level): invalid value 'none' with summarize",
+        ),
     ],
 )
 def test_a_flags_bad_value_names_the_flag_beside_its_field(args, told):

@@ -214,7 +214,7 @@ def defaults_file_overrides(
     model, GPU and TP in `models:`)."""
     from ..api import as_scenario, with_overrides
     from ..catalog.defaults import canonical_gpu, model_defaults
-    from ..deployment import settings_unlike_measured_row
+    from ..deployment import capacity_rule, settings_unlike_measured_row
     from ..input_files import read_yaml_mapping
     from ..scenario import Scenario, SyntheticWorkload
 
@@ -272,9 +272,14 @@ def defaults_file_overrides(
     blocks = fitted.get("total_kv_blocks") if fitted is not None else None
     if blocks is not None and sc.engine.total_kv_blocks is None:
         blocks = _row_blocks(row_where, blocks)
-        # The file's row replaces the bundled one, under the same rule: a count logged at
-        # stock settings, used unless a setting that changes it is given (then computed).
-        if backend != "trained-physics" and settings_unlike_measured_row(sc) is None:
+        # Under BLIS's backends (the `blis` capacity rule) the file's row replaces the
+        # bundled one as BLIS-Mar takes it: a count logged at stock settings, used unless a
+        # setting that changes it is given (then computed). physics keeps its own rule over
+        # the bundled rows (a row must also fit beside the weights on TP GPUs alone), which
+        # an explicit count would skip.
+        # (trained-physics, BLIS-current's, always computes: its rows carry no counts.)
+        stock = settings_unlike_measured_row(sc) is None
+        if capacity_rule(sc) == "blis" and backend != "trained-physics" and stock:
             extra["engine.total_kv_blocks"] = blocks
     if sc.latency.alpha_coeffs is None:
         coefficients = None

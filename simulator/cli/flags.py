@@ -1054,9 +1054,13 @@ def naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
             flag = flag_for_field(path)
             if flag is None or flag in named:
                 continue
+            # The field as a check names it: whole (`engine.max_num_running_reqs:`), or as a
+            # section's own check does (`cluster.trace: level:`).
+            section, _, leaf = path.rpartition(".")
+            forms = [path, f"{section}: {leaf}"] if section else [path]
             for before in (": ", "; ", "("):
-                place = f"{before}{path}:"
-                if place in named:
+                place = next((f"{before}{f}:" for f in forms if f"{before}{f}:" in named), None)
+                if place is not None:
                     named = named.replace(place, f"{before}{flag} ({path}):", 1)
                     break
         if named == text:
