@@ -334,7 +334,9 @@ class Request:
         # below 2**62, offsets below 2**62 / stride), where `range` counts in C integers.
         lo = done * block_size
         end = full_blocks * block_size
-        prev = hashes[-1] if done else 0
+        # A LoRA adapter changes every layer's K and V: its blocks are another content than
+        # the base model's or another adapter's, as vLLM V1 puts the LoRA in the block hash.
+        prev = hashes[-1] if done else (hash(("lora", self.adapter)) // 2 if self.adapter else 0)
         pieces: list[tuple[int, int, int]] = []
         seg_start = 0
         for key, length in (*self.segments, (self.output_key, end)):

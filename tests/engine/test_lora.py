@@ -446,3 +446,37 @@ def test_per_adapter_figures_count_each_request_once(extra):
     assert ft["requests"] == s["offered_requests"] == 60
     assert ft["completed_requests"] == s["completed_requests"]
     assert ft["e2e_mean_ms"] == pytest.approx(s["e2e_mean_ms"])
+
+
+def test_prefix_cache_blocks_are_per_adapter():
+    """QA: two adapters (and the base model) sharing a 256-token system prompt reused each
+    other's KV (256 cached tokens each), where vLLM's block hash includes the LoRA and an
+    adapter changes every K and V. Law: a request's cached tokens come only from requests of
+    its own adapter; the same adapter still hits (floor(288 / 16) = 18 full blocks, of which
+    the 16 of the shared 256-token prefix are cached)."""
+    import simulator
+
+    def client(i: int, adapter: str | None) -> dict:
+        return {
+            "id": f"c{i}", "rate_fraction": 1, **({"adapter": adapter} if adapter else {}),
+            "prefix_group": "sys", "prefix_length": 256, "arrival": {"process": "constant"},
+            "input_distribution": {"type": "constant", "params": {"value": 32}},
+            "output_distribution": {"type": "constant", "params": {"value": 8}},
+        }  # fmt: skip
+
+    def cached(adapters: list) -> list[int]:
+        scenario = {
+            "latency": {"model": "roofline"},
+            "lora": {"adapters": [{"name": "ft", "rank": 16, "count": 2}], "max_loras": 2},
+            "workload": {"version": "2", "aggregate_rate": 2, "num_requests": len(adapters),
+                         "seed": 1,
+                         "clients": [client(i, a) for i, a in enumerate(adapters)]},
+        }  # fmt: skip
+        run = simulator.simulate(scenario, warn_unsteady=False, check_invariants=True)
+        return run.requests.sort_values("arrival_us")["cached_tokens"].tolist()
+
+    # The clients' first requests arrive together and are admitted one after another in one
+    # step, each looking up after the one before hashed its prompt: 256 cached tokens each
+    # for the second and third before, none now; two clients of one adapter still share.
+    assert cached(["ft-0", "ft-1", None]) == [0, 0, 0]
+    assert cached(["ft-0", "ft-0", "ft-1"]) == [0, 256, 0]
