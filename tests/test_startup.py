@@ -74,6 +74,14 @@ def test_the_run_and_help_paths_import_nothing_heavy(argv):
     assert _top(_modules_after(argv)) == set()
 
 
+def test_help_imports_no_schema():
+    """`--help` builds no scenario: pydantic (about 40 ms of a 0.2 s start) stays out. A
+    module-level `from ..limits import ...` in cli/blis.py brought it in (0.19 -> 0.23 s)."""
+    modules = _modules_after(["--help"])
+    assert {m for m in modules if m.split(".")[0] == "pydantic"} == set()
+    assert "simulator.limits" not in modules and "simulator.scenario" not in modules
+
+
 # The modules of features a run may not use: imported by the runs that use them, so a plain
 # run does not build their classes at start-up.
 FEATURE_MODULES = (

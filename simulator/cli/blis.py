@@ -19,7 +19,6 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError, excerpt
-from ..limits import MAX_KV_BLOCKS
 from .flags import WORKLOAD_FIELDS, naming_flags
 
 _WL = "Workload"
@@ -192,6 +191,8 @@ def _coefficients(where: str, section: dict) -> dict[str, list[float]]:
 
 
 def _row_blocks(where: str, value: object) -> int:
+    from ..limits import MAX_KV_BLOCKS  # pydantic: not at import, which `--help` pays for
+
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_KV_BLOCKS:
         raise ConfigError(
             f"{where}.total_kv_blocks: invalid value {excerpt(value)}; expected a whole number "
