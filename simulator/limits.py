@@ -248,10 +248,19 @@ def integer(lo: int, hi: int, unit: str, why: str) -> Any:
 
 
 def number(
-    lo: float, hi: float, unit: str, why: str, *, lo_open: bool = False, zero_off: bool = False
+    lo: float,
+    hi: float,
+    unit: str,
+    why: str,
+    *,
+    lo_open: bool = False,
+    zero_off: bool = False,
+    zero_passes: bool = False,
 ) -> Any:
     """A float field in [lo, hi] ((lo, hi] with `lo_open`; also exactly 0 with `zero_off`):
-    refuses strings, booleans, NaN and infinities; integers are welcome."""
+    refuses strings, booleans, NaN and infinities; integers are welcome. `zero_passes` lets
+    exactly 0 through unannounced (the range says what else is allowed), for a check of the
+    model holding the field that says what a 0 needs there."""
     below = _range_text(lo, hi, unit, lo_open, zero_off)
     above = f"{below}: {why}"
 
@@ -264,7 +273,7 @@ def number(
             raise ValueError(above) from None
         except (TypeError, ValueError):
             raise ValueError(f"expected a number, not {_what(value)}") from None
-        if zero_off and value == 0:
+        if (zero_off or zero_passes) and value == 0:
             return value
         if value > hi:
             raise ValueError(above)

@@ -9,21 +9,12 @@ of its kind (simulator/limits.py): a count of requests, tokens, µs, a rate.
 # Annotations are evaluated as written (no `from __future__ import annotations`): pydantic
 # would otherwise compile and evaluate each field's annotation text when the class is
 # created, a cost every run pays at start-up (docs/performance.md, "Start-up").
-import inspect
 import logging
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError, key_text
 from ..limits import (
@@ -115,25 +106,17 @@ _RateOrZero = number(
     "a rate's mean gap must fit the clock; 0 means every rate is absolute",
     zero_off=True,
 )
-_PositiveRateFraction = number(
-    0, MAX_RATE_PER_S, "", "a weight of rates, which are at most 10^9 per second", lo_open=True
+# A rate share: > 0 and at most 10^9. A 0 passes on to the client's own check, which says what
+# it needs (a number > 0 unless the client is closed-loop, which may carry a 0); a negative
+# weight is refused as "must be > 0", as 0 is.
+_RateFractionOrNone = number(
+    0,
+    MAX_RATE_PER_S,
+    "",
+    "a weight of rates, which are at most 10^9 per second",
+    lo_open=True,
+    zero_passes=True,
 )
-_check_positive_rate_fraction = _PositiveRateFraction.__metadata__[0].func
-
-
-def _rate_fraction(value: Any) -> float:
-    """A rate share: > 0 and at most 10^9. 0 passes here, so that the client's own check can
-    say what it needs (a number > 0 unless the client is closed-loop, which may carry a 0):
-    a negative weight is refused as "must be > 0", as 0 is."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
-        return 0.0
-    return _check_positive_rate_fraction(value)
-
-
-_rate_fraction.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [inspect.Parameter("value", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-)  # pydantic then need not inspect the function (limits.py, `_VALUE_ONLY`)
-_RateFractionOrNone = Annotated[float, BeforeValidator(_rate_fraction)]
 # Seconds that may be negative (BLIS: a negative drain timeout means the default).
 _SignedSeconds = integer(-MAX_TIME_S, MAX_TIME_S, "s", "the clock's range in whole seconds")
 _PromptCount = integer(
