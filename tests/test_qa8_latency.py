@@ -165,20 +165,24 @@ def test_the_cli_refuses_it_in_one_line_with_exit_2(tmp_path):
 
 def test_sizes_each_within_bounds_whose_product_is_not_are_refused(tmp_path):
     """hidden 2^20 (32 heads of 32,768, 8 KV heads), FFN 2^22, vocabulary 128,256, untied.
-    A layer: attention d(d + 2 d/4) + d^2 = 2.5 x 2^40, SwiGLU 3 x 2^20 x 2^22 = 12 x 2^40;
-    embeddings and LM head 2 x 128,256 x 2^20 = 0.245 x 2^40. 70 layers make
-    (70 x 14.5 + 0.245) x 2^40 = 1,015.2 x 2^40, under 2^50 = 1,024 x 2^40; 71 make 1,029.7."""
-    from simulator.catalog.models import MAX_PARAMETERS, config_parameters
+    A layer: attention d(d + 2 d/4) + d^2 = 2.5 x 2^40, SwiGLU 3 x 2^20 x 2^22 = 12 x 2^40,
+    two RMSNorms 2 x 2^20; embeddings and LM head 2 x 128,256 x 2^20 = 0.245 x 2^40, the final
+    norm 2^20 (the count the KV capacity's weight estimate makes, `model_param_count`). 70
+    layers make about (70 x 14.5 + 0.245) x 2^40 = 1,015.2 x 2^40, under 2^50 = 1,024 x 2^40;
+    71 make 1,029.7."""
+    from simulator.catalog.models import MAX_PARAMETERS
+    from simulator.latency.kv_capacity import model_param_count
 
     sizes = {"hidden_size": 2**20, "intermediate_size": 2**22}
     ok = load_model(str(_folder(tmp_path, "seventy", num_hidden_layers=70, **sizes)))
-    layer = int(2.5 * 2**40) + 12 * 2**40
-    assert config_parameters(ok) == 70 * layer + 2 * 128_256 * 2**20 <= MAX_PARAMETERS
+    layer = int(2.5 * 2**40) + 12 * 2**40 + 2 * 2**20
+    rest = 2 * 128_256 * 2**20 + 2**20
+    assert model_param_count(ok) == 70 * layer + rest <= MAX_PARAMETERS
     with pytest.raises(ConfigError) as exc:
         load_model(str(_folder(tmp_path, "seventy-one", num_hidden_layers=71, **sizes)))
-    assert 71 * layer + 2 * 128_256 * 2**20 == 1_132_216_193_122_304 > MAX_PARAMETERS
+    assert 71 * layer + rest == 1_132_216_343_068_672 > MAX_PARAMETERS
     assert str(exc.value) == (
-        "model 'seventy-one': parameters: invalid value 1,132,216,193,122,304; the sizes of "
+        "model 'seventy-one': parameters: invalid value 1,132,216,343,068,672; the sizes of "
         "config.json (hidden_size 1,048,576, num_hidden_layers 71, intermediate_size "
         "4,194,304, vocab_size 128,256) must make at most 1,125,899,906,842,624 parameters "
         "(2^50, about 1,000 times the largest open model's 1.04e12); a larger model is a "

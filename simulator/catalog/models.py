@@ -442,41 +442,6 @@ def _windowed_layers(
     return tuple(layers), window, "sliding" if layers else ""
 
 
-def config_parameters(model: ModelConfig) -> int:
-    """Parameters of the config, every expert counted (as `physics` counts the weights:
-    attention or MLA projections, SwiGLU MLPs, experts, shared experts, routers, embeddings and
-    an untied LM head). Exact integers: the bound on it must not overflow itself."""
-    d, heads = model.hidden_dim, model.num_heads
-    head_dim = model.config_head_dim or d // heads
-    if model.kv_lora_rank > 0:
-        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
-        q = (
-            d * model.q_lora_rank + model.q_lora_rank * heads * qk
-            if model.q_lora_rank
-            else d * heads * qk
-        )
-        attention = (
-            q
-            + d * (model.kv_lora_rank + model.qk_rope_head_dim)
-            + model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim)
-            + heads * model.v_head_dim * d
-        )
-    else:
-        q_dim, kv_dim = heads * head_dim, model.effective_kv_heads * head_dim
-        attention = d * (q_dim + 2 * kv_dim) + q_dim * d
-    d_ff = model.intermediate_dim or 4 * d
-    if model.is_moe:
-        moe_layers = model.moe_layer_count
-        dense_layers = model.num_layers - moe_layers
-        expert = 3 * d * (model.moe_expert_ffn_dim or d_ff)
-        moe = model.num_local_experts * (expert + d) + 3 * d * model.shared_ffn_dim
-        mlp = moe_layers * moe + dense_layers * 3 * d * (model.dense_ffn_dim or d_ff)
-    else:
-        mlp = model.num_layers * 3 * d * d_ff
-    embeddings = model.vocab_size * d * (1 if model.tie_word_embeddings else 2)
-    return model.num_layers * attention + mlp + embeddings
-
-
 def _check_sizes(model: ModelConfig, where: str) -> None:
     """The size bounds (MAX_SIZES, MAX_PARAMETERS), naming the config key, its value and the
     range allowed."""
@@ -489,7 +454,10 @@ def _check_sizes(model: ModelConfig, where: str) -> None:
                 f"must be an integer in [0, {bound:,}] (2^{bound.bit_length() - 1}; the "
                 f"largest real model's is {largest}); a larger size is a damaged config",
             )
-    parameters = config_parameters(model)
+    # kv_capacity imports this module's types: importing it at the top would be a cycle.
+    from simulator.latency.kv_capacity import model_param_count
+
+    parameters = model_param_count(model)
     if parameters > MAX_PARAMETERS:
         experts = f", {model.num_local_experts:,} experts" if model.is_moe else ""
         # The standard `<field>: invalid value <value>; <allowed>`, the count with separators.
