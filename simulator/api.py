@@ -42,6 +42,7 @@ from .latency.kv_capacity import kv_bytes_per_token
 from .limits import MAX_REQUESTS
 from .metrics.results import Result
 from .scenario import (
+    FLAGS_SOURCE,
     Scenario,
     SyntheticWorkload,
     TraceSpec,
@@ -307,24 +308,17 @@ def simulate(
 
 
 def _transfer_bytes_per_token(
-    sc: Scenario, deployment: Deployment, setups: list[InstanceSetup] | None = None
+    sc: Scenario, deployment: Deployment, setups: list[InstanceSetup]
 ) -> float:
-    """The KV bytes per token a PD transfer moves: what one GPU of the prefill instance holds
-    (`deployment.transfer_bytes_per_token`), from the prefill pool's own deployment: the one
-    its instances' setups carry (a `role: prefill` deployment's, or the `cluster.pd.prefill`
-    pool's), else the pool's as `cluster.pd.prefill` describes it. (Until 2026-12-07 the
-    setups were not read, and a `role: prefill` deployment's TP and PP were ignored: the
-    scenario `plan_fleet` returns describes its pools by their sizes alone.) `plan_fleet`
-    refuses prefill deployments of different sizes unless `cluster.pd.kv_bytes_per_token`
-    overrides them."""
+    """The KV bytes per token a PD transfer moves: what one GPU of a prefill instance holds
+    (`deployment.transfer_bytes_per_token`), from the deployment the prefill instances' setups
+    carry (a `role: prefill` deployment's, or the `cluster.pd.prefill` pool's). (Until
+    2026-12-07 a `role: prefill` deployment's TP and PP were ignored: the scenario `plan_fleet`
+    returns describes its pools by their sizes alone.) `plan_fleet` refuses prefill
+    deployments of different sizes unless `cluster.pd.kv_bytes_per_token` overrides them."""
     if not sc.cluster.pd.enabled:
         return kv_bytes_per_token(deployment.model)
-    prefill = next(
-        (s.deployment for s in setups or () if s.role == "prefill" and s.deployment is not None),
-        None,
-    )
-    if prefill is None:
-        prefill = pool_deployments(sc, deployment)["prefill"]
+    prefill = next(s.deployment for s in setups if s.role == "prefill")
     return transfer_bytes_per_token(prefill)
 
 
@@ -436,6 +430,10 @@ def client_replay(max_in_flight: int | str | None, trace_data: str | Path) -> Cl
     return ClientReplay(True, value, "--max-in-flight")
 
 
+# The `source` `simulate`'s keyword overrides carry (FLAGS_SOURCE: the command line's).
+KEYWORDS_SOURCE = "keyword arguments"
+
+
 def keyword_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
     """`simulate`'s keyword overrides (dotted with `__`) applied as the command line and a
     sweep's grid apply theirs (`with_overrides`): coefficients without a model choose the
@@ -453,14 +451,14 @@ def keyword_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario
         elif "latency.coeffs_file" in dotted:
             dotted["latency.model"] = "physics"
     workload = {key: dotted.pop(key) for key in list(dotted) if key in V2_EQUIVALENTS}
-    return with_overrides(scenario, dotted, workload, source="keyword arguments")
+    return with_overrides(scenario, dotted, workload, source=KEYWORDS_SOURCE)
 
 
 def with_overrides(
     scenario: Scenario,
     overrides: dict[str, Any],
     workload_overrides: dict[str, Any] | None = None,
-    source: str = "command-line flags",
+    source: str = FLAGS_SOURCE,
 ) -> Scenario:
     """Apply flag overrides (dotted scenario paths) the way BLIS's CLI does, with one
     departure: on a v2 spec `--rate` replaces its aggregate_rate, where both BLIS releases
@@ -503,9 +501,7 @@ def with_overrides(
         # Only a rate the user typed (a flag, `simulate`'s keyword) departs from BLIS; a
         # sweep's grid or a plan's probe sets a v2 spec's aggregate_rate by design
         # (docs/sweeps.md), and validating then running each point would say it twice.
-        given_as = {"command-line flags": "--rate", "keyword arguments": "workload__rate"}.get(
-            source
-        )
+        given_as = {FLAGS_SOURCE: "--rate", KEYWORDS_SOURCE: "workload__rate"}.get(source)
         if given_as and field == "aggregate_rate" and spec.get(field) not in (None, value):
             log.warning(
                 "%s %g replaces the workload spec's aggregate_rate %g (BLIS ignores --rate "

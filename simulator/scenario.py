@@ -844,6 +844,10 @@ def authored_fields(model: BaseModel) -> dict[str, Any]:
     return data
 
 
+# The `source` the command line's overrides carry (api.with_overrides).
+FLAGS_SOURCE = "command-line flags"
+
+
 def apply_overrides(
     scenario: Scenario, overrides: dict[str, Any], source: str = "overrides"
 ) -> "Scenario":
@@ -873,10 +877,6 @@ def apply_overrides(
     updated = scenario_from_dict(data, source=source)
     updated._base_dir = scenario._base_dir  # noqa: SLF001
     return updated
-
-
-# The `source` the command line's overrides carry (api.with_overrides).
-FLAGS_SOURCE = "command-line flags"
 
 
 def _check_think_time_flag(data: dict[str, Any], overrides: dict[str, Any]) -> None:
