@@ -90,6 +90,11 @@ def test_a_pd_transfer_moves_one_whole_head_per_prefill_gpu():
     """Each prefill GPU sends its own share over its own lane: at prefill TP 16 that share is
     one whole head of Llama-3.1-8B's 8, 16,384 B per token (8,192 before)."""
     from simulator.api import _transfer_bytes_per_token, as_scenario
+    from simulator.deployment import instance_setups
+
+    def transfer_bytes(sc):  # as simulate sizes it: from its instances' setups
+        deployment = resolve_deployment(sc)
+        return _transfer_bytes_per_token(sc, deployment, instance_setups(sc, deployment))
 
     scenario = as_scenario(
         {
@@ -101,7 +106,7 @@ def test_a_pd_transfer_moves_one_whole_head_per_prefill_gpu():
             },
         }
     )
-    assert _transfer_bytes_per_token(scenario, resolve_deployment(scenario)) == 16_384
+    assert transfer_bytes(scenario) == 16_384
     # Under BLIS's backends as BLIS sizes it, for parity: the whole KV / TP, 131,072 / 16.
     blis = as_scenario(scenario.model_dump() | {"latency": {"model": "roofline"}})
-    assert _transfer_bytes_per_token(blis, resolve_deployment(blis)) == 8_192
+    assert transfer_bytes(blis) == 8_192
