@@ -144,10 +144,9 @@ class RooflineModel(StepTimeModel):
 
         # FP8 tensor-core rate only for exactly one-byte weights on a GPU that has it
         # (docs/behaviour.md §4); sub-byte weights (W4A16) are dequantised and run at the BF16 rate.
-        if bytes_weight == 1.0 and gpu.tflops_fp8 > 0:
-            self.peak_flops = gpu.tflops_fp8 * 1e12
-        else:
-            self.peak_flops = gpu.tflops_peak * 1e12
+        self.gemm_precision = "fp8" if bytes_weight == 1.0 and gpu.tflops_fp8 > 0 else "bf16"
+        tflops = gpu.tflops_fp8 if self.gemm_precision == "fp8" else gpu.tflops_peak
+        self.peak_flops = tflops * 1e12
         self.prefill_flops_rate = tp * self.peak_flops * gpu.mfu_prefill
         self.decode_flops_rate = tp * self.peak_flops * gpu.mfu_decode
         self.bw_bytes_per_s = gpu.bw_peak_tbs * 1e12
@@ -177,12 +176,11 @@ class RooflineModel(StepTimeModel):
         """Adds where the GPU's MFU (this model's only efficiencies) was measured."""
         from ..catalog.precision import describe_precision
 
-        # BLIS's rule, not physics's: the FP8 rate for exactly one-byte weights, else BF16
-        # (a plan's precision column for gpt-oss on a B200 said "fp4 experts", physics's).
-        fp8 = self.peak_flops == self.gpu.tflops_fp8 * 1e12 and self.gpu.tflops_fp8 > 0
+        # BLIS's rule (__init__), not physics's: a plan's precision column for gpt-oss on a
+        # B200 said "fp4 experts", physics's.
         precision = {
             **describe_precision(self.model, self.gpu),
-            "gemm": f"{'fp8' if fp8 else 'bf16'} ({self.peak_flops / 1e12:g} TFLOPS, BLIS's rule)",
+            "gemm": f"{self.gemm_precision} ({self.peak_flops / 1e12:g} TFLOPS, BLIS's rule)",
         }
         return {
             **super().provenance(),
