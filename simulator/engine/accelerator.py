@@ -15,10 +15,10 @@ changing a result:
 Neither states an engine rule of its own. It asks the reference: `VLLMEngine.tokens_to_end`
 (when a decoding request's tokens end it: its output or the context limit), `_prefill_chunk`
 (a prefill's chunk), `KVCache.append_token`'s block boundaries and block fills (restated in
-`_demand` and `_wake`, pinned by tests/engine/test_rules.py) and `KVCache.defers_hash`
-(restated in `_wake`, `_take_block` and `unsteady_one`). A change to what ends a request or
-what a step allocates or hashes is made in the reference; this module follows it, and
-tests/engine/test_fast_paths.py checks that it did.
+`_demand` and `_wake`, pinned by tests/engine/test_rules.py) and `KVCache.defers_hash` (asked
+by `_wake`, whose answer `wake_for_block` carries to `_take_block`, and by `unsteady_one`). A
+change to what ends a request or what a step allocates or hashes is made in the reference;
+this module follows it, and tests/engine/test_fast_paths.py checks that it did.
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ class SteadyDecoders:
         bs = self.block_size
         steps = -computed % bs  # next position at a block start: a new block
         need = WAKE_BLOCK
-        if req.private_from_token < 0 or not self.kv.defer_private:
+        if not self.kv.defers_hash(req, computed // bs):
             # KVCache.append_token hashes the block the token at a block's last position fills.
             need = WAKE_BLOCK | HASHES_FILLS
             fill = (bs - 1 - computed) % bs
@@ -341,10 +341,7 @@ class SteadyDecoders:
         return steps, need
 
     def _make_steady(self, req: Request, wake_in: int, need: int) -> None:
-        """`need` as `_wake` gives it (or WAKE_BLOCK alone for a request at a block start,
-        marked here if its fills are hashed)."""
-        if need == 1 and (req.private_from_token < 0 or not self.kv.defer_private):
-            need = WAKE_BLOCK | HASHES_FILLS
+        """`need` as `_wake` gives it."""
         step = self.finished_steps
         req.steady = True
         req.sync_step = step
@@ -433,15 +430,12 @@ class SteadyDecoders:
         req.steady = False
         self.count -= 1
         self.context_offset -= req.computed_tokens - req.sync_step
-        private_from = req.private_from_token
-        if private_from >= 0 and self.kv.defer_private:
-            # The private blocks that filled while it was steady (`_wake` does not wake for
-            # them): the count of deferred blocks is what filling them on the reference loop
-            # would have set (`KVCache._hash_full_blocks`): its full blocks, once past the
-            # first private one.
-            full = (req.computed_tokens + in_step) // self.block_size
-            if full > private_from // self.block_size:
-                req.deferred_hash_blocks = full
+        # The private blocks that filled while it was steady (`_wake` does not wake for them):
+        # the count of deferred blocks is what filling them on the reference loop would have
+        # set (`KVCache._hash_full_blocks`): its full blocks, when the last of them is deferred.
+        full = (req.computed_tokens + in_step) // self.block_size
+        if full and self.kv.defers_hash(req, full - 1):
+            req.deferred_hash_blocks = full
 
     def unsteady_all(self, in_step: int = 0) -> None:
         if self.count:

@@ -284,7 +284,8 @@ def test_a_steady_block_take_wakes_next_as_wake_says(
     req.prefill_target = prompt
     req.in_prefill = False
     steady = engine.steady
-    steady._make_steady(req, 0, True)  # noqa: SLF001
+    # Made steady at its block start as the engine does it: with `_wake`'s answer.
+    steady._make_steady(req, *steady._wake(req, computed, generated))  # noqa: SLF001
     steady.wake_heap.clear()
     steady._take_block(req, 0)  # noqa: SLF001
     wake_in, block_only = steady._wake(req, computed + 1, generated + 1)  # noqa: SLF001
