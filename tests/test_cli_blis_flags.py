@@ -259,7 +259,7 @@ def test_model_config_folder(tmp_path):
     assert mine.stdout == theirs.stdout
     missing = runner.invoke(app, [*base, "--model-config-folder", str(tmp_path / "none")])
     assert missing.exit_code == 2
-    assert "model_config_folder: invalid value" in missing.stderr  # the field given, not model
+    assert "--model-config-folder (model_config_folder): invalid value" in missing.stderr
     assert "no such folder or file" in missing.stderr
 
 

@@ -503,3 +503,23 @@ def test_a_flags_bad_value_names_the_flag_beside_its_field(args, told):
     assert res.exit_code == 2
     (line,) = res.stderr.splitlines()
     assert line.startswith(f"error: command-line flags: {told}"), line
+
+
+@pytest.mark.parametrize(
+    ("args", "told"),
+    [
+        (["--hardware", "A100"], "--hardware (hardware): unknown GPU 'A100'; valid: A100-80"),
+        (
+            ["--num-instances", "2", "--prefill-instances", "1", "--decode-instances", "1"]
+            + ["--prefill-hardware", "A100"],
+            "--prefill-hardware (cluster.pd.prefill.hardware): unknown GPU 'A100'",
+        ),
+    ],
+)
+def test_a_flags_unknown_gpu_names_the_flag(args, told):
+    """QA: the GPU catalog's check runs when the deployment resolves, after the scenario's,
+    and its message began with the field alone (`hardware: unknown GPU 'A100'`)."""
+    res = runner.invoke(app, ["run", *args, "--num-requests", "2", "-q"])
+    assert res.exit_code == 2
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {told}"), line

@@ -137,7 +137,7 @@ def test_cli() -> None:
     assert '"instance_id": "instance_0.dp1"' in ran.stdout
     refused = runner.invoke(app, [*args, "--dp", "2", "--latency-model", "roofline"])
     assert refused.exit_code == 2
-    assert refused.stderr.startswith("error: dp: invalid value 2; latency model 'roofline'")
+    assert refused.stderr.startswith("error: --dp (dp): invalid value 2; latency model 'roofline'")
     assert len(refused.stderr.strip().splitlines()) == 1
     zero = runner.invoke(app, [*args, "--dp", "0"])
     assert zero.exit_code == 2 and "dp" in zero.stderr

@@ -143,7 +143,9 @@ def _execute(
         logging.getLogger("servesim").info("simulating %s", scenario or "flags-only scenario")
         # A progress display only on a terminal: pipes and CI logs get clean stderr.
         show_progress = not quiet and sys.stderr.isatty()
-        result = _simulate_with_progress(sc) if show_progress else simulate(sc)
+        # The deployment resolves in simulate: its checks (the GPU catalog's) name flags too.
+        with naming_flags(overrides):
+            result = _simulate_with_progress(sc) if show_progress else simulate(sc)
         if sc.cluster.trace.path is not None:
             written.append(str(sc.cluster.trace.path))
         typer.echo(result.report_text())

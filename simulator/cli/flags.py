@@ -1058,6 +1058,12 @@ def naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
             # section's own check does (`cluster.trace: level:`).
             section, _, leaf = path.rpartition(".")
             forms = [path, f"{section}: {leaf}"] if section else [path]
+            # A check that runs after the scenario's (the GPU catalog's) starts its message
+            # with the field itself.
+            start = next((f"{f}:" for f in forms if named.startswith(f"{f}:")), None)
+            if start is not None:
+                named = f"{flag} ({path}):{named[len(start) :]}"
+                continue
             for before in (": ", "; ", "("):
                 place = next((f"{before}{f}:" for f in forms if f"{before}{f}:" in named), None)
                 if place is not None:
