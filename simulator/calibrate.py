@@ -537,26 +537,46 @@ def trace_name(data: Path) -> str:
 def trace_pairs(folder: Path) -> list[tuple[str, Path, Path]]:
     """(name, header, data) of the trace pairs in `folder`, sorted by name: the folder itself
     when it is one cell (trace.yaml + trace.csv), else each sub-folder that is one, named
-    after it, and each `NAME.yaml` + `NAME.csv` pair directly inside (NAME without `.trace`)."""
+    after it, and each `NAME.yaml` + `NAME.csv` pair directly inside (NAME without `.trace`).
+    A cell folder holding only one of its two files is an error naming it."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"--traces: {str(folder)!r} is not a folder")
-    header, data = (folder / f for f in TRACE_CELL_FILES)
-    if header.is_file() and data.is_file():
-        return [(folder.resolve().name, header, data)]
-    pairs = []
-    for sub in sorted(folder.iterdir()):
-        header, data = (sub / f for f in TRACE_CELL_FILES)
-        if sub.is_dir() and header.is_file() and data.is_file():
-            pairs.append((sub.name, header, data))
-        elif sub.suffix == ".yaml" and sub.with_suffix(".csv").is_file():
-            pairs.append((trace_name(sub.with_suffix(".csv")), sub, sub.with_suffix(".csv")))
+    pairs = _find_pairs(folder)
     if not pairs:
         raise ConfigError(
             f"--traces: {str(folder)!r} holds no trace pair (a sub-folder with "
             f"{' + '.join(TRACE_CELL_FILES)}, or NAME.yaml + NAME.csv)"
         )
+    return pairs
+
+
+def _find_pairs(folder: Path) -> list[tuple[str, Path, Path]]:
+    """`trace_pairs` without the error for a folder that holds none."""
+    header, data = (folder / f for f in TRACE_CELL_FILES)
+    if _is_cell(folder):
+        return [(folder.resolve().name, header, data)]
+    pairs = []
+    for sub in sorted(folder.iterdir()):
+        header, data = (sub / f for f in TRACE_CELL_FILES)
+        if sub.is_dir() and _is_cell(sub):
+            pairs.append((sub.name, header, data))
+        elif sub.suffix == ".yaml" and sub.with_suffix(".csv").is_file():
+            pairs.append((trace_name(sub.with_suffix(".csv")), sub, sub.with_suffix(".csv")))
     return sorted(pairs, key=lambda pair: pair[0])
+
+
+def _is_cell(folder: Path) -> bool:
+    """Whether `folder` is a cell (both of TRACE_CELL_FILES); one of them without the other
+    is an error naming the cell (it was left out of the fit without a word)."""
+    have = [name for name in TRACE_CELL_FILES if (folder / name).is_file()]
+    if len(have) == 1:
+        lacking = next(name for name in TRACE_CELL_FILES if name != have[0])
+        raise ConfigError(
+            f"trace cell {str(folder)!r}: holds {have[0]} but no {lacking}; a cell is a "
+            f"folder with both {' and '.join(TRACE_CELL_FILES)}"
+        )
+    return len(have) == len(TRACE_CELL_FILES)
 
 
 def trace_cases(folder: Path, scenario: Any = None, **overrides: Any) -> list[Case]:
@@ -582,10 +602,9 @@ def is_trace_folder(folder: Path) -> bool:
         return False
     if any((p / "requests").is_dir() for p in folder.iterdir()):
         return False
-    try:
-        return bool(trace_pairs(folder))
-    except ConfigError:
-        return False
+    # An incomplete cell is an error naming it here, not a reason to read the folder as
+    # ground truth (whose error would say nothing of the cell).
+    return bool(_find_pairs(folder))
 
 
 # ------------------------------------------------------------------------- replay and record

@@ -177,7 +177,20 @@ def trace_datasets(folder: Path) -> list[tuple[Path, list[Path]]]:
 
 
 def _is_cell(folder: Path) -> bool:
-    return (folder / TRACE_HEADER).is_file() and (folder / TRACE_DATA).is_file()
+    """A folder holding a cell's header or data: one that holds only one of the two is still
+    a cell (named, and refused when read: `_refuse_incomplete_cell`), not silently left out."""
+    return (folder / TRACE_HEADER).is_file() or (folder / TRACE_DATA).is_file()
+
+
+def _refuse_incomplete_cell(cell: Path) -> None:
+    """A cell is its trace.yaml + trace.csv: one without the other is an error naming it."""
+    have = [name for name in (TRACE_HEADER, TRACE_DATA) if (cell / name).is_file()]
+    if len(have) == 1:
+        lacking = TRACE_DATA if have[0] == TRACE_HEADER else TRACE_HEADER
+        raise ConfigError(
+            f"ground truth: observe cell {str(cell)!r} holds {have[0]} but no {lacking}; a "
+            f"cell is a folder with both {TRACE_HEADER} and {TRACE_DATA}"
+        )
 
 
 def _trace_datasets(folder: Path) -> list[tuple[Path, list[Path]]]:
@@ -248,6 +261,7 @@ def discover_runs(
     forced_output: bool = True,
     traces: bool = False,
     names: Sequence[str] | None = None,
+    trace_pairs_too: bool = False,
 ) -> list[RunSpec]:
     """Every `requests/<run>.requests.csv` with its meta.json, sorted by dataset and run; with
     `traces`, also every BLIS observe cell (`<cell>/trace.yaml` + `trace.csv` with a
@@ -258,7 +272,9 @@ def discover_runs(
     without it (the README's replay) at the count the client reported, which undercounts.
     `traces` is off by default so that callers that read the request CSVs themselves
     (calibrate's ground-truth cases) see only that layout. With `names`, only the runs
-    `select_runs` would keep are read, so that another run's broken files do not stop them."""
+    `select_runs` would keep are read, so that another run's broken files do not stop them.
+    `trace_pairs_too` only words the error of a folder holding none of these for a caller
+    that also reads folders of trace cells and pairs itself (calibrate's FOLDER)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"ground truth: {str(folder)!r} is not a folder")
@@ -266,6 +282,11 @@ def discover_runs(
     cells = _trace_datasets(folder) if traces else []
     if not datasets and not cells:
         expected = "requests/ folder, nor any dataset folder holding one"
+        if trace_pairs_too:
+            expected = (
+                "requests/ folder, nor any dataset folder holding one, and is no folder of "
+                "trace cells (<cell>/trace.yaml + trace.csv) or NAME.yaml + NAME.csv pairs"
+            )
         if traces:
             expected = (
                 "requests/ folder or <cell>/trace.yaml + trace.csv, nor any dataset folder "
@@ -274,7 +295,11 @@ def discover_runs(
         raise ConfigError(
             f"ground truth: {str(folder)!r} has no {expected} (expected e.g. "
             "vllm-0.15.1-h100/requests/<run>.requests.csv"
-            + (" or vllm-0.23.0-h100-qwen3-14b/<cell>/trace.yaml" if traces else "")
+            + (
+                " or vllm-0.23.0-h100-qwen3-14b/<cell>/trace.yaml"
+                if traces or trace_pairs_too
+                else ""
+            )
             + ")"
         )
     # (name, how to read it): a run's files are read only once it is selected.
@@ -416,6 +441,7 @@ def _cell_spec(dataset: Path, cell: Path) -> RunSpec:
     from .latency.physics import version_key
     from .workload.trace import read_header, trace_spans
 
+    _refuse_incomplete_cell(cell)
     config_path, server = _server_config(cell)
     header_path = cell / TRACE_HEADER
     header = header_server(read_header(header_path))
@@ -720,18 +746,20 @@ def measured_trace(
     if not ok:
         after = f" after its {warm_up_requests} warm-up requests" if warm_up_requests else ""
         raise NothingToScore(
-            f"ground truth: {str(path)!r} has no successful (ok) request{after} to score"
+            f"trace data: {str(path)!r} has no successful (ok) request{after} to score"
         )
     sent = [r.injection_basis_us for r in rows]
     unsent = never_sent(rows)
     for i in ok:  # before anything is fitted or scored on a negative latency
         if unsent[i]:
             raise ConfigError(
-                f"ground truth: {str(path)!r}, request {rows[i].request_id}: status ok with "
+                f"trace data: {str(path)!r}, request {rows[i].request_id}: status ok with "
                 "send_time_us 0 (never sent) among wall-clock sends; a completed request was "
                 "sent"
             )
-        refuse_decreasing_times(rows[i], sent[i], f"ground truth: {str(path)!r}")
+        # Labelled by what the input is: a recorded trace (validate's observe cell or a trace
+        # calibrate fits), as trace reading labels its errors.
+        refuse_decreasing_times(rows[i], sent[i], f"trace data: {str(path)!r}")
     ends = [r.last_chunk_time_us for r in rows if r.last_chunk_time_us > 0]
     # The window starts at the first send: an unsent row's arrival is on the run's clock, and
     # taking it for the start stretched a wall-clock window over 56 years.

@@ -619,10 +619,10 @@ def test_validate_and_calibrate_reuse_a_shown_prompt_cycle_by_default(tmp_path: 
     # trace report on the replay trace after its folder was gone) and records the replay.
     out = tmp_path / "fit.yaml"
     fitted = CliRunner().invoke(
-        app, ["calibrate", str(tmp_path), "--rounds", "0", "-q", "--output", str(out)]
+        app, ["calibrate", str(tmp_path), "--rounds", "0", "--output", str(out)]
     )
     assert fitted.exit_code == 0, fitted.output
-    assert "prompt reuse: 3 distinct prompts per run" in fitted.stderr
+    assert "calibrate: prompt reuse: 3 distinct prompts per run" in fitted.stderr
     import yaml
 
     assert yaml.safe_load(out.read_text())["prompt_reuse"].startswith("3 distinct prompts")

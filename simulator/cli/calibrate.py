@@ -24,6 +24,32 @@ METRIC_LABELS = {
 }
 
 
+# Flags only a trace's replay reads, with why a ground-truth run (a request CSV) has no use
+# for them: its deployment and client are recorded, so overriding them would fit the
+# coefficients to another server than the one measured. Refused by name when the fit has no
+# trace (they were silently ignored, with the same scores); with traces too, they apply to
+# the traces only.
+TRACE_ONLY_FLAGS = {
+    "--scenario": "each run's deployment is recorded (its meta.json, one H100)",
+    "--model": "each run's model is recorded (its meta.json)",
+    "--hardware": "each run's GPU is recorded (one H100, the README's step 1)",
+    "--tp": "each run's tensor parallelism is recorded (its meta.json)",
+    "--total-kv-blocks": "each run's KV capacity is recorded (its meta.json)",
+    "--max-num-seqs": "each run's batch limits are recorded (its meta.json)",
+    "--max-num-batched-tokens": "each run's batch limits are recorded (its meta.json)",
+    "--rtt-ms": "its request CSVs measured no round trip to add",
+    "--network-bandwidth-mbps": "its request CSVs measured no network to add",
+}
+# Flags only a ground-truth run's replay reads, with why a trace has no use for them.
+GROUNDTRUTH_ONLY_FLAGS = {
+    "--include-overloaded": "a trace whose client fell behind is fitted on its ITL p50 "
+    "(saturated cells), never skipped",
+    "--prompt-reuse": "a trace records its own prompts",
+    "--no-prompt-reuse": "a trace records its own prompts",
+    "--reported-output-length": "a trace replays the output lengths its rows record",
+}
+
+
 def _pct(value: float, signed: bool = False) -> str:
     if not math.isfinite(value):
         return "-"
@@ -196,8 +222,8 @@ def register(app: typer.Typer) -> None:
                 "--quiet",
                 "-q",
                 metavar="",
-                help="no progress lines on stderr (the start, each round, 'wrote'); warnings "
-                "and errors still go there",
+                help="no progress or note lines on stderr (the start, each round, the "
+                "replay's settings, notes, 'wrote'); warnings and errors still go there",
             ),
         ] = False,
         sim_trace: Annotated[
@@ -415,6 +441,26 @@ def register(app: typer.Typer) -> None:
                 from ..validate import default_groundtruth
 
                 groundtruth = default_groundtruth("calibrate")
+            _refuse_unread_flags(
+                groundtruth is not None,
+                bool(headers or trace_folders),
+                {
+                    "--scenario": scenario is not None,
+                    "--model": model is not None,
+                    "--hardware": hardware is not None,
+                    "--tp": tp is not None,
+                    "--total-kv-blocks": total_kv_blocks is not None,
+                    "--max-num-seqs": max_num_running_reqs is not None,
+                    "--max-num-batched-tokens": max_num_scheduled_tokens is not None,
+                    "--rtt-ms": rtt_ms is not None,
+                    "--network-bandwidth-mbps": network_bandwidth_mbps != 0,
+                    "--include-overloaded": include_overloaded,
+                    "--prompt-reuse": prompt_reuse is True,
+                    "--no-prompt-reuse": prompt_reuse is False,
+                    "--reported-output-length": not forced_output_length,
+                },
+                quiet,
+            )
             cases = [
                 cal.trace_case(
                     h, d, scenario, vllm_version=vllm_version, warm_up_s=warm_up_s, **flags
@@ -438,8 +484,11 @@ def register(app: typer.Typer) -> None:
                 if groundtruth is not None:
                     from ..validate import discover_runs
 
-                    specs = discover_runs(groundtruth, forced_output_length)
-                    _note_cells_left_out(groundtruth)
+                    specs = discover_runs(
+                        groundtruth, forced_output_length, trace_pairs_too=folder is not None
+                    )
+                    if not quiet:
+                        _note_cells_left_out(groundtruth)
                     specs = [s for s in specs if include_overloaded or not s.overloaded]
                     # Names are checked against every run there is, before the replays.
                     _select([*cases, *specs], runs, False)
@@ -450,7 +499,7 @@ def register(app: typer.Typer) -> None:
                     ]
                     cases = _select([*cases, *gt_cases], runs, False)
                     about["groundtruth"] = str(groundtruth)
-                    about["prompt_reuse"] = _echo_prompt_reuse(specs, prompt_reuse)
+                    about["prompt_reuse"] = _echo_prompt_reuse(specs, prompt_reuse, quiet)
                 if not cases:
                     raise ConfigError("calibrate: nothing to fit on (no runs selected)")
                 # Bad names, and runs that measured nothing to fit, fail before a replay.
@@ -462,11 +511,13 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"calibrate: starting from {start_source}", err=True)
                 if start_source.startswith("shipped"):
                     _echo_version_choice(cases, vllm_version, quiet)
-                _echo_prefix_caching(cases)
-                if (note := cal.not_streamed_note(cases)) is not None:
-                    typer.echo(note, err=True)
-                if held and start_source.startswith("shipped"):
-                    _note_dependent_holdout(cal, cases, held, version)
+                # Notes (not warnings): what was replayed and how, which --quiet drops.
+                if not quiet:
+                    _echo_prefix_caching(cases)
+                    if (note := cal.not_streamed_note(cases)) is not None:
+                        typer.echo(note, err=True)
+                    if held and start_source.startswith("shipped"):
+                        _note_dependent_holdout(cal, cases, held, version)
                 result = cal.fit(
                     cases,
                     start=start_c,
@@ -513,6 +564,38 @@ def register(app: typer.Typer) -> None:
         guarded(go)
         if not_improved and fail_if_no_improvement:
             raise typer.Exit(NO_IMPROVEMENT_EXIT_CODE)
+
+
+def _refuse_unread_flags(
+    groundtruth: bool, traces: bool, given: dict[str, bool], quiet: bool
+) -> None:
+    """A flag that none of the fit's inputs reads is an error naming it (it was ignored
+    without a word); in a fit on both, one line says which flags apply to which part."""
+    given_flags = [flag for flag, is_given in given.items() if is_given]
+    for flag in given_flags:
+        if flag in TRACE_ONLY_FLAGS and not traces:
+            raise ConfigError(
+                f"{flag}: not used with a ground-truth folder: {TRACE_ONLY_FLAGS[flag]}; it "
+                "applies to traces (--trace-header/--trace-data, --traces or a FOLDER of "
+                "trace cells)"
+            )
+        if flag in GROUNDTRUTH_ONLY_FLAGS and not groundtruth:
+            raise ConfigError(
+                f"{flag}: not used with traces: {GROUNDTRUTH_ONLY_FLAGS[flag]}; it applies "
+                "to a ground-truth folder's request-CSV runs"
+            )
+    if groundtruth and traces and given_flags and not quiet:
+        parts = []
+        to_traces = [f for f in given_flags if f in TRACE_ONLY_FLAGS]
+        to_runs = [f for f in given_flags if f in GROUNDTRUTH_ONLY_FLAGS]
+        if to_traces:
+            parts.append(
+                f"{', '.join(to_traces)} apply to the traces only (each ground-truth run's "
+                "deployment is recorded)"
+            )
+        if to_runs:
+            parts.append(f"{', '.join(to_runs)} apply to the ground-truth runs only")
+        typer.echo(f"calibrate: note: {'; '.join(parts)}", err=True)
 
 
 def _note_dependent_holdout(cal: Any, cases: list, held: list, version: str | None) -> None:
@@ -636,9 +719,9 @@ def _report_one(
     typer.echo(format_report(report))
 
 
-def _echo_prompt_reuse(specs: list, prompt_reuse: bool | None) -> str:
-    """Say on stderr how the ground-truth runs' prompts were replayed (the file records the
-    same words)."""
+def _echo_prompt_reuse(specs: list, prompt_reuse: bool | None, quiet: bool = False) -> str:
+    """Say on stderr how the ground-truth runs' prompts were replayed (not with --quiet; the
+    file records the same words)."""
     from ..validate import prompt_reuse_text, reused_prompts
 
     reused = [reused_prompts(spec, prompt_reuse) for spec in specs]
@@ -651,5 +734,6 @@ def _echo_prompt_reuse(specs: list, prompt_reuse: bool | None) -> str:
         line = prompt_reuse_text(counts) + rest
     else:
         line = "none, every prompt replayed as new"
-    typer.echo(f"prompt reuse: {line}", err=True)
+    if not quiet:
+        typer.echo(f"calibrate: prompt reuse: {line}", err=True)
     return line

@@ -699,7 +699,16 @@ def read_coefficients_file(path: str | Path) -> tuple[PhysicsCoefficients, str]:
         raise ConfigError(f"latency coefficients file {str(path)!r}: missing key 'coefficients'")
     mapping = data["coefficients"]
     version = data.get("version")
+    # The versions calibrate has written (1 to the current); no key at all is a file written
+    # by hand. Anything else was read as an older (-5, 0) or the current file (9, "abc").
     is_count = isinstance(version, int) and not isinstance(version, bool)
+    if "version" in data and not (is_count and 1 <= version <= COEFFICIENTS_FILE_VERSION):
+        raise invalid(
+            f"latency coefficients file {str(path)!r}: version",
+            version,
+            f"must be an integer from 1 to {COEFFICIENTS_FILE_VERSION} (the versions "
+            "servesim calibrate writes), or no version key for a file written by hand",
+        )
     old_ridge = (
         is_count
         and version < SHARP_RIDGE_BEFORE_VERSION
