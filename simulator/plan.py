@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from .errors import ConfigError, invalid, unknown
+from .errors import ConfigError, invalid, plain_scalar, unknown
 from .limits import MAX_REQUESTS
 from .metrics.results import BLIS_SUMMARY_FIELDS
 from .scenario import Scenario
@@ -141,6 +141,9 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     # Per GPU, the instance layout in words ("TP 8 x PP 2", PD pools each theirs).
     layouts: dict[str, str] = field(default_factory=dict)
+    # GPUs never searched, each with why (the model does not fit its layout there): their
+    # per_gpu rows read planned False (and feasible False, having no answer).
+    not_planned: dict[str, str] = field(default_factory=dict)
 
     def plot(self, metric: str | None = None):
         """The frontier: worst-seed `metric` (default: the first SLO) against instance count,
@@ -227,7 +230,7 @@ class PlanResult:
             "",
         ]
         if self.best is None:
-            lines.append(f"no GPU meets the SLOs with <= {self.max_instances} instances")
+            lines.append(self._no_answer())
         else:
             b = self.best
             layout = self.layouts.get(b.gpu, f"TP {b.tp}")
@@ -239,6 +242,25 @@ class PlanResult:
                 f"best: {b.gpu} x {b.instances} instance(s) ({layout}, {b.total_gpus} GPUs), {cost}"
             )
         return "\n".join(lines)
+
+    def _no_answer(self) -> str:
+        """The last line when no GPU is feasible: none met the SLOs within max_instances, or
+        none could be searched at all (nothing was simulated, so no count was too few)."""
+        gpus = list(self.per_gpu["gpu"]) if "gpu" in self.per_gpu else []
+        skipped = [g for g in gpus if g in self.not_planned]
+        if gpus and len(skipped) == len(gpus):
+            reasons = {self.not_planned[g] for g in skipped}
+            if len(reasons) == 1:
+                return (
+                    f"no GPU could be planned ({', '.join(skipped)}), nothing was simulated: "
+                    f"{reasons.pop()}"
+                )
+            why = "; ".join(f"{g}: {self.not_planned[g]}" for g in skipped)
+            return f"no GPU could be planned, nothing was simulated: {why}"
+        line = f"no GPU meets the SLOs with <= {self.max_instances} instances"
+        if skipped:
+            line += f" ({', '.join(skipped)} not planned: see the warnings)"
+        return line
 
 
 def _fmt(x: Any) -> str:
@@ -295,15 +317,15 @@ def _check_slos(slos: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def _prices(overrides: Mapping[str, float] | None) -> dict[str, float]:
+def _prices(overrides: Mapping[str, float] | None, field: str = "price of") -> dict[str, float]:
     """Default prices with `overrides` applied (GPU names case-insensitive), keyed by lower
-    case."""
+    case. A bad price is named `<field> <GPU>` ("price of H100", "--price H100")."""
     table = {k.lower(): v for k, v in DEFAULT_PRICES_USD_PER_GPU_HOUR.items()}
     for name, price in (overrides or {}).items():
         if isinstance(price, bool) or not isinstance(price, int | float) or not price >= 0:
-            raise invalid(f"price of {name}", price, "must be a number >= 0 (USD per GPU-hour)")
+            raise invalid(f"{field} {name}", price, "must be a number >= 0 (USD per GPU-hour)")
         if not math.isfinite(price):
-            raise invalid(f"price of {name}", price, "must be finite")
+            raise invalid(f"{field} {name}", price, "must be finite")
         table[str(name).lower()] = float(price)
     return table
 
@@ -489,6 +511,7 @@ def plan(
     progress: ProbeCallback | None = None,
     min_attainment: float = DEFAULT_MIN_ATTAINMENT,
     saturation_rate: bool = False,
+    names: Mapping[str, str] | None = None,
 ) -> PlanResult:
     """For each GPU (default: the scenario's own), the fewest instances whose every seed
     passes: the run reached a steady state, at least `min_attainment` of the offered requests
@@ -501,7 +524,9 @@ def plan(
     it when smaller). A disaggregated scenario is searched over the total instance count and,
     per total, over its prefill:decode split (from the scenario's ratio outwards).
     `prices` overrides DEFAULT_PRICES_USD_PER_GPU_HOUR. `progress(row)` is called after each
-    probe. A GPU that misses the SLOs at `max_instances` is infeasible (reported, no error)."""
+    probe. A GPU that misses the SLOs at `max_instances` is infeasible (reported, no error).
+    `names` maps these keywords to what an error calls them (default: the keywords; the
+    command line passes its flags, {"max_instances": "--max-instances", ...})."""
     from .api import as_scenario, with_overrides
     from .catalog.hardware import get_gpu, load_gpu_file
     from .deployment import pool_deployments, resolve_deployment
@@ -563,6 +588,14 @@ def plan(
             "compares fleets of one GPU type; remove the pool's hardware to plan the fleet "
             "on each --gpu, or run the mixed fleet with `servesim run`/`sweep`"
         )
+    if names is not None and not isinstance(names, Mapping):
+        raise invalid("names", names, "must be a mapping keyword -> name shown in errors")
+    given_names = dict(names or {})
+
+    def name(keyword: str) -> str:
+        """What an error calls the argument `keyword`: a flag on the command line."""
+        return str(given_names.get(keyword, keyword))
+
     bounds = _check_slos(slos)
     if not bounds and min_goodput is None:
         raise ConfigError("plan: give at least one SLO (metric=bound) or min_goodput")
@@ -571,12 +604,21 @@ def plan(
         or not isinstance(min_goodput, int | float)
         or not 0 <= min_goodput <= 1
     ):
-        raise invalid("min_goodput", min_goodput, "must be a fraction in [0, 1]")
-    check_min_attainment(min_attainment)
+        raise invalid(name("min_goodput"), min_goodput, "must be a fraction in [0, 1]")
+    check_min_attainment(min_attainment, name("min_attainment"))
     if isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances < 1:
-        raise invalid("max_instances", max_instances, "must be an integer >= 1")
-    seed_list = _seeds(seeds)
-    price_table = _prices(prices)
+        raise invalid(name("max_instances"), max_instances, "must be an integer >= 1")
+    # Checked here, not by the first probe's sweep, so that the error names it as given.
+    workers = plain_scalar(workers)
+    if workers is not None and (
+        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
+    ):
+        raise invalid(name("workers"), workers, "must be an integer >= 1")
+    try:
+        seed_list = _seeds(seeds)
+    except ConfigError as exc:
+        raise ConfigError(_renamed(str(exc), "seeds", name("seeds"))) from None
+    price_table = _prices(prices, "price of" if "prices" not in given_names else name("prices"))
 
     notes: list[str] = []
     targets = per_request_targets(bounds, min_attainment)
@@ -633,23 +675,23 @@ def plan(
     if longest is not None and longest > MAX_REQUESTS:
         # Found now rather than when the search reaches that count, hours in.
         raise invalid(
-            "max_instances",
+            name("max_instances"),
             max_instances,
             f"a probe of {max_instances:,} instances would run {longest:,} requests "
             f"({needed:,} per instance), more than one run holds ({MAX_REQUESTS:,}); use at "
-            f"most {MAX_REQUESTS // needed:,} instances, or a lower min_attainment",
+            f"most {MAX_REQUESTS // needed:,} instances, or a lower {name('min_attainment')}",
         )
 
     disaggregated = sc.cluster.pd.enabled
     if disaggregated and max_instances < 2:
-        raise invalid("max_instances", max_instances, "a disaggregated plan needs at least 2")
+        raise invalid(name("max_instances"), max_instances, "a disaggregated plan needs at least 2")
 
     extra = load_gpu_file(sc.hardware_file) if sc.hardware_file else None
     if gpus is None:
         gpu_names = [resolve_deployment(sc).gpu.name]
     else:
         if isinstance(gpus, str) or not gpus:
-            raise invalid("gpus", gpus, "must be a non-empty list of GPU names")
+            raise invalid(name("gpus"), gpus, "must be a non-empty list of GPU names")
         gpu_names = list(dict.fromkeys(get_gpu(g, extra).name for g in gpus))
     known = {k.lower() for k in DEFAULT_PRICES_USD_PER_GPU_HOUR} | {g.lower() for g in gpu_names}
     unused = [str(name) for name in (prices or {}) if str(name).lower() not in known]
@@ -689,7 +731,7 @@ def plan(
             if pools
             else _layout_text(deployment)
         )
-        provenance[gpu] = deployment.step_model.provenance()
+        provenance[gpu] = _latency_block(deployment, pools)
         limits[gpu] = _limits_text(deployment, pools)
         price = price_table.get(gpu.lower(), math.nan)
         passing: dict[int, dict[str, Any]] = {}
@@ -794,9 +836,9 @@ def plan(
             # cannot exist, so the GPU is not planned.
             found = None
             not_planned[gpu] = (
-                f"{gpu}: not planned: the model does not fit its {_layout_text(unfit[0])} "
-                "layout (no KV capacity; see the KV-capacity warning); a larger TP, or "
-                "engine.total_kv_blocks given explicitly, plans it"
+                f"the model does not fit its {_layout_text(unfit[0])} layout (no KV capacity; "
+                "see the KV-capacity warning); a larger TP, or engine.total_kv_blocks given "
+                "explicitly, plans it"
             )
         else:
             found = (
@@ -812,6 +854,7 @@ def plan(
                 "gpu": gpu,
                 "tp": tp,
                 "usd_per_gpu_hour": price,
+                "planned": gpu not in not_planned,
                 "feasible": found is not None,
                 "instances": found if found is not None else math.nan,
                 **(
@@ -837,7 +880,7 @@ def plan(
                     else {}
                 ),
                 "batch_limits": limits[gpu],
-                "latency_model": provenance[gpu]["latency_model"],
+                "latency_model": latency_model_text(provenance[gpu]),
                 "evidence": evidence(provenance[gpu]),
             }
         )
@@ -883,13 +926,14 @@ def plan(
         max_instances=max_instances,
         prices_usd_per_gpu_hour={g: price_table.get(g.lower(), math.nan) for g in gpu_names},
         # A GPU not planned was never simulated: its evidence compares nothing.
-        warnings=list(not_planned.values())
+        warnings=[f"{gpu}: not planned: {why}" for gpu, why in not_planned.items()]
         + mixed_evidence({g: p for g, p in provenance.items() if g not in not_planned}),
         min_attainment=float(min_attainment),
         targets={**own, **targets},
         run_requests=run_requests,
         notes=notes,
         layouts=layouts,
+        not_planned=not_planned,
     )
 
 
@@ -931,9 +975,33 @@ def _splits(sc: Scenario, n: int) -> list[tuple[int, int]]:
     return [(p, n - p) for p in order]
 
 
+def _latency_block(deployment: Any, pools: Mapping[str, Any]) -> dict[str, Any]:
+    """What prices a probe's steps, in the shape of a run's `=== Latency Model ===` block
+    (`api.simulate`: the top level, and `by_role` when a PD pool's step-time model differs
+    from it), read back with `sweeps.latency_entries` as a sweep reads a run's. A PD probe's
+    split covers every instance, so there the pools price every step and the top level none:
+    until 2026-12-07 plan read the top level alone, and a scenario with roofline at the top
+    and physics in both pools was tabled `roofline`/`analytical`, its mixed evidence unsaid."""
+    top = deployment.step_model.provenance()
+    by_role = {role: d.step_model.provenance() for role, d in pools.items()}
+    if any(p != top for p in by_role.values()):
+        return {**top, "by_role": by_role}
+    return top
+
+
+def latency_model_text(provenance: Mapping[str, Any]) -> str:
+    """The step-time model(s) of a Latency Model block: "physics", or per PD pool when they
+    differ ("prefill roofline, decode physics")."""
+    from .sweeps import latency_entries, per_entry_text
+
+    return per_entry_text(latency_entries(provenance), "latency_model")
+
+
 def _limits_text(deployment: Any, pools: Mapping[str, Any]) -> str:
     """An instance's batch limits in words: "1,024 seqs, 8,192 tokens (vLLM's default on
-    H100)"; per pool when a PD split's pools differ."""
+    H100)"; per pool when a PD split's pools differ. Under PD only the pools run (a probe's
+    split covers every instance), so theirs are shown even when both differ from the top
+    level's (a roofline top level with physics pools: BLIS's 256 seqs against vLLM's 1,024)."""
 
     def text(d: Any) -> str:
         engine = d.engine
@@ -945,7 +1013,13 @@ def _limits_text(deployment: Any, pools: Mapping[str, Any]) -> str:
     by_pool = {role: text(d) for role, d in pools.items()}
     if len(set(by_pool.values())) > 1:
         return "; ".join(f"{role} {shown}" for role, shown in by_pool.items())
-    return text(deployment)
+    return next(iter(by_pool.values())) if by_pool else text(deployment)
+
+
+def _renamed(message: str, keyword: str, shown: str) -> str:
+    """`message` (a ConfigError's, "seeds: ...") naming `shown` where it names `keyword`."""
+    prefix = f"{keyword}:"
+    return shown + message[len(keyword) :] if message.startswith(prefix) else message
 
 
 def _layout_text(deployment: Any) -> str:
@@ -995,7 +1069,16 @@ def evidence(provenance: Mapping[str, Any]) -> str:
     """How a GPU's step times are known: `calibrated` (physics, fitted on this GPU),
     `transferred` (physics, another GPU's fit), `physical defaults`, `given` (a coefficients
     file) or `analytical`/`fitted` for BLIS's backends, `fitted (transferred)` when the fit
-    says which GPUs it saw and this is not one of them (trained-physics off the H100)."""
+    says which GPUs it saw and this is not one of them (trained-physics off the H100).
+    `provenance` is a step-time model's or a Latency Model block; a block whose PD pools rest
+    on different evidence reads per pool ("prefill calibrated, decode analytical")."""
+    from .sweeps import latency_entries, per_entry_text
+
+    return per_entry_text(latency_entries(provenance), _evidence_of)
+
+
+def _evidence_of(provenance: Mapping[str, Any]) -> str:
+    """`evidence` of one step-time model's provenance."""
     if provenance.get("latency_model") == "physics":
         return str(provenance.get("source", "given"))
     source = str(provenance.get("coefficients", ""))
@@ -1019,21 +1102,35 @@ GPU_BLIND_MODELS = frozenset({"crossmodel"})
 def mixed_evidence(provenance: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """One warning when the compared GPUs' latencies rest on different evidence: a GPU whose
     fit was measured on it against one whose fit was carried over is not a like-for-like
-    comparison (docs/planning.md)."""
-    blind = sorted({p.get("latency_model") for p in provenance.values()} & GPU_BLIND_MODELS)
+    comparison (docs/planning.md). `provenance` maps each GPU to its step-time model's
+    provenance or Latency Model block: under PD every pool's evidence counts, so H100 and
+    A100 differing in one pool only are compared on different evidence."""
+    from .sweeps import latency_entries
+
+    entries = {gpu: latency_entries(p) for gpu, p in provenance.items()}
+    models = {label: e.get("latency_model") for es in entries.values() for label, e in es.items()}
+    blind = sorted(set(models.values()) & GPU_BLIND_MODELS)
+    warnings: list[str] = []
     if blind and len(provenance) > 1:
         # BLIS's crossmodel fit has no GPU term: every GPU is priced alike, so only the prices
-        # tell the GPUs apart.
-        return [
-            f"latency model {blind[0]} prices every GPU alike (its fit has no GPU term): the "
-            "GPUs compared differ only in price and KV capacity here; compare GPUs under "
-            "physics or roofline (docs/latency-models.md)"
-        ]
+        # tell the GPUs apart (in the PD pools it prices, when only some).
+        if set(models.values()) <= GPU_BLIND_MODELS:
+            return [
+                f"latency model {blind[0]} prices every GPU alike (its fit has no GPU term): "
+                "the GPUs compared differ only in price and KV capacity here; compare GPUs "
+                "under physics or roofline (docs/latency-models.md)"
+            ]
+        pools = " and ".join(label for label, m in models.items() if m in GPU_BLIND_MODELS)
+        warnings.append(
+            f"latency model {blind[0]} prices the {pools} pool's steps alike on every GPU (its "
+            "fit has no GPU term): there the GPUs compared differ only in price and KV "
+            "capacity; compare GPUs under physics or roofline (docs/latency-models.md)"
+        )
     kinds = {gpu: evidence(p) for gpu, p in provenance.items()}
     if len(set(kinds.values())) <= 1:
-        return []
+        return warnings
     parts = [f"{gpu}: {kind}" for gpu, kind in kinds.items()]
-    return [
+    return warnings + [
         "the GPUs' step times rest on different evidence (" + "; ".join(parts) + "); a "
         "GPU fitted on itself (calibrated) is measured, a transferred one uses a fit made on "
         "other GPUs as fractions of its own peaks, so their comparison carries that GPU's "

@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from itertools import product
@@ -65,9 +65,11 @@ class SweepResult(SweepTables):
 
     def report(self, path: str | Path) -> Path:
         """Write this sweep's HTML report, one self-contained page (docs/report.md)."""
+        from .atomic_io import require_output_path
         from .input_files import refuse_writing_inputs
         from .report import write_report
 
+        require_output_path("report: path", path)  # a ConfigError for 5, None or ""
         outputs_folder = [("the sweep's output folder", self.out)]
         refuse_writing_inputs([("report", path)], [*self.input_files, *outputs_folder], (".html",))
         return write_report(self, path)
@@ -244,17 +246,51 @@ def _run_key(base_json: str, params: dict[str, Any], seed: int, as_given: bool =
     return hashlib.sha256(doc.encode()).hexdigest()[:24]
 
 
+def latency_entries(provenance: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The step-time models that price a run, read from its `=== Latency Model ===` block
+    (`Result.latency_provenance`): one per named deployment (`by_deployment`) or per PD
+    pool role (`by_role`) when the block has them (they are there only when they differ
+    from the top level, and then they, not the top level, run every instance of theirs),
+    else the top level alone, under the label ""."""
+    for key in ("by_deployment", "by_role"):
+        entries = provenance.get(key)
+        if isinstance(entries, Mapping) and entries:
+            return dict(entries)
+    return {"": provenance}
+
+
+def per_entry_text(
+    entries: Mapping[str, Mapping[str, Any]],
+    key: str | Callable[[Mapping[str, Any]], str],
+    label_sep: str = " ",
+    sep: str = ", ",
+) -> str:
+    """One field of `latency_entries` in words: the value when every entry agrees
+    ("physics"), else each labelled ("prefill roofline, decode physics"). `key` is the
+    provenance field or a function of the provenance."""
+    values = {
+        label: str(key(p) if callable(key) else p.get(key, "")) for label, p in entries.items()
+    }
+    if len(set(values.values())) <= 1:
+        return next(iter(values.values()), "")
+    return sep.join(f"{label}{label_sep}{value}" for label, value in values.items())
+
+
 def _simulate_row(scenario: Scenario) -> dict[str, Any]:
     """Simulate one scenario; its numeric summary metrics (a statistic of no samples as NaN,
     bools and other strings dropped) and its steady-state verdict."""
     from .api import simulate
 
     result = simulate(scenario, warn_unsteady=False)
-    provenance = result.latency_provenance
+    # What priced the steps, as the run's Latency Model block says: PD pools or named
+    # deployments that differ from the top level price every step of theirs (until
+    # 2026-12-07 a PD sweep whose pools ran physics under a roofline top level read
+    # "roofline").
+    entries = latency_entries(result.latency_provenance)
     summary = {
         **result.summary,
-        "latency_model": provenance.get("latency_model", ""),
-        "latency_coefficients": provenance.get("coefficients", ""),
+        "latency_model": per_entry_text(entries, "latency_model", ": ", "; "),
+        "latency_coefficients": per_entry_text(entries, "coefficients", ": ", "; "),
     }
     row = {
         k: math.nan if v is None else v

@@ -36,6 +36,19 @@ def parse_assignments(values: list[str], flag: str, what: str) -> dict[str, floa
     return out
 
 
+# What plan's errors call its arguments here: the flags that give them (the Python API's
+# errors name its keywords; until 2026-12-07 `--max-instances 0` said "max_instances: ...").
+FLAGS = {
+    "max_instances": "--max-instances",
+    "min_goodput": "--min-goodput",
+    "min_attainment": "--min-attainment",
+    "prices": "--price",
+    "workers": "--workers",
+    "seeds": "--seeds",
+    "gpus": "--gpu",
+}
+
+
 def parse_seeds(text: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",") if s.strip()]
@@ -136,7 +149,7 @@ def register(app: typer.Typer) -> None:
             )
             slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
             prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
-            check_min_attainment(min_attainment, "--min-attainment")
+            check_min_attainment(min_attainment, FLAGS["min_attainment"])
 
             def progress(row: dict[str, Any]) -> None:
                 verdict = "meets" if row["meets"] else "misses"
@@ -155,6 +168,7 @@ def register(app: typer.Typer) -> None:
                     workers=workers,
                     prices=prices,
                     progress=None if quiet else progress,
+                    names=FLAGS,
                 )
             except MissingPriceError as exc:
                 # The API's message gives the fix as a `prices=` argument; here it is a flag.
