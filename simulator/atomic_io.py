@@ -90,11 +90,37 @@ _EXPECTED = "expected a new file, an existing regular file or a symbolic link to
 _EXPECTED_FOLDER = "expected a new or existing folder"
 
 
+def require_output_path(name: str, value: object) -> None:
+    """A public writer's output argument `name` is a path (errors.require_path) and not the
+    empty string, which Path() reads as the current folder: `save_result(r, "")` replaced the
+    working folder itself, `write_plots(r, "")` wrote into it. The CLI refuses an empty
+    --out or --report the same way."""
+    from .errors import require_path
+
+    require_path(name, value)
+    if os.fspath(value) == "":  # type: ignore[arg-type]
+        raise ConfigError(
+            f"{name}: invalid path ''; give a path (an empty path names no file or folder, "
+            "and would mean the current folder)"
+        )
+
+
+def _refuse_empty(target: str | os.PathLike[str], flag: str | None) -> None:
+    # Path("") is Path("."): an empty value would silently mean the current folder.
+    if isinstance(target, str | os.PathLike) and os.fspath(target) == "":
+        where = f"{flag}: invalid value ''" if flag is not None else "cannot write ''"
+        raise ConfigError(
+            f"{where}; give a path (an empty value names no file or folder, and would mean "
+            "the current folder)"
+        )
+
+
 def check_output(target: str | os.PathLike[str], flag: str | None = None) -> Path:
     """The regular file that writing `target` replaces or creates: `target` itself, or the
     file a symbolic link points to. Raise OutputError (ConfigError for a NUL byte) naming
     `flag` when given ("--results-path: invalid value '/dev/full'; it is a character
     device; ...") and the path otherwise ("cannot write '/dev/full': it is ...")."""
+    _refuse_empty(target, flag)
     path = Path(target)
     _refuse_nul(path, flag)
     info = _lstat(path, flag)
@@ -112,6 +138,7 @@ def check_output_folder(target: str | os.PathLike[str], flag: str | None = None)
     """The folder that outputs named under `target` go into (a symbolic link to a folder is
     followed); raise OutputError unless it is a folder, or can be created, on an ordinary
     file system."""
+    _refuse_empty(target, flag)
     path = Path(target)
     _refuse_nul(path, flag)
     info = _lstat(path, flag)

@@ -146,15 +146,16 @@ def save_result(result: Any, directory: str | Path) -> Path:
     kept. A folder that exists but is not a saved result (no summary.json, not empty) is
     refused rather than replaced.
     """
-    from ..atomic_io import check_output_folder, write_failed
+    from ..atomic_io import check_output_folder, require_output_path, write_failed
 
-    require_path("save_result: directory", directory)
+    require_output_path("save_result: directory", directory)
     if not all(hasattr(result, name) for name in ("summary", *FRAME_NAMES)):
         raise ConfigError(f"save_result: expected a Result or a SavedResult; got {excerpt(result)}")
     given = Path(directory)
     # The same checks as every output (no pseudo file system, a symbolic link to a folder is
     # followed); an OSError while writing is one line naming the folder.
     target = check_output_folder(given)
+    _refuse_working_folder(given, target)
     try:
         _replace_folder(result, target)
     except OSError as exc:
@@ -162,6 +163,24 @@ def save_result(result: Any, directory: str | Path) -> Path:
             raise
         raise write_failed(given, exc) from exc
     return given
+
+
+def _refuse_working_folder(given: Path, target: Path) -> None:
+    """Saving replaces the folder by renaming it away: for the current working folder (`.`)
+    or one holding it, the process would be left in a deleted folder, every relative path
+    after it failing."""
+    import os
+
+    try:
+        cwd = Path(os.path.realpath(Path.cwd()))
+    except OSError:  # the working folder is already gone: nothing to protect
+        return
+    real = Path(os.path.realpath(target))
+    if real == cwd or real in cwd.parents:
+        raise ConfigError(
+            f"save_result: directory: invalid path {str(given)!r}; it is the current working "
+            "folder or holds it, which saving would replace; give a folder inside it"
+        )
 
 
 def _replace_folder(result: Any, target: Path) -> None:
@@ -306,17 +325,109 @@ def _optional_count(path: Path, document: dict[str, Any], name: str) -> int | No
     return value
 
 
+# The nested entries of summary.json that the readers of a saved result (the report, the
+# plots, latency_provenance, engine_policies) look into, and the kind each must be. A shape is
+# one of: MAPPING (a mapping, its contents not looked into), a dict (a mapping whose named
+# entries have those shapes), ("each", shape) (a mapping whose every value has the shape),
+# ("list", shape) (a list whose every item has it), TEXT, COUNT (a whole number >= 0). An
+# absent or null entry is always fine: every reader treats it as "the run did not say".
+MAPPING = "mapping"
+TEXT = "text"
+COUNT = "count"
+_LATENCY_SHAPE = {"layout": MAPPING, "precision": MAPPING}
+_SCENARIO_SHAPE = {
+    "resolved": {
+        "latency": _LATENCY_SHAPE,
+        "latency_by_role": ("each", _LATENCY_SHAPE),
+        "latency_by_deployment": ("each", _LATENCY_SHAPE),
+        "roles": ("list", TEXT),
+        "models": ("list", TEXT),
+        "total_kv_blocks": COUNT,
+    },
+    "cluster": {
+        "pd": {"prefill": MAPPING, "decode": MAPPING},
+        "routing": MAPPING,
+        "admission": MAPPING,
+    },
+    "engine": MAPPING,
+    "slo": MAPPING,
+    "trace": MAPPING,
+    "node_pools": ("list", MAPPING),
+    "deployments": ("list", MAPPING),
+}
+DOCUMENT_SHAPE: dict[str, Any] = {
+    "summary": MAPPING,
+    "per_slo": ("each", MAPPING),
+    "kv_metrics": MAPPING,
+    "anomalies": MAPPING,
+    "pd_metrics": MAPPING,
+    "session_counts": MAPPING,
+    "scenario": _SCENARIO_SHAPE,
+    "fleet_metrics": MAPPING,
+    "session_metrics": MAPPING,
+    # Its entries (targets, per-class blocks) are checked by the report that draws them
+    # (report.run_source.slo_problem), with the numbers in them.
+    "slo": MAPPING,
+}
+_SHAPE_NAMES = {
+    MAPPING: "a mapping",
+    TEXT: "a string",
+    COUNT: "a whole number >= 0",
+    "each": "a mapping",
+    "list": "a list",
+}
+
+
+def _shape_problem(where: str, value: Any, shape: Any) -> tuple[str, Any, str] | None:
+    """The first entry under `value` (named `where`) not of `shape`, as (where, value, what
+    it must be); None when every entry is."""
+    if value is None:
+        return None
+    kind = shape if isinstance(shape, str) else "each" if isinstance(shape, dict) else shape[0]
+    ok = {
+        MAPPING: isinstance(value, dict),
+        "each": isinstance(value, dict),
+        "list": isinstance(value, list),
+        TEXT: isinstance(value, str),
+        COUNT: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+    }[kind]
+    if not ok:
+        return where, value, _SHAPE_NAMES[kind]
+    if isinstance(shape, dict):
+        for name, inner in shape.items():
+            found = _shape_problem(f"{where}.{name}", value.get(name), inner)
+            if found is not None:
+                return found
+    elif kind == "each":
+        for name, item in value.items():
+            found = _shape_problem(f"{where}.{name}", item, shape[1])
+            if found is not None:
+                return found
+    elif kind == "list":
+        for i, item in enumerate(value):
+            found = _shape_problem(f"{where}[{i}]", item, shape[1])
+            if found is not None:
+                return found
+    return None
+
+
 def _check_document(path: Path, document: dict[str, Any]) -> None:
-    """A summary.json edited or damaged after saving: each entry of the wrong kind is one
-    ConfigError naming it (the report and plots would fail on it deep inside)."""
-    for name in ("summary", *DICT_NAMES):
-        value = document.get(name)
-        if value is None and name != "summary":  # an optional block the run did not have
-            continue
-        if not isinstance(value, dict):
+    """A summary.json edited or damaged after saving: each entry of the wrong kind, at any
+    depth the readers look into (DOCUMENT_SHAPE), is one ConfigError naming it (the report and
+    plots would fail on it deep inside, with a traceback)."""
+    if not isinstance(document.get("summary"), dict):
+        value = document.get("summary")
+        raise ConfigError(
+            f"load_result: {str(path)!r}: 'summary' must be a mapping (as save_result writes "
+            f"it), not {type(value).__name__}"
+        )
+    for name, shape in DOCUMENT_SHAPE.items():
+        found = _shape_problem(name, document.get(name), shape)
+        if found is not None:
+            where, value, allowed = found
             raise ConfigError(
-                f"load_result: {str(path)!r}: {name!r} must be a mapping (as save_result "
-                f"writes it), not {type(value).__name__}"
+                f"load_result: {str(path)!r}: {where!r} must be {allowed} (as save_result "
+                f"writes it), not {shorten(repr(value))}; the file was changed after saving"
             )
 
 

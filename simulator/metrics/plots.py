@@ -20,8 +20,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..atomic_io import check_output_folder, replacing
-from ..errors import ConfigError, excerpt, require_path
+from ..atomic_io import check_output_folder, replacing, require_output_path
+from ..errors import ConfigError, excerpt
 from .views.text import batch_limit
 
 PLOT_NAMES = ("latency_cdfs", "instance_timelines", "throughput", "per_class")
@@ -29,6 +29,10 @@ PLOT_NAMES = ("latency_cdfs", "instance_timelines", "throughput", "per_class")
 
 # Time series (instance timelines) are resampled to at most this many bins per run.
 DEFAULT_MAX_POINTS = 500
+# The largest max_points a caller may ask for: each series is resampled into that many bins
+# (several float arrays per instance and panel), so max_points=10**9 allocated tens of GB and
+# was killed; 100,000 bins is already far beyond a figure's pixels.
+MAX_POINTS = 100_000
 # Throughput bars: a target of one bin per ~10 completions, clamped to these (choose_bin_s
 # then gives 40-100% of the target).
 MAX_THROUGHPUT_BINS = 200
@@ -79,9 +83,17 @@ def _n_bins(span_s: float, bin_s: float) -> int:
 def choose_bin_s(span_s: float, max_points: int = DEFAULT_MAX_POINTS) -> float:
     """The smallest "nice" bin width (1, 2 or 5 × 10^k s) that covers `span_s` seconds in at
     most `max_points` bins. Consecutive nice widths differ by at most 2.5×, so a run gets
-    between max_points / 2.5 and max_points bins (200–500 for the default)."""
-    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1:
-        raise ConfigError(f"max_points: invalid value {max_points!r}; must be an integer >= 1")
+    between max_points / 2.5 and max_points bins (200–500 for the default); `max_points` is
+    at most MAX_POINTS."""
+    if (
+        isinstance(max_points, bool)
+        or not isinstance(max_points, int)
+        or not 1 <= max_points <= MAX_POINTS
+    ):
+        raise ConfigError(
+            f"max_points: invalid value {excerpt(max_points)}; must be an integer from 1 to "
+            f"{MAX_POINTS:,}"
+        )
     if not (math.isfinite(span_s) and span_s > 0):
         return 1.0
     k = math.floor(math.log10(span_s / max_points))
@@ -248,7 +260,7 @@ _TIMELINE_PANELS = (
 
 def _instance_labels(result: Any, ids: list[str]) -> dict[str, str]:
     """`instance_0 (prefill)` when the run has PD roles, else the instance id."""
-    roles = (getattr(result, "scenario", None) or {}).get("resolved", {}).get("roles") or []
+    roles = ((getattr(result, "scenario", None) or {}).get("resolved") or {}).get("roles") or []
     known = list(getattr(result, "instance_ids", None) or [])
     if not known:
         # A saved result keeps the ids in its instances table, in the same order.
@@ -281,7 +293,7 @@ def instance_capacities(result: Any) -> pd.DataFrame:
         ]
         return pd.DataFrame(rows, columns=["instance_id", "kv_blocks", "max_num_running_reqs"])
     scenario = getattr(result, "scenario", None) or {}
-    kv = scenario.get("resolved", {}).get("total_kv_blocks")
+    kv = (scenario.get("resolved") or {}).get("total_kv_blocks")
     running = batch_limit(scenario, "max_num_running_reqs")
     steps: pd.DataFrame = result.steps
     instances: pd.DataFrame = getattr(result, "instances", pd.DataFrame())
@@ -338,6 +350,8 @@ def instance_timelines(result: Any, max_points: int = DEFAULT_MAX_POINTS) -> Fig
     instances). Dashed lines: `max_num_running_reqs` on the running panel, each instance's KV
     capacity (total GPU blocks) on the KV panel."""
     _require_result(result)
+    # Checked before anything is drawn or allocated, also for a run without steps.
+    choose_bin_s(1.0, max_points)
     steps: pd.DataFrame = result.steps
     fig = _figure(12, 8.5)
     axes = fig.subplots(3, 1, sharex=True)
@@ -535,7 +549,7 @@ class PlotAccessor:
 def write_plots(result: Any, directory: str | Path, dpi: int = 100) -> list[Path]:
     """Save every standard plot as `<name>.png` in `directory`; return the paths written."""
     _require_result(result)
-    require_path("directory", directory)
+    require_output_path("write_plots: directory", directory)
     folder = check_output_folder(directory)  # a clear error for a file or a device there
     makers = (latency_cdfs, instance_timelines, throughput, per_class)
     # Every figure is drawn before any is written: a result one of them cannot be drawn from

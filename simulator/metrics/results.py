@@ -151,9 +151,11 @@ class Result:
 
     def report(self, path: str | Path) -> Path:
         """Write this run's HTML report, one self-contained page (docs/report.md)."""
+        from ..atomic_io import require_output_path
         from ..input_files import refuse_writing_inputs
         from ..report import write_report
 
+        require_output_path("report: path", path)  # a ConfigError for 5, None or ""
         refuse_writing_inputs([("report", path)], self.input_files())
         return write_report(self, path)
 

@@ -26,6 +26,21 @@ def _pct(value: Any) -> str:
 # --- a run ----------------------------------------------------------------------------------
 
 
+def _offered_text(data: dict[str, Any], h: dict[str, Any]) -> str:
+    """ "; 20 offered, 20 rejected" when the run was offered other than it injected: requests
+    refused at admission or routing never reach an instance, and a run that rejected all 20
+    it was offered read "0 / 0 completed / injected" as if nothing had been asked of it."""
+    summary = data.get("summary") or {}
+    offered = summary.get("offered_requests", (data.get("slo") or {}).get("offered_requests"))
+    if offered is None or offered == h.get("injected_requests"):
+        return ""
+    counters = (data.get("anomalies") or {}).get("counters") or {}
+    kinds = [counters.get(k) for k in ("admission_rejections", "routing_rejections")]
+    numbers = [k for k in kinds if isinstance(k, int | float) and not isinstance(k, bool)]
+    rejected = f", {fmt(sum(numbers))} rejected" if numbers else ""
+    return f"; {fmt(offered)} offered{rejected}"
+
+
 def _overview(data: dict[str, Any]) -> Section:
     h = data["headline"]
     slo = data.get("slo") or {}
@@ -78,7 +93,7 @@ def _overview(data: dict[str, Any]) -> Section:
         card(
             "requests",
             f"{fmt(h.get('completed_requests'))} / {fmt(h.get('injected_requests'))}",
-            "completed / injected",
+            "completed / injected" + _offered_text(data, h),
         ),
         card("simulated time", f"{fmt(h.get('vllm_estimated_duration_s'))} s"),
         card(
@@ -527,7 +542,8 @@ def render_plan(data: dict[str, Any]) -> str:
             f"{best.get('layout') or 'TP ' + str(best['tp'])}, {best['total_gpus']} GPU(s), "
             f"{figures._usd(best['cost_per_hour_usd'])}/h"
             if best
-            else f"no GPU meets the SLOs with ≤ {data['max_instances']} instances",
+            else data.get("no_answer")
+            or f"no GPU meets the SLOs with ≤ {data['max_instances']} instances",
         ),
         card(
             "SLO bounds",
@@ -610,8 +626,10 @@ def render_report(obj: Any) -> str:
 
 def write_report(obj: Any, path: str | Path) -> Path:
     """Write the report page of `obj` to `path` atomically; return the path."""
-    from ..atomic_io import check_output, write_text_atomically
+    from ..atomic_io import check_output, require_output_path, write_text_atomically
 
+    # A number or None is a ConfigError naming the argument, not a TypeError from pathlib.
+    require_output_path("report: path", path)
     target = check_output(path, "report")
     return write_text_atomically(target, render_report(obj))
 
@@ -647,8 +665,12 @@ def load_input(path: str | Path) -> Any:
 # The --results-path entries the report reads besides the summary's numbers.
 _RESULTS_MAPPINGS = (
     "slo", "steady_state_detail", "anomalies", "kv_cache", "latency_model", "engine_policies",
-    "fleet", "pd",
+    "fleet", "pd", "per_slo_class",
 )  # fmt: skip
+# The entries the report reads row by row (each row a mapping): a mapping of rows by name, or
+# a list of rows.
+_RESULTS_ROWS_BY_NAME = ("per_slo_class",)
+_RESULTS_ROW_LISTS = ("instances", "per_model")
 # Each per-request number and its largest value: times within the simulator's clock (s or
 # ms), token counts within its prompt size. Every request of a results file has all of them,
 # a number (0 for a stage it did not reach), whether servesim or BLIS wrote it.
@@ -682,6 +704,19 @@ def _check_results_document(source: str, doc: Any) -> None:
     for key in _RESULTS_MAPPINGS:
         if doc.get(key) is not None and not isinstance(doc[key], dict):
             raise refuse(key, doc[key], "must be a mapping")
+    for key in _RESULTS_ROWS_BY_NAME:
+        for name, row in (doc.get(key) or {}).items():
+            if not isinstance(row, dict):
+                raise refuse(f"{key}.{name}", row, "must be a mapping")
+    for key in _RESULTS_ROW_LISTS:
+        rows = doc.get(key)
+        if rows is None:
+            continue
+        if not isinstance(rows, list):
+            raise refuse(key, rows, "must be a list of mappings")
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise refuse(f"{key}[{i}]", row, "must be a mapping")
     problem = slo_problem(doc.get("slo") or {})
     if problem is not None:
         raise refuse(*problem)

@@ -326,7 +326,7 @@ def _live_capacity(src: RunSource, cap_of: dict[str, Any], edges: np.ndarray) ->
 def scenario_facts(src: RunSource) -> list[list[Any]]:
     """(what, value) rows describing the deployment, traffic and latency model."""
     sc = src.scenario
-    resolved = sc.get("resolved", {})
+    resolved = sc.get("resolved") or {}
     rows: list[list[Any]] = []
 
     def add(name: str, value: Any) -> None:
@@ -340,22 +340,22 @@ def scenario_facts(src: RunSource) -> list[list[Any]]:
     add("model", resolved.get("model") or sc.get("model"))
     if resolved.get("models"):
         add("models served", ", ".join(resolved["models"]))
-    add("GPU", resolved.get("hardware") or sc.get("hardware"))
-    add("tensor parallel (TP)", resolved.get("tp") or sc.get("tp"))
-    for key, name in (
-        ("pp", "pipeline parallel (PP)"),
-        ("ep", "expert parallel (EP)"),
-        ("dp", "data parallel within an instance (DP)"),
-    ):
-        if sc.get(key) is not None:
-            add(name, sc[key])
-    layout = (src.latency or {}).get("layout")
-    if isinstance(layout, dict):
-        add(
-            "parallel layout per instance",
-            " × ".join(f"{k.upper()} {v}" for k, v in layout.items() if k != "gpus")
-            + (f" ({layout['gpus']} GPU(s))" if "gpus" in layout else ""),
-        )
+    deployments = [d for d in sc.get("deployments") or [] if isinstance(d, dict)]
+    # With named deployments each has its own GPU, layout and KV cache (its rows below): the
+    # top level's would be the first deployment's, wrongly shown for every instance.
+    if not deployments:
+        add("GPU", resolved.get("hardware") or sc.get("hardware"))
+        add("tensor parallel (TP)", resolved.get("tp") or sc.get("tp"))
+        for key, name in (
+            ("pp", "pipeline parallel (PP)"),
+            ("ep", "expert parallel (EP)"),
+            ("dp", "data parallel within an instance (DP)"),
+        ):
+            if sc.get(key) is not None:
+                add(name, sc[key])
+        layout = (src.latency or {}).get("layout")
+        if isinstance(layout, dict):
+            add("parallel layout per instance", _layout_text(layout))
     cluster = sc.get("cluster") or {}
     instances = len(src.instance_ids) or cluster.get("num_instances")
     add("instances (data-parallel replicas)", instances)
@@ -375,12 +375,8 @@ def scenario_facts(src: RunSource) -> list[list[Any]]:
             f"{pool.get('initial_nodes')}-{pool.get('max_nodes')} nodes, "
             f"${pool.get('cost_per_hour')}/h per node",
         )
-    for dep in sc.get("deployments") or []:
-        add(
-            f"deployment {dep.get('name')}",
-            f"{dep.get('model') or resolved.get('model')}, {dep.get('num_instances')} "
-            f"instance(s) on pool {dep.get('pool')}",
-        )
+    for dep in deployments:
+        add(f"deployment {dep.get('name')}", _deployment_text(src, dep, sc, resolved))
     routing = cluster.get("routing") or {}
     if (instances or 1) > 1:
         add("routing policy", routing.get("policy"))
@@ -394,7 +390,7 @@ def scenario_facts(src: RunSource) -> list[list[Any]]:
     shown_source = f" ({limits_source})" if limits_source and limits_source != "set" else ""
     add("max running requests per instance", f"{running}{shown_source}" if running else running)
     add("token budget per step", f"{tokens}{shown_source}" if tokens else tokens)
-    if resolved.get("total_kv_blocks") is not None:
+    if resolved.get("total_kv_blocks") is not None and not deployments:
         add(
             "KV cache per instance",
             f"{resolved['total_kv_blocks']:,} blocks of {engine.get('block_size_tokens', 16)} "
@@ -406,13 +402,80 @@ def scenario_facts(src: RunSource) -> list[list[Any]]:
     latency = src.latency or {}
     add("latency model", latency.get("latency_model"))
     for key, value in latency.items():
-        if key not in ("latency_model", "by_role", "layout"):
+        if key not in ("latency_model", "by_role", "by_deployment", "layout"):
             add(f"latency model: {key}", value)
     for role, prov in (latency.get("by_role") or {}).items():
         add(
             f"latency model ({role} pool)", f"{prov.get('latency_model')}: {prov.get('source', '')}"
         )
+    for name, prov in (latency.get("by_deployment") or {}).items():
+        if isinstance(prov, dict):
+            add(
+                f"latency model (deployment {name})",
+                f"{prov.get('latency_model')}: {prov.get('source', '')}",
+            )
     return rows
+
+
+def _layout_text(layout: dict[str, Any]) -> str:
+    """ "TP 2 × PP 1 × DP 1 × EP 1 (2 GPU(s))"."""
+    return " × ".join(f"{k.upper()} {v}" for k, v in layout.items() if k != "gpus") + (
+        f" ({layout['gpus']} GPU(s))" if "gpus" in layout else ""
+    )
+
+
+def _deployment_text(
+    src: RunSource, dep: dict[str, Any], sc: dict[str, Any], resolved: dict[str, Any]
+) -> str:
+    """One named deployment: its model, instances and pool, then its own GPU, parallel layout
+    (from its resolved latency entry) and KV cache per instance (its instances' capacities:
+    each engine's in a live run, inferred per instance in a saved one)."""
+    name = dep.get("name")
+    parts = [
+        f"{dep.get('model') or resolved.get('model')}, {dep.get('num_instances')} "
+        f"instance(s) on pool {dep.get('pool')}"
+    ]
+    by_deployment = (src.latency or {}).get("by_deployment") or resolved.get(
+        "latency_by_deployment"
+    )
+    entry = (by_deployment or {}).get(name) if isinstance(by_deployment, dict) else None
+    entry = entry if isinstance(entry, dict) else {}
+    pools = {p.get("name"): p for p in sc.get("node_pools") or [] if isinstance(p, dict)}
+    gpu = (
+        dep.get("hardware")
+        or entry.get("gpu")
+        or (pools.get(dep.get("pool")) or {}).get("gpu_type")
+        or resolved.get("hardware")
+    )
+    if gpu:
+        parts.append(str(gpu))
+    layout = entry.get("layout")
+    if isinstance(layout, dict):
+        parts.append(_layout_text(layout))
+    elif dep.get("tp") or resolved.get("tp"):
+        parts.append(f"TP {dep.get('tp') or resolved.get('tp')}")
+    blocks = _deployment_kv_blocks(src, name)
+    if not blocks and dep.get("total_kv_blocks") is not None:
+        blocks = [int(dep["total_kv_blocks"])]
+    if blocks:
+        shown = " to ".join(f"{b:,}" for b in sorted({min(blocks), max(blocks)}))
+        block_size = (sc.get("engine") or {}).get("block_size_tokens", 16)
+        parts.append(f"KV cache {shown} blocks of {block_size} tokens per instance")
+    return ", ".join(parts)
+
+
+def _deployment_kv_blocks(src: RunSource, name: Any) -> list[int]:
+    """The KV blocks of each instance of deployment `name` the run created (empty when the
+    input does not say which instance belongs to which deployment)."""
+    fleet, caps = src.fleet_instances, src.capacities
+    if fleet is None or caps is None or "deployment" not in getattr(fleet, "columns", ()):
+        return []
+    mine = {str(i) for i in fleet.loc[fleet["deployment"] == name, "instance_id"]}
+    out = []
+    for iid, blocks in zip(caps["instance_id"].astype(str), caps["kv_blocks"], strict=True):
+        if iid in mine and blocks is not None and not math.isnan(float(blocks)):
+            out.append(int(blocks))
+    return out
 
 
 def _traffic(sc: dict[str, Any]) -> str | None:
@@ -492,8 +555,10 @@ def balance_section(src: RunSource) -> dict[str, Any] | None:
     for row in rows:
         row["label"] = _label(src, str(row["instance_id"]))
     out: dict[str, Any] = {"instances": rows}
-    load = [row.get("routed", row.get("completed")) or 0 for row in rows]
-    if sum(load):
+    # Only a routed count is judged: a completed count is not the router's spread (a request
+    # that timed out on a slow instance was routed there all the same).
+    load = [row.get("routed") or 0 for row in rows]
+    if "routed" in keep and sum(load):
         from ..metrics.anomalies import jain_fairness
 
         out["jain_fairness_routed"] = jain_fairness(load)
@@ -612,8 +677,12 @@ def run_data(result: Any) -> dict[str, Any]:
     src = run_source.of(result)
     notes: dict[str, str] = {}
     series = time_series(src)
-    if series is None:
+    if series is None and src.kind == "document":
         notes["timeseries"] = "no step log in this input (a results JSON has per-request rows only)"
+    elif series is None:
+        # A live run or saved folder keeps every step: an empty log is a run whose engines
+        # never stepped (every request rejected, timed out waiting or never arriving).
+        notes["timeseries"] = "no engine step ran: no instance ever scheduled a request"
     elif not series["instances"] and not series.get("instances_hidden"):
         notes["timeseries"] = (
             "only completions over time: this input has no step log (queue, KV, batch size "

@@ -103,7 +103,7 @@ def of(result: Any) -> RunSource:
 
 
 def _roles(scenario: dict[str, Any], ids: list[str]) -> dict[str, str]:
-    roles = scenario.get("resolved", {}).get("roles") or []
+    roles = (scenario.get("resolved") or {}).get("roles") or []
     if len(roles) != len(ids) or set(roles) <= {"unified"}:
         return {}
     return dict(zip(ids, roles, strict=True))
@@ -271,7 +271,11 @@ def _from_saved(saved: Any) -> RunSource:
         instance_ids=ids,
         roles=_roles(scenario, ids),
         slo=_saved_slo(saved, summary, scenario),
-        steady=_judge(requests),
+        # The verdict as the run had it, with its reasons and evidence (a run of no requests
+        # has one too); recomputed from the table only for a folder saved before verdicts were.
+        steady=saved.steady_state.document()
+        if saved.steady_state is not None
+        else _judge(requests),
         anomalies=dict(saved.anomalies or {}),
         kv_metrics=dict(saved.kv_metrics or {}),
         per_slo=dict(saved.per_slo or {}),
@@ -283,7 +287,7 @@ def _from_saved(saved: Any) -> RunSource:
         timeline=saved.timeline if len(saved.timeline) else None,
         fleet_instances=saved.fleet_instances if len(saved.fleet_instances) else None,
         per_model=saved.per_model if len(saved.per_model) > 1 else None,
-        latency=dict(scenario.get("resolved", {}).get("latency", {})),
+        latency=dict((scenario.get("resolved") or {}).get("latency") or {}),
     )
 
 
@@ -429,21 +433,48 @@ def _from_document(doc: dict[str, Any]) -> RunSource:
         pd_metrics=doc.get("pd"),
         fleet_metrics=doc.get("fleet"),
         latency=doc.get("latency_model") or {},
-        instances=_instance_frame(instances) if instances else None,
+        instances=_instance_frame(
+            instances, requests.instance_id, disaggregated=isinstance(doc.get("pd"), dict)
+        )
+        if instances
+        else None,
+        per_model=_per_model_frame(doc.get("per_model")),
     )
 
 
-def _instance_frame(instances: list[dict[str, Any]]) -> Any:
+def _per_model_frame(records: Any) -> Any:
+    """The document's `per_model` rows (a multi-model run's; the live and saved reports show
+    the same table) as a DataFrame, or None when the run served one model."""
     import pandas as pd
 
-    rows = [
-        {
-            "instance_id": s.get("instance_id"),
-            "completed": s.get("completed_requests"),
-            "output_tokens": s.get("total_output_tokens"),
-            "preemptions": s.get("preemption_count"),
-        }
-        for s in instances
-        if isinstance(s, dict)
-    ]
+    if not records:
+        return None
+    return pd.DataFrame(records)
+
+
+def _instance_frame(
+    instances: list[dict[str, Any]], handled_by: np.ndarray, disaggregated: bool
+) -> Any:
+    """One row per instance of a results document. `routed` is counted from the requests'
+    `handled_by`: every request the router sent to an instance names it, completed or not (a
+    rejected or never-routed one names none), which is the live run's own routed count. A
+    disaggregated request names only the last of its two instances while the live count
+    has it on both pools, so a PD document gets no `routed` column rather than a wrong one."""
+    import pandas as pd
+
+    ids, counts = np.unique(handled_by[handled_by != ""].astype(str), return_counts=True)
+    routed = dict(zip(ids.tolist(), counts.tolist(), strict=True))
+    rows = []
+    for s in instances:
+        if not isinstance(s, dict):
+            continue
+        row: dict[str, Any] = {"instance_id": s.get("instance_id")}
+        if not disaggregated:
+            row["routed"] = routed.get(str(s.get("instance_id")), 0)
+        row.update(
+            completed=s.get("completed_requests"),
+            output_tokens=s.get("total_output_tokens"),
+            preemptions=s.get("preemption_count"),
+        )
+        rows.append(row)
     return pd.DataFrame(rows)

@@ -190,9 +190,33 @@ def plan_data(plan: Any) -> dict[str, Any]:
                 "total_gpus": best.total_gpus,
                 "cost_per_hour_usd": best.cost_per_hour_usd,
             },
+            # The answer card's text when there is no answer.
+            "no_answer": _no_answer(plan) if best is None else None,
             "notes": {},
         }
     )
+
+
+def _no_answer(plan: Any) -> str:
+    """Why the plan has no answer, as the text plan says it (PlanResult._no_answer): no GPU
+    met the SLOs within max_instances, or none could be planned at all (the model fits no
+    layout there, so nothing was simulated and no instance count was too few)."""
+    not_planned = dict(getattr(plan, "not_planned", None) or {})
+    gpus = [str(g) for g in plan.per_gpu["gpu"]] if "gpu" in plan.per_gpu else []
+    skipped = [g for g in gpus if g in not_planned]
+    if gpus and len(skipped) == len(gpus):
+        reasons = {not_planned[g] for g in skipped}
+        if len(reasons) == 1:
+            return (
+                f"no GPU could be planned ({', '.join(skipped)}), nothing was simulated: "
+                f"{reasons.pop()}"
+            )
+        why = "; ".join(f"{g}: {not_planned[g]}" for g in skipped)
+        return f"no GPU could be planned, nothing was simulated: {why}"
+    line = f"no GPU meets the SLOs with ≤ {plan.max_instances} instances"
+    if skipped:
+        line += f" ({', '.join(skipped)} not planned: see the warnings)"
+    return line
 
 
 def sweep_from_folder(folder: Path) -> Any:
