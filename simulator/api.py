@@ -180,6 +180,12 @@ def build_traffic(scenario: Scenario) -> tuple[Iterable[Request], WorkloadStream
         scenario.seed,
         scenario.horizon_us,
         _workload_base_dir(scenario),
+        # Errors found while building requests name the field where the user wrote it.
+        where=f"{scenario.workload_spec}: "
+        if scenario.workload_spec is not None
+        else "workload."
+        if isinstance(workload, V2WorkloadSpec)
+        else "",
     )
     return stream, stream
 
@@ -297,7 +303,16 @@ def simulate(
     if sc.cluster.trace.path is not None and result.decisions is not None:
         result.decisions.write(sc.cluster.trace.path)
     steady = result.steady_state
-    if warn_unsteady and steady is not None and steady.verdict in UNSTEADY_VERDICTS:
+    if warn_unsteady and steady is not None and steady.verdict == "empty":
+        # Nothing completed: there are no percentiles to qualify, only the requests' fates.
+        log.warning(
+            "the run is empty: no request completed, so it has no latencies to report "
+            "(%d dropped, timed out or failed; %d still unfinished when it ended; see the "
+            "Steady State block and the request counts)",
+            steady.lost_requests,
+            steady.unfinished_at_end,
+        )
+    elif warn_unsteady and steady is not None and steady.verdict in UNSTEADY_VERDICTS:
         log.warning(
             "the run is %s: %s; its latency percentiles describe this run's length, not a "
             "sustainable load (see the Steady State block)",
@@ -485,7 +500,8 @@ def with_overrides(
         return apply_overrides(sc, workload_overrides, source=source) if workload_overrides else sc
     if not workload_overrides and not seed_given:
         return sc
-    spec = workload_spec_of(sc).model_dump(exclude_none=True)
+    given_spec = workload_spec_of(sc)
+    spec = given_spec.model_dump(exclude_none=True)
     for key, value in workload_overrides.items():
         if key == "workload.timeout_us":
             # BLIS --timeout on a spec: every client's deadline, sessions' included (0 = none).
@@ -502,6 +518,16 @@ def with_overrides(
         # sweep's grid or a plan's probe sets a v2 spec's aggregate_rate by design
         # (docs/sweeps.md), and validating then running each point would say it twice.
         given_as = {FLAGS_SOURCE: "--rate", KEYWORDS_SOURCE: "workload__rate"}.get(source)
+        if given_as and field == "aggregate_rate" and given_spec.absolute_rate_mode:
+            # An aggregate rate would make every trace_rate (req/s) a weight of it: the same
+            # spec would send other traffic, silently. Refused rather than reinterpreted.
+            raise ConfigError(
+                f"{given_as}: invalid value {value:g}; the workload spec gives absolute rates "
+                "(no aggregate_rate: each window's or spike's trace_rate is its own req/s), and "
+                "an aggregate rate would turn those req/s into weights of it; leave out "
+                f"{given_as}, or change the trace_rates in the spec (docs/workloads.md, "
+                "Time-varying windows and absolute rates)"
+            )
         if given_as and field == "aggregate_rate" and spec.get(field) not in (None, value):
             log.warning(
                 "%s %g replaces the workload spec's aggregate_rate %g (BLIS ignores --rate "

@@ -82,10 +82,14 @@ def closed_loop_overrides(flags: dict[str, Any], workload: dict[str, Any]) -> di
     if seconds is not None:
         if flags.get("timeout_us") is not None:
             raise ConfigError("--timeout: seconds, the same deadline as --timeout-us; give one")
-        if seconds == 0:
+        from ..limits import MAX_TIME_S  # pydantic: not at import, which `--help` pays for
+
+        if seconds == 0 or seconds > MAX_TIME_S:
+            # Refused here, in seconds: the scenario's check of workload.timeout_us would name
+            # --timeout-us, the flag that sets the field as it is (µs).
             raise ConfigError(
-                "--timeout: invalid value 0; give the deadline in seconds (> 0), or a negative "
-                "number for none"
+                f"--timeout: invalid value {seconds}; give the deadline in seconds, from 1 to "
+                f"{MAX_TIME_S:,} (the clock's range), or a negative number for none"
             )
         workload["workload.timeout_us"] = seconds * 1_000_000 if seconds > 0 else 0
     return workload
@@ -228,7 +232,7 @@ def defaults_file_overrides(
             f"{', '.join(sorted(_DEFAULTS_KEYS))}"
         )
     sc = as_scenario(scenario) if scenario is not None else Scenario()
-    with naming_flags(overrides):
+    with naming_flags(overrides, workload):
         sc = with_overrides(sc, overrides, workload)
     extra: dict[str, Any] = {}
     extra_workload: dict[str, Any] = {}
@@ -251,6 +255,10 @@ def defaults_file_overrides(
                 continue
             if field.split(".")[1] not in given:
                 extra_workload[field] = value
+        if extra_workload:
+            # Checked here, told as the file's: once merged with the flags' workload
+            # overrides, a refused length would be blamed on its flag (--prompt-tokens).
+            with_overrides(sc, {}, extra_workload, source=f"{where}: workloads.{preset}")
     backend = sc.latency.model
     # The fitted row for the run's model, GPU and TP (`models:`): blackbox's coefficients
     # and, for every backend, the measured block count, as BLIS-Mar takes them.

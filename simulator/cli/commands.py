@@ -109,7 +109,7 @@ def _execute(
     for trace_file in trace_files:
         check_writable("--trace-output", trace_file)
     sc = as_scenario(scenario) if scenario is not None else Scenario()
-    with naming_flags(overrides):
+    with naming_flags(overrides, workload_overrides):
         sc = with_overrides(sc, overrides, workload_overrides)
     decisions_flag = "--decisions-path"
     if "cluster.trace.path" not in overrides:
@@ -144,7 +144,7 @@ def _execute(
         # A progress display only on a terminal: pipes and CI logs get clean stderr.
         show_progress = not quiet and sys.stderr.isatty()
         # The deployment resolves in simulate: its checks (the GPU catalog's) name flags too.
-        with naming_flags(overrides):
+        with naming_flags(overrides, workload_overrides):
             result = _simulate_with_progress(sc) if show_progress else simulate(sc)
         if sc.cluster.trace.path is not None:
             written.append(str(sc.cluster.trace.path))
@@ -529,7 +529,12 @@ def convert_preset(
         int, typer.Option("--num-requests", help="requests in the spec (0 = unlimited)")
     ] = 100,
     arrival: Annotated[
-        str, typer.Option("--arrival", help="arrival process: poisson | constant")
+        str,
+        typer.Option(
+            "--arrival",
+            help="arrival process: poisson | gamma | weibull | constant (gamma and weibull "
+            "with cv 1; edit the printed spec's arrival.cv for another)",
+        ),
     ] = "poisson",
 ) -> None:
     """Print a BLIS preset as a v2 workload spec (YAML) on stdout."""
@@ -548,14 +553,18 @@ def compose(
         list[Path], typer.Option("--from", help="v2 workload spec; repeat to merge several")
     ],
 ) -> None:
-    """Merge v2 workload specs into one (aggregate rate = sum) and print it on stdout."""
+    """Merge v2 workload specs into one (aggregate rate = sum) and print it on stdout.
+
+    Each client keeps its absolute rate in every period (windows and spikes included). Each
+    spec's length laws are checked first; an error names its file and field."""
 
     def go() -> None:
         from ..workload.presets import compose_specs, spec_to_yaml, with_absolute_files
         from ..workload.spec import load_workload_spec
 
         specs = [with_absolute_files(load_workload_spec(p), Path(p).parent) for p in sources]
-        typer.echo(spec_to_yaml(compose_specs(specs)), nl=False)
+        merged = compose_specs(specs, names=[str(p) for p in sources])
+        typer.echo(spec_to_yaml(merged), nl=False)
 
     guarded(go)
 

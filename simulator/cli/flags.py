@@ -14,6 +14,7 @@ there, about 10 ms of every `run`'s start-up for ~130 options (tests/test_startu
 
 import contextlib
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -1039,45 +1040,124 @@ RENAMED_FLAGS = {
 }
 
 
+# Fields the flags set outside SCENARIO_FIELDS and WORKLOAD_FIELDS (`common_overrides`, and
+# blis's closed-loop flags): field -> the flag, so that a refused value names the flag the user
+# typed. Only for naming errors, not in `flag_for_field`: these flags' values are not the
+# field's (--lora's NAME:RANK text is a list of adapters, --think-time-ms's ms are µs).
+HAND_SET_FIELDS = {
+    "speculative": "--speculative-config",
+    "speculative.acceptance_rate": "--spec-acceptance-rate",
+    "lora.adapters": "--lora",
+    "latency.alpha_coeffs": "--alpha-coeffs",
+    "latency.beta_coeffs": "--beta-coeffs",
+    "cluster.pd.transfer_contention": "--pd-transfer-contention",
+    "autoscaler": "--no-autoscaler",
+    "workload_spec": "--workload-spec",
+    "workload.concurrency": "--concurrency",
+    "workload.think_time_us": "--think-time-ms",
+}
+# `slo.classes.<class>.<metric>`, set by blis's per-class goodput flags.
+_SLO_CLASS_FIELD = re.compile(r"slo\.classes\.[\w-]+\.(ttft|itl|e2e)_ms")
+# Other names a check gives a field a flag sets: on a v2 workload spec --rate sets its
+# aggregate_rate (api.with_overrides, workload.synthetic.V2_EQUIVALENTS) and the deadline is
+# each client's and cohort's own; a PD pool's deployment check names its latency model as the
+# pool's `latency.model`.
+_ALSO_TOLD_AS = {
+    "workload.rate": (r"workload\.aggregate_rate",),
+    "workload.timeout_us": (r"workload\.(?:clients|cohorts)\[\d+\]\.timeout",),
+    "cluster.pd.prefill.latency_model": (r"cluster\.pd\.prefill: latency\.model",),
+    "cluster.pd.decode.latency_model": (r"cluster\.pd\.decode: latency\.model",),
+}
+# Checks of a whole section that are about one field but do not start with it (LoRASpec's
+# own): field -> the message's start. Tried in this order after the fields' own forms, so
+# that `--lora a:16 --max-lora-rank 8` names --lora, the adapter refused.
+_SECTION_CHECKS = (
+    ("lora.adapters", r"lora: (?=adapter ')"),
+    ("lora.max_lora_rank", r"lora: (?=adapter '.*exceeds max_lora_rank)"),
+    ("lora.max_cpu_loras", r"lora: (?=max_cpu_loras \()"),
+    ("lora.max_loras", r"lora: (?=max_cpu_loras \(.*>= max_loras)"),
+)
+# Where a field's name starts in a check's message: at its start, or after the message's
+# source (`command-line flags: `), another error (`; `) or an opening parenthesis.
+_BEFORE = r"(?P<before>^|: |; |\()"
+
+
 @contextlib.contextmanager
-def naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
-    """Errors about the fields these flag `overrides` set name the flag the user typed beside
-    the field: `--max-num-seqs (engine.max_num_running_reqs): must be ...` where the scenario
-    check says `engine.max_num_running_reqs: ...` (a scenario file's fields keep their names)."""
+def naming_flags(
+    overrides: dict[str, Any], workload_overrides: dict[str, Any] | None = None
+) -> Iterator[None]:
+    """Errors about the fields these flag `overrides` (and synthetic-workload
+    `workload_overrides`) set name the flag the user typed beside the field:
+    `--max-num-seqs (engine.max_num_running_reqs): must be ...` where the scenario check says
+    `engine.max_num_running_reqs: ...` (a scenario file's fields keep their names)."""
     try:
         yield
     except ConfigError as exc:
         text = str(exc)
-        named = text
-        # Longest paths first: `cluster.pd.prefill.tp` before `tp`.
-        for path in sorted(overrides, key=len, reverse=True):
-            flag = flag_for_field(path)
-            if flag is None or flag in named:
-                continue
-            # The field as a check names it: whole (`engine.max_num_running_reqs:`), or as a
-            # section's own check does (`cluster.trace: level:`).
-            section, _, leaf = path.rpartition(".")
-            forms = [path, f"{section}: {leaf}"] if section else [path]
-            # A check that runs after the scenario's (the GPU catalog's) starts its message
-            # with the field itself.
-            start = next((f"{f}:" for f in forms if named.startswith(f"{f}:")), None)
-            if start is not None:
-                named = f"{flag} ({path}):{named[len(start) :]}"
-                continue
-            for before in (": ", "; ", "("):
-                place = next((f"{before}{f}:" for f in forms if f"{before}{f}:" in named), None)
-                if place is not None:
-                    named = named.replace(place, f"{before}{flag} ({path}):", 1)
-                    break
+        named = _named(text, [*overrides, *(workload_overrides or {})])
         if named == text:
             raise
         raise ConfigError(named) from exc
 
 
+def _named(text: str, paths: list[str]) -> str:
+    """`text` with the first mention of each field in `paths` told as `--flag (field):`."""
+    flags = {path: naming_flag(path) for path in paths}
+    flags = {path: flag for path, flag in flags.items() if flag is not None}
+    # Longest paths first: `speculative.method` (--speculative-method) before `speculative`
+    # (--speculative-config), whose fields a message names too.
+    for path in sorted(flags, key=len, reverse=True):
+        flag = flags[path]
+        if _mentions(text, flag):
+            continue
+        # A field inside the value a flag sets is that flag's too (`lora.adapters[0].rank`).
+        fields = "|".join([re.escape(path), *_ALSO_TOLD_AS.get(path, ())])
+        whole = rf"{_BEFORE}(?P<field>(?:{fields})(?:\.\w+|\[\d+\])*):"
+        text, n = re.subn(whole, lambda m, f=flag, p=path: _told(m, f, p), text, count=1)
+        if n:
+            continue
+        # As a section's own check names it: `cluster.trace: level:`.
+        section, _, leaf = path.rpartition(".")
+        if section:
+            own = rf"{_BEFORE}{re.escape(section)}: {re.escape(leaf)}:"
+            text = re.sub(own, lambda m, f=flag, p=path: f"{m['before']}{f} ({p}):", text, count=1)
+    for path, start in _SECTION_CHECKS:
+        flag = flags.get(path)
+        if flag is None or _mentions(text, flag):
+            continue
+        check = rf"{_BEFORE}{start}"
+        text = re.sub(check, lambda m, f=flag, p=path: f"{m['before']}{f} ({p}): ", text, count=1)
+    return text
+
+
+def _told(match: re.Match, flag: str, path: str) -> str:
+    """`--flag (field):` for a field's mention: the field as the check names it when that is a
+    field (`lora.adapters[0].rank`), else the flag's field (for `cluster.pd.decode:
+    latency.model`, a section's check)."""
+    field = match["field"] if ": " not in match["field"] else path
+    return f"{match['before']}{flag} ({field}):"
+
+
+def _mentions(text: str, flag: str) -> bool:
+    """Whether `text` names `flag` itself (`--timeout` is not in `--timeout-us`)."""
+    return re.search(rf"{re.escape(flag)}(?![\w-])", text) is not None
+
+
+def naming_flag(path: str) -> str | None:
+    """The flag whose value sets scenario field `path` (dotted), for naming it in an error:
+    `flag_for_field`'s, or that of a flag set by hand (`HAND_SET_FIELDS`, the per-class SLO
+    flags)."""
+    flag = flag_for_field(path) or HAND_SET_FIELDS.get(path)
+    if flag is None and (slo := _SLO_CLASS_FIELD.fullmatch(path)) is not None:
+        flag = f"--slo-{slo[1]}"
+    return flag
+
+
 def flag_for_field(path: str) -> str | None:
-    """The flag that sets scenario field `path` (dotted), under its current name; None when
-    no flag does."""
-    params = [param for param, field in SCENARIO_FIELDS.items() if field == path]
+    """The flag that sets scenario field `path` (dotted) to its own value, under its current
+    name; None when no flag does."""
+    fields = {**SCENARIO_FIELDS, **WORKLOAD_FIELDS}
+    params = [param for param, field in fields.items() if field == path]
     if not params:
         return None
     renamed = {new: new_flag for _old_flag, new, new_flag in RENAMED_FLAGS.values()}

@@ -36,7 +36,15 @@ from ..rng import stream_seed
 from .arrivals import ArrivalProcess, make_arrivals
 from .cohorts import expand_cohorts, expand_inference_perf
 from .lengths import LengthDistribution, from_dist_spec, ratio_from_dist_spec
-from .spec import DEFAULT_PREFIX_LENGTH, ActiveWindow, ArrivalSpec, ClientSpec, WorkloadSpec
+from .spec import (
+    DEFAULT_PREFIX_LENGTH,
+    ActiveWindow,
+    ArrivalSpec,
+    ClientSpec,
+    CohortSpec,
+    DistSpec,
+    WorkloadSpec,
+)
 
 CHUNK = 1024  # draws per numpy call: amortises call overhead without holding much memory
 # A request keyed for the merge of the clients' streams: (arrival, rank, order, the request
@@ -113,10 +121,13 @@ class ClientPlan:
     unique_key: bool = True
     # Windows with traffic of their own, each with its rate (req/s); see `Period`.
     period_windows: list[tuple[int, ActiveWindow, float]] = field(default_factory=list)
+    # The client's place in the user's input, for errors (`client_places`): a cohort's member
+    # is named by its cohort, not by its index in the expanded list.
+    where: str = ""
 
     def __post_init__(self) -> None:
         c = self.spec
-        where = f"clients[{self.index}]"
+        where = self.where or f"clients[{self.index}]"
         rng = lambda name: stream_seed(self.seed, "client", self.key, name)  # noqa: E731
         # The client's own arrival process runs unless it is closed-loop, or every one of its
         # windows is a period (which then brings all of its traffic).
@@ -431,6 +442,12 @@ class ClientPlan:
         return self.windows[i][0] if i < len(self.windows) else None
 
 
+# A round in none of these states has ended without completing.
+_UNFINISHED_OR_COMPLETED = frozenset(
+    {RequestState.CREATED, RequestState.QUEUED, RequestState.RUNNING, RequestState.COMPLETED}
+)
+
+
 @dataclass
 class Session:
     session_id: str
@@ -443,8 +460,9 @@ class Session:
 
     def open_loop_outcome(self) -> str:
         states = [r.state for r in self.rounds]
-        if any(s in (RequestState.TIMED_OUT, RequestState.DROPPED, RequestState.REJECTED)
-               for s in states):  # fmt: skip
+        # Any end but completion cancels it: timed out, dropped, rejected, dropped on a drain
+        # or failed with its node (closed loop: `SessionManager.on_finished`).
+        if any(s not in _UNFINISHED_OR_COMPLETED for s in states):
             return "cancelled"
         if len(self.rounds) == self.rounds_total and all(
             s is RequestState.COMPLETED for s in states
@@ -505,7 +523,8 @@ class SessionManager:
         if not session.plan.closed_loop:
             return None
         if req.state is not RequestState.COMPLETED:
-            session.outcome = "cancelled"  # a timed-out, dropped or rejected round ends it
+            # A timed-out, dropped, rejected or failed (node failure) round ends it.
+            session.outcome = "cancelled"
             return None
         session.rounds_done += 1
         if session.rounds_done >= session.rounds_total:
@@ -575,6 +594,82 @@ def resolve_clients(spec: WorkloadSpec, base_dir: Path | None = None) -> tuple[W
     return spec, expand_cohorts(spec)
 
 
+def client_places(
+    given: WorkloadSpec, resolved: WorkloadSpec, count: int, where: str = ""
+) -> list[str]:
+    """Each resolved client's place in the user's input, for errors: `clients[i]` for a
+    client, `cohorts[k]` for every member of cohort k, and the section a converter expanded
+    (servegen_data, inference_perf) with the client's id. `where` names the spec itself
+    (`workload.` inline in a scenario, `<file>: ` for a spec file)."""
+    places: list[str] = []
+    if given.clients:
+        places.extend(f"{where}clients[{i}]" for i in range(len(resolved.clients)))
+    else:
+        section = "inference_perf" if given.inference_perf is not None else "servegen_data"
+        places.extend(f"{where}{section} (client {c.id!r})" for c in resolved.clients)
+    # A converter puts its own cohorts first and passes the spec's cohorts on, in order.
+    converted = len(resolved.cohorts) - len(given.cohorts)
+    for k, cohort in enumerate(resolved.cohorts):
+        place = (
+            f"{where}servegen_data (cohort {cohort.id!r})"
+            if k < converted
+            else f"{where}cohorts[{k - converted}]"
+        )
+        places.extend([place] * cohort.population)
+    if len(places) != count:  # a form this naming does not know: say the expanded index
+        return [f"{where}clients[{i}]" for i in range(count)]
+    return places
+
+
+def _member_laws(member: ClientSpec | CohortSpec) -> Iterator[tuple[str, DistSpec, str]]:
+    """The laws a client or cohort draws from, as `ClientPlan` builds them: (kind, law, path
+    below the member), kind "length", "count" (floored at 0) or "ratio"."""
+    yield "length", member.input_distribution, "input_distribution"
+    yield "length", member.output_distribution, "output_distribution"
+    windows = (
+        member.lifecycle.windows if isinstance(member, ClientSpec) and member.lifecycle else []
+    )
+    for k, window in enumerate(windows):
+        for name in ("input_distribution", "output_distribution"):
+            law = getattr(window, name)
+            if law is not None:
+                yield "length", law, f"lifecycle.windows[{k}].{name}"
+    mm = member.multimodal
+    if mm is not None:
+        if mm.text_distribution is not None:
+            yield "length", mm.text_distribution, "multimodal.text_distribution"
+        for modality in ("image", "audio", "video"):
+            count = getattr(mm, f"{modality}_count_distribution")
+            size = getattr(mm, f"{modality}_distribution")
+            if count is None or size is None:
+                continue  # a modality needs both; one alone draws nothing
+            yield "count", count, f"multimodal.{modality}_count_distribution"
+            yield "length", size, f"multimodal.{modality}_distribution"
+    if member.reasoning is not None and member.reasoning.reason_ratio_distribution is not None:
+        yield (
+            "ratio",
+            member.reasoning.reason_ratio_distribution,
+            ("reasoning.reason_ratio_distribution"),
+        )
+
+
+def check_length_laws(spec: WorkloadSpec, base_dir: Path | None = None, where: str = "") -> None:
+    """Build every length law of the spec's clients and cohorts once, as a run would: a law
+    the schema lets through but no sampler takes (a negative std_dev, min > max, a missing
+    empirical file) is a ConfigError naming its place, `where` first (`compose` checks each
+    source spec so, before merging). Sections a converter expands (servegen_data,
+    inference_perf) are checked when they are run."""
+    members = [(f"clients[{i}]", c) for i, c in enumerate(spec.clients)]
+    members += [(f"cohorts[{k}]", c) for k, c in enumerate(spec.cohorts)]
+    for place, member in members:
+        for kind, law, path in _member_laws(member):
+            at = f"{where}{place}.{path}"
+            if kind == "ratio":
+                ratio_from_dist_spec(law, base_dir, where=at)
+            else:
+                from_dist_spec(law, base_dir, minimum=0 if kind == "count" else 1, where=at)
+
+
 def _check_expected_count(rate_per_s: float, horizon_us: int) -> None:
     """A workload bounded only by its horizon must not promise more requests than one run can
     hold (MAX_REQUESTS): rate x horizon is its expected size."""
@@ -597,8 +692,13 @@ class WorkloadStream:
         seed: int,
         horizon_us: int | None = None,
         base_dir: Path | None = None,
+        where: str = "",
     ) -> None:
+        """`where` names the spec in errors, before each field's path: `workload.` for a
+        scenario's inline workload, `<file>: ` for a spec file."""
+        given = spec
         spec, clients = resolve_clients(spec, base_dir)
+        places = client_places(given, spec, len(clients), where)
         self.spec = spec
         self.seed = spec.seed if spec.seed is not None else seed
         self.horizon_us = horizon_us if horizon_us is not None else spec.horizon
@@ -646,6 +746,7 @@ class WorkloadStream:
                     period_windows=[
                         (k, w, period_rate(c, w)) for k, w in enumerate(windows) if w.overrides
                     ],
+                    where=places[i],
                 )
             )
         endless = not all(p.ends_by_itself for p in self.plans)

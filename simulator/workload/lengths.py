@@ -16,7 +16,11 @@ workload file in every error. Parameter names are BLIS's (docs/behaviour.md §9.
   with an optional header). Probabilities are normalised; zero-probability rows are ignored.
 
 Every sampler floors its results at `floor` (1 for token lengths; 0 for counts such as the
-number of images in a multimodal prompt).
+number of images in a multimodal prompt) and caps them at MAX_TOKENS (10^8, simulator/limits.py):
+the bound of a request's size that the schema and the trace reader enforce, so that a far-tail
+draw of an unbounded law (exponential or lognormal without `max`, a Pareto) is that bound, not
+a request that no trace can hold. A value the user writes beyond it (a constant, a table's
+token count) is refused instead.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 
 from ..errors import ConfigError, excerpt, unknown
 from ..input_files import check_path, csv_records, load_json, load_yaml, read_text
+from ..limits import MAX_TOKENS
 
 if TYPE_CHECKING:
     from .spec import DistSpec
@@ -41,8 +46,8 @@ class LengthDistribution:
     floor = 1
 
     def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        """`count` whole-token samples (int64), each at least `floor`."""
-        return np.maximum(self._draw(rng, count), self.floor)
+        """`count` whole-token samples (int64), each from `floor` to MAX_TOKENS."""
+        return np.clip(self._draw(rng, count), self.floor, MAX_TOKENS)
 
     def _draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
         raise NotImplementedError
@@ -64,19 +69,15 @@ def _need(condition: bool, field: str, value: object, allowed: str) -> None:
         raise ConfigError(f"{field}: invalid value {excerpt(value)}; {allowed}")
 
 
-# No model has a context anywhere near this; larger values are typos (and overflow int64).
-MAX_LENGTH_TOKENS = 1_000_000_000
-
-
 class ConstantLength(LengthDistribution):
     name = "constant"
 
     def __init__(self, value: int, *, floor: int = 1, where: str = "constant length") -> None:
         _need(
-            0 <= value <= MAX_LENGTH_TOKENS,
+            0 <= value <= MAX_TOKENS,
             f"{where}.value",
             value,
-            f"must be between 0 and {MAX_LENGTH_TOKENS:,} tokens",
+            f"must be from 0 to {MAX_TOKENS:,} tokens, the bound of a request's size",
         )
         self.value = int(value)
         self.floor = floor
@@ -99,7 +100,7 @@ class GaussianLength(LengthDistribution):
         mean: float,
         stdev: float,
         min: int = 1,  # noqa: A002
-        max: int = 1 << 30,  # noqa: A002
+        max: int = MAX_TOKENS,  # noqa: A002
         *,
         floor: int = 1,
         where: str = "gaussian",
@@ -162,7 +163,8 @@ class ExponentialLength(LengthDistribution):
         self.floor = floor
 
     def _draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        return _round(_clamped(rng.exponential(self.mean_tokens, count), self.lo, self.hi))
+        values = _clamped(rng.exponential(self.mean_tokens, count), self.lo, self.hi)
+        return _round(np.minimum(values, float(MAX_TOKENS)))
 
     @property
     def mean(self) -> float:
@@ -186,16 +188,23 @@ class LognormalLength(LengthDistribution):
         where: str = "lognormal",
     ) -> None:
         _need(sigma >= 0, f"{where}.sigma", sigma, "must be >= 0")
-        # exp(mu) beyond 10^9 tokens is no prompt length; the bound also keeps exp finite.
-        _need(mu <= math.log(MAX_LENGTH_TOKENS), f"{where}.mu", mu, "must be <= ln(10^9)")
+        # exp(mu), the law's median, beyond a request's bound is no prompt length (most draws
+        # would be the cap); the bound also keeps exp finite.
+        _need(
+            mu <= math.log(MAX_TOKENS),
+            f"{where}.mu",
+            mu,
+            f"must be <= ln({MAX_TOKENS:,}) = {math.log(MAX_TOKENS):.4f}: e^mu is the law's "
+            "median, and a request has at most that many tokens",
+        )
         self.mu, self.sigma = float(mu), float(sigma)
         self.lo, self.hi = _clamps(min, max, where)
         self.floor = floor
 
     def _draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
         values = np.exp(self.mu + self.sigma * rng.standard_normal(count))
-        # A wide sigma can still overflow int64: cap far above any context length.
-        return _round(np.minimum(_clamped(values, self.lo, self.hi), 2.0**53))
+        # Capped before rounding: a wide sigma's draw would overflow int64 (`sample` caps too).
+        return _round(np.minimum(_clamped(values, self.lo, self.hi), float(MAX_TOKENS)))
 
     @property
     def mean(self) -> float:
@@ -233,8 +242,8 @@ class ParetoLognormalLength(LengthDistribution):
         pareto = self.xm / u ** (1.0 / self.alpha)
         lognormal = np.exp(self.mu + self.sigma * rng.standard_normal(count))
         values = np.where(pick_pareto, pareto, lognormal)
-        # A heavy Pareto tail can exceed int64; cap far above any context length.
-        return _round(np.minimum(values, 2.0**53))
+        # Capped before rounding: a heavy Pareto tail would overflow int64 (`sample` caps too).
+        return _round(np.minimum(values, float(MAX_TOKENS)))
 
     @property
     def mean(self) -> float:
@@ -252,7 +261,12 @@ class EmpiricalLength(LengthDistribution):
         self, pdf: Mapping[int, float], *, floor: int = 1, where: str = "empirical"
     ) -> None:
         for tokens, prob in pdf.items():
-            _need(tokens >= 0, f"{where}.params", tokens, "token counts must be >= 0")
+            _need(
+                0 <= tokens <= MAX_TOKENS,
+                f"{where}.params",
+                tokens,
+                f"token counts must be from 0 to {MAX_TOKENS:,}, the bound of a request's size",
+            )
             _need(
                 math.isfinite(prob) and prob >= 0,
                 f"{where}.params[{tokens}]",

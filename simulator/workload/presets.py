@@ -22,7 +22,7 @@ from ..errors import ConfigError, invalid, unknown
 from ..limits import MAX_RATE_PER_S, MAX_REQUESTS, MAX_TOKENS, MIN_RATE_PER_S
 from .arrivals import ARRIVAL_PROCESSES
 from .cohorts import expand_cohorts, expand_inference_perf
-from .spec import WorkloadSpec, format_spec_error, workload_spec_from_dict
+from .spec import ClientSpec, WorkloadSpec, format_spec_error, workload_spec_from_dict
 
 
 @functools.cache
@@ -227,19 +227,41 @@ def _merged_slo_targets(specs: list[WorkloadSpec]) -> dict[str, Any]:
     return merged
 
 
-def _absolute_rate_mode(spec: WorkloadSpec) -> bool:
-    """Does the spec give its rates absolutely (no aggregate_rate; every window's trace_rate
-    is req/s), as `convert servegen` writes them?"""
-    return not spec.aggregate_rate and spec.absolute_rates
+def _rate_kind(spec: WorkloadSpec) -> str:
+    """How a spec (its cohorts expanded) gives its rates: "absolute" (no aggregate_rate; every
+    window's trace_rate in req/s, as `convert servegen` writes them), "shared" (an
+    aggregate_rate shared by rate fractions) or "none" (closed-loop users only: no rate, and
+    an aggregate_rate it gives is used by no client)."""
+    if not spec.open_loop:
+        return "none"
+    return "absolute" if spec.absolute_rate_mode else "shared"
 
 
-def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
+def _rescaled(client: ClientSpec, factor: float) -> dict[str, Any]:
+    """The update that multiplies every rate weight of an open-loop client by `factor`: its
+    rate_fraction and each window's trace_rate (a cohort's spike is such a window once
+    expanded), which weigh against the fractions as the rate_fraction does (generator
+    `period_rate`)."""
+    update: dict[str, Any] = {"rate_fraction": client.rate_fraction * factor}
+    lifecycle = client.lifecycle
+    if lifecycle is not None and any(w.trace_rate for w in lifecycle.windows):
+        windows = [
+            w.model_copy(update={"trace_rate": w.trace_rate * factor}) if w.trace_rate else w
+            for w in lifecycle.windows
+        ]
+        update["lifecycle"] = lifecycle.model_copy(update={"windows": windows})
+    return update
+
+
+def compose_specs(specs: list[WorkloadSpec], names: list[str] | None = None) -> WorkloadSpec:
     """Merge specs into one whose traffic is the sum of theirs (docs/behaviour.md §12.2).
 
-    aggregate_rate = Σ rates; each client keeps its absolute rate: its fraction, normalised
-    within its own spec, times that spec's share of the total. (BLIS multiplies the raw
-    fraction; the two agree when each spec's fractions sum to 1.) Cohorts and inference_perf
-    sections are expanded to clients first. Client ids are kept; a colliding id gets a
+    aggregate_rate = Σ rates; each client keeps its absolute rate in every period: its
+    fraction, and each of its windows' trace_rate weights, normalised within its own spec,
+    times that spec's share of the total. (BLIS multiplies the raw fraction; the two agree when
+    each spec's fractions sum to 1.) A spec of closed-loop users only has no rate: it takes no
+    share, whatever aggregate_rate it gives. Cohorts and inference_perf sections are expanded
+    to clients first. Client ids are kept; a colliding id gets a
     suffix "-<spec index>" (then "-<spec index>-<k>"), and so does a prefix group an earlier
     spec also uses, so that each spec's clients share prefixes with their own spec's alone
     (BLIS keeps the name, and the later spec's clients take the earlier prefix, its length
@@ -247,33 +269,45 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
     spec; horizon is the longest given; num_requests is the sum when every spec sets one;
     goodput_slo_targets are merged. Specs whose rates are all absolute (windows in req/s, no
     aggregate_rate) keep them as given; one cannot be merged with a spec of shared rates.
+
+    Every spec's length laws are checked first, as a run would check them
+    (`check_length_laws`), each error named by `names[i]` (the spec's file) or its index.
     """
+    from .generator import check_length_laws
+
     if not specs:
         raise ConfigError("compose: no specs given; need at least one")
+    for index, spec in enumerate(specs):
+        label = names[index] if names is not None else f"compose: spec {index}"
+        check_length_laws(spec, where=f"{label}: ")
     flat = [_as_clients(s) for s in specs]
-    absolute = [_absolute_rate_mode(s) for s in flat]
-    if any(absolute) and not all(absolute):
-        first = absolute.index(True)
-        other = absolute.index(False)
+    kinds = [_rate_kind(s) for s in flat]
+    if "absolute" in kinds and "shared" in kinds:
+        first = kinds.index("absolute")
+        other = kinds.index("shared")
         raise ConfigError(
             f"compose: spec {first} gives absolute rates (no aggregate_rate; each window's "
             f"trace_rate in req/s, as `convert servegen` writes them) and spec {other} an "
             "aggregate_rate shared by rate fractions; one spec cannot hold both: compose specs "
-            "of one kind"
+            "of one kind (closed-loop-only specs go with either)"
         )
     # Absolute rates (every window its own req/s) are kept as given: no fractions to rescale
-    # and no aggregate rate.
-    rescale = not all(absolute)
-    total_rate = sum(s.aggregate_rate or 0.0 for s in flat) if rescale else 0.0
-    open_loop = any(not c.concurrency_users for s in flat for c in s.clients)
-    if rescale and open_loop and not (math.isfinite(total_rate) and total_rate > 0):
+    # and no aggregate rate. Only specs with open-loop clients share the aggregate rate.
+    rescale = "shared" in kinds
+    total_rate = sum(
+        s.aggregate_rate or 0.0 for s, kind in zip(flat, kinds, strict=True) if kind == "shared"
+    )
+    if rescale and not (math.isfinite(total_rate) and total_rate > 0):
         raise invalid("aggregate_rate", total_rate, "the composed rate must be finite and > 0")
     seen: set[str] = set()
     groups: set[str] = set()  # prefix groups of the specs before this one
     clients = []
-    for index, spec in enumerate(flat):
+    for index, (spec, kind) in enumerate(zip(flat, kinds, strict=True)):
         fraction_sum = sum(c.rate_fraction or 0.0 for c in spec.clients)
-        weight = (spec.aggregate_rate or 0.0) / total_rate if total_rate else 0.0
+        # The spec's weights, normalised within it, become its share of the merged rate.
+        factor = (
+            (spec.aggregate_rate or 0.0) / total_rate / fraction_sum if kind == "shared" else 1.0
+        )
         own_groups = {c.prefix_group for c in spec.clients if c.prefix_group}
         renamed = {}
         for group in sorted(own_groups & groups):
@@ -287,8 +321,8 @@ def compose_specs(specs: list[WorkloadSpec]) -> WorkloadSpec:
             update: dict[str, Any] = {"id": cid}
             if client.prefix_group in renamed:
                 update["prefix_group"] = renamed[client.prefix_group]
-            if rescale and not client.concurrency_users:  # users have no rate to share
-                update["rate_fraction"] = client.rate_fraction / fraction_sum * weight
+            if kind == "shared" and not client.concurrency_users:  # users have no rate
+                update.update(_rescaled(client, factor))
             clients.append(client.model_copy(update=update))
     horizons = [s.horizon for s in flat if s.horizon]
     counts = [s.num_requests for s in flat]

@@ -571,6 +571,19 @@ class WorkloadSpec(_Strict):
         )
 
     @property
+    def open_loop(self) -> bool:
+        """Has the spec open-loop traffic (a client without `concurrency`, a cohort)? The
+        sections a converter expands (servegen_data, inference_perf) are not looked into."""
+        return bool(self.cohorts) or any(not c.concurrency_users for c in self.clients)
+
+    @property
+    def absolute_rate_mode(self) -> bool:
+        """Is the spec's open-loop traffic given in absolute rates: no aggregate_rate (absent or
+        0) and every rate a trace_rate in req/s? (`absolute_rates` alone is also true of a spec
+        with no open-loop client, which has no rates at all.)"""
+        return self.open_loop and not self.aggregate_rate and self.absolute_rates
+
+    @property
     def has_sessions(self) -> bool:
         """Are there sessions whose next request waits for the previous one (multi-turn
         clients, closed-loop users)?"""

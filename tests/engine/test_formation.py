@@ -487,6 +487,6 @@ def test_cli_flag_selects_the_policy_and_refuses_unknown_names():
     assert bad.exit_code == 2
     lines = bad.output.strip().splitlines()
     assert lines == [
-        "error: engine.batch_formation: unknown batch formation 'orca'; "
+        "error: --batch-formation (engine.batch_formation): unknown batch formation 'orca'; "
         "valid: chunked, prefill-first, whole-prompt"
     ]
