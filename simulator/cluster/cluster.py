@@ -93,6 +93,9 @@ class _Source:
         self._held: Request | None = None  # the request waiting for a slot now
         self.exhausted = False  # every request of the stream has been injected
         self.finished = 0  # user-facing requests that left the system (any final state)
+        # Closed-loop follow-ups made but not yet arrived: until they do the traffic is not
+        # over, though the stream is exhausted and every request so far finished.
+        self.follow_ups_due = 0
         self.deliver: Callable[[Request], None] = lambda _r: None
 
     def run(self, env: simpy.Environment):
@@ -531,7 +534,11 @@ def run_simulation(
             router,
             seed,
             lambda inst, req: inst.on_finished(req),
-            lambda: (source.exhausted, source.finished == source.injected_count),
+            # Over only with no session round still to come (infrastructure._run_over).
+            lambda: (
+                source.exhausted and not source.follow_ups_due,
+                source.finished == source.injected_count,
+            ),
             check_invariants,
             grow=grow,
         )
@@ -731,9 +738,13 @@ def _on_finished(
             # env.now is the end of the step that finished it: closed-loop users think from there.
             nxt = sessions.on_finished(req, finished_us, int(env.now))
             if nxt is not None:
-                event_after(env, nxt.arrival_us - env.now, ROUTER).callbacks.append(
-                    lambda _e, r=nxt: source.inject(r)
-                )
+                source.follow_ups_due += 1
+
+                def arrive(_e, r: Request = nxt) -> None:
+                    source.follow_ups_due -= 1
+                    source.inject(r)
+
+                event_after(env, nxt.arrival_us - env.now, ROUTER).callbacks.append(arrive)
         source.retire(req)
 
     return on_finished

@@ -162,6 +162,20 @@ class Infrastructure:
         self.autoscalers = [
             Autoscaler(spec, self._deployment_of(spec)) for spec in plan.autoscalers
         ]
+        # The pools an autoscaler manages: those its deployment's instances may be placed on
+        # (the deployment's pool, or every pool of its GPU type without one). Only there does
+        # a scale-up find no GPUs and order a node, for whichever instance waits for one, and
+        # only there is an idle node released; a pool no autoscaler places on keeps the nodes
+        # its events give it (until 2026-12-07 any autoscaler did both in every pool).
+        scaled = {scaler.deployment for scaler in self.autoscalers}
+        self.managed_pools = {
+            pool.name
+            for pool in plan.node_pools
+            for slot in plan.slots
+            if slot.deployment in scaled
+            and self._slot_fits_pool(slot, pool.name)
+            and self.nodes_spanned(_record(slot), pool)
+        }
         for inst in instances:
             self._adopt(inst)
 
@@ -243,8 +257,14 @@ class Infrastructure:
 
     def _provisioning(self, node: Node, delay_us: int):
         """A new node's process: provisioning takes `delay_us`, then it is Ready (unless an
-        event ended it meanwhile)."""
+        event ended it meanwhile, or the run did)."""
         yield event_after(self.env, delay_us, ROUTER)
+        if self._run_over():
+            # The run is over (no traffic left, every request finished): it ends with the
+            # node still Provisioning, as a horizon would, rather than recording changes after
+            # its end (until 2026-12-07 a node ordered late came up, and its instances loaded,
+            # on the timeline after the run's last event).
+            return
         self._node_ready(node)
 
     def _node_ready(self, node: Node) -> None:
@@ -274,7 +294,7 @@ class Infrastructure:
             return
         pool = self.pools[node.pool]
         if (
-            self.autoscalers
+            pool.name in self.managed_pools
             and node.state is NodeState.READY
             and len(self._nodes_in(pool.name)) > pool.min_nodes
             and not any(self._fits_pool(r, pool.name) for r in self._pending)
@@ -286,13 +306,15 @@ class Infrastructure:
         rec.move(InstanceState.SCHEDULING, self.env.now, self.timeline, reason)
         self._pending.append(rec)
         self._place_pending()
-        if rec in self._pending and self.autoscalers:
-            self._provision_for(rec)
+        if rec in self._pending:
+            self._provision_for(rec)  # orders a node only in a pool an autoscaler manages
 
     def _fits_pool(self, rec: InstanceRecord, pool_name: str) -> bool:
-        slot = self.plan.slots[rec.index]
+        return self._slot_fits_pool(self.plan.slots[rec.index], pool_name)
+
+    def _slot_fits_pool(self, slot: SlotPlan, pool_name: str) -> bool:
         pool = self.pools[pool_name]
-        return (rec.pool is None or rec.pool == pool_name) and (
+        return (slot.pool is None or slot.pool == pool_name) and (
             pool.gpu_type.lower() == slot.gpu_type.lower()
         )
 
@@ -353,10 +375,12 @@ class Infrastructure:
         return True
 
     def _provision_for(self, rec: InstanceRecord) -> None:
-        """Scale-up found no free GPUs: provision a node, unless one already on its way has
-        room for every instance waiting for that pool (whole nodes for an instance larger
-        than a node)."""
+        """Scale-up found no free GPUs: provision a node in a pool an autoscaler manages,
+        unless one already on its way has room for every instance waiting for that pool
+        (whole nodes for an instance larger than a node)."""
         for pool in self.plan.node_pools:
+            if pool.name not in self.managed_pools:
+                continue
             span = self.nodes_spanned(rec, pool)
             if not span or not self._fits_pool(rec, pool.name):
                 continue
@@ -373,10 +397,10 @@ class Infrastructure:
 
     def _reprovision_pending(self) -> None:
         """A node on its way was withdrawn (drained or failed while provisioning): the
-        instances that were waiting for it order another, as their scale-up did."""
-        if self.autoscalers:
-            for rec in list(self._pending):
-                self._provision_for(rec)
+        instances that were waiting for it order another, as their scale-up did (in the
+        pools an autoscaler manages)."""
+        for rec in list(self._pending):
+            self._provision_for(rec)
 
     def _place_pending(self) -> None:
         if not self.plan.node_pools:
@@ -428,9 +452,11 @@ class Infrastructure:
 
     def _loading(self, rec: InstanceRecord, delay_us: int):
         """A placed instance's process: loading its weights takes `delay_us`, then it serves
-        (unless it was terminated meanwhile)."""
+        (unless it was terminated meanwhile, or the run ended: then it ends Loading, as for
+        a node in `_provisioning`)."""
         yield event_after(self.env, delay_us, ROUTER)
-        self._loaded(rec)
+        if not self._run_over():
+            self._loaded(rec)
 
     def _where(self, rec: InstanceRecord) -> str:
         nodes = self.nodes_of(rec)
@@ -595,11 +621,13 @@ class Infrastructure:
         reason = f"event {action} at {event.at_s:g} s"
         if action in ("drain_instance", "fail_instance"):
             rec = self.record(event.target)
-            if rec.state is None:
-                # A slot the fleet has not created yet (an autoscaler's or add_instance's):
-                # nothing to drain or fail, said on the timeline rather than silently.
+            if rec.state is None or rec.state is InstanceState.TERMINATED:
+                # A slot the fleet has not created yet (an autoscaler's or add_instance's) or
+                # an instance already gone: nothing to drain or fail, said on the timeline
+                # rather than silently, as for a node.
+                why = "not created yet" if rec.state is None else "already terminated"
                 self.timeline.record(
-                    self.env.now, "event", event.target, "", "", f"{reason}: not created yet"
+                    self.env.now, "event", event.target, "", "", f"{reason}: {why}"
                 )
             elif action == "drain_instance":
                 self.drain(rec, policy, reason)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from ..engine.events import ROUTER, event_after
+from ..engine.events import ROUTER, TIMEOUT, event_after
 from ..engine.request import Request, RequestState
 from .admission import AdmissionPolicy
 from .decisions import DecisionTrace
@@ -96,10 +96,14 @@ class Router:
         self.instance_ids = instance_ids
         self.served = served
         # Requests for a served model while none of its instances is routable (all loading,
-        # say) wait here and are routed when one becomes routable.
+        # say) wait here and are routed when one becomes routable, or leave at their client
+        # deadline, timed out.
         self.parked: dict[str, deque[Request]] = {}
         self.parked_total = 0
+        self.parked_timed_out = 0
         self._unparking: set[str] = set()  # models whose parked requests are routed this µs
+        # The cluster's callback for a request that leaves the system without reaching an
+        # instance: rejected, or timed out while parked.
         self.on_rejected = on_rejected
         self.trace = trace
         self.admission_latency_us = admission_latency_us
@@ -175,8 +179,7 @@ class Router:
             )
             return
         if not self.served.routable[key]:
-            self.parked.setdefault(key, deque()).append(req)
-            self.parked_total += 1
+            self._park(key, req)
             return
         candidates = self.snapshots.get_many(self.served.routable[key], now)
         decision = self.routing.route(req, candidates, now)
@@ -184,6 +187,35 @@ class Router:
         self.routing.observe(req, chosen)
         self.trace.record_routing(req, now, decision, candidates)
         self.dispatch(req, decision.target)
+
+    def _park(self, key: str, req: Request) -> None:
+        """Hold `req` until an instance of model `key` is routable. Its client gives up at its
+        deadline, as it would in an instance's queue (docs/engine.md, Timeouts): an event at
+        the deadline, at the client-timeout priority, takes it out of the park queue unrouted
+        (until 2026-12-07 it stayed, was counted as demand by the autoscaler and was routed
+        after its deadline). A request routed first at that microsecond (unparking runs at
+        routing priority) times out at its instance's enqueue instead: timed out either way."""
+        self.parked.setdefault(key, deque()).append(req)
+        self.parked_total += 1
+        deadline_us = req.deadline_us
+        if deadline_us > 0:
+            event_after(self.env, max(0, deadline_us - self.env.now), TIMEOUT).callbacks.append(
+                lambda _e: self._parked_deadline(key, req)
+            )
+
+    def _parked_deadline(self, key: str, req: Request) -> None:
+        try:
+            # Requests compare by identity. Usually near the head: the queue is in arrival
+            # order.
+            self.parked[key].remove(req)
+        except ValueError:
+            # Not there any more: routed meanwhile (and maybe parked again, with the same
+            # deadline and its own event, of which the first to fire takes it).
+            return
+        self.parked_timed_out += 1
+        req.state = RequestState.TIMED_OUT
+        req.completion_us = self.env.now
+        self.on_rejected(req)
 
     def dispatch(self, req: Request, index: int) -> None:
         """Send a (sub-)request to instance `index` and count it in flight there."""
