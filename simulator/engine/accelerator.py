@@ -132,7 +132,8 @@ class SteadyDecoders:
         finished and the next one needs the reference plan (nothing planned yet); -1 when the
         step was not all steady (nothing done: it needs `finish_step`)."""
         e = self.engine
-        if e._active or not self.count or self.has_cpu_tier:
+        # A request that timed out during the step is counted in its row by `finish_step`.
+        if e._active or not self.count or self.has_cpu_tier or e._left_served:
             return -1
         start = e._step_start_us
         end = start + step_us

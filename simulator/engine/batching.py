@@ -189,6 +189,11 @@ class VLLMEngine:
         mml = config.max_model_len
         self.context_limit = mml - 1 if mml > 0 else NO_CONTEXT_LIMIT
         self._active: list[Request] = []  # this step's one-by-one requests, in running order
+        # Requests of the step in flight whose clients timed out during it, and their tokens:
+        # the step computes them all the same, and its log row counts them (`finish_step`).
+        self._left_served = 0
+        self._left_prefill_tokens = 0
+        self._left_decode_tokens = 0
         self._run_seq = 0
         self.fast_path_steps = 0
         self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
@@ -332,6 +337,10 @@ class VLLMEngine:
             if req.block_ids:
                 self.kv.release(req)
         elif req.state is RequestState.RUNNING:
+            if req.num_new_tokens or req.steady:
+                # It leaves in the middle of a step that computes its tokens (no step is planned
+                # between steps: `finish_step` and the next plan run at one instant).
+                self._note_left_mid_step(req)
             if self.steady is not None:
                 self.steady.leave(req)
             self.running.remove(req)
@@ -346,6 +355,17 @@ class VLLMEngine:
         _retire(req)
         self.timed_out += 1
         return True
+
+    def _note_left_mid_step(self, req: Request) -> None:
+        """`req`, whose client timed out, leaves the step in flight: the step still computes
+        (and was priced for) its tokens, so its log row counts them: its prefill chunk, or one
+        decode token (a verification's accepted drafts are never drawn: its sampled token
+        alone), though none reaches the client."""
+        self._left_served += 1
+        if req.in_prefill:
+            self._left_prefill_tokens += req.num_new_tokens
+        else:
+            self._left_decode_tokens += 1
 
     def evict_all(self) -> list[Request]:
         """Remove every queued and running request, freeing their KV blocks (the instance is
@@ -621,11 +641,11 @@ class VLLMEngine:
                     if end > room:
                         end = max(room, computed + 1)
                         chunk = max(1, min(chunk, end - computed))
-                    # Hashed are the blocks that filled with known tokens: the last step's
-                    # accepted burst (at most k + 1 tokens back) and the sampled token at
-                    # `computed`, not the drafts or the lookahead.
-                    back = computed - spec.k - 1
-                    while not kv.try_allocate(req, back if back > 0 else 0, end, [], computed + 1):
+                    # Hashed is the block the sampled token at `computed` fills, if it does:
+                    # the only known token the KV does not hold yet (the last step's accepted
+                    # burst was hashed at that step's end, `finish_step`), not the drafts or
+                    # the lookahead.
+                    while not kv.try_allocate(req, computed, end, [], computed + 1):
                         preempted = True
                         served_itself, i, budget = self._preempt(req, i, budget)
                         if served_itself:
@@ -848,6 +868,8 @@ class VLLMEngine:
         # A request ends when `tokens_to_end` reaches 0, written out below by its two reasons
         # (the output is complete; the context is at the limit: length-capped).
         limit = self.context_limit
+        kv = self.kv
+        block_size = kv.block_size
         done: list[Request] = []
         prefill_tokens = 0
         decode_tokens = 0
@@ -876,10 +898,24 @@ class VLLMEngine:
                 # A verification: the accepted drafts and the target's own token arrive
                 # together; tokens past the output's end are discarded (docs/speculative.md).
                 burst = self.speculation.draw_accepted(req.client_id, n - 1) + 1
-                req.computed_tokens += burst
+                before = req.computed_tokens
+                computed = before + burst
+                req.computed_tokens = computed
                 g = req.generated_tokens
                 if burst > req.output_tokens - g:
                     burst = req.output_tokens - g
+                # The accepted tokens are known now: hash the blocks they filled, as vLLM
+                # caches a request's full blocks once its new tokens are appended (its async
+                # scheduler's `_update_request_with_output`). The allocation only knew the
+                # sampled token; left to the next step's, the blocks of a request's last burst
+                # were never hashed (it completes or is preempted first). Capped at the
+                # request's content: drafts past the output's end are discarded.
+                known = req.input_tokens + g + burst
+                if known > computed:
+                    known = computed
+                if known // block_size > before // block_size:
+                    kv.now_us = end
+                    kv.hash_known_blocks(req, before, known)
                 decode_tokens += burst
                 produced += burst
                 t = end + (g + 1) * otp
@@ -946,6 +982,11 @@ class VLLMEngine:
             decode_tokens += n
             produced += n
             regular += n
+        if self._left_served:
+            served += self._left_served
+            prefill_tokens += self._left_prefill_tokens
+            decode_tokens += self._left_decode_tokens
+            self._left_served = self._left_prefill_tokens = self._left_decode_tokens = 0
         self.total_output_tokens += produced
         if self.speculation is not None:
             stats = self.speculation.stats
@@ -953,7 +994,6 @@ class VLLMEngine:
             stats.draft_us += self._planned_draft_us
             self._planned_draft_us = 0
         if done:
-            kv = self.kv
             post = self.post_decode_us
             lora = self.lora
             for req in done:

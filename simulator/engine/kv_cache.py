@@ -393,6 +393,12 @@ class KVCache:
         (engine/accelerator.py)."""
         self._hash_full_blocks(req, end - 1, end)
 
+    def hash_known_blocks(self, req: Request, start_token: int, end_token: int) -> None:
+        """The tokens [start_token, end_token) of `req`, whose KV it holds, became known after
+        their allocation (a speculative step's accepted drafts): hash the blocks they fill, as
+        an allocation does for the tokens it knows (`_hash_full_blocks`, deferral included)."""
+        self._hash_full_blocks(req, start_token, end_token)
+
     def check_invariants(self, holders: list[Request]) -> None:
         """Assert KV conservation against the requests that hold blocks (tests and debug)."""
         expected: dict[int, int] = {}
