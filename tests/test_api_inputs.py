@@ -126,7 +126,7 @@ def test_outputs_and_plots_name_a_wrong_argument(tmp_path, monkeypatch):
     for prefix in ("", "out/", "."):
         with pytest.raises(ConfigError, match="^prefix: invalid value .*; expected a path prefix"):
             run.write_trace(prefix)
-    with pytest.raises(ConfigError, match="^directory: expected a path"):
+    with pytest.raises(ConfigError, match="^write_plots: directory: expected a path"):
         plots.write_plots(run, 6)
     with pytest.raises(ConfigError, match="^result: expected a Result .*; got str 'x'"):
         plots.latency_cdfs("x")

@@ -77,11 +77,11 @@ def apply_precision(
     if kv_cache_dtype != AUTO:
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise invalid(
-                "kv_cache_dtype", kv_cache_dtype, "must be one of " + _names(KV_CACHE_DTYPES)
+                "engine.kv_cache_dtype", kv_cache_dtype, "must be one of " + _names(KV_CACHE_DTYPES)
             )
         if kv_cache_dtype not in kv_cache_dtypes_on(gpu):
             raise invalid(
-                "kv_cache_dtype",
+                "engine.kv_cache_dtype",
                 kv_cache_dtype,
                 f"GPU {gpu.name!r} has no FP8 support; allowed on it: "
                 + ", ".join(kv_cache_dtypes_on(gpu)),

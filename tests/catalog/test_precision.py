@@ -89,8 +89,8 @@ def test_mxfp4_experts_use_fp4_units_where_there_are_some():
         (
             "A100-SXM",
             {"kv_cache_dtype": "fp8"},
-            "kv_cache_dtype: invalid value 'fp8'; GPU 'A100-SXM' has no FP8 support; allowed on "
-            "it: auto",
+            "engine.kv_cache_dtype: invalid value 'fp8'; GPU 'A100-SXM' has no FP8 support; "
+            "allowed on it: auto",
         ),
         (
             "H100",
@@ -100,7 +100,8 @@ def test_mxfp4_experts_use_fp4_units_where_there_are_some():
         (
             "H100",
             {"kv_cache_dtype": "int8"},
-            "kv_cache_dtype: invalid value 'int8'; must be one of auto, fp8, fp8_e4m3, fp8_e5m2",
+            "engine.kv_cache_dtype: invalid value 'int8'; must be one of auto, fp8, fp8_e4m3, "
+            "fp8_e5m2",
         ),
     ],
 )

@@ -55,22 +55,28 @@ def test_cli_layout_and_precision_reach_the_provenance():
     [
         (
             ["--weight-dtype", "fp4"],
-            "error: weight_dtype: invalid value 'fp4'; GPU 'H100' has no FP4 tensor cores",
+            "error: --weight-dtype (weight_dtype): invalid value 'fp4'; GPU 'H100' has no FP4 "
+            "tensor cores",
         ),
         (
             ["--hardware", "A100-80", "--kv-cache-dtype", "fp8"],
-            "error: kv_cache_dtype: invalid value 'fp8'; GPU 'A100-80' has no FP8 support",
+            "error: --kv-cache-dtype (engine.kv_cache_dtype): invalid value 'fp8'; GPU 'A100-80' "
+            "has no FP8 support",
         ),
         (
             ["--pp", "2", "--latency-model", "roofline"],
-            "error: pp: invalid value 2; latency model 'roofline' does not price pipeline",
+            "error: --pp (pp): invalid value 2; latency model 'roofline' does not price pipeline",
         ),
-        (["--ep", "2", "--tp", "2"], "error: ep: invalid value 2; expert parallelism needs an MoE"),
+        (
+            ["--ep", "2", "--tp", "2"],
+            "error: --ep (ep): invalid value 2; expert parallelism needs an MoE",
+        ),
         (
             ["--enable-expert-parallel"],
-            "error: enable_expert_parallel: invalid value True; expert parallelism needs an MoE",
+            "error: --enable-expert-parallel (enable_expert_parallel): invalid value True; expert "
+            "parallelism needs an MoE",
         ),
-        (["--pp", "33"], "error: pp: invalid value 33; must be at most the 32 layers"),
+        (["--pp", "33"], "error: --pp (pp): invalid value 33; must be at most the 32 layers"),
         (
             ["--kv-capacity-rule", "exact"],
             "error: command-line flags: --kv-capacity-rule (engine.kv_capacity_rule)",
