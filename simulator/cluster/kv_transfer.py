@@ -126,7 +126,13 @@ class SharedLink:
             tid, (rem, _) = min(remaining.items(), key=_remaining_then_order)
         else:
             return None
-        return self.now_us + rem / self._rate(), tid
+        # `_rate()`, written out: this runs a few times per transfer.
+        rate = (
+            self.bandwidth_bytes_per_us / len(remaining)
+            if self.contention
+            else self.bandwidth_bytes_per_us
+        )
+        return self.now_us + rem / rate, tid
 
     def next_completion(self) -> tuple[float, TransferId] | None:
         """(exact finish time, id) of the earliest finishing transfer not yet removed."""

@@ -82,6 +82,7 @@ class SteadyDecoders:
         # The step log of an engine with a CPU tier has columns the all-steady finish does
         # not write.
         self.has_cpu_tier = engine.kv.cpu is not None
+        self.step_rows = engine.steps.tail  # the step log's unpacked rows (never replaced)
         # Steps finished so far: the clock steady requests' counters are kept against.
         self.finished_steps = 0
         self.count = 0
@@ -118,7 +119,6 @@ class SteadyDecoders:
         e.clock_us = now_us
         self.kv.now_us = now_us
         e.step_count += 1
-        e.fast_path_steps += 1
         e._active = []
         e._step_start_us = now_us
         return n, self.context_offset + n * step
@@ -143,21 +143,25 @@ class SteadyDecoders:
         # end here, and a call per step is measurable per request (benchmarks/
         # instructions.py). tests/engine/test_rules.py pins this copy to it.
         # (No CPU tier here, so no CPU-tier columns; the regular gap is derived from the times.)
-        steps = e.steps
         waiting = e.waiting
-        steps.tail_start_us.append(start)
-        steps.tail_step_us.append(step_us)
-        steps.tail_batch_size.append(steady)
-        steps.tail_prefill_tokens.append(0)
-        steps.tail_decode_tokens.append(steady)
-        steps.tail_kv_used_blocks.append(self.kv.used_blocks)
-        steps.tail_queue_length.append(len(waiting))
-        steps.tail_running_requests.append(len(e.running))
-        steps.tail_preemptions.append(e.preemption_count)
-        steps.tail_itl_regular_count.append(steady)
+        self.step_rows.append(
+            (
+                start,
+                step_us,
+                steady,
+                0,
+                steady,
+                self.kv.used_blocks,
+                len(waiting),
+                len(e.running),
+                e.preemption_count,
+                steady,
+            )
+        )
         e._prev_step_end_us = end
         self.finished_steps = step = self.finished_steps + 1
-        self.unsteady = []
+        if self.unsteady:
+            self.unsteady = []
         e.clock_us = end
         # plan_step(end), written out.
         if waiting or steady > self.token_budget:
@@ -165,9 +169,9 @@ class SteadyDecoders:
         heap = self.wake_heap
         if heap and heap[0][0] <= step and not self._take_blocks(step, end):
             return 0
-        self.kv.now_us = end
+        # (No `kv.now_us = end`: only a CPU tier reads the KV cache's clock, and `_take_blocks`
+        # sets it for the blocks it takes.)
         e.step_count += 1
-        e.fast_path_steps += 1
         e._step_start_us = end
         return price(steady, self.context_offset + steady * step)
 
@@ -202,9 +206,8 @@ class SteadyDecoders:
         self.engine.steady_block_takes += blocks
         # Steady steps do not pack the step log; some steady request takes a block at least
         # every block_size steps, so checking here keeps its tails short.
-        steps = self.engine.steps
-        if len(steps.tail_start_us) >= PACK_AFTER_ROWS:
-            steps.pack()
+        if len(self.step_rows) >= PACK_AFTER_ROWS:
+            self.engine.steps.pack()
         return True
 
     # ---------------------------------------------------------------- within a reference step

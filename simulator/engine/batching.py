@@ -195,7 +195,9 @@ class VLLMEngine:
         self._left_prefill_tokens = 0
         self._left_decode_tokens = 0
         self._run_seq = 0
-        self.fast_path_steps = 0
+        # Planned steps that took the plain loop over every running request (no fast path):
+        # `fast_path_steps` is the rest of `step_count`.
+        self.reference_steps = 0
         self.steady_block_takes = 0  # KV blocks handed to steady requests without waking them
         # Steps finished without a SimPy event of their own (the instance's step coalescing).
         self.steps_coalesced = 0
@@ -238,6 +240,13 @@ class VLLMEngine:
         left = output_tokens - generated_tokens
         room = self.context_limit - computed_tokens
         return left if left < room else room
+
+    @property
+    def fast_path_steps(self) -> int:
+        """Planned steps that took a fast path (`SteadyDecoders`): all steady, or the steady
+        requests kept as a group. Derived rather than counted, as the all-steady paths plan
+        most steps of a busy batch and a counter there costs per step."""
+        return self.step_count - self.reference_steps
 
     # ------------------------------------------------------------------ admission
     def enqueue(self, req: Request, now_us: int) -> EnqueueOutcome:
@@ -440,6 +449,7 @@ class VLLMEngine:
         active = steady.one_by_one(budget) if steady is not None else None
         if active is None:
             # The plain loop over every running request (it may preempt).
+            self.reference_steps += 1
             if steady is not None:
                 steady.unsteady_all()
             active = self.running
@@ -454,7 +464,6 @@ class VLLMEngine:
                     step_extra_us = self._admit_waiting(active, budget, now_us)
         else:
             # Steady requests take one token each; nothing else of theirs changes.
-            self.fast_path_steps += 1
             budget, preempted = self._schedule_running(active, budget - steady.count)
             assert not preempted, "the fast path admitted a step that preempts"
             step_extra_us = self._admit_waiting(active, budget, now_us)
@@ -1036,21 +1045,24 @@ class VLLMEngine:
         """The step log's row of a finished step (metrics/recorder.py: StepLog), the engine's
         state after it. `SteadyDecoders.finish_and_plan` writes the same row inline."""
         steps = self.steps
-        steps.tail_start_us.append(start_us)
-        steps.tail_step_us.append(step_us)
-        steps.tail_batch_size.append(served)
-        steps.tail_prefill_tokens.append(prefill_tokens)
-        steps.tail_decode_tokens.append(decode_tokens)
-        steps.tail_kv_used_blocks.append(self.kv.used_blocks)
-        steps.tail_queue_length.append(len(self.waiting))
-        steps.tail_running_requests.append(len(self.running))
-        steps.tail_preemptions.append(self.preemption_count)
-        steps.tail_itl_regular_count.append(regular_itl_count)
+        tail = steps.tail
+        row = (
+            start_us,
+            step_us,
+            served,
+            prefill_tokens,
+            decode_tokens,
+            self.kv.used_blocks,
+            len(self.waiting),
+            len(self.running),
+            self.preemption_count,
+            regular_itl_count,
+        )
         cpu = self.kv.cpu
         if cpu is not None:
-            steps.tail_cpu_kv_used_blocks.append(cpu.used_blocks)
-            steps.tail_reloading_requests.append(sum(1 for r in self.running if r.reload_pending))
-        if len(steps.tail_start_us) >= PACK_AFTER_ROWS:
+            row += (cpu.used_blocks, sum(1 for r in self.running if r.reload_pending))
+        tail.append(row)
+        if len(tail) >= PACK_AFTER_ROWS:
             steps.pack()
 
 

@@ -43,19 +43,21 @@ _NARROWEST = {"d": "i", "i": "b", "q": "b"}
 _WIDER = {"b": "h", "h": "i", "i": "q", "q": "d"}
 _LAST_CODE = {"d": "d", "i": "i", "q": "q"}
 
-# Rows a log holds in its tail lists before the engine packs them into the typed arrays.
+# Rows a log holds in its tail before the engine packs them into the typed arrays.
 PACK_AFTER_ROWS = 4096
 
 
 class StepLog:
     """One row per engine step, stored column-wise.
 
-    The engine appends each row to plain lists, one per column (`tail_<column>`): appending an
-    int to a list costs a third of appending it to a typed `array`, whose every append parses a
-    format string, and the engine writes a row every step. `pack()` moves the tails into typed
-    arrays, 1 to 8 bytes a value instead of a pointer plus an int object, as a run can log
-    millions of steps; the engine packs whenever a tail reaches PACK_AFTER_ROWS rows. A
-    column's array starts at the narrowest type and widens when a value needs it.
+    The engine appends each row to a plain list, `tail`, as one tuple of the stored columns'
+    values in `written`'s order: one append per step rather than one per column (the engine
+    writes a row every step), and appending to a list costs a third of appending to a typed
+    `array`, whose every append parses a format string. `pack()` moves the tail's rows into
+    typed arrays, one per column, 1 to 8 bytes a value instead of a pointer plus an int
+    object, as a run can log millions of steps; the engine packs whenever the tail reaches
+    PACK_AFTER_ROWS rows. A column's array starts at the narrowest type and widens when a
+    value needs it.
 
     Readers use `column(name)` (or the attribute of that name), a NumPy array of the whole
     column, and `len(log)`. Two kinds of column are not stored: the CPU tier's columns of an
@@ -68,18 +70,14 @@ class StepLog:
     and running_requests are read at the step's end, after completions.
     """
 
-    # A tail per column an engine may write; the derived gap has none.
-    __slots__ = (
-        "_packed",
-        "_stored",
-        "_start_base",
-        "_start_last",
-        "otp_us",
-        *(f"tail_{name}" for name in (*_WRITTEN, *_CPU_TIER)),
-    )
+    __slots__ = ("_packed", "_stored", "_start_base", "_start_last", "otp_us", "tail", "written")
 
     def __init__(self, has_cpu_tier: bool = False, otp_us: int = 0) -> None:
         self._stored = {**_WRITTEN, **(_CPU_TIER if has_cpu_tier else {})}
+        # The names of a tail row's values, in order: the written columns, then the CPU
+        # tier's (an engine with one writes them last); the derived gap is not stored.
+        self.written: tuple[str, ...] = tuple(self._stored)
+        self.tail: list[tuple] = []  # rows not yet packed (emptied in place, never replaced)
         self._packed = {name: array(_NARROWEST[code]) for name, code in self._stored.items()}
         # start_us is stored as the difference from the previous row's start while every start
         # is a whole number (the clock's µs): a run's later steps start past 2**31 µs, which
@@ -91,48 +89,46 @@ class StepLog:
         self._start_base: int | None = 0
         self._start_last = 0
         self.otp_us = otp_us
-        for name in (*_WRITTEN, *_CPU_TIER):
-            setattr(self, f"tail_{name}", [])
 
     def __len__(self) -> int:
-        return len(self._packed["start_us"]) + len(self.tail_start_us)
+        return len(self._packed["start_us"]) + len(self.tail)
 
     def pack(self) -> None:
-        """Move every tail's rows to the end of its typed array."""
-        if not self.tail_start_us:
+        """Move the tail's rows to the end of the typed arrays, a column each."""
+        rows = self.tail
+        if not rows:
             return
         packed = self._packed
-        self._start_tail_as_deltas()
-        for name in self._stored:
-            tail = getattr(self, f"tail_{name}")
+        columns = list(zip(*rows, strict=True))
+        columns[0] = self._start_tail_as_deltas(columns[0])  # start_us, the first written
+        for name, values in zip(self.written, columns, strict=True):
             column = packed[name]
             # struct converts a batch in one C call, cheaper per value than array.fromlist
             # (which parses the format per item, as append does) or NumPy (benchmarks/
             # instructions.py measures it); a typecode's native format is its item layout.
             try:
-                column.frombytes(struct.pack(f"{len(tail)}{column.typecode}", *tail))
+                column.frombytes(struct.pack(f"{len(values)}{column.typecode}", *values))
             except struct.error:
-                self._widen_and_pack(name, tail)
-            tail.clear()
+                self._widen_and_pack(name, values)
+        rows.clear()
 
-    def _start_tail_as_deltas(self) -> None:
-        """Replace the start tail's values by their differences from the previous start (the
-        first row's from itself), or leave the column plain for good when a start is not an
-        int (a fractional time: the differences of floats would not add back exactly)."""
+    def _start_tail_as_deltas(self, starts: tuple) -> tuple | list:
+        """The tail's starts as they are stored: their differences from the previous start
+        (the first row's from itself), or the starts themselves once the column is plain,
+        which it becomes for good when a start is not an int (a fractional time: the
+        differences of floats would not add back exactly)."""
         if self._start_base is None:
-            return
-        tail = self.tail_start_us
-        if set(map(type, tail)) != {int}:
-            starts = self._starts_packed()
-            self._packed["start_us"] = array("d", starts.tolist())
+            return starts
+        if set(map(type, starts)) != {int}:
+            packed_starts = self._starts_packed()
+            self._packed["start_us"] = array("d", packed_starts.tolist())
             self._start_base = None
-            return
+            return starts
         if not self._packed["start_us"]:
-            self._start_base = self._start_last = tail[0]
+            self._start_base = self._start_last = starts[0]
         previous = self._start_last
-        self._start_last = tail[-1]
-        deltas = list(map(operator.sub, tail, itertools.chain((previous,), tail)))
-        tail[:] = deltas
+        self._start_last = starts[-1]
+        return list(map(operator.sub, starts, itertools.chain((previous,), starts)))
 
     def _starts_packed(self) -> np.ndarray:
         """The packed rows' starts, as int64 (delta storage) or as stored (plain)."""
@@ -160,7 +156,7 @@ class StepLog:
         struct.pack(f"{len(tail)}{last}", *tail)  # raises, as packing into the declared type did
 
     def column(self, name: str) -> np.ndarray:
-        """The whole column (a copy), packing the tails first."""
+        """The whole column (a copy), packing the tail first."""
         if name == "itl_regular_gap_us":
             ends_us = self.column("start_us") + self.column("step_us")
             previous_ends_us = np.concatenate(([-1.0], ends_us[:-1]))
@@ -229,9 +225,10 @@ class StepLog:
 
     def last_values(self, name: str, count: int) -> list:
         """The last `count` values of a written column (fewer if it is shorter), unpacked."""
-        tail = getattr(self, f"tail_{name}")
+        at = self.written.index(name)
+        tail = [row[at] for row in self.tail[max(0, len(self.tail) - count) :]]
         if len(tail) >= count:
-            return tail[len(tail) - count :]
+            return tail
         packed = self._packed[name]
         head = packed[max(0, len(packed) - (count - len(tail))) :]
         if name == "start_us" and self._start_base is not None and head:

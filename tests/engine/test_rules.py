@@ -20,7 +20,6 @@ from simulator.engine.accelerator import may_finish_requests
 from simulator.engine.batching import NO_CONTEXT_LIMIT, EngineConfig, VLLMEngine
 from simulator.engine.options import ACCELERATED, REFERENCE
 from simulator.engine.request import Request, RequestState
-from simulator.metrics.recorder import STEP_COLUMNS
 
 
 def _decoding(engine: VLLMEngine, prompt: int, max_output: int, output: int) -> Request:
@@ -128,11 +127,7 @@ def _predicted_completions(engine: VLLMEngine) -> list[Request]:
 
 def _last_row(engine: VLLMEngine) -> dict:
     steps = engine.steps
-    return {
-        name: getattr(steps, f"tail_{name}")[-1]
-        for name in STEP_COLUMNS
-        if getattr(steps, f"tail_{name}", None)
-    }
+    return dict(zip(steps.written, steps.tail[-1], strict=True)) if steps.tail else {}
 
 
 def _step_us(decode_count: int, tokens: int) -> int:

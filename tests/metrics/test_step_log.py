@@ -24,8 +24,7 @@ WRITTEN = (
 
 def _log_rows(log: StepLog, rows: list[dict]) -> None:
     for row in rows:
-        for name, value in row.items():
-            getattr(log, f"tail_{name}").append(value)
+        log.tail.append(tuple(row[name] for name in log.written))
 
 
 def _rows(count: int, fractional_every: int = 0) -> list[dict]:
@@ -100,9 +99,10 @@ def test_last_values_read_across_the_packed_part_and_the_tail():
 
 def test_an_engine_with_a_cpu_tier_stores_its_columns_and_every_name_is_readable():
     log = StepLog(has_cpu_tier=True)
-    _log_rows(log, _rows(3))
-    log.tail_cpu_kv_used_blocks.extend([5, 6, 7])
-    log.tail_reloading_requests.extend([0, 1, 0])
+    rows = _rows(3)
+    for row, cpu_used, reloading in zip(rows, [5, 6, 7], [0, 1, 0], strict=True):
+        row.update(cpu_kv_used_blocks=cpu_used, reloading_requests=reloading)
+    _log_rows(log, rows)
     assert list(log.cpu_kv_used_blocks) == [5, 6, 7]
     assert list(log.reloading_requests) == [0, 1, 0]
     assert all(isinstance(log.column(name), np.ndarray) for name in STEP_COLUMNS)
