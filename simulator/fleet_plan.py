@@ -185,6 +185,8 @@ def plan_fleet(
             source="deployments",
         )
     _check_event_targets(scenario, plan)
+    if plan.node_pools:
+        _warn_initial_overflow(plan)
     return setups, plan, scenario
 
 
@@ -367,49 +369,64 @@ def _check_pools(
                 gpu.name,
                 gpu.memory_gib,
             )
-    # Nodes beyond a pool's initial ones come from an add_node event or an autoscaler's
-    # scale-up only.
-    growing = {p.name for p in pools} if scenario.autoscaler else set()
-    growing |= {e.pool for e in scenario.events if e.action == "add_node" and e.pool}
-    _warn_initial_overflow(pools, specs, resolved, growing)
 
 
-def _warn_initial_overflow(
-    pools: list[NodePoolSpec],
-    specs: list[DeploymentSpec],
-    resolved: dict[str, Deployment],
-    growing: set[str],
-) -> None:
-    """Say when the initial instances need more GPUs of a type than its pools can ever hold,
-    or than they start with when nothing adds a node (no add_node event for them, no
-    autoscaler): the rest wait in Scheduling, and their model's requests queue, unless events
-    free GPUs. Legal (a later fail or drain may make room), but otherwise it runs silently
-    short."""
-    demand: dict[str, int] = {}
-    for d in specs:
-        dep = resolved[d.name]
-        demand[dep.gpu.name] = demand.get(dep.gpu.name, 0) + d.num_instances * dep.gpus
-    for gpu, needed in demand.items():
-        of_type = [p for p in pools if p.gpu_type.lower() == gpu.lower()]
-        held = sum(p.max_nodes * p.gpus_per_node for p in of_type)
-        start = sum(p.initial_nodes * p.gpus_per_node for p in of_type)
-        if needed <= held and needed > start and not any(p.name in growing for p in of_type):
+def _warn_initial_overflow(plan: FleetPlan) -> None:
+    """Say when the initial instances need more GPUs than the pools they may be placed on can
+    ever hold, or than those pools start with when nothing adds a node to any of them (no
+    add_node event for them, no autoscaler manages them): the rest wait in Scheduling, and
+    their model's requests queue, unless events free GPUs. Legal (a later fail or drain may
+    make room), but otherwise it runs silently short.
+
+    Checked for each set of pools some deployment's instances may use, against every initial
+    instance that may use only pools of that set (two deployments pinned to two pools of one
+    GPU type are checked pool by pool: a pinned instance cannot use the other pool's room)."""
+    from .cluster.infrastructure import managed_pools, nodes_spanned, slot_fits_pool
+
+    # Nodes beyond a pool's initial ones come from an add_node event, or from a scale-up in
+    # a pool an autoscaler manages (the same pools the run's infrastructure orders nodes in).
+    growing = managed_pools(plan)
+    growing |= {e.pool for e in plan.events if e.action == "add_node" and e.pool}
+    initial = [s for s in plan.slots if s.initial]
+    may_use = {
+        s.index: frozenset(
+            p.name
+            for p in plan.node_pools
+            if slot_fits_pool(s, p) and nodes_spanned(s.gpus_needed, p)
+        )
+        for s in initial
+    }
+    for where in dict.fromkeys(u for u in may_use.values() if u):
+        among = [s for s in initial if may_use[s.index] and may_use[s.index] <= where]
+        needed = sum(s.gpus_needed for s in among)
+        gpu = among[0].gpu_type
+        pools = [p for p in plan.node_pools if p.name in where]
+        held = sum(p.max_nodes * p.gpus_per_node for p in pools)
+        start = sum(p.initial_nodes * p.gpus_per_node for p in pools)
+        of_type = {p.name for p in plan.node_pools if p.gpu_type.lower() == gpu.lower()}
+        if where == of_type:
+            named = "the node pools of that type"
+        else:
+            named = f"the node pools they may use ({', '.join(repr(p.name) for p in pools)})"
+        if needed <= held and needed > start and not where & growing:
             warn_once(
-                "the deployments' initial instances need %d %s GPUs, but the node pools of "
-                "that type start with %d (initial_nodes x gpus_per_node) and nothing adds a "
-                "node (no add_node event for them, no autoscaler): some instances will never "
-                "be placed, and their model's requests wait",
+                "the deployments' initial instances need %d %s GPUs, but %s start with %d "
+                "(initial_nodes x gpus_per_node) and nothing adds a node (no add_node event "
+                "for them, no autoscaler manages them): some instances will never be placed, "
+                "and their model's requests wait",
                 needed,
                 gpu,
+                named,
                 start,
             )
         if needed > held:
             warn_once(
-                "the deployments' initial instances need %d %s GPUs, but the node pools of "
-                "that type hold at most %d (max_nodes x gpus_per_node): some instances will "
-                "wait in Scheduling for GPUs that only a drain or failure can free",
+                "the deployments' initial instances need %d %s GPUs, but %s hold at most %d "
+                "(max_nodes x gpus_per_node): some instances will wait in Scheduling for GPUs "
+                "that only a drain or failure can free",
                 needed,
                 gpu,
+                named,
                 held,
             )
 

@@ -114,6 +114,49 @@ def _record(slot: SlotPlan) -> InstanceRecord:
     )
 
 
+def slot_fits_pool(slot: SlotPlan, pool: NodePoolSpec) -> bool:
+    """May `slot`'s instance be placed on `pool`: its deployment's pool (any of its GPU type
+    without one), of the instance's GPU type? (Whether the pool's nodes can hold that many
+    GPUs is `nodes_spanned`.)"""
+    return (slot.pool is None or slot.pool == pool.name) and (
+        pool.gpu_type.lower() == slot.gpu_type.lower()
+    )
+
+
+def nodes_spanned(gpus_needed: int, pool: NodePoolSpec) -> int:
+    """Nodes of `pool` one instance of `gpus_needed` GPUs occupies: 1 when its GPUs fit on one
+    node (it may share the node), GPUs / gpus_per_node whole nodes when they are a multiple
+    of it, 0 when the pool cannot hold it (not a whole number of nodes, or more nodes than
+    max_nodes; the scenario's checks make sure some pool can)."""
+    per_node = pool.gpus_per_node
+    if gpus_needed <= per_node:
+        return 1
+    if gpus_needed % per_node or gpus_needed // per_node > pool.max_nodes:
+        return 0
+    return gpus_needed // per_node
+
+
+def managed_pools(plan: FleetPlan) -> set[str]:
+    """The node pools an autoscaler manages: those its deployment's instances may be placed
+    on (the deployment's pool, or every pool of its GPU type without one, that can hold an
+    instance). Only there does a scale-up find no GPUs and order a node, for whichever
+    instance waits for one, and only there is an idle node released; a pool no autoscaler
+    places on keeps the nodes its events give it (until 2026-12-07 any autoscaler did both
+    in every pool). Shared with the plan's start-up warning (`fleet_plan`), which must know
+    the same pools. An autoscaler without a deployment scales the first one."""
+    if not plan.slots:
+        return set()
+    scaled = {a.deployment or plan.slots[0].deployment for a in plan.autoscalers}
+    return {
+        pool.name
+        for pool in plan.node_pools
+        for slot in plan.slots
+        if slot.deployment in scaled
+        and slot_fits_pool(slot, pool)
+        and nodes_spanned(slot.gpus_needed, pool)
+    }
+
+
 class Infrastructure:
     def __init__(
         self,
@@ -162,20 +205,9 @@ class Infrastructure:
         self.autoscalers = [
             Autoscaler(spec, self._deployment_of(spec)) for spec in plan.autoscalers
         ]
-        # The pools an autoscaler manages: those its deployment's instances may be placed on
-        # (the deployment's pool, or every pool of its GPU type without one). Only there does
-        # a scale-up find no GPUs and order a node, for whichever instance waits for one, and
-        # only there is an idle node released; a pool no autoscaler places on keeps the nodes
-        # its events give it (until 2026-12-07 any autoscaler did both in every pool).
-        scaled = {scaler.deployment for scaler in self.autoscalers}
-        self.managed_pools = {
-            pool.name
-            for pool in plan.node_pools
-            for slot in plan.slots
-            if slot.deployment in scaled
-            and self._slot_fits_pool(slot, pool.name)
-            and self.nodes_spanned(_record(slot), pool)
-        }
+        # Only in a managed pool does a scale-up find no GPUs and order a node, and only there
+        # is an idle node released (`managed_pools`).
+        self.managed_pools = managed_pools(plan)
         for inst in instances:
             self._adopt(inst)
 
@@ -313,26 +345,15 @@ class Infrastructure:
         return self._slot_fits_pool(self.plan.slots[rec.index], pool_name)
 
     def _slot_fits_pool(self, slot: SlotPlan, pool_name: str) -> bool:
-        pool = self.pools[pool_name]
-        return (slot.pool is None or slot.pool == pool_name) and (
-            pool.gpu_type.lower() == slot.gpu_type.lower()
-        )
+        return slot_fits_pool(slot, self.pools[pool_name])
 
     def nodes_of(self, rec: InstanceRecord) -> list[Node]:
         """The nodes holding `rec`'s GPUs (empty before it is placed or without node pools)."""
         return self.placement.get(rec.index, [])
 
     def nodes_spanned(self, rec: InstanceRecord, pool: NodePoolSpec) -> int:
-        """Nodes of `pool` one instance of `rec` occupies: 1 when its GPUs fit on one node
-        (it may share the node), GPUs / gpus_per_node whole nodes when they are a multiple of
-        it, 0 when the pool cannot hold it (not a whole number of nodes, or more nodes than
-        max_nodes; the scenario's checks make sure some pool can)."""
-        per_node = pool.gpus_per_node
-        if rec.gpus_needed <= per_node:
-            return 1
-        if rec.gpus_needed % per_node or rec.gpus_needed // per_node > pool.max_nodes:
-            return 0
-        return rec.gpus_needed // per_node
+        """Nodes of `pool` one instance of `rec` occupies (module-level `nodes_spanned`)."""
+        return nodes_spanned(rec.gpus_needed, pool)
 
     def _whole_nodes_fit(self, rec: InstanceRecord) -> list[Node] | None:
         """For an instance larger than a node: the first empty Ready nodes (index order), as

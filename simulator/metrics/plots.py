@@ -31,7 +31,8 @@ PLOT_NAMES = ("latency_cdfs", "instance_timelines", "throughput", "per_class")
 DEFAULT_MAX_POINTS = 500
 # The largest max_points a caller may ask for: each series is resampled into that many bins
 # (several float arrays per instance and panel), so max_points=10**9 allocated tens of GB and
-# was killed; 100,000 bins is already far beyond a figure's pixels.
+# was killed; 100,000 bins is already far beyond a figure's pixels. Also the most bins
+# `resample` makes for a bin_s of the caller's (bin_s=1e-9 over seconds asked for billions).
 MAX_POINTS = 100_000
 # Throughput bars: a target of one bin per ~10 completions, clamped to these (choose_bin_s
 # then gives 40-100% of the target).
@@ -78,6 +79,28 @@ def _seconds(bin_s: float) -> str:
 def _n_bins(span_s: float, bin_s: float) -> int:
     # The tolerance keeps 5.0 / 0.01 = 500.00000000000006 at 500 bins.
     return max(1, math.ceil(span_s / bin_s - 1e-9))
+
+
+def _check_bin_count(what: str, bin_s: float, span_s: float, limit: int, of: str) -> None:
+    """Refuse a bin width that cuts `span_s` seconds (`of`: what spans them) into more than
+    `limit` bins, before any bin is allocated: bin_s=1e-9 over a run of seconds asked for
+    billions of bins (GBs and minutes for a figure that cannot show them). The error names
+    the smallest width allowed, rounded up so that giving it is accepted."""
+    span_s = float(span_s)  # a numpy scalar would warn on overflow (bin_s=5e-324)
+    count = span_s / bin_s
+    if count - 1e-9 <= limit:  # _n_bins' tolerance: 5.0 / 0.01 bins is 500, not 501
+        return
+    if not math.isfinite(span_s):  # no width would do: say so, not "bin_s >= inf"
+        raise ConfigError(f"{what}: {of} spans {span_s} s; its end must be finite")
+    smallest = span_s / limit
+    # Three significant digits, rounded up (0.000123456 -> 0.000124, not 0.000123).
+    unit = 10.0 ** (math.floor(math.log10(smallest)) - 2)
+    allowed = math.ceil(smallest / unit) * unit
+    needed = f"{math.ceil(count - 1e-9):,}" if count < 1e12 else f"{count:.3g}"
+    raise ConfigError(
+        f"{what}: invalid value bin_s={bin_s!r}; {of} of {span_s:.6g} s would need {needed} "
+        f"bins, at most {limit:,} are made: give bin_s >= {allowed:.3g}"
+    )
 
 
 def choose_bin_s(span_s: float, max_points: int = DEFAULT_MAX_POINTS) -> float:
@@ -147,6 +170,7 @@ def resample(
         edges = np.array([start_s, start_s + bin_s])
         return Resampled(edges, np.full(1, np.nan), np.full(1, np.nan))
     end = t[-1] if end_s is None else max(float(end_s), t[-1])
+    _check_bin_count("resample", bin_s, end - start_s, MAX_POINTS, "this series")
     n = _n_bins(end - start_s, bin_s)
     edges = start_s + bin_s * np.arange(n + 1)
     # The integral is piecewise linear between the knots, so interpolating it at the edges is
@@ -458,13 +482,8 @@ def throughput(result: Any, bin_s: float | None = None) -> Figure:
     if bin_s is None:
         bins = int(np.clip(len(done_s) // 10, MIN_THROUGHPUT_BINS, MAX_THROUGHPUT_BINS))
         bin_s = choose_bin_s(end_s, bins)
-    elif end_s / bin_s > MAX_EXPLICIT_THROUGHPUT_BINS:
-        # Beyond this a figure cannot show the bins and building them takes minutes and GBs.
-        raise ConfigError(
-            f"throughput: invalid value bin_s={bin_s!r}; this run of {end_s:.6g} s would need "
-            f"{end_s / bin_s:.3g} bins, at most {MAX_EXPLICIT_THROUGHPUT_BINS:,} are drawn: "
-            f"give bin_s >= {end_s / MAX_EXPLICIT_THROUGHPUT_BINS:.3g}"
-        )
+    else:
+        _check_bin_count("throughput", bin_s, end_s, MAX_EXPLICIT_THROUGHPUT_BINS, "this run")
     fig.suptitle(f"Throughput per {_seconds(bin_s)} bin (the last bin may be partial)")
     edges = np.arange(0.0, end_s + bin_s, bin_s)
     if len(edges) < 2:

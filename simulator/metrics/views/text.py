@@ -82,17 +82,19 @@ def report_text(result: Any) -> str:
     return "\n".join(blocks)
 
 
-def latency_provenance(scenario: dict[str, Any]) -> dict[str, Any]:
+def latency_provenance(scenario: dict[str, Any] | None) -> dict[str, Any]:
     """Which latency model produced these numbers, from which coefficients (and, when PD
     pools differ, per pool role; when named deployments differ from the scenario's
     top-level one, per deployment: model, role, GPU, layout, precision, efficiencies)."""
-    resolved = scenario.get("resolved", {})
-    out = dict(resolved.get("latency", {}))
-    if "latency_by_role" in resolved:
+    # A saved result's entries may be null (load_result lets them: "the run did not say"),
+    # as the report's readers take them; a null block is left out, not shown as null.
+    resolved = (scenario or {}).get("resolved") or {}
+    out = dict(resolved.get("latency") or {})
+    if resolved.get("latency_by_role") is not None:
         out["by_role"] = resolved["latency_by_role"]
-    if "latency_by_deployment" in resolved:
+    if resolved.get("latency_by_deployment") is not None:
         out["by_deployment"] = {
-            name: {k: v for k, v in entry.items() if k not in BATCH_LIMIT_FIELDS}
+            name: {k: v for k, v in (entry or {}).items() if k not in BATCH_LIMIT_FIELDS}
             for name, entry in resolved["latency_by_deployment"].items()
         }
     return out
