@@ -244,23 +244,11 @@ class PlanResult:
         return "\n".join(lines)
 
     def _no_answer(self) -> str:
-        """The last line when no GPU is feasible: none met the SLOs within max_instances, or
-        none could be searched at all (nothing was simulated, so no count was too few)."""
-        gpus = list(self.per_gpu["gpu"]) if "gpu" in self.per_gpu else []
-        skipped = [g for g in gpus if g in self.not_planned]
-        if gpus and len(skipped) == len(gpus):
-            reasons = {self.not_planned[g] for g in skipped}
-            if len(reasons) == 1:
-                return (
-                    f"no GPU could be planned ({', '.join(skipped)}), nothing was simulated: "
-                    f"{reasons.pop()}"
-                )
-            why = "; ".join(f"{g}: {self.not_planned[g]}" for g in skipped)
-            return f"no GPU could be planned, nothing was simulated: {why}"
-        line = f"no GPU meets the SLOs with <= {self.max_instances} instances"
-        if skipped:
-            line += f" ({', '.join(skipped)} not planned: see the warnings)"
-        return line
+        """The last line when no GPU is feasible (`metrics.study.plan_no_answer_line`)."""
+        from .metrics.study import plan_no_answer_line
+
+        gpus = [str(g) for g in self.per_gpu["gpu"]] if "gpu" in self.per_gpu else []
+        return plan_no_answer_line(gpus, self.not_planned, self.max_instances)
 
 
 def _fmt(x: Any) -> str:

@@ -339,3 +339,25 @@ def latency_models_line(tables: SweepTables) -> str | None:
     )
     shown = "; ".join(f"{model} ({source})" if source else str(model) for model, source in pairs)
     return f"latency model: {shown}"
+
+
+def plan_no_answer_line(
+    gpus: Sequence[str], not_planned: dict[str, str], max_instances: int, at_most: str = "<="
+) -> str:
+    """Why a plan has no answer, one line for the text plan and its HTML page: no GPU met the
+    SLOs within `max_instances`, or none could be planned at all (the model fits no layout
+    there, so nothing was simulated and no instance count was too few)."""
+    skipped = [g for g in gpus if g in not_planned]
+    if gpus and len(skipped) == len(gpus):
+        reasons = {not_planned[g] for g in skipped}
+        if len(reasons) == 1:
+            return (
+                f"no GPU could be planned ({', '.join(skipped)}), nothing was simulated: "
+                f"{reasons.pop()}"
+            )
+        why = "; ".join(f"{g}: {not_planned[g]}" for g in skipped)
+        return f"no GPU could be planned, nothing was simulated: {why}"
+    line = f"no GPU meets the SLOs with {at_most} {max_instances} instances"
+    if skipped:
+        line += f" ({', '.join(skipped)} not planned: see the warnings)"
+    return line

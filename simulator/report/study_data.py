@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..metrics.study import latency_models_line, point_verdicts
+from ..metrics.study import latency_models_line, plan_no_answer_line, point_verdicts
 from .run_data import clean
 
 # Load parameters, most telling first; otherwise the first numeric grid parameter.
@@ -198,25 +198,10 @@ def plan_data(plan: Any) -> dict[str, Any]:
 
 
 def _no_answer(plan: Any) -> str:
-    """Why the plan has no answer, as the text plan says it (PlanResult._no_answer): no GPU
-    met the SLOs within max_instances, or none could be planned at all (the model fits no
-    layout there, so nothing was simulated and no instance count was too few)."""
+    """Why the plan has no answer, as the text plan says it (`plan_no_answer_line`)."""
     not_planned = dict(getattr(plan, "not_planned", None) or {})
     gpus = [str(g) for g in plan.per_gpu["gpu"]] if "gpu" in plan.per_gpu else []
-    skipped = [g for g in gpus if g in not_planned]
-    if gpus and len(skipped) == len(gpus):
-        reasons = {not_planned[g] for g in skipped}
-        if len(reasons) == 1:
-            return (
-                f"no GPU could be planned ({', '.join(skipped)}), nothing was simulated: "
-                f"{reasons.pop()}"
-            )
-        why = "; ".join(f"{g}: {not_planned[g]}" for g in skipped)
-        return f"no GPU could be planned, nothing was simulated: {why}"
-    line = f"no GPU meets the SLOs with ≤ {plan.max_instances} instances"
-    if skipped:
-        line += f" ({', '.join(skipped)} not planned: see the warnings)"
-    return line
+    return plan_no_answer_line(gpus, not_planned, plan.max_instances, at_most="≤")
 
 
 def sweep_from_folder(folder: Path) -> Any:
