@@ -348,6 +348,17 @@ def register(app: typer.Typer) -> None:
             check_network(rtt_ms, network_bandwidth_mbps)
             if vllm_version is not None:
                 version_key(vllm_version, "--vllm-version")
+            # The deployment flags given: a trace's replay reads them, a recorded ground-truth
+            # run and a --sim-trace report do not.
+            deployment_given = {
+                "--scenario": scenario is not None,
+                "--model": model is not None,
+                "--hardware": hardware is not None,
+                "--tp": tp is not None,
+                "--total-kv-blocks": total_kv_blocks is not None,
+                "--max-num-seqs": max_num_running_reqs is not None,
+                "--max-num-batched-tokens": max_num_scheduled_tokens is not None,
+            }
             if sim_trace is not None:
                 if len(headers) != 1:
                     raise ConfigError(
@@ -362,13 +373,7 @@ def register(app: typer.Typer) -> None:
                     "--include-overloaded": include_overloaded,
                     "--prompt-reuse/--no-prompt-reuse": prompt_reuse is not None,
                     "--reported-output-length": not forced_output_length,
-                    "--scenario": scenario is not None,
-                    "--model": model is not None,
-                    "--hardware": hardware is not None,
-                    "--tp": tp is not None,
-                    "--total-kv-blocks": total_kv_blocks is not None,
-                    "--max-num-seqs": max_num_running_reqs is not None,
-                    "--max-num-batched-tokens": max_num_scheduled_tokens is not None,
+                    **deployment_given,
                     "--vllm-version": vllm_version is not None,
                     "--prefix-caching/--no-prefix-caching": prefix_caching is not None,
                     "--start": start is not None,
@@ -445,13 +450,7 @@ def register(app: typer.Typer) -> None:
                 groundtruth is not None,
                 bool(headers or trace_folders),
                 {
-                    "--scenario": scenario is not None,
-                    "--model": model is not None,
-                    "--hardware": hardware is not None,
-                    "--tp": tp is not None,
-                    "--total-kv-blocks": total_kv_blocks is not None,
-                    "--max-num-seqs": max_num_running_reqs is not None,
-                    "--max-num-batched-tokens": max_num_scheduled_tokens is not None,
+                    **deployment_given,
                     "--rtt-ms": rtt_ms is not None,
                     "--network-bandwidth-mbps": network_bandwidth_mbps != 0,
                     "--include-overloaded": include_overloaded,
