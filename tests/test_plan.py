@@ -166,7 +166,7 @@ def test_cli_plan(cli_app: typer.Typer, scenario_file: Path) -> None:
         (["--slo", "ttft_p99_ms"], "error: --slo: invalid value 'ttft_p99_ms'"),
         (["--slo", "ttft_p99_ms=fast"], "error: --slo: invalid value 'ttft_p99_ms=fast'"),
         (["--slo", "ttft_p99=5"], "error: unknown SLO metric 'ttft_p99'"),
-        (["--slo", "ttft_p99_ms=5", "--gpu", "X9"], "error: unknown GPU 'X9'"),
+        (["--slo", "ttft_p99_ms=5", "--gpu", "X9"], "error: --gpu: unknown GPU 'X9'; valid: "),
         (["--slo", "ttft_p99_ms=5", "--seeds", "1,a"], "error: --seeds: invalid value"),
     ],
 )

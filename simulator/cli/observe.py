@@ -20,7 +20,7 @@ from .common import (
     setup_logging,
     stderr_console,
 )
-from .flags import with_flags, workload_flags, workload_overrides
+from .flags import naming_flags, with_flags, workload_flags, workload_overrides
 
 _SRV = "Server"
 _REC = "Recording"
@@ -117,16 +117,9 @@ def _progress_display():
     return bar, report
 
 
-def _scenario(flags: dict[str, Any]):
-    from ..api import with_overrides
-    from ..scenario import Scenario
-
+def _overrides(flags: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scenario overrides and synthetic-workload overrides the flags given set."""
     workload = workload_overrides(flags)
-    if flags.get("workload_spec") is None and not workload:
-        raise ConfigError(
-            "observe: no workload; give --workload-spec FILE, --workload PRESET or --rate R "
-            "(with --num-requests N and the length flags)"
-        )
     overrides: dict[str, Any] = {}
     if flags.get("workload_spec") is not None:
         overrides["workload_spec"] = flags["workload_spec"]
@@ -134,7 +127,23 @@ def _scenario(flags: dict[str, Any]):
         overrides["seed"] = flags["seed"]
     if flags.get("horizon") is not None:
         overrides["horizon_us"] = flags["horizon"]
-    return with_overrides(Scenario(), overrides, workload)
+    return overrides, workload
+
+
+def _scenario(flags: dict[str, Any]):
+    from ..api import with_overrides
+    from ..scenario import Scenario
+
+    overrides, workload = _overrides(flags)
+    if flags.get("workload_spec") is None and not workload:
+        raise ConfigError(
+            "observe: no workload; give --workload-spec FILE, --workload PRESET or --rate R "
+            "(with --num-requests N and the length flags)"
+        )
+    # As run's: a refused value names the flag the user typed (`--num-requests
+    # (workload.num_requests): ...`), not only the scenario field it sets.
+    with naming_flags(overrides, workload):
+        return with_overrides(Scenario(), overrides, workload)
 
 
 def register(app: typer.Typer) -> None:
@@ -191,13 +200,16 @@ def register(app: typer.Typer) -> None:
             if bar is not None:
                 bar.start()
             try:
-                observation = observe(
-                    sc,
-                    server_url=flags["server_url"],
-                    model=flags["model"],
-                    progress=report,
-                    **options,
-                )
+                # The traffic is built in observe() (a preset resolves there), before anything
+                # is sent: its checks name the flags too, as run's do in simulate.
+                with naming_flags(*_overrides(flags)):
+                    observation = observe(
+                        sc,
+                        server_url=flags["server_url"],
+                        model=flags["model"],
+                        progress=report,
+                        **options,
+                    )
             except KeyboardInterrupt as exc:
                 # observe() keeps what it measured once a request was started (SIGINT and
                 # SIGTERM alike); an interrupt that reaches here came before any request.

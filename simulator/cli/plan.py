@@ -58,6 +58,21 @@ def parse_seeds(text: str) -> list[int]:
         ) from None
 
 
+def _check_gpus(gpus: list[str] | None, sc: Any) -> None:
+    """Each `--gpu` is a known GPU (the bundled catalog, or the scenario's hardware file), told
+    as `--gpu: unknown GPU 'X'; valid: ...` as run's `--hardware` is; plan() checks them too,
+    but its message cannot name the flag."""
+    from ..catalog.hardware import get_gpu, load_gpu_file
+    from ..errors import in_field
+
+    if not gpus:
+        return
+    extra = load_gpu_file(sc.hardware_file) if sc.hardware_file else None
+    with in_field(FLAGS["gpus"]):
+        for name in gpus:
+            get_gpu(name, extra)
+
+
 def register(app: typer.Typer) -> None:
     """Add `plan SCENARIO --slo METRIC=BOUND ... [--min-goodput F] [--gpu G ...] ...`."""
 
@@ -150,6 +165,7 @@ def register(app: typer.Typer) -> None:
             slos = parse_assignments(slo or [], "--slo", "METRIC=BOUND, e.g. ttft_p99_ms=500")
             prices = parse_assignments(price or [], "--price", "GPU=USD_PER_HOUR, e.g. H100=3")
             check_min_attainment(min_attainment, FLAGS["min_attainment"])
+            _check_gpus(gpu, sc)
 
             def progress(row: dict[str, Any]) -> None:
                 verdict = "meets" if row["meets"] else "misses"

@@ -558,10 +558,14 @@ VERSION_ALLOWED = (
 )
 
 
+# vLLM's first release (June 2023); a version before it names no vLLM.
+FIRST_RELEASE = (0, 1)
+
+
 def version_key(version: str, field: str = "latency.vllm_version") -> tuple[int, ...]:
     """The release numbers of a vLLM version, trailing zeros dropped (`0.23` and `0.23.0` are
-    one release, as in PEP 440). An unparseable version is an error naming `field`: choosing
-    a fit for it would be a guess."""
+    one release, as in PEP 440). An unparseable version, or one before vLLM's first release,
+    is an error naming `field`: choosing a fit for it would be a guess."""
     tag = str(version).strip().rsplit(":", 1)[-1].strip()
     found = _VERSION.fullmatch(tag)
     if found is None:
@@ -569,6 +573,9 @@ def version_key(version: str, field: str = "latency.vllm_version") -> tuple[int,
     release = [int(p) for p in found.group("release").split(".")]
     while len(release) > 1 and release[-1] == 0:
         release.pop()
+    if tuple(release) < FIRST_RELEASE:
+        # No vLLM ever had it (a typo, `0.0.1`): any fit chosen for it would be a guess.
+        raise invalid(field, version, "must be a vLLM release: 0.1.0 (vLLM's first) or later")
     return tuple(release)
 
 
@@ -627,6 +634,21 @@ def default_coefficients(
         else:
             chose = "older than every fit, the oldest used"
         note = f"; no fit for vLLM {vllm_version}, {chose}"
+        if _minor(version_key(fit_vllm)) != _minor(version_key(vllm_version)):
+            # Another minor release's engine: said on stderr too, not only in the provenance
+            # (blackbox refuses such a version; physics carries the fit over, a guess). A patch
+            # release shares its minor's engine and is told in the provenance only.
+            from simulator.deployment import warn_once
+
+            warn_once(
+                "no physics fit for vLLM %s (latency.vllm_version); the %s vLLM %s fit is used "
+                "(%s; fits: %s)",
+                vllm_version,
+                fit_gpu,
+                fit_vllm,
+                "older than every fit" if "oldest" in chose else "the nearest older one",
+                ", ".join(sorted(calibrations().get(fit_gpu, {}), key=version_key)),
+            )
     kind = "calibrated" if fit_gpu == gpu.name else "transferred"
     if kind == "calibrated" and not _is_builtin_gpu(gpu):
         # A GPU file's entry under the fit's name but with other figures is another GPU: the
