@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from .errors import ConfigError, invalid, plain_scalar, unknown
+from .errors import ConfigError, invalid, unknown
 from .limits import MAX_REQUESTS
 from .metrics.results import BLIS_SUMMARY_FIELDS
 from .scenario import Scenario
@@ -597,11 +597,9 @@ def plan(
     if isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances < 1:
         raise invalid(name("max_instances"), max_instances, "must be an integer >= 1")
     # Checked here, not by the first probe's sweep, so that the error names it as given.
-    workers = plain_scalar(workers)
-    if workers is not None and (
-        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
-    ):
-        raise invalid(name("workers"), workers, "must be an integer >= 1")
+    from .sweeps import check_workers
+
+    workers = check_workers(workers, name("workers"))
     try:
         seed_list = _seeds(seeds)
     except ConfigError as exc:

@@ -246,6 +246,17 @@ def _run_key(base_json: str, params: dict[str, Any], seed: int, as_given: bool =
     return hashlib.sha256(doc.encode()).hexdigest()[:24]
 
 
+def check_workers(workers: Any, name: str = "workers") -> int | None:
+    """`workers` (None = one per CPU) as a count of processes >= 1; anything else is a
+    ConfigError naming it `name` (a command line passes its flag)."""
+    workers = plain_scalar(workers)
+    if workers is not None and (
+        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
+    ):
+        raise ConfigError(f"{name}: invalid value {excerpt(workers)}; must be an integer >= 1")
+    return workers
+
+
 def latency_entries(provenance: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """The step-time models that price a run, read from its `=== Latency Model ===` block
     (`Result.latency_provenance`): one per named deployment (`by_deployment`) or per PD
@@ -428,11 +439,7 @@ def sweep(
             f"grid: must be a mapping of scenario paths to value lists, not {excerpt(grid)}"
         )
     seed_list = _seeds(seeds)
-    workers = plain_scalar(workers)
-    if workers is not None and (
-        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
-    ):
-        raise ConfigError(f"workers: invalid value {excerpt(workers)}; must be an integer >= 1")
+    workers = check_workers(workers)
     params = list(grid)
     for path in params:  # unknown paths first, so a typo is reported as such
         if not isinstance(path, str):

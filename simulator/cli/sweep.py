@@ -120,13 +120,11 @@ def register(app: typer.Typer) -> None:
         from ..interruption import interruptible
 
         def go() -> None:
-            from ..errors import ConfigError
             from ..input_files import refuse_writing_inputs, scenario_input_files
-            from ..sweeps import load_sweep_file, sweep
+            from ..sweeps import check_workers, load_sweep_file, sweep
 
-            if workers is not None and workers < 1:
-                # Checked here so that the error names the flag, not sweep()'s keyword.
-                raise ConfigError(f"--workers: invalid value {workers}; must be an integer >= 1")
+            # Checked here so that the error names the flag, not sweep()'s keyword.
+            check_workers(workers, "--workers")
             _check_out_folder(out)
             check_writable("--report", report)
             spec = load_sweep_file(sweep_yaml)
