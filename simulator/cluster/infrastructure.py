@@ -342,10 +342,7 @@ class Infrastructure:
             self._provision_for(rec)  # orders a node only in a pool an autoscaler manages
 
     def _fits_pool(self, rec: InstanceRecord, pool_name: str) -> bool:
-        return self._slot_fits_pool(self.plan.slots[rec.index], pool_name)
-
-    def _slot_fits_pool(self, slot: SlotPlan, pool_name: str) -> bool:
-        return slot_fits_pool(slot, self.pools[pool_name])
+        return slot_fits_pool(self.plan.slots[rec.index], self.pools[pool_name])
 
     def nodes_of(self, rec: InstanceRecord) -> list[Node]:
         """The nodes holding `rec`'s GPUs (empty before it is placed or without node pools)."""

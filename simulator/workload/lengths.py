@@ -163,8 +163,9 @@ class ExponentialLength(LengthDistribution):
         self.floor = floor
 
     def _draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        values = _clamped(rng.exponential(self.mean_tokens, count), self.lo, self.hi)
-        return _round(np.minimum(values, float(MAX_TOKENS)))
+        # `sample` caps at MAX_TOKENS; an exponential of a schema-bounded mean cannot reach
+        # int64's limit before it, as a lognormal or Pareto tail can.
+        return _round(_clamped(rng.exponential(self.mean_tokens, count), self.lo, self.hi))
 
     @property
     def mean(self) -> float:
