@@ -524,7 +524,7 @@ def recorded_itl_p50_ms(path: Path) -> float | None:
 
 
 # The data file of a trace pair, by the file name BLIS `observe` writes in a cell's folder.
-TRACE_CELL_FILES = ("trace.yaml", "trace.csv")
+TRACE_CELL_FILES = ("trace.yaml", "trace.csv")  # validate's TRACE_HEADER, TRACE_DATA
 
 
 def trace_name(data: Path) -> str:
@@ -569,14 +569,12 @@ def _find_pairs(folder: Path) -> list[tuple[str, Path, Path]]:
 def _is_cell(folder: Path) -> bool:
     """Whether `folder` is a cell (both of TRACE_CELL_FILES); one of them without the other
     is an error naming the cell (it was left out of the fit without a word)."""
-    have = [name for name in TRACE_CELL_FILES if (folder / name).is_file()]
-    if len(have) == 1:
-        lacking = next(name for name in TRACE_CELL_FILES if name != have[0])
-        raise ConfigError(
-            f"trace cell {str(folder)!r}: holds {have[0]} but no {lacking}; a cell is a "
-            f"folder with both {' and '.join(TRACE_CELL_FILES)}"
-        )
-    return len(have) == len(TRACE_CELL_FILES)
+    from .validate import incomplete_cell
+
+    problem = incomplete_cell(folder)
+    if problem is not None:
+        raise ConfigError(f"trace cell {str(folder)!r}: {problem}")
+    return all((folder / name).is_file() for name in TRACE_CELL_FILES)
 
 
 def trace_cases(folder: Path, scenario: Any = None, **overrides: Any) -> list[Case]:

@@ -182,15 +182,25 @@ def _is_cell(folder: Path) -> bool:
     return (folder / TRACE_HEADER).is_file() or (folder / TRACE_DATA).is_file()
 
 
+def incomplete_cell(folder: Path) -> str | None:
+    """What is wrong with `folder` as a cell (its trace.yaml + trace.csv) when it holds one of
+    the two files without the other ("holds trace.yaml but no trace.csv; ..."), else None.
+    validate and calibrate both name such a cell rather than leave it out."""
+    have = [name for name in (TRACE_HEADER, TRACE_DATA) if (folder / name).is_file()]
+    if len(have) != 1:
+        return None
+    lacking = TRACE_DATA if have[0] == TRACE_HEADER else TRACE_HEADER
+    return (
+        f"holds {have[0]} but no {lacking}; a cell is a folder with both {TRACE_HEADER} and "
+        f"{TRACE_DATA}"
+    )
+
+
 def _refuse_incomplete_cell(cell: Path) -> None:
     """A cell is its trace.yaml + trace.csv: one without the other is an error naming it."""
-    have = [name for name in (TRACE_HEADER, TRACE_DATA) if (cell / name).is_file()]
-    if len(have) == 1:
-        lacking = TRACE_DATA if have[0] == TRACE_HEADER else TRACE_HEADER
-        raise ConfigError(
-            f"ground truth: observe cell {str(cell)!r} holds {have[0]} but no {lacking}; a "
-            f"cell is a folder with both {TRACE_HEADER} and {TRACE_DATA}"
-        )
+    problem = incomplete_cell(cell)
+    if problem is not None:
+        raise ConfigError(f"ground truth: observe cell {str(cell)!r} {problem}")
 
 
 def _trace_datasets(folder: Path) -> list[tuple[Path, list[Path]]]:
